@@ -1,0 +1,128 @@
+package affinity
+
+// This file is the contract between affinity/ and its callers (slowpath/, bench/).
+// Signatures here are stable; bodies live in the other files of the package.
+
+import "errors"
+
+// Sentinel errors returned by the hot path. They are preallocated so returning
+// them costs nothing.
+var (
+	// ErrModelNotFound: no replica (healthy or not) serves the requested model.
+	ErrModelNotFound = errors.New("model not found")
+	// ErrNoReplica: the model is known but no replica is currently eligible
+	// (all unhealthy, draining or at their concurrency limit).
+	ErrNoReplica = errors.New("no replica available")
+	// ErrBadRequest wraps parse failures; the message names the field.
+	ErrBadRequest = errors.New("bad request")
+)
+
+// ReplicaID is a small dense index assigned by the Router when a replica is
+// added. It is stable for the replica's lifetime and may be reused after
+// RemoveReplica.
+type ReplicaID int32
+
+// NoReplica is the zero value of "no choice".
+const NoReplica ReplicaID = -1
+
+// ReplicaSpec describes one engine replica.
+type ReplicaSpec struct {
+	// Name is unique, usually the replica's host:port.
+	Name string
+	// Models lists the served model names (and LoRA adapter names).
+	Models []string
+	// Weight scales the replica's capacity relative to others. 0 means 1.
+	Weight float64
+	// KVCapacityTokens bounds the router's index for this replica, in tokens.
+	// 0 means "unknown until the engine reports it"; a default is used.
+	KVCapacityTokens int
+	// PrefillTokensPerSec seeds the prefill-rate estimate. 0 means the default
+	// (Config.DefaultPrefillTokensPerSec); measured rates replace it.
+	PrefillTokensPerSec float64
+	// MaxInFlight caps router-local concurrent requests. 0 means unlimited.
+	MaxInFlight int
+}
+
+// EngineSignals are the slow signals scraped from an engine's /metrics.
+type EngineSignals struct {
+	Waiting          int     // requests queued in the engine
+	Running          int     // requests in the running batch
+	KVUsage          float64 // fraction of KV cache in use, 0..1
+	KVCapacityTokens int     // block_size * num_gpu_blocks; 0 = unknown
+	At               int64   // when scraped, nanoseconds on the caller's clock
+}
+
+// Request is what the Router decides on. Callers reuse one per goroutine.
+type Request struct {
+	Model        []byte   // model name as sent by the client
+	Hashes       []uint64 // chained block hashes of the canonical prompt
+	PromptTokens int      // estimated prompt tokens
+	SessionKey   uint64   // hash of a session id or OpenAI `user`; 0 = none
+	Now          int64    // nanoseconds on the caller's clock (virtual in the simulator)
+}
+
+// Decision is a policy's ranked answer. Reused by the caller; Ranked's
+// backing array is kept between calls.
+type Decision struct {
+	Ranked []ReplicaID // best first; the proxy retries down the list
+	// CachedTokens[i] is the predicted cached prefix, in tokens, of Ranked[i].
+	CachedTokens []int
+	Policy       string // name of the policy that decided
+}
+
+// Flight tracks one routed request for load accounting. It is a value: the
+// caller keeps it on its stack and passes a pointer back. No allocation.
+type Flight struct {
+	Replica        ReplicaID
+	UncachedTokens int   // predicted prefill tokens not cached on Replica
+	PromptTokens   int   // estimated prompt tokens
+	Start          int64 // nanoseconds on the caller's clock
+	FirstTokenAt   int64 // 0 until FirstToken is called
+}
+
+// Policy ranks eligible replicas for a request. Implementations read the
+// View (index, load) and must not allocate per call once warm.
+type Policy interface {
+	Name() string
+	Rank(v *View, req *Request, d *Decision)
+}
+
+// The Router API (implemented in router.go):
+//
+//	func NewRouter(cfg Config) (*Router, error)
+//	func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error)
+//	func (r *Router) UpdateReplica(id ReplicaID, spec ReplicaSpec) error
+//	func (r *Router) RemoveReplica(id ReplicaID)           // index entries dropped; in-flight Flights may still End
+//	func (r *Router) SetHealthy(id ReplicaID, healthy bool)
+//	func (r *Router) SetDraining(id ReplicaID, draining bool)
+//	func (r *Router) SetSignals(id ReplicaID, s EngineSignals)
+//	func (r *Router) ResetCache(id ReplicaID)              // engine restarted: forget its cached prefixes
+//	func (r *Router) Decide(req *Request, d *Decision) error // ErrModelNotFound / ErrNoReplica
+//	func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) // speculative index insert, in-flight++
+//	func (r *Router) FirstToken(f *Flight, now int64)       // prefill done: pending prefill -= f.UncachedTokens, rate measured
+//	func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) // cachedTokens<0: unknown; else corrects the index
+//	func (r *Router) Models() []string                      // union over healthy replicas (allocates; not hot path)
+//	func (r *Router) Replicas() []ReplicaStatus             // snapshot for /debug and metrics (allocates)
+//	func (r *Router) Lookup(name string) (ReplicaID, bool)
+//
+// And the prompt side (prompt.go, hash.go):
+//
+//	func NewParser(cfg HashConfig) *Parser                  // not goroutine-safe; pool it
+//	func (p *Parser) ParseChat(body []byte, out *Prompt) error       // /v1/chat/completions
+//	func (p *Parser) ParseCompletion(body []byte, out *Prompt) error // /v1/completions
+//	func (p *Parser) ParseEmbedding(body []byte, out *Prompt) error  // /v1/embeddings: model only
+//	func HashPath() string                                   // "avx512" | "avx2" | "sse4.2" | "neon" | "generic"
+
+// Prompt is the routing-relevant part of one request body. Slices point into
+// the Parser's scratch buffers and are valid until the Parser's next call.
+type Prompt struct {
+	Model        []byte
+	Stream       bool
+	IncludeUsage bool     // stream_options.include_usage
+	User         []byte   // OpenAI `user` field, may be empty
+	CacheSalt    []byte   // `cache_salt` (vLLM) if present
+	Canonical    []byte   // the canonical prompt bytes (system + tools first)
+	Hashes       []uint64 // chained block hashes of Canonical, seeded by model+salt
+	Tokens       int      // estimated prompt tokens: len(Canonical)/BytesPerToken
+	MaxTokens    int      // max_tokens / max_completion_tokens; 0 = absent
+}
