@@ -1,0 +1,45 @@
+# warmpath: `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+# bpf2go output depends on the compiler: generate pins clang 14 (Debian 12's).
+CLANG ?= clang-14
+export BPF2GO_CC := $(CLANG)
+export BPF2GO_STRIP := llvm-strip
+TESTFLAGS ?= -race -shuffle=on -timeout 12m
+
+.PHONY: help build test test-short bench bench-once generate generate-check lint demo clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+build: ## build every binary into ./bin
+	$(GO) build -o bin/ ./cmd/...
+
+demo: ## run the router in front of built-in simulated engines
+	$(GO) run ./cmd/warmpath serve --demo
+
+test: lint ## vet, race-tested suite (as root: BPF and netns tests too), every benchmark once
+	$(GO) test $(TESTFLAGS) ./...
+	$(MAKE) bench-once
+
+test-short: ## quick tests, no race detector
+	$(GO) test -short ./...
+
+bench-once: ## run every benchmark once so none rots
+	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
+
+bench: ## Go micro-benchmarks with allocations, 5 counts (compare with benchstat)
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench/results/micro.txt
+
+generate: ## regenerate bpf2go output (needs clang 14, llvm, libbpf-dev)
+	$(GO) generate ./bpf/...
+
+generate-check: generate ## regenerate and fail if the committed output differs
+	git diff --exit-code -- bpf/
+
+lint: ## go vet and gofmt
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+clean: ## remove build output
+	rm -rf bin
