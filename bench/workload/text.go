@@ -1,0 +1,56 @@
+package workload
+
+import "strconv"
+
+// AppendSegment appends the text of s to dst: s.Tokens pseudo-words of three
+// lower-case letters and a space, exactly BytesPerToken bytes each, drawn from
+// a generator seeded by s.ID. Equal segments give equal bytes; the text needs
+// no JSON escaping.
+func AppendSegment(dst []byte, s Segment) []byte {
+	x := mix(s.ID)
+	for i := 0; i < s.Tokens; i += 2 {
+		// splitmix64 step
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+		z ^= z >> 31
+		dst = append(dst, 'a'+byte(z%26), 'a'+byte((z>>8)%26), 'a'+byte((z>>16)%26), ' ')
+		if i+1 < s.Tokens {
+			dst = append(dst, 'a'+byte((z>>24)%26), 'a'+byte((z>>32)%26), 'a'+byte((z>>40)%26), ' ')
+		}
+	}
+	return dst
+}
+
+// AppendMessageText appends the concatenated text of a message's segments.
+func AppendMessageText(dst []byte, m *Message) []byte {
+	for _, s := range m.Segments {
+		dst = AppendSegment(dst, s)
+	}
+	return dst
+}
+
+// AppendChatBody appends an OpenAI /v1/chat/completions JSON body for r.
+// With stream set it asks for usage in the final chunk.
+func AppendChatBody(dst []byte, r *Request, stream bool) []byte {
+	dst = append(dst, `{"model":`...)
+	dst = strconv.AppendQuote(dst, r.Model)
+	dst = append(dst, `,"messages":[`...)
+	for i := range r.Messages {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"role":"`...)
+		dst = append(dst, r.Messages[i].Role.String()...)
+		dst = append(dst, `","content":"`...)
+		dst = AppendMessageText(dst, &r.Messages[i])
+		dst = append(dst, `"}`...)
+	}
+	dst = append(dst, `],"max_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(r.OutputTokens), 10)
+	if stream {
+		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
+	}
+	return append(dst, '}')
+}
