@@ -165,7 +165,7 @@ func NoSharing(c NoSharingConfig) (*Workload, error) {
 
 // MixedConfig: two models, long-document and short-chat traffic, with bursts.
 type MixedConfig struct {
-	Requests     int     // default 1000
+	Requests     int // default 1000
 	Models       [2]string
 	LongShare    float64 // fraction of long-document requests; default 0.3
 	BurstEvery   float64 // seconds between bursts; default 20

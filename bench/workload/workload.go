@@ -152,4 +152,3 @@ func params(kv ...any) string {
 	}
 	return string(b)
 }
-
