@@ -1,0 +1,36 @@
+package bpf
+
+import (
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// TestLoad loads every program and map of the embedded object, so a
+// verifier rejection of the committed object fails here first.
+func TestLoad(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("loading BPF programs needs root")
+	}
+	spec, err := LoadWarmpath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	var objs WarmpathObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatalf("load: %+v", err)
+	}
+	t.Cleanup(func() { _ = objs.Close() })
+	for name, p := range map[string]*ebpf.Program{
+		"xdp_steer": objs.XdpSteer, "xdp_decap": objs.XdpDecap,
+		"xdp_pass": objs.XdpPass, "xdp_steer_bench": objs.XdpSteerBench,
+	} {
+		if p.Type() != ebpf.XDP {
+			t.Errorf("%s: type %v, want XDP", name, p.Type())
+		}
+	}
+}

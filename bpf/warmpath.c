@@ -1,0 +1,628 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR MIT)
+/*
+ * warmpath XDP datapath.
+ *
+ * xdp_steer (edge host, client-facing interface): packets for a service
+ * (VIP:port/TCP) are either passed to the local slowpath (LOCAL) or
+ * encapsulated in IPIP and forwarded to the GPU host that holds the client's
+ * warm KV cache. A SYN is decided once and the decision is remembered in an
+ * LRU flow table, so no connection ever changes host mid-stream.
+ *
+ * xdp_decap (GPU hosts): strips the outer IPv4 header of IPIP packets whose
+ * inner packet is for a service and passes the inner packet to the stack.
+ *
+ * xdp_pass: returns XDP_PASS; the benchmark floor.
+ *
+ * xdp_steer_bench: xdp_steer followed by an undo of the encapsulation, so
+ * BPF_PROG_TEST_RUN with Repeat > 1 measures the steering path on the same
+ * input every iteration. Never attached.
+ *
+ * Rule: anything not understood is passed untouched (never steered, never
+ * dropped). Every header access is preceded by a bounds check.
+ */
+#include "types.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define MAX_SERVICES 64
+#define MAX_BACKENDS 256
+#define MAX_AFFINITY 65536
+#define MAX_FLOWS 131072
+#define BACKEND_LOCAL 0xffffffffu
+#define OUTER_TTL 64
+
+/* Service key: a VIP, a port and a protocol (only TCP is steered). */
+struct svc_key {
+	__be32 vip;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* Service value: reserved flags (none defined yet). */
+struct svc_val {
+	__u32 flags;
+};
+
+/* Affinity key: a client address and the service it connects to. */
+struct aff_key {
+	__be32 client;
+	__be32 vip;
+	__be16 port;
+	__u16 pad;
+};
+
+/*
+ * Affinity value, written by Go. last_used_ns (bpf_ktime_get_ns, i.e.
+ * CLOCK_MONOTONIC) is refreshed by the program each time the entry decides a
+ * connection; gen must equal the backend's generation for the entry to count.
+ */
+struct aff_val {
+	__u64 last_used_ns;
+	__u32 backend;
+	__u32 gen;
+};
+
+/* Backend slot, indexed by backend id. addr 0 or healthy 0: unusable. */
+struct backend {
+	__be32 addr;
+	__u32 gen;
+	/* sample_every N > 0: every Nth affinity SYN (per CPU) goes LOCAL. */
+	__u32 sample_every;
+	__u8 healthy;
+	__u8 pad[3];
+};
+
+/* Flow key: the TCP 5-tuple as seen on the client-facing interface. */
+struct flow_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Flow decision: backend id and host address, or backend BACKEND_LOCAL. */
+struct flow_val {
+	__be32 addr;
+	__u32 backend;
+};
+
+/* Global configuration, a single array slot written by Go. */
+struct config {
+	/* Outer source address; 0 = let bpf_fib_lookup pick (BPF_FIB_LOOKUP_SRC). */
+	__be32 encap_src;
+	/* Decap: when non-zero only outer packets from this source are stripped. */
+	__be32 decap_src;
+};
+
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* Global counter slots. Keep in sync with fastpath/counters.go. */
+enum counter_idx {
+	C_PASS_NOT_IPV4 = 0,  /* not IPv4 (IPv6, ARP, VLAN...): passed */
+	C_PASS_NOT_SERVICE,   /* IPv4 but not TCP to a service: passed */
+	C_PASS_FRAGMENT,      /* IPv4 TCP fragment: passed */
+	C_PASS_LOCAL,         /* service packet of a LOCAL flow: passed */
+	C_PASS_NO_STATE,      /* service non-SYN with no flow, no affinity: passed */
+	C_STEERED,            /* encapsulated and redirected/transmitted */
+	C_STEERED_STACK,      /* encapsulated and passed: neighbour unresolved */
+	C_DROPPED,            /* steered flow that cannot be forwarded now */
+	C_ERR_MALFORMED,      /* truncated or invalid header: passed */
+	C_ERR_FIB,            /* bpf_fib_lookup failed (not neigh, not MTU) */
+	C_ERR_FRAG_NEEDED,    /* encapsulated packet exceeds the egress MTU */
+	C_ERR_HEADROOM,       /* bpf_xdp_adjust_head failed */
+	C_FLOW_NEW_STEER,     /* SYN decided: backend */
+	C_FLOW_NEW_LOCAL,     /* SYN decided: LOCAL */
+	C_FLOW_RESTORED,      /* non-SYN without flow, steered from affinity */
+	C_AFF_STALE,          /* affinity ignored: unhealthy, generation, unknown */
+	C_SAMPLED,            /* affinity SYN sampled to the slowpath */
+	C_DECAP_OK,           /* decap: outer header stripped */
+	C_DECAP_PASS,         /* decap: not IPIP for a service: passed untouched */
+	C_DECAP_MALFORMED,    /* decap: truncated or invalid inner packet */
+	C_DECAP_ERR_HEADROOM, /* decap: bpf_xdp_adjust_head failed */
+	C_GLOBAL_MAX,
+};
+
+/* Per-backend slots follow the globals: C_GLOBAL_MAX + id*BE_SLOTS + slot. */
+enum backend_counter_slot {
+	BE_STEERED = 0, /* packets/bytes steered to the backend */
+	BE_SYN,         /* SYNs with a valid affinity to the backend */
+	BE_SAMPLED,     /* of those, sampled to the slowpath */
+	BE_SLOTS,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SERVICES);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_AFFINITY);
+	__type(key, struct aff_key);
+	__type(value, struct aff_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_FLOWS);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} settings SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, C_GLOBAL_MAX + MAX_BACKENDS * BE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct counter);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} counters SEC(".maps");
+
+/* count adds one packet of len bytes to counter slot idx. No return value;
+ * an out-of-range idx is ignored (array lookup returns NULL). */
+static __always_inline struct counter *count(__u32 idx, __u64 len)
+{
+	struct counter *c = bpf_map_lookup_elem(&counters, &idx);
+
+	if (c) {
+		c->packets++;
+		c->bytes += len;
+	}
+	return c;
+}
+
+/* count_backend adds to the per-backend slot; returns the counter or NULL. */
+static __always_inline struct counter *count_backend(__u32 id, __u32 slot, __u64 len)
+{
+	if (id >= MAX_BACKENDS)
+		return 0;
+	return count(C_GLOBAL_MAX + id * BE_SLOTS + slot, len);
+}
+
+/* ip_csum returns the IPv4 header checksum of a 20-byte header whose check
+ * field is zero; the result is stored as is (byte order independent). */
+static __always_inline __u16 ip_csum(const struct iphdr *ip)
+{
+	const __u16 *p = (const __u16 *)ip;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
+		sum += p[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/*
+ * usable_backend returns the backend slot for id when it can take new
+ * connections (known address, healthy), else NULL.
+ */
+static __always_inline struct backend *usable_backend(__u32 id)
+{
+	struct backend *be = bpf_map_lookup_elem(&backends, &id);
+
+	if (!be || !be->healthy || be->addr == 0)
+		return 0;
+	return be;
+}
+
+/*
+ * affinity_pick looks up the affinity of (client, service). It returns the
+ * backend when the entry exists, its backend is usable and the generations
+ * match, writing the id to *id and refreshing last_used_ns. Returns NULL
+ * otherwise (a stale entry is counted in C_AFF_STALE).
+ */
+static __always_inline struct backend *affinity_pick(__be32 client, const struct svc_key *sk,
+						     __u32 *id, __u64 len)
+{
+	struct aff_key ak = { .client = client, .vip = sk->vip, .port = sk->port };
+	struct aff_val *av = bpf_map_lookup_elem(&affinity, &ak);
+	struct backend *be;
+
+	if (!av)
+		return 0;
+	be = usable_backend(av->backend);
+	if (!be || be->gen != av->gen) {
+		count(C_AFF_STALE, len);
+		return 0;
+	}
+	av->last_used_ns = bpf_ktime_get_ns();
+	*id = av->backend;
+	return be;
+}
+
+#define STEER_FAIL (-1) /* not forwarded, packet unmodified */
+#define STEER_DROP (-2) /* packet modified and unusable: drop */
+
+/*
+ * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
+ * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
+ * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
+ * forwards the encapsulated packet and resolves it), STEER_FAIL when the
+ * packet cannot be forwarded and is unmodified (route, MTU or headroom
+ * failure, counted), STEER_DROP when it was modified but cannot be completed.
+ */
+static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	struct bpf_fib_lookup fib = {};
+	struct ethhdr old;
+	struct config *cfg;
+	struct iphdr *outer;
+	__u32 key = 0, flags = 0;
+	__u16 inner_len;
+	__be16 df, ipid;
+	__u8 tos;
+	long rc;
+
+	if ((void *)(ip + 1) > end)
+		return STEER_FAIL;
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (!cfg)
+		return STEER_FAIL;
+	inner_len = bpf_ntohs(ip->tot_len);
+	if (inner_len > 0xffff - sizeof(struct iphdr)) {
+		count(C_ERR_FRAG_NEEDED, len);
+		return STEER_FAIL;
+	}
+	tos = ip->tos;
+	ipid = ip->id;
+	df = ip->frag_off & bpf_htons(IP_DF);
+	old = *eth;
+
+	fib.family = AF_INET;
+	fib.l4_protocol = IPPROTO_IPIP;
+	fib.tos = tos;
+	fib.tot_len = inner_len + sizeof(struct iphdr);
+	fib.ifindex = ctx->ingress_ifindex;
+	fib.ipv4_src = cfg->encap_src;
+	fib.ipv4_dst = dst;
+	if (!cfg->encap_src)
+		flags = BPF_FIB_LOOKUP_SRC;
+
+	/*
+	 * bpf_fib_lookup: < 0 on invalid arguments, 0 (SUCCESS) with ifindex,
+	 * smac, dmac (and ipv4_src with BPF_FIB_LOOKUP_SRC) filled, or a
+	 * BPF_FIB_LKUP_RET_* reason > 0. NO_NEIGH still fills ifindex and src.
+	 */
+	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), flags);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		count(C_ERR_FRAG_NEEDED, len);
+		return STEER_FAIL;
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		count(C_ERR_FIB, len);
+		return STEER_FAIL;
+	}
+
+	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
+	 * headroom is too small. Invalidates every packet pointer. */
+	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr))) {
+		count(C_ERR_HEADROOM, len);
+		return STEER_FAIL;
+	}
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	outer = data + sizeof(*eth);
+	if ((void *)(outer + 1) > end)
+		return STEER_DROP;
+
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
+	} else {
+		/* Keep the frame addressed to us so the stack accepts it. */
+		__builtin_memcpy(eth->h_dest, old.h_dest, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, old.h_source, ETH_ALEN);
+	}
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	outer->ver_ihl = 0x45;
+	outer->tos = tos;
+	outer->tot_len = bpf_htons(inner_len + sizeof(struct iphdr));
+	outer->id = ipid;
+	outer->frag_off = df;
+	outer->ttl = OUTER_TTL;
+	outer->protocol = IPPROTO_IPIP;
+	outer->check = 0;
+	outer->saddr = fib.ipv4_src;
+	outer->daddr = dst;
+	outer->check = ip_csum(outer);
+
+	count_backend(id, BE_STEERED, len);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		count(C_STEERED_STACK, len);
+		return XDP_PASS;
+	}
+	count(C_STEERED, len);
+	if (fib.ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
+	return bpf_redirect(fib.ifindex, 0);
+}
+
+/*
+ * steer_main is the whole edge decision. Returns an XDP action. Every path
+ * that does not steer leaves the packet untouched.
+ */
+static __always_inline int steer_main(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u64 len = end - data;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	struct tcphdr *tcp;
+	struct svc_key sk = {};
+	struct flow_key fk = {};
+	struct flow_val dec = {}, *fv;
+	struct backend *be;
+	__u32 ihl, doff, tot, id = 0;
+	int syn, act, fresh = 0;
+
+	if ((void *)(eth + 1) > end)
+		goto malformed;
+	if (eth->h_proto != bpf_htons(ETH_P_IP)) {
+		count(C_PASS_NOT_IPV4, len);
+		return XDP_PASS;
+	}
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end)
+		goto malformed;
+	if ((ip->ver_ihl >> 4) != 4)
+		goto malformed;
+	ihl = (ip->ver_ihl & 0x0f) * 4;
+	if (ihl < sizeof(*ip))
+		goto malformed;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < ihl || (void *)ip + tot > end)
+		goto malformed;
+	if (ip->protocol != IPPROTO_TCP) {
+		count(C_PASS_NOT_SERVICE, len);
+		return XDP_PASS;
+	}
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) {
+		count(C_PASS_FRAGMENT, len);
+		return XDP_PASS;
+	}
+	tcp = (void *)ip + ihl;
+	if ((void *)(tcp + 1) > end)
+		goto malformed;
+	doff = (tcp->doff_res >> 4) * 4;
+	if (doff < sizeof(*tcp) || ihl + doff > tot)
+		goto malformed;
+
+	sk.vip = ip->daddr;
+	sk.port = tcp->dest;
+	sk.proto = IPPROTO_TCP;
+	if (!bpf_map_lookup_elem(&services, &sk)) {
+		count(C_PASS_NOT_SERVICE, len);
+		return XDP_PASS;
+	}
+
+	syn = (tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	fk.saddr = ip->saddr;
+	fk.daddr = ip->daddr;
+	fk.sport = tcp->source;
+	fk.dport = tcp->dest;
+	fk.proto = IPPROTO_TCP;
+
+	fv = bpf_map_lookup_elem(&flows, &fk);
+	if (fv) {
+		dec = *fv;
+		/* A retransmitted SYN follows its decision unless its backend
+		 * went away; then the connection is decided again. */
+		if (syn && dec.backend != BACKEND_LOCAL) {
+			be = usable_backend(dec.backend);
+			if (!be || be->addr != dec.addr)
+				fv = 0;
+		}
+	}
+	if (!fv) {
+		be = affinity_pick(ip->saddr, &sk, &id, len);
+		if (syn) {
+			if (be) {
+				struct counter *c = count_backend(id, BE_SYN, len);
+
+				if (c && be->sample_every && c->packets % be->sample_every == 0) {
+					count_backend(id, BE_SAMPLED, len);
+					count(C_SAMPLED, len);
+					be = 0;
+				}
+			}
+			count(be ? C_FLOW_NEW_STEER : C_FLOW_NEW_LOCAL, len);
+		} else if (be) {
+			count(C_FLOW_RESTORED, len);
+		}
+		if (be) {
+			dec.addr = be->addr;
+			dec.backend = id;
+		} else {
+			dec.addr = 0;
+			dec.backend = BACKEND_LOCAL;
+		}
+		/* bpf_map_update_elem: 0 or < 0; on failure the packet still
+		 * follows dec, only the memory of it is lost. */
+		bpf_map_update_elem(&flows, &fk, &dec, BPF_ANY);
+		fresh = 1;
+		if (!syn && !be) {
+			count(C_PASS_NO_STATE, len);
+			return XDP_PASS;
+		}
+	}
+
+	if (dec.backend == BACKEND_LOCAL) {
+		count(C_PASS_LOCAL, len);
+		return XDP_PASS;
+	}
+
+	act = steer(ctx, dec.addr, dec.backend, len);
+	if (act >= 0)
+		return act;
+	if (act == STEER_FAIL && fresh && syn) {
+		/* A new connection that cannot reach its backend starts local. */
+		dec.addr = 0;
+		dec.backend = BACKEND_LOCAL;
+		bpf_map_update_elem(&flows, &fk, &dec, BPF_ANY);
+		count(C_PASS_LOCAL, len);
+		return XDP_PASS;
+	}
+	/* An established steered flow must not reach the local stack (it would
+	 * be reset): drop, TCP retransmits once the route is back. */
+	count(C_DROPPED, len);
+	return XDP_DROP;
+
+malformed:
+	count(C_ERR_MALFORMED, len);
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int xdp_steer(struct xdp_md *ctx)
+{
+	return steer_main(ctx);
+}
+
+SEC("xdp")
+int xdp_steer_bench(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr saved, *eth = data;
+	int act;
+
+	if ((void *)(eth + 1) > end)
+		return steer_main(ctx);
+	saved = *eth;
+	act = steer_main(ctx);
+	if (act != XDP_REDIRECT && act != XDP_TX)
+		return act;
+	/* Undo the encapsulation so the next repetition sees the input. */
+	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct iphdr)))
+		return XDP_ABORTED;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return XDP_ABORTED;
+	*eth = saved;
+	return act;
+}
+
+/*
+ * xdp_decap strips the outer IPv4 header of an IPIP packet whose inner
+ * packet is TCP to a service (and, if configured, whose outer source is the
+ * edge), then passes the inner packet to the stack. Anything else is passed
+ * untouched.
+ */
+SEC("xdp")
+int xdp_decap(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u64 len = end - data;
+	struct ethhdr saved, *eth = data;
+	struct iphdr *outer, *ip;
+	struct tcphdr *tcp;
+	struct svc_key sk = {};
+	struct config *cfg;
+	__u32 key = 0, ihl, tot;
+
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		goto pass;
+	outer = (void *)(eth + 1);
+	if ((void *)(outer + 1) > end)
+		goto pass;
+	if (outer->ver_ihl != 0x45 || outer->protocol != IPPROTO_IPIP)
+		goto pass;
+	if (outer->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		goto pass;
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (cfg && cfg->decap_src && cfg->decap_src != outer->saddr)
+		goto pass;
+
+	ip = (void *)(outer + 1);
+	if ((void *)(ip + 1) > end)
+		goto malformed;
+	if ((ip->ver_ihl >> 4) != 4)
+		goto malformed;
+	ihl = (ip->ver_ihl & 0x0f) * 4;
+	if (ihl < sizeof(*ip))
+		goto malformed;
+	tot = bpf_ntohs(ip->tot_len);
+	if (tot < ihl || (void *)ip + tot > end)
+		goto malformed;
+	if (ip->protocol != IPPROTO_TCP || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
+		goto pass;
+	tcp = (void *)ip + ihl;
+	if ((void *)(tcp + 1) > end)
+		goto malformed;
+	sk.vip = ip->daddr;
+	sk.port = tcp->dest;
+	sk.proto = IPPROTO_TCP;
+	if (!bpf_map_lookup_elem(&services, &sk))
+		goto pass;
+
+	saved = *eth;
+	/* bpf_xdp_adjust_head: 0 on success, < 0 with the packet untouched. */
+	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct iphdr))) {
+		count(C_DECAP_ERR_HEADROOM, len);
+		return XDP_PASS;
+	}
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return XDP_DROP;
+	*eth = saved;
+	count(C_DECAP_OK, len);
+	return XDP_PASS;
+
+malformed:
+	count(C_DECAP_MALFORMED, len);
+	return XDP_PASS;
+pass:
+	count(C_DECAP_PASS, len);
+	return XDP_PASS;
+}
+
+SEC("xdp")
+int xdp_pass(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
