@@ -68,6 +68,8 @@ type Decision struct {
 	// CachedTokens[i] is the predicted cached prefix, in tokens, of Ranked[i].
 	CachedTokens []int
 	Policy       string // name of the policy that decided
+
+	view View // per-caller scratch for Decide: no allocation once warm
 }
 
 // Flight tracks one routed request for load accounting. It is a value: the
@@ -78,6 +80,11 @@ type Flight struct {
 	PromptTokens   int   // estimated prompt tokens
 	Start          int64 // nanoseconds on the caller's clock
 	FirstTokenAt   int64 // 0 until FirstToken is called
+
+	gen       uint32 // replica generation at Begin (IDs are reused)
+	newBlocks int32  // blocks Begin inserted speculatively
+	queued    int64  // replica's pending prefill tokens at Begin
+	tail      uint64 // deepest block hash inserted at Begin
 }
 
 // Policy ranks eligible replicas for a request. Implementations read the

@@ -1,4 +1,193 @@
 package affinity
 
-// View is the read-only state a Policy ranks from (index, load). Filled in by router.go.
-type View struct{}
+import "math"
+
+// View is what a Policy ranks from during one Decide: the eligible
+// candidates, their load, and (computed on first use) how much of the
+// request's prefix each one holds. It lives inside the caller's Decision, so
+// it costs no allocation once warm. It is valid only during Rank.
+type View struct {
+	r       *Router
+	req     *Request
+	g       *group
+	cands   []ReplicaID
+	score   []float64
+	ms      matchSet
+	matched bool
+	rnd     uint64
+	top     []rankItem
+}
+
+type rankItem struct {
+	score float64
+	tie   uint64
+	id    ReplicaID
+}
+
+// Load is a replica's load as a policy sees it.
+type Load struct {
+	InFlight             int     // router-local requests in flight
+	PendingPrefillTokens int     // router-local uncached prompt tokens not yet prefilled
+	PendingRequests      int     // router-local requests without a first token yet
+	Waiting, Running     int     // engine signals; 0 when stale
+	KVUsage              float64 // engine signal, 0..1; 0 when stale
+	Fresh                bool    // engine signals younger than Config.SignalMaxAge
+	PrefillTokensPerSec  float64 // measured (seeded by spec / config)
+	UncachedAvg          float64 // EWMA of uncached prompt tokens per routed request
+	Weight               float64 // spec weight, 0 means 1
+	MaxInFlight          int     // 0 = unlimited
+}
+
+// QueuedTokens estimates prefill tokens queued ahead of a new request: the
+// router's own pending prefill, plus, when fresh engine signals show more
+// waiting requests than this router has pending (other routers' traffic),
+// the excess times the mean uncached size.
+func (l *Load) QueuedTokens() float64 {
+	q := float64(l.PendingPrefillTokens)
+	if l.Fresh && l.Waiting > l.PendingRequests {
+		q += float64(l.Waiting-l.PendingRequests) * l.UncachedAvg
+	}
+	return q
+}
+
+// Busy is the number of requests occupying the replica: the router's
+// in-flight count, or the engine's running+waiting when fresh and larger.
+func (l *Load) Busy() int {
+	if l.Fresh {
+		return max(l.InFlight, l.Waiting+l.Running)
+	}
+	return l.InFlight
+}
+
+func (v *View) reset(r *Router, req *Request, g *group) {
+	v.r, v.req, v.g = r, req, g
+	v.cands = v.cands[:0]
+	v.matched = false
+	v.rnd = r.random()
+	v.ms.reset(0)
+}
+
+// Candidates are the eligible replicas serving the request's model, in ID
+// order. Do not modify.
+func (v *View) Candidates() []ReplicaID { return v.cands }
+
+// Request is the request being ranked.
+func (v *View) Request() *Request { return v.req }
+
+// Now is the request's clock.
+func (v *View) Now() int64 { return v.req.Now }
+
+// BlockTokens is the hashing block size in tokens.
+func (v *View) BlockTokens() int { return v.r.bt }
+
+// MaxRanked is how many replicas a Decision should rank.
+func (v *View) MaxRanked() int { return v.r.cfg.MaxRanked }
+
+// Random returns a fresh pseudo-random value (per-decision stream).
+func (v *View) Random() uint64 {
+	v.rnd += 0x9E3779B97F4A7C15
+	z := v.rnd
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+func (v *View) match() {
+	if v.matched {
+		return
+	}
+	v.matched = true
+	v.ms.reset(len(v.r.reps))
+	v.r.idx.longest(v.req.Hashes, &v.ms)
+}
+
+// CachedBlocks is the predicted number of leading request blocks cached on
+// replica id.
+func (v *View) CachedBlocks(id ReplicaID) int {
+	v.match()
+	if int(id) < 0 || int(id) >= len(v.ms.m) {
+		return 0
+	}
+	return int(v.ms.m[id])
+}
+
+// CachedTokens is CachedBlocks in tokens, capped at the prompt size.
+func (v *View) CachedTokens(id ReplicaID) int {
+	return min(v.CachedBlocks(id)*v.r.bt, v.req.PromptTokens)
+}
+
+// Load reads replica id's load.
+func (v *View) Load(id ReplicaID) Load {
+	p := v.r.reps[id]
+	l := Load{
+		InFlight:             int(p.inFlight.Load()),
+		PendingPrefillTokens: int(max(p.pending.Load(), 0)),
+		PendingRequests:      int(max(p.pendingReqs.Load(), 0)),
+		PrefillTokensPerSec:  loadF(&p.rate),
+		UncachedAvg:          loadF(&p.uncachedAvg),
+		Weight:               p.weight,
+		MaxInFlight:          p.spec.MaxInFlight,
+	}
+	if at := p.sigAt.Load(); at != 0 && v.req.Now-at <= int64(v.r.cfg.SignalMaxAge) {
+		l.Fresh = true
+		l.Waiting = int(p.sigWaiting.Load())
+		l.Running = int(p.sigRunning.Load())
+		l.KVUsage = loadF(&p.sigKV)
+	}
+	return l
+}
+
+// Scores returns a zeroed score slice parallel to Candidates, for RankLowest.
+func (v *View) Scores() []float64 {
+	n := len(v.cands)
+	if cap(v.score) < n {
+		v.score = make([]float64, n, n+n/2)
+	}
+	v.score = v.score[:n]
+	clear(v.score)
+	return v.score
+}
+
+// RankLowest fills d.Ranked with the MaxRanked candidates of lowest score
+// (from Scores), ties broken at random. NaN scores rank last.
+func (v *View) RankLowest(d *Decision) {
+	k := min(v.r.cfg.MaxRanked, len(v.cands))
+	top := v.top[:0]
+	salt := v.Random()
+	for i, id := range v.cands {
+		s := v.score[i]
+		if math.IsNaN(s) {
+			s = math.Inf(1)
+		}
+		it := rankItem{score: s, tie: mixID(id, salt), id: id}
+		if len(top) == k && !it.less(&top[k-1]) {
+			continue
+		}
+		if len(top) < k {
+			top = append(top, it)
+		} else {
+			top[k-1] = it
+		}
+		for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
+			top[j], top[j-1] = top[j-1], top[j]
+		}
+	}
+	v.top = top
+	for _, it := range top {
+		d.Ranked = append(d.Ranked, it.id)
+	}
+}
+
+func (a *rankItem) less(b *rankItem) bool {
+	if a.score != b.score {
+		return a.score < b.score
+	}
+	return a.tie < b.tie
+}
+
+func mixID(id ReplicaID, salt uint64) uint64 {
+	z := uint64(id)*0x9E3779B97F4A7C15 ^ salt
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}

@@ -1,0 +1,224 @@
+package affinity
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults for HashConfig and Config. Each field's doc says what its zero
+// value means.
+const (
+	DefaultBytesPerToken  = 4
+	DefaultBlockTokens    = 64
+	DefaultMaxPromptBytes = 16 << 20
+
+	DefaultKVCapacityTokens    = 1 << 18 // 262144 tokens = 4096 blocks of 64
+	DefaultPrefillTokensPerSec = 10000
+	DefaultSignalMaxAge        = 10 * time.Second
+	DefaultSessionTTL          = 10 * time.Minute
+	DefaultMaxSessions         = 1 << 20
+	DefaultMaxRanked           = 3
+	DefaultLoadFactor          = 1.25
+	DefaultRingVnodes          = 64
+	DefaultLoadPenaltySeconds  = 0.005
+	DefaultHotQueueSeconds     = 0.5
+	DefaultHotGain             = 2.0
+	DefaultKVHighWater         = 0.9
+	DefaultKVPenaltySeconds    = 0.5
+	DefaultPolicy              = "cost"
+)
+
+// HashConfig fixes how prompts become block hashes. The Parser and the Router
+// must use the same HashConfig (Router.HashConfig returns the one it uses).
+type HashConfig struct {
+	// BytesPerToken is the assumed mean canonical bytes per engine token, used
+	// to turn bytes into token estimates and blocks into tokens. 0 means 4
+	// (English BPE text averages 3.5-4.5 bytes per token; token-id prompts are
+	// encoded as 4 bytes per id, so 4 makes them exact).
+	BytesPerToken int `yaml:"bytes_per_token"`
+	// BlockTokens is the hashing block, in tokens. 0 means 64. A block is
+	// BlockTokens*BytesPerToken bytes (default 256). Smaller blocks find longer
+	// shared prefixes and cost more index memory and hashing calls.
+	BlockTokens int `yaml:"block_tokens"`
+	// MaxPromptBytes caps the canonical prompt kept and hashed per request;
+	// the token estimate still counts the rest. 0 means 16 MiB.
+	MaxPromptBytes int `yaml:"max_prompt_bytes"`
+}
+
+// WithDefaults returns c with zero fields replaced by defaults.
+func (c HashConfig) WithDefaults() HashConfig {
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = DefaultBytesPerToken
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = DefaultBlockTokens
+	}
+	if c.MaxPromptBytes == 0 {
+		c.MaxPromptBytes = DefaultMaxPromptBytes
+	}
+	return c
+}
+
+// Validate checks ranges after defaults.
+func (c HashConfig) Validate() error {
+	c = c.WithDefaults()
+	switch {
+	case c.BytesPerToken < 1 || c.BytesPerToken > 16:
+		return fmt.Errorf("hash.bytes_per_token %d: want 1..16", c.BytesPerToken)
+	case c.BlockTokens < 1 || c.BlockTokens > 4096:
+		return fmt.Errorf("hash.block_tokens %d: want 1..4096", c.BlockTokens)
+	case c.MaxPromptBytes < c.BlockBytes():
+		return fmt.Errorf("hash.max_prompt_bytes %d: want >= one block (%d)", c.MaxPromptBytes, c.BlockBytes())
+	}
+	return nil
+}
+
+// BlockBytes is the block size in canonical bytes.
+func (c HashConfig) BlockBytes() int {
+	c = c.WithDefaults()
+	return c.BlockTokens * c.BytesPerToken
+}
+
+// HashPath reports the xxh3 vector path used for this block size.
+func (c HashConfig) HashPath() string { return hashPathFor(c.BlockBytes()) }
+
+// Config configures a Router. The zero value is valid: every zero field takes
+// its documented default.
+type Config struct {
+	// Policy names the ranking policy (see PolicyNames). "" means "cost".
+	Policy string `yaml:"policy"`
+	// Hash must match the Parser's HashConfig.
+	Hash HashConfig `yaml:"hash"`
+	// DefaultKVCapacityTokens bounds the index for a replica whose spec and
+	// signals give no KV capacity. 0 means 262144 tokens (4096 blocks).
+	DefaultKVCapacityTokens int `yaml:"default_kv_capacity_tokens"`
+	// DefaultPrefillTokensPerSec seeds each replica's prefill-rate estimate
+	// when its spec gives none. 0 means 10000 tokens/s.
+	DefaultPrefillTokensPerSec float64 `yaml:"default_prefill_tokens_per_sec"`
+	// SignalMaxAge: engine signals older than this (by the request's Now) are
+	// ignored; the router then relies on its own in-flight counts. 0 means 10s.
+	SignalMaxAge time.Duration `yaml:"signal_max_age"`
+	// SessionTTL: how long a session stays pinned to its replica after its
+	// last request (session policy). 0 means 10m.
+	SessionTTL time.Duration `yaml:"session_ttl"`
+	// MaxSessions bounds the session table; new sessions beyond it are not
+	// pinned. 0 means 1<<20.
+	MaxSessions int `yaml:"max_sessions"`
+	// MaxRanked is how many replicas a Decision ranks (the proxy's retry
+	// budget). 0 means 3.
+	MaxRanked int `yaml:"max_ranked"`
+	// LoadFactor is the bounded-load factor of the consistent-hash policy: a
+	// replica accepts while in-flight+1 <= LoadFactor * mean. 0 means 1.25.
+	LoadFactor float64 `yaml:"load_factor"`
+	// RingVnodes is the number of ring points per unit of weight (consistent
+	// hash policy). 0 means 64.
+	RingVnodes int `yaml:"ring_vnodes"`
+	// LoadPenaltySeconds (cost policy) is the TTFT cost of each request in
+	// flight on a replica (decode work sharing the batch). 0 means 0.005.
+	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds"`
+	// HotQueueSeconds (cost policy): a replica whose queued prefill exceeds
+	// this many seconds counts as saturated. 0 means 0.5.
+	HotQueueSeconds float64 `yaml:"hot_queue_seconds"`
+	// HotGain (cost policy) multiplies the queue time above HotQueueSeconds,
+	// so a saturated home of a hot prefix hands the prefix to a second replica
+	// before greedy break-even. 0 means 2; negative disables the guard.
+	HotGain float64 `yaml:"hot_gain"`
+	// KVHighWater and KVPenaltySeconds (cost policy): above this KV usage an
+	// engine starts evicting or preempting; the penalty grows linearly to
+	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5.
+	KVHighWater      float64 `yaml:"kv_high_water"`
+	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds"`
+	// Seed seeds tie-breaking randomness (set it for reproducible
+	// simulations). 0 means a fixed default.
+	Seed uint64 `yaml:"seed"`
+}
+
+// WithDefaults returns c with zero fields replaced by defaults.
+func (c Config) WithDefaults() Config {
+	if c.Policy == "" {
+		c.Policy = DefaultPolicy
+	}
+	c.Hash = c.Hash.WithDefaults()
+	if c.DefaultKVCapacityTokens == 0 {
+		c.DefaultKVCapacityTokens = DefaultKVCapacityTokens
+	}
+	if c.DefaultPrefillTokensPerSec == 0 {
+		c.DefaultPrefillTokensPerSec = DefaultPrefillTokensPerSec
+	}
+	if c.SignalMaxAge == 0 {
+		c.SignalMaxAge = DefaultSignalMaxAge
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = DefaultSessionTTL
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.MaxRanked == 0 {
+		c.MaxRanked = DefaultMaxRanked
+	}
+	if c.LoadFactor == 0 {
+		c.LoadFactor = DefaultLoadFactor
+	}
+	if c.RingVnodes == 0 {
+		c.RingVnodes = DefaultRingVnodes
+	}
+	if c.LoadPenaltySeconds == 0 {
+		c.LoadPenaltySeconds = DefaultLoadPenaltySeconds
+	}
+	if c.HotQueueSeconds == 0 {
+		c.HotQueueSeconds = DefaultHotQueueSeconds
+	}
+	if c.HotGain == 0 {
+		c.HotGain = DefaultHotGain
+	}
+	if c.KVHighWater == 0 {
+		c.KVHighWater = DefaultKVHighWater
+	}
+	if c.KVPenaltySeconds == 0 {
+		c.KVPenaltySeconds = DefaultKVPenaltySeconds
+	}
+	if c.Seed == 0 {
+		c.Seed = 0x5EED
+	}
+	return c
+}
+
+// Validate checks every field after defaults; messages name the field and
+// the allowed range.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	if err := c.Hash.Validate(); err != nil {
+		return err
+	}
+	if !knownPolicy(c.Policy) {
+		return fmt.Errorf("policy %q: want one of %v", c.Policy, PolicyNames())
+	}
+	switch {
+	case c.DefaultKVCapacityTokens < 0:
+		return fmt.Errorf("default_kv_capacity_tokens %d: want >= 0", c.DefaultKVCapacityTokens)
+	case c.DefaultPrefillTokensPerSec < 0:
+		return fmt.Errorf("default_prefill_tokens_per_sec %g: want > 0", c.DefaultPrefillTokensPerSec)
+	case c.SignalMaxAge < 0:
+		return fmt.Errorf("signal_max_age %v: want > 0", c.SignalMaxAge)
+	case c.SessionTTL < 0:
+		return fmt.Errorf("session_ttl %v: want > 0", c.SessionTTL)
+	case c.MaxSessions < 0:
+		return fmt.Errorf("max_sessions %d: want >= 0", c.MaxSessions)
+	case c.MaxRanked < 1 || c.MaxRanked > 64:
+		return fmt.Errorf("max_ranked %d: want 1..64", c.MaxRanked)
+	case c.LoadFactor < 1:
+		return fmt.Errorf("load_factor %g: want >= 1", c.LoadFactor)
+	case c.RingVnodes < 1 || c.RingVnodes > 4096:
+		return fmt.Errorf("ring_vnodes %d: want 1..4096", c.RingVnodes)
+	case c.LoadPenaltySeconds < 0:
+		return fmt.Errorf("load_penalty_seconds %g: want >= 0", c.LoadPenaltySeconds)
+	case c.HotQueueSeconds < 0:
+		return fmt.Errorf("hot_queue_seconds %g: want >= 0", c.HotQueueSeconds)
+	case c.KVHighWater <= 0 || c.KVHighWater >= 1:
+		return fmt.Errorf("kv_high_water %g: want (0, 1)", c.KVHighWater)
+	case c.KVPenaltySeconds < 0:
+		return fmt.Errorf("kv_penalty_seconds %g: want >= 0", c.KVPenaltySeconds)
+	}
+	return nil
+}

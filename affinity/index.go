@@ -1,0 +1,361 @@
+package affinity
+
+// The prefix index: which replica probably holds which block hash in its KV
+// cache.
+//
+// Layout (all slabs of int32 links, no pointers, so the GC never scans it):
+//
+//	blocks  map[hash]rec        one entry per distinct block hash tracked
+//	pairs   map[hash+rep*K]node one entry per (block, replica) held
+//	recs    []blockRec          24 B: hash, parent hash, holder list head, holder count
+//	nodes   []holder            24 B: block, replica, LRU prev/next, holder prev/next
+//	lru     []replicaLRU        per replica: most recent at head, capacity in blocks
+//
+// Each replica's nodes form an LRU list bounded by that replica's KV capacity
+// in blocks, so the index holds at most sum(capacity) (block, replica) pairs
+// whatever the traffic.
+//
+// Prefix property: a chain is inserted deepest block first, so a shallower
+// block is always at least as recent as any deeper block of the same chain
+// and LRU eviction removes chain tails first. Hence if replica r holds block
+// i of a chain it holds blocks 0..i-1, the holder sets along a chain are
+// nested and shrink with depth, and the holder count along a chain is
+// non-increasing. longest uses that to binary-search the chain: it probes
+// O(k log n) blocks for a chain of n blocks whose holder count takes k
+// distinct values, instead of one probe per block (or per block per
+// replica).
+
+const pairMul = 0x9E3779B97F4A7C15 // odd: hash + rep*pairMul is a bijection per rep
+
+type blockRec struct {
+	hash   uint64
+	parent uint64 // hash of the chain predecessor, 0 for a first block
+	head   int32  // first holder node, -1 if none
+	count  int32  // number of holders
+}
+
+type holder struct {
+	blk        int32
+	rep        ReplicaID
+	prev, next int32 // replica LRU list; prev is more recent
+	hprev      int32 // block's holder list
+	hnext      int32
+}
+
+type replicaLRU struct {
+	head, tail int32 // head = most recently used
+	n          int32
+	cap        int32 // capacity in blocks (effective)
+}
+
+type index struct {
+	blocks    map[uint64]int32
+	pairs     map[uint64]int32
+	recs      []blockRec
+	freeRecs  []int32
+	nodes     []holder
+	freeNodes []int32
+	lru       []replicaLRU
+	evictions uint64
+}
+
+func newIndex() *index {
+	return &index{blocks: make(map[uint64]int32), pairs: make(map[uint64]int32)}
+}
+
+func pairKey(h uint64, r ReplicaID) uint64 { return h + uint64(r+1)*pairMul }
+
+// ensure grows the per-replica table to hold id.
+func (x *index) ensure(id ReplicaID) {
+	for int(id) >= len(x.lru) {
+		x.lru = append(x.lru, replicaLRU{head: -1, tail: -1})
+	}
+}
+
+// setCap sets a replica's capacity in blocks and evicts down to it.
+func (x *index) setCap(id ReplicaID, blocks int) {
+	x.ensure(id)
+	l := &x.lru[id]
+	l.cap = int32(min(max(blocks, 1), 1<<30))
+	for l.n > l.cap {
+		x.remove(l.tail)
+		x.evictions++
+	}
+}
+
+// count returns how many replicas hold h.
+func (x *index) count(h uint64) int32 {
+	if i, ok := x.blocks[h]; ok {
+		return x.recs[i].count
+	}
+	return 0
+}
+
+// holds reports whether replica id holds h.
+func (x *index) holds(h uint64, id ReplicaID) bool {
+	i, ok := x.pairs[pairKey(h, id)]
+	return ok && x.nodes[i].rep == id && x.recs[x.nodes[i].blk].hash == h
+}
+
+// leading returns how many leading blocks of hashes replica id holds.
+func (x *index) leading(id ReplicaID, hashes []uint64) int {
+	for i, h := range hashes {
+		if !x.holds(h, id) {
+			return i
+		}
+	}
+	return len(hashes)
+}
+
+// insert records that replica id now holds hashes (a chain from its first
+// block), deepest first, evicting the replica's least recent blocks beyond
+// its capacity. Only the first cap blocks are inserted. It returns how many
+// leading blocks the replica held before.
+func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
+	x.ensure(id)
+	l := &x.lru[id]
+	if l.cap <= 0 {
+		return 0
+	}
+	if len(hashes) > int(l.cap) {
+		hashes = hashes[:l.cap]
+	}
+	held = x.leading(id, hashes)
+	for i := len(hashes) - 1; i >= 0; i-- {
+		var parent uint64
+		if i > 0 {
+			parent = hashes[i-1]
+		}
+		x.touch(id, hashes[i], parent)
+	}
+	for l.n > l.cap {
+		x.remove(l.tail)
+		x.evictions++
+	}
+	return held
+}
+
+// touch makes (h, id) the replica's most recent block, adding it if needed.
+func (x *index) touch(id ReplicaID, h, parent uint64) {
+	l := &x.lru[id]
+	if ni, ok := x.pairs[pairKey(h, id)]; ok {
+		if l.head != ni {
+			x.unlinkLRU(ni)
+			x.pushFront(ni)
+		}
+		return
+	}
+	bi, ok := x.blocks[h]
+	if !ok {
+		bi = x.newRec()
+		x.recs[bi] = blockRec{hash: h, parent: parent, head: -1}
+		x.blocks[h] = bi
+	}
+	ni := x.newNode()
+	n := &x.nodes[ni]
+	*n = holder{blk: bi, rep: id, prev: -1, next: -1, hprev: -1, hnext: x.recs[bi].head}
+	if n.hnext >= 0 {
+		x.nodes[n.hnext].hprev = ni
+	}
+	x.recs[bi].head = ni
+	x.recs[bi].count++
+	x.pairs[pairKey(h, id)] = ni
+	x.pushFront(ni)
+}
+
+func (x *index) newRec() int32 {
+	if k := len(x.freeRecs); k > 0 {
+		i := x.freeRecs[k-1]
+		x.freeRecs = x.freeRecs[:k-1]
+		return i
+	}
+	x.recs = append(x.recs, blockRec{})
+	return int32(len(x.recs) - 1)
+}
+
+func (x *index) newNode() int32 {
+	if k := len(x.freeNodes); k > 0 {
+		i := x.freeNodes[k-1]
+		x.freeNodes = x.freeNodes[:k-1]
+		return i
+	}
+	x.nodes = append(x.nodes, holder{})
+	return int32(len(x.nodes) - 1)
+}
+
+func (x *index) pushFront(ni int32) {
+	n := &x.nodes[ni]
+	l := &x.lru[n.rep]
+	n.prev, n.next = -1, l.head
+	if l.head >= 0 {
+		x.nodes[l.head].prev = ni
+	} else {
+		l.tail = ni
+	}
+	l.head = ni
+	l.n++
+}
+
+func (x *index) unlinkLRU(ni int32) {
+	n := &x.nodes[ni]
+	l := &x.lru[n.rep]
+	if n.prev >= 0 {
+		x.nodes[n.prev].next = n.next
+	} else {
+		l.head = n.next
+	}
+	if n.next >= 0 {
+		x.nodes[n.next].prev = n.prev
+	} else {
+		l.tail = n.prev
+	}
+	n.prev, n.next = -1, -1
+	l.n--
+}
+
+// remove drops one (block, replica) node, and the block when it has no
+// holder left.
+func (x *index) remove(ni int32) {
+	x.unlinkLRU(ni)
+	n := &x.nodes[ni]
+	b := &x.recs[n.blk]
+	if n.hprev >= 0 {
+		x.nodes[n.hprev].hnext = n.hnext
+	} else {
+		b.head = n.hnext
+	}
+	if n.hnext >= 0 {
+		x.nodes[n.hnext].hprev = n.hprev
+	}
+	b.count--
+	delete(x.pairs, pairKey(b.hash, n.rep))
+	if b.count == 0 {
+		delete(x.blocks, b.hash)
+		x.freeRecs = append(x.freeRecs, n.blk)
+	}
+	*n = holder{blk: -1, rep: NoReplica}
+	x.freeNodes = append(x.freeNodes, ni)
+}
+
+// dropReplica forgets every block of replica id (restart or removal).
+func (x *index) dropReplica(id ReplicaID) {
+	if int(id) >= len(x.lru) {
+		return
+	}
+	for x.lru[id].head >= 0 {
+		x.remove(x.lru[id].head)
+	}
+}
+
+// rollback removes up to n blocks of replica id walking a chain back from
+// its deepest block tail (undo of a speculative insert).
+func (x *index) rollback(id ReplicaID, tail uint64, n int) {
+	h := tail
+	for ; n > 0 && h != 0; n-- {
+		ni, ok := x.pairs[pairKey(h, id)]
+		if !ok || x.nodes[ni].rep != id {
+			return
+		}
+		parent := x.recs[x.nodes[ni].blk].parent
+		x.remove(ni)
+		h = parent
+	}
+}
+
+// blocksOf returns how many blocks replica id holds.
+func (x *index) blocksOf(id ReplicaID) int {
+	if int(id) >= len(x.lru) {
+		return 0
+	}
+	return int(x.lru[id].n)
+}
+
+// matchSet accumulates per-replica matched block counts for one request:
+// m is indexed by ReplicaID, touched lists the ids set so they can be reset.
+type matchSet struct {
+	m       []int32
+	touched []ReplicaID
+}
+
+func (s *matchSet) reset(n int) {
+	for _, id := range s.touched {
+		if int(id) < len(s.m) {
+			s.m[id] = 0
+		}
+	}
+	s.touched = s.touched[:0]
+	if len(s.m) < n {
+		if cap(s.m) >= n {
+			old := len(s.m)
+			s.m = s.m[:n]
+			clear(s.m[old:])
+		} else {
+			s.m = make([]int32, n, n+n/2)
+		}
+	}
+}
+
+func (s *matchSet) raise(id ReplicaID, blocks int32) {
+	if int(id) >= len(s.m) {
+		return
+	}
+	if s.m[id] == 0 {
+		s.touched = append(s.touched, id)
+	}
+	if blocks > s.m[id] {
+		s.m[id] = blocks
+	}
+}
+
+// longest fills s with each replica's longest held prefix of hashes, in
+// blocks, by binary search over the chain (see the file comment).
+func (x *index) longest(hashes []uint64, s *matchSet) {
+	if len(hashes) == 0 {
+		return
+	}
+	c0 := x.count(hashes[0])
+	if c0 == 0 {
+		return
+	}
+	x.split(hashes, s, 0, c0, len(hashes), 0)
+}
+
+// split handles blocks [lo, hi): clo = count(lo) > 0, chi = count(hi) (0 for
+// hi == len(hashes)). Holder sets are nested, so equal counts mean equal sets
+// and nothing ends inside the range.
+func (x *index) split(hashes []uint64, s *matchSet, lo int, clo int32, hi int, chi int32) {
+	for {
+		if clo == chi {
+			return
+		}
+		if hi == lo+1 {
+			bi := x.blocks[hashes[lo]]
+			for ni := x.recs[bi].head; ni >= 0; ni = x.nodes[ni].hnext {
+				s.raise(x.nodes[ni].rep, int32(lo+1))
+			}
+			return
+		}
+		mid := int(uint(lo+hi) >> 1)
+		cm := x.count(hashes[mid])
+		if cm == 0 {
+			hi, chi = mid, 0
+			continue
+		}
+		x.split(hashes, s, lo, clo, mid, cm)
+		lo, clo = mid, cm
+	}
+}
+
+// longestLinear is the baseline: one probe per block, walking every holder.
+// It gives the same answer as longest when the prefix property holds.
+func (x *index) longestLinear(hashes []uint64, s *matchSet) {
+	for i, h := range hashes {
+		bi, ok := x.blocks[h]
+		if !ok {
+			return
+		}
+		for ni := x.recs[bi].head; ni >= 0; ni = x.nodes[ni].hnext {
+			s.raise(x.nodes[ni].rep, int32(i+1))
+		}
+	}
+}

@@ -1,0 +1,370 @@
+package affinity
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
+)
+
+// BeginHook is an optional Policy hook: the Router calls OnBegin (under its
+// write lock) when a request is sent to replica id.
+type BeginHook interface {
+	OnBegin(id ReplicaID, req *Request)
+}
+
+// RemoveHook is an optional Policy hook: the Router calls OnRemove (under its
+// write lock) when replica id is removed; the id may be reused later.
+type RemoveHook interface {
+	OnRemove(id ReplicaID)
+}
+
+// policies is the one list of built-in policies, in documentation order.
+var policies = []struct {
+	name string
+	make func(cfg Config) Policy
+}{
+	{"cost", func(cfg Config) Policy { return &CostPolicy{cfg: cfg} }},
+	{"round-robin", func(Config) Policy { return &RoundRobin{} }},
+	{"least-request", func(Config) Policy { return LeastRequest{} }},
+	{"power-of-two", func(Config) Policy { return PowerOfTwo{} }},
+	{"consistent-hash", func(cfg Config) Policy { return &ConsistentHash{cfg: cfg} }},
+	{"prefix", func(Config) Policy { return PrefixOnly{} }},
+	{"session", func(cfg Config) Policy { return newSession(cfg) }},
+}
+
+// PolicyNames lists the built-in policy names; the first is the default.
+func PolicyNames() []string {
+	out := make([]string, len(policies))
+	for i, p := range policies {
+		out[i] = p.name
+	}
+	return out
+}
+
+func knownPolicy(name string) bool {
+	for _, p := range policies {
+		if p.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// NewPolicy builds the named policy; cfg zero fields take defaults.
+func NewPolicy(name string, cfg Config) (Policy, error) {
+	cfg = cfg.WithDefaults()
+	for _, p := range policies {
+		if p.name == name {
+			return p.make(cfg), nil
+		}
+	}
+	return nil, fmt.Errorf("policy %q: want one of %v", name, PolicyNames())
+}
+
+// RoundRobin ranks candidates in rotation, ignoring load and cache.
+type RoundRobin struct{ next atomic.Uint64 }
+
+func (*RoundRobin) Name() string { return "round-robin" }
+
+func (p *RoundRobin) Rank(v *View, _ *Request, d *Decision) {
+	c := v.Candidates()
+	n := uint64(len(c))
+	start := p.next.Add(1) - 1
+	for i := range uint64(min(v.MaxRanked(), len(c))) {
+		d.Ranked = append(d.Ranked, c[(start+i)%n])
+	}
+}
+
+// LeastRequest ranks by router-local in-flight requests divided by weight,
+// ties at random.
+type LeastRequest struct{}
+
+func (LeastRequest) Name() string { return "least-request" }
+
+func (LeastRequest) Rank(v *View, _ *Request, d *Decision) {
+	sc := v.Scores()
+	for i, id := range v.Candidates() {
+		l := v.Load(id)
+		sc[i] = float64(l.InFlight) / l.Weight
+	}
+	v.RankLowest(d)
+}
+
+// PowerOfTwo samples two distinct candidates and ranks the one with fewer
+// in-flight requests (per weight) first; further retry choices follow from a
+// random offset.
+type PowerOfTwo struct{}
+
+func (PowerOfTwo) Name() string { return "power-of-two" }
+
+func (PowerOfTwo) Rank(v *View, _ *Request, d *Decision) {
+	c := v.Candidates()
+	n := len(c)
+	if n == 1 {
+		d.Ranked = append(d.Ranked, c[0])
+		return
+	}
+	i := int(v.Random() % uint64(n))
+	j := int(v.Random() % uint64(n-1))
+	if j >= i {
+		j++
+	}
+	li, lj := v.Load(c[i]), v.Load(c[j])
+	si, sj := float64(li.InFlight)/li.Weight, float64(lj.InFlight)/lj.Weight
+	if sj < si {
+		i, j = j, i
+	}
+	d.Ranked = append(d.Ranked, c[i], c[j])
+	k := min(v.MaxRanked(), n)
+	for off := int(v.Random() % uint64(n)); len(d.Ranked) < k; off = (off + 1) % n {
+		if off != i && off != j {
+			d.Ranked = append(d.Ranked, c[off])
+		}
+	}
+	if len(d.Ranked) > k {
+		d.Ranked = d.Ranked[:k]
+	}
+}
+
+// PrefixOnly ranks by the longest predicted cached prefix, ties at random.
+// It ignores load entirely (the baseline for pure cache affinity).
+type PrefixOnly struct{}
+
+func (PrefixOnly) Name() string { return "prefix" }
+
+func (PrefixOnly) Rank(v *View, _ *Request, d *Decision) {
+	sc := v.Scores()
+	for i, id := range v.Candidates() {
+		sc[i] = -float64(v.CachedBlocks(id))
+	}
+	v.RankLowest(d)
+}
+
+// ConsistentHash is consistent hashing with bounded load (Mirrokni et al.,
+// as in KubeAI's CHWBL): the key (the request's first block hash, so requests
+// sharing their first block share a home; else the session key; else
+// random) is placed on a ring of RingVnodes points per unit of weight, and
+// the ring is walked clockwise to the first replica whose in-flight+1 stays
+// within LoadFactor x the mean (weighted).
+type ConsistentHash struct{ cfg Config }
+
+func (*ConsistentHash) Name() string { return "consistent-hash" }
+
+type hashRing struct {
+	points []uint64
+	owners []ReplicaID
+}
+
+func (p *ConsistentHash) ring(v *View) *hashRing {
+	if r := v.g.ring.Load(); r != nil {
+		return r
+	}
+	r := &hashRing{}
+	type pt struct {
+		h  uint64
+		id ReplicaID
+	}
+	var pts []pt
+	for _, id := range v.g.members {
+		rp := v.r.reps[id]
+		n := max(int(float64(p.cfg.RingVnodes)*rp.weight+0.5), 1)
+		base := xxh3.HashString(rp.spec.Name)
+		for k := range n {
+			pts = append(pts, pt{chain(base, uint64(k)), id})
+		}
+	}
+	sort.Slice(pts, func(a, b int) bool { return pts[a].h < pts[b].h })
+	r.points = make([]uint64, len(pts))
+	r.owners = make([]ReplicaID, len(pts))
+	for i, x := range pts {
+		r.points[i], r.owners[i] = x.h, x.id
+	}
+	v.g.ring.CompareAndSwap(nil, r)
+	return v.g.ring.Load()
+}
+
+func (p *ConsistentHash) Rank(v *View, req *Request, d *Decision) {
+	c := v.Candidates()
+	var key uint64
+	switch {
+	case len(req.Hashes) > 0:
+		key = req.Hashes[0]
+	case req.SessionKey != 0:
+		key = chain(req.SessionKey, 0x5E55)
+	default:
+		key = v.Random()
+	}
+	var total, wsum float64
+	for _, id := range c {
+		l := v.Load(id)
+		total += float64(l.InFlight)
+		wsum += l.Weight
+	}
+	mean := (total + 1) / wsum
+	ring := p.ring(v)
+	k := min(v.MaxRanked(), len(c))
+	n := len(ring.points)
+	start := sort.Search(n, func(i int) bool { return ring.points[i] >= key })
+	// Pass 0 takes replicas within the load bound, pass 1 anyone left.
+	for pass := 0; pass < 2 && len(d.Ranked) < k; pass++ {
+		for s := 0; s < n && len(d.Ranked) < k; s++ {
+			id := ring.owners[(start+s)%n]
+			if slices.Contains(d.Ranked, id) || !v.r.reps[id].eligible() {
+				continue
+			}
+			if pass == 0 {
+				l := v.Load(id)
+				if float64(l.InFlight)+1 > mean*p.cfg.LoadFactor*l.Weight {
+					continue
+				}
+			}
+			d.Ranked = append(d.Ranked, id)
+		}
+	}
+}
+
+// Session pins a session (Request.SessionKey: a session header or the
+// OpenAI `user` field, hashed by the caller) to the replica its last request
+// went to, for SessionTTL after that request. Unpinned requests, and pinned
+// ones whose replica is not eligible, rank by least-request; the pinned
+// replica, when eligible, is ranked first.
+type Session struct {
+	ttl, max  int64
+	mu        sync.Mutex
+	m         map[uint64]sessionEntry
+	epoch     []uint32 // per ReplicaID, bumped on removal
+	lastSweep int64
+}
+
+type sessionEntry struct {
+	id      ReplicaID
+	epoch   uint32
+	expires int64
+}
+
+func newSession(cfg Config) *Session {
+	return &Session{ttl: int64(cfg.SessionTTL), max: int64(cfg.MaxSessions), m: make(map[uint64]sessionEntry)}
+}
+
+func (*Session) Name() string { return "session" }
+
+func (s *Session) Rank(v *View, req *Request, d *Decision) {
+	pinned := NoReplica
+	if req.SessionKey != 0 {
+		s.mu.Lock()
+		if e, ok := s.m[req.SessionKey]; ok && e.expires >= req.Now &&
+			int(e.id) < len(s.epoch) && s.epoch[e.id] == e.epoch {
+			pinned = e.id
+		}
+		s.mu.Unlock()
+		if pinned != NoReplica && !slices.Contains(v.Candidates(), pinned) {
+			pinned = NoReplica
+		}
+	}
+	LeastRequest{}.Rank(v, req, d)
+	if pinned == NoReplica {
+		return
+	}
+	if i := slices.Index(d.Ranked, pinned); i >= 0 {
+		copy(d.Ranked[1:i+1], d.Ranked[:i])
+	} else {
+		d.Ranked = append(d.Ranked[:min(len(d.Ranked), v.MaxRanked()-1)], NoReplica)
+		copy(d.Ranked[1:], d.Ranked[:len(d.Ranked)-1])
+	}
+	d.Ranked[0] = pinned
+}
+
+// OnBegin pins req's session to id.
+func (s *Session) OnBegin(id ReplicaID, req *Request) {
+	if req.SessionKey == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for int(id) >= len(s.epoch) {
+		s.epoch = append(s.epoch, 0)
+	}
+	if req.Now-s.lastSweep > s.ttl {
+		s.lastSweep = req.Now
+		for k, e := range s.m {
+			if e.expires < req.Now {
+				delete(s.m, k)
+			}
+		}
+	}
+	if _, ok := s.m[req.SessionKey]; !ok && int64(len(s.m)) >= s.max {
+		return
+	}
+	s.m[req.SessionKey] = sessionEntry{id: id, epoch: s.epoch[id], expires: req.Now + s.ttl}
+}
+
+// OnRemove unpins every session on id.
+func (s *Session) OnRemove(id ReplicaID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if int(id) < len(s.epoch) {
+		s.epoch[id]++
+	}
+}
+
+// Sessions is the number of pinned sessions (expired ones included until
+// swept).
+func (s *Session) Sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+// CostPolicy (the default) ranks by estimated time to first token:
+//
+//	wait_r = Q_r / P_r
+//	est_r  = wait_r + (T - C_r) / P_r                      queued prefill + own uncached prefill
+//	       + LoadPenaltySeconds * B_r / W_r                 decode work sharing the batch
+//	       + HotGain * max(0, wait_r - HotQueueSeconds)     saturation guard
+//	       + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
+//
+// Q_r queued prefill tokens (Load.QueuedTokens), P_r measured prefill rate,
+// T the request's prompt tokens, C_r its predicted cached prefix on r, B_r
+// busy requests (Load.Busy), W_r weight, U_r fresh KV usage. Ties break at
+// random. See README.md for intent and the guards.
+type CostPolicy struct{ cfg Config }
+
+func (*CostPolicy) Name() string { return "cost" }
+
+func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
+	sc := v.Scores()
+	cfg := &p.cfg
+	t := float64(req.PromptTokens)
+	for i, id := range v.Candidates() {
+		l := v.Load(id)
+		rate := l.PrefillTokensPerSec
+		wait := l.QueuedTokens() / rate
+		est := wait + (t-float64(v.CachedTokens(id)))/rate +
+			cfg.LoadPenaltySeconds*float64(l.Busy())/l.Weight
+		if cfg.HotGain > 0 && wait > cfg.HotQueueSeconds {
+			est += cfg.HotGain * (wait - cfg.HotQueueSeconds)
+		}
+		if l.Fresh && l.KVUsage > cfg.KVHighWater {
+			est += cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		}
+		sc[i] = est
+	}
+	v.RankLowest(d)
+}
+
+// Interface guards.
+var (
+	_ Policy     = (*RoundRobin)(nil)
+	_ Policy     = LeastRequest{}
+	_ Policy     = PowerOfTwo{}
+	_ Policy     = PrefixOnly{}
+	_ Policy     = (*ConsistentHash)(nil)
+	_ Policy     = (*Session)(nil)
+	_ BeginHook  = (*Session)(nil)
+	_ RemoveHook = (*Session)(nil)
+	_ Policy     = (*CostPolicy)(nil)
+)

@@ -1,0 +1,325 @@
+package affinity
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/valyala/fastjson"
+)
+
+// Canonical prompt byte format (what is hashed). It approximates the prefix
+// an engine's chat template renders, and is stable: the same conversation
+// prefix always yields the same leading bytes.
+//
+// Chat (/v1/chat/completions):
+//
+//	for each message with role "system" or "developer", in order: MSG
+//	if tools present:   0x1E "tools" 0x1F TOOL (0x1F TOOL)*
+//	                    TOOL = compact JSON of the tool definition
+//	for every other message, in order: MSG
+//	MSG = 0x1E role 0x1F [name 0x1F] content [0x1D tool_call_id] [0x1C tool_calls JSON]
+//	content: a string as is; an array of parts concatenated, a text part as
+//	its text, an image_url part as its url, any other part as compact JSON.
+//
+// Completions (/v1/completions): `prompt` as a string is its bytes; a token
+// id array is each id as 4 bytes little-endian; an array of prompts (batch)
+// is its elements joined with 0x1E.
+//
+// Embeddings: model only (no canonical bytes, no hashes); the token estimate
+// counts the input.
+//
+// Tokens = ceil(text bytes / BytesPerToken) + token ids. Canonical is capped
+// at HashConfig.MaxPromptBytes; the token estimate is not.
+
+const (
+	sepRecord = 0x1E
+	sepUnit   = 0x1F
+	sepCallID = 0x1D
+	sepCalls  = 0x1C
+)
+
+// Parse errors: preallocated, each wraps ErrBadRequest and names the field.
+var (
+	errBadJSON     = fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
+	errBadModel    = fmt.Errorf("%w: model must be a non-empty string", ErrBadRequest)
+	errBadMessages = fmt.Errorf("%w: messages must be a non-empty array", ErrBadRequest)
+	errBadMessage  = fmt.Errorf("%w: messages[] must be objects with a string role", ErrBadRequest)
+	errBadPrompt   = fmt.Errorf("%w: prompt must be a string or an array of strings or token ids", ErrBadRequest)
+	errBadInput    = fmt.Errorf("%w: input is required", ErrBadRequest)
+)
+
+// Parser turns request bodies into a Prompt. It keeps its scratch buffers
+// between calls, so after a few requests parsing allocates nothing. A Parser
+// is not safe for concurrent use: keep one per goroutine or in a sync.Pool.
+type Parser struct {
+	cfg   HashConfig
+	block int
+	jp    fastjson.Parser
+	canon []byte
+	hash  []uint64
+	text  int // text bytes counted toward the token estimate
+	ids   int // token ids counted
+}
+
+// NewParser returns a Parser; cfg zero fields take defaults. An invalid cfg
+// is replaced by the defaults (validate it with HashConfig.Validate first).
+func NewParser(cfg HashConfig) *Parser {
+	if cfg.Validate() != nil {
+		cfg = HashConfig{}
+	}
+	cfg = cfg.WithDefaults()
+	return &Parser{cfg: cfg, block: cfg.BlockBytes()}
+}
+
+// HashConfig returns the parser's effective configuration.
+func (p *Parser) HashConfig() HashConfig { return p.cfg }
+
+func (p *Parser) begin(body []byte, out *Prompt) (*fastjson.Value, error) {
+	*out = Prompt{}
+	p.canon = p.canon[:0]
+	p.hash = p.hash[:0]
+	p.text, p.ids = 0, 0
+	v, err := p.jp.ParseBytes(body)
+	if err != nil || v.Type() != fastjson.TypeObject {
+		return nil, errBadJSON
+	}
+	out.Model = v.GetStringBytes("model")
+	if len(out.Model) == 0 {
+		return nil, errBadModel
+	}
+	out.Stream = v.GetBool("stream")
+	out.IncludeUsage = v.GetBool("stream_options", "include_usage")
+	out.User = v.GetStringBytes("user")
+	out.CacheSalt = v.GetStringBytes("cache_salt")
+	out.MaxTokens = v.GetInt("max_completion_tokens")
+	if out.MaxTokens == 0 {
+		out.MaxTokens = v.GetInt("max_tokens")
+	}
+	return v, nil
+}
+
+func (p *Parser) finish(out *Prompt) {
+	out.Canonical = p.canon
+	p.hash = AppendHashes(p.hash, Seed(out.Model, out.CacheSalt), p.canon, p.block)
+	out.Hashes = p.hash
+	bpt := p.cfg.BytesPerToken
+	out.Tokens = (p.text+bpt-1)/bpt + p.ids
+}
+
+// appendText adds text bytes to the canonical prompt, up to the cap.
+func (p *Parser) appendText(b []byte) {
+	p.text += len(b)
+	if room := p.cfg.MaxPromptBytes - len(p.canon); room < len(b) {
+		b = b[:max(room, 0)]
+	}
+	p.canon = append(p.canon, b...)
+}
+
+func (p *Parser) appendByte(c byte) {
+	p.text++
+	if len(p.canon) < p.cfg.MaxPromptBytes {
+		p.canon = append(p.canon, c)
+	}
+}
+
+// appendJSON adds v as compact JSON.
+func (p *Parser) appendJSON(v *fastjson.Value) {
+	n := len(p.canon)
+	p.canon = v.MarshalTo(p.canon)
+	p.text += len(p.canon) - n
+	if len(p.canon) > p.cfg.MaxPromptBytes {
+		p.canon = p.canon[:p.cfg.MaxPromptBytes]
+	}
+}
+
+func (p *Parser) appendTokenID(id uint64) {
+	p.ids++
+	if len(p.canon)+4 <= p.cfg.MaxPromptBytes {
+		p.canon = binary.LittleEndian.AppendUint32(p.canon, uint32(id))
+	}
+}
+
+// ParseChat parses a /v1/chat/completions body.
+func (p *Parser) ParseChat(body []byte, out *Prompt) error {
+	v, err := p.begin(body, out)
+	if err != nil {
+		return err
+	}
+	msgs := v.GetArray("messages")
+	if len(msgs) == 0 {
+		return errBadMessages
+	}
+	for _, m := range msgs {
+		role := m.GetStringBytes("role")
+		if m.Type() != fastjson.TypeObject || len(role) == 0 {
+			return errBadMessage
+		}
+		if isSystem(role) {
+			p.appendMessage(m, role)
+		}
+	}
+	if tools := v.GetArray("tools"); len(tools) > 0 {
+		p.appendByte(sepRecord)
+		p.appendText(toolsTag)
+		for _, t := range tools {
+			p.appendByte(sepUnit)
+			p.appendJSON(t)
+		}
+	}
+	for _, m := range msgs {
+		if role := m.GetStringBytes("role"); !isSystem(role) {
+			p.appendMessage(m, role)
+		}
+	}
+	p.finish(out)
+	return nil
+}
+
+var toolsTag = []byte("tools")
+
+func isSystem(role []byte) bool {
+	return string(role) == "system" || string(role) == "developer"
+}
+
+func (p *Parser) appendMessage(m *fastjson.Value, role []byte) {
+	p.appendByte(sepRecord)
+	p.appendText(role)
+	p.appendByte(sepUnit)
+	if name := m.GetStringBytes("name"); len(name) > 0 {
+		p.appendText(name)
+		p.appendByte(sepUnit)
+	}
+	c := m.Get("content")
+	switch {
+	case c == nil:
+	case c.Type() == fastjson.TypeString:
+		s, _ := c.StringBytes()
+		p.appendText(s)
+	case c.Type() == fastjson.TypeArray:
+		parts, _ := c.Array()
+		for _, part := range parts {
+			p.appendPart(part)
+		}
+	case c.Type() != fastjson.TypeNull:
+		p.appendJSON(c)
+	}
+	if id := m.GetStringBytes("tool_call_id"); len(id) > 0 {
+		p.appendByte(sepCallID)
+		p.appendText(id)
+	}
+	if calls := m.Get("tool_calls"); calls != nil && calls.Type() == fastjson.TypeArray {
+		p.appendByte(sepCalls)
+		p.appendJSON(calls)
+	}
+}
+
+func (p *Parser) appendPart(part *fastjson.Value) {
+	if part.Type() == fastjson.TypeString {
+		s, _ := part.StringBytes()
+		p.appendText(s)
+		return
+	}
+	switch string(part.GetStringBytes("type")) {
+	case "text", "input_text":
+		if t := part.Get("text"); t != nil && t.Type() == fastjson.TypeString {
+			s, _ := t.StringBytes()
+			p.appendText(s)
+			return
+		}
+	case "image_url":
+		if u := part.GetStringBytes("image_url", "url"); u != nil {
+			p.appendText(u)
+			return
+		}
+	}
+	p.appendJSON(part)
+}
+
+// ParseCompletion parses a /v1/completions body.
+func (p *Parser) ParseCompletion(body []byte, out *Prompt) error {
+	v, err := p.begin(body, out)
+	if err != nil {
+		return err
+	}
+	pr := v.Get("prompt")
+	if pr == nil {
+		return errBadPrompt
+	}
+	switch pr.Type() {
+	case fastjson.TypeString:
+		s, _ := pr.StringBytes()
+		p.appendText(s)
+	case fastjson.TypeArray:
+		arr, _ := pr.Array()
+		for i, e := range arr {
+			switch e.Type() {
+			case fastjson.TypeString:
+				if i > 0 {
+					p.appendByte(sepRecord)
+				}
+				s, _ := e.StringBytes()
+				p.appendText(s)
+			case fastjson.TypeNumber:
+				id, err := e.Uint64()
+				if err != nil {
+					return errBadPrompt
+				}
+				p.appendTokenID(id)
+			case fastjson.TypeArray:
+				if i > 0 {
+					p.appendByte(sepRecord)
+				}
+				ids, _ := e.Array()
+				for _, t := range ids {
+					id, err := t.Uint64()
+					if err != nil {
+						return errBadPrompt
+					}
+					p.appendTokenID(id)
+				}
+			default:
+				return errBadPrompt
+			}
+		}
+	default:
+		return errBadPrompt
+	}
+	p.finish(out)
+	return nil
+}
+
+// ParseEmbedding parses a /v1/embeddings body: model, user and a token
+// estimate of the input; no canonical bytes or hashes (embedding engines do
+// not reuse a prefix cache across requests).
+func (p *Parser) ParseEmbedding(body []byte, out *Prompt) error {
+	v, err := p.begin(body, out)
+	if err != nil {
+		return err
+	}
+	in := v.Get("input")
+	if in == nil {
+		return errBadInput
+	}
+	p.countInput(in, 0)
+	bpt := p.cfg.BytesPerToken
+	out.Tokens = (p.text+bpt-1)/bpt + p.ids
+	return nil
+}
+
+func (p *Parser) countInput(v *fastjson.Value, depth int) {
+	switch v.Type() {
+	case fastjson.TypeString:
+		s, _ := v.StringBytes()
+		p.text += len(s)
+	case fastjson.TypeNumber:
+		p.ids++
+	case fastjson.TypeArray:
+		if depth > 2 {
+			return
+		}
+		arr, _ := v.Array()
+		for _, e := range arr {
+			p.countInput(e, depth+1)
+		}
+	}
+}

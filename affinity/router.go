@@ -1,0 +1,617 @@
+package affinity
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Router holds the replica set, the prefix index and the load state, and
+// answers Decide with the configured Policy. All methods are safe for
+// concurrent use. Decide takes a read lock; Begin, and End when it corrects
+// the index, take the write lock briefly; FirstToken and counter updates are
+// atomic.
+type Router struct {
+	cfg      Config
+	bt       int // tokens per block
+	policy   Policy
+	onBegin  BeginHook
+	onRemove RemoveHook
+
+	mu     sync.RWMutex
+	reps   []*replica // by ReplicaID; nil = free slot
+	free   []ReplicaID
+	byName map[string]ReplicaID
+	groups map[string]*group
+	idx    *index
+	gen    uint32
+
+	rnd atomic.Uint64
+
+	decisions     atomic.Uint64
+	modelNotFound atomic.Uint64
+	noReplica     atomic.Uint64
+	mispredicts   atomic.Uint64
+	rollbacks     atomic.Uint64
+}
+
+// group is the set of replicas serving one model name.
+type group struct {
+	members []ReplicaID
+	ring    atomic.Pointer[hashRing] // built on first use by the consistent-hash policy
+}
+
+type replica struct {
+	id       ReplicaID
+	gen      uint32
+	spec     ReplicaSpec
+	weight   float64
+	capMax   int // index capacity in blocks (configured or signalled)
+	capEff   int // current index capacity, lowered by mispredictions
+	healthy  atomic.Bool
+	draining atomic.Bool
+
+	inFlight    atomic.Int64
+	pending     atomic.Int64  // uncached prefill tokens routed, first token not seen
+	pendingReqs atomic.Int64  // requests routed, first token not seen
+	rate        atomic.Uint64 // float64 bits: prefill tokens/s estimate
+	uncachedAvg atomic.Uint64 // float64 bits: EWMA of uncached tokens per request
+
+	sigWaiting atomic.Int64
+	sigRunning atomic.Int64
+	sigKV      atomic.Uint64 // float64 bits
+	sigKVCap   atomic.Int64
+	sigAt      atomic.Int64 // 0 = never
+
+	mispredicts atomic.Uint64
+}
+
+func (p *replica) eligible() bool {
+	return p.healthy.Load() && !p.draining.Load() &&
+		(p.spec.MaxInFlight <= 0 || p.inFlight.Load() < int64(p.spec.MaxInFlight))
+}
+
+func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
+func storeF(a *atomic.Uint64, f float64) { a.Store(math.Float64bits(f)) }
+
+// ewma folds sample into a with weight w, lock-free.
+func ewma(a *atomic.Uint64, sample, w float64) {
+	for {
+		old := a.Load()
+		f := math.Float64frombits(old)
+		n := f + w*(sample-f)
+		if f == 0 {
+			n = sample
+		}
+		if a.CompareAndSwap(old, math.Float64bits(n)) {
+			return
+		}
+	}
+}
+
+// NewRouter validates cfg and returns an empty Router.
+func NewRouter(cfg Config) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("affinity config: %w", err)
+	}
+	cfg = cfg.WithDefaults()
+	pol, err := NewPolicy(cfg.Policy, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{
+		cfg:    cfg,
+		bt:     cfg.Hash.BlockTokens,
+		policy: pol,
+		byName: make(map[string]ReplicaID),
+		groups: make(map[string]*group),
+		idx:    newIndex(),
+	}
+	r.onBegin, _ = pol.(BeginHook)
+	r.onRemove, _ = pol.(RemoveHook)
+	r.rnd.Store(cfg.Seed)
+	return r, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (r *Router) Config() Config { return r.cfg }
+
+// HashConfig returns the hashing configuration parsers must use.
+func (r *Router) HashConfig() HashConfig { return r.cfg.Hash }
+
+// PolicyName is the name of the active policy.
+func (r *Router) PolicyName() string { return r.policy.Name() }
+
+func (r *Router) validSpec(spec *ReplicaSpec) error {
+	switch {
+	case spec.Name == "":
+		return errors.New("replica name is empty")
+	case len(spec.Models) == 0:
+		return fmt.Errorf("replica %s: no models", spec.Name)
+	case spec.Weight < 0 || math.IsNaN(spec.Weight) || math.IsInf(spec.Weight, 0):
+		return fmt.Errorf("replica %s: weight %g: want >= 0", spec.Name, spec.Weight)
+	case spec.KVCapacityTokens < 0:
+		return fmt.Errorf("replica %s: kv capacity %d: want >= 0", spec.Name, spec.KVCapacityTokens)
+	case spec.PrefillTokensPerSec < 0 || math.IsNaN(spec.PrefillTokensPerSec):
+		return fmt.Errorf("replica %s: prefill rate %g: want >= 0", spec.Name, spec.PrefillTokensPerSec)
+	case spec.MaxInFlight < 0:
+		return fmt.Errorf("replica %s: max in flight %d: want >= 0", spec.Name, spec.MaxInFlight)
+	}
+	for _, m := range spec.Models {
+		if m == "" {
+			return fmt.Errorf("replica %s: empty model name", spec.Name)
+		}
+	}
+	return nil
+}
+
+// capBlocks is the index capacity for a replica, in blocks.
+func (r *Router) capBlocks(spec *ReplicaSpec, signalled int) int {
+	tok := spec.KVCapacityTokens
+	if tok == 0 {
+		tok = signalled
+	}
+	if tok == 0 {
+		tok = r.cfg.DefaultKVCapacityTokens
+	}
+	return max(tok/r.bt, 1)
+}
+
+// AddReplica adds a healthy replica. Names are unique.
+func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
+	if err := r.validSpec(&spec); err != nil {
+		return NoReplica, err
+	}
+	spec.Models = slices.Clone(spec.Models)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.byName[spec.Name]; dup {
+		return NoReplica, fmt.Errorf("replica %s already added", spec.Name)
+	}
+	var id ReplicaID
+	if k := len(r.free); k > 0 {
+		id = r.free[k-1]
+		r.free = r.free[:k-1]
+	} else {
+		id = ReplicaID(len(r.reps))
+		r.reps = append(r.reps, nil)
+	}
+	r.gen++
+	p := &replica{id: id, gen: r.gen}
+	r.applySpec(p, spec)
+	p.healthy.Store(true)
+	r.reps[id] = p
+	r.byName[spec.Name] = id
+	r.rebuildGroups()
+	return id, nil
+}
+
+func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
+	p.spec = spec
+	p.weight = spec.Weight
+	if p.weight == 0 {
+		p.weight = 1
+	}
+	if loadF(&p.rate) == 0 || spec.PrefillTokensPerSec > 0 {
+		rate := spec.PrefillTokensPerSec
+		if rate == 0 {
+			rate = r.cfg.DefaultPrefillTokensPerSec
+		}
+		storeF(&p.rate, rate)
+	}
+	p.capMax = r.capBlocks(&spec, int(p.sigKVCap.Load()))
+	p.capEff = p.capMax
+	r.idx.setCap(p.id, p.capEff)
+}
+
+// UpdateReplica replaces a replica's spec (models, weight, capacity, rate,
+// limit). Load, health and cached state are kept.
+func (r *Router) UpdateReplica(id ReplicaID, spec ReplicaSpec) error {
+	if err := r.validSpec(&spec); err != nil {
+		return err
+	}
+	spec.Models = slices.Clone(spec.Models)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.rep(id)
+	if p == nil {
+		return fmt.Errorf("replica %d: unknown", id)
+	}
+	if other, ok := r.byName[spec.Name]; ok && other != id {
+		return fmt.Errorf("replica %s already added", spec.Name)
+	}
+	delete(r.byName, p.spec.Name)
+	r.byName[spec.Name] = id
+	r.applySpec(p, spec)
+	r.rebuildGroups()
+	return nil
+}
+
+// RemoveReplica forgets a replica and its index entries. Flights still open
+// on it may End safely; they no longer touch any state. Its ID may be reused.
+func (r *Router) RemoveReplica(id ReplicaID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.rep(id)
+	if p == nil {
+		return
+	}
+	r.idx.dropReplica(id)
+	delete(r.byName, p.spec.Name)
+	r.reps[id] = nil
+	r.free = append(r.free, id)
+	r.rebuildGroups()
+	if r.onRemove != nil {
+		r.onRemove.OnRemove(id)
+	}
+}
+
+// rep returns the live replica id or nil. Callers hold mu.
+func (r *Router) rep(id ReplicaID) *replica {
+	if id < 0 || int(id) >= len(r.reps) {
+		return nil
+	}
+	return r.reps[id]
+}
+
+func (r *Router) rebuildGroups() {
+	groups := make(map[string]*group, len(r.groups))
+	for _, p := range r.reps {
+		if p == nil {
+			continue
+		}
+		for _, m := range p.spec.Models {
+			g := groups[m]
+			if g == nil {
+				g = &group{}
+				groups[m] = g
+			}
+			if !slices.Contains(g.members, p.id) {
+				g.members = append(g.members, p.id)
+			}
+		}
+	}
+	r.groups = groups
+}
+
+// SetHealthy marks a replica (un)healthy; unhealthy replicas are not ranked.
+func (r *Router) SetHealthy(id ReplicaID, healthy bool) {
+	r.mu.RLock()
+	if p := r.rep(id); p != nil {
+		p.healthy.Store(healthy)
+	}
+	r.mu.RUnlock()
+}
+
+// SetDraining marks a replica draining: not ranked, open Flights finish.
+func (r *Router) SetDraining(id ReplicaID, draining bool) {
+	r.mu.RLock()
+	if p := r.rep(id); p != nil {
+		p.draining.Store(draining)
+	}
+	r.mu.RUnlock()
+}
+
+// SetSignals records engine signals. A KVCapacityTokens report sizes the
+// replica's index when its spec gives no capacity.
+func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
+	r.mu.RLock()
+	p := r.rep(id)
+	if p == nil {
+		r.mu.RUnlock()
+		return
+	}
+	p.sigWaiting.Store(int64(s.Waiting))
+	p.sigRunning.Store(int64(s.Running))
+	storeF(&p.sigKV, s.KVUsage)
+	p.sigAt.Store(s.At)
+	resize := s.KVCapacityTokens > 0 && p.spec.KVCapacityTokens == 0 &&
+		int64(s.KVCapacityTokens) != p.sigKVCap.Load()
+	r.mu.RUnlock()
+	if !resize {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p = r.rep(id); p == nil {
+		return
+	}
+	p.sigKVCap.Store(int64(s.KVCapacityTokens))
+	p.capMax = r.capBlocks(&p.spec, s.KVCapacityTokens)
+	p.capEff = p.capMax
+	r.idx.setCap(id, p.capEff)
+}
+
+// ResetCache forgets every prefix cached on the replica (engine restart).
+func (r *Router) ResetCache(id ReplicaID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rep(id) != nil {
+		r.idx.dropReplica(id)
+	}
+}
+
+// Decide ranks eligible replicas for req into d with the active policy.
+// It returns ErrModelNotFound when no replica serves req.Model and
+// ErrNoReplica when none is eligible. It does not change any state except
+// tie-breaking randomness: call Begin for the replica actually used.
+func (r *Router) Decide(req *Request, d *Decision) error {
+	d.Ranked = d.Ranked[:0]
+	d.CachedTokens = d.CachedTokens[:0]
+	d.Policy = ""
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	g := r.groups[string(req.Model)]
+	if g == nil {
+		r.modelNotFound.Add(1)
+		return ErrModelNotFound
+	}
+	v := &d.view
+	v.reset(r, req, g)
+	for _, id := range g.members {
+		if r.reps[id].eligible() {
+			v.cands = append(v.cands, id)
+		}
+	}
+	if len(v.cands) == 0 {
+		r.noReplica.Add(1)
+		return ErrNoReplica
+	}
+	r.policy.Rank(v, req, d)
+	d.Policy = r.policy.Name()
+	if len(d.Ranked) == 0 {
+		r.noReplica.Add(1)
+		return ErrNoReplica
+	}
+	if len(d.CachedTokens) != len(d.Ranked) {
+		d.CachedTokens = d.CachedTokens[:0]
+		for _, id := range d.Ranked {
+			d.CachedTokens = append(d.CachedTokens, v.CachedTokens(id))
+		}
+	}
+	r.decisions.Add(1)
+	return nil
+}
+
+// Begin records that req was sent to replica id: the request's prefix is
+// inserted into the index speculatively (the engine will cache it), and the
+// replica's in-flight count and pending prefill grow. f is filled for
+// FirstToken and End. d may be nil. An unknown id leaves f.Replica ==
+// NoReplica and changes nothing.
+func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
+	*f = Flight{Replica: NoReplica}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.rep(id)
+	if p == nil {
+		return
+	}
+	hs := req.Hashes
+	if len(hs) > p.capEff {
+		hs = hs[:p.capEff]
+	}
+	held := r.idx.insert(id, hs)
+	cached := min(held*r.bt, req.PromptTokens)
+	unc := max(req.PromptTokens-cached, 0)
+	*f = Flight{
+		Replica:        id,
+		UncachedTokens: unc,
+		PromptTokens:   req.PromptTokens,
+		Start:          req.Now,
+		gen:            p.gen,
+		queued:         p.pending.Load(),
+		newBlocks:      int32(len(hs) - held),
+	}
+	if len(hs) > 0 {
+		f.tail = hs[len(hs)-1]
+	}
+	p.inFlight.Add(1)
+	p.pending.Add(int64(unc))
+	p.pendingReqs.Add(1)
+	ewma(&p.uncachedAvg, float64(unc), 0.1)
+	if r.onBegin != nil {
+		r.onBegin.OnBegin(id, req)
+	}
+}
+
+// live returns f's replica if it is still the one f began on. Callers hold mu.
+func (r *Router) live(f *Flight) *replica {
+	p := r.rep(f.Replica)
+	if p == nil || p.gen != f.gen {
+		return nil
+	}
+	return p
+}
+
+// FirstToken records the end of prefill: the replica's pending prefill drops
+// by f.UncachedTokens and the prefill-rate estimate takes a sample of
+// (tokens queued ahead at Begin + f.UncachedTokens) / (now - f.Start).
+func (r *Router) FirstToken(f *Flight, now int64) {
+	if f.Replica == NoReplica || f.FirstTokenAt != 0 {
+		return
+	}
+	f.FirstTokenAt = max(now, 1)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	p := r.live(f)
+	if p == nil {
+		return
+	}
+	p.pending.Add(-int64(f.UncachedTokens))
+	p.pendingReqs.Add(-1)
+	dt := float64(now-f.Start) / 1e9
+	if dt > 0 && f.UncachedTokens >= r.bt {
+		sample := float64(f.queued+int64(f.UncachedTokens)) / dt
+		cur := loadF(&p.rate)
+		sample = min(max(sample, cur/8), cur*8)
+		ewma(&p.rate, sample, 0.2)
+	}
+}
+
+// End closes a Flight. cachedTokens is the engine's
+// usage.prompt_tokens_details.cached_tokens, or < 0 when unknown. A request
+// that failed before its first token rolls back its speculative index
+// insert. An engine report of fewer than half the predicted cached tokens
+// means the replica evicted blocks we still index: its index capacity shrinks
+// by the missed blocks (to at least a quarter of its KV capacity) and grows
+// back one block per correct prediction. End is idempotent.
+func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
+	if f.Replica == NoReplica {
+		return
+	}
+	predicted := f.PromptTokens - f.UncachedTokens
+	rollback := !ok && f.FirstTokenAt == 0 && f.newBlocks > 0
+	miss := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens*2 < predicted
+	grow := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens >= predicted
+	if rollback || miss || grow {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	} else {
+		r.mu.RLock()
+		defer r.mu.RUnlock()
+	}
+	p := r.live(f)
+	if p == nil {
+		f.Replica = NoReplica
+		return
+	}
+	p.inFlight.Add(-1)
+	if f.FirstTokenAt == 0 {
+		p.pending.Add(-int64(f.UncachedTokens))
+		p.pendingReqs.Add(-1)
+	}
+	switch {
+	case rollback:
+		r.idx.rollback(f.Replica, f.tail, int(f.newBlocks))
+		r.rollbacks.Add(1)
+	case miss:
+		r.mispredicts.Add(1)
+		p.mispredicts.Add(1)
+		p.capEff = max(p.capEff-(predicted-cachedTokens)/r.bt, p.capMax/4, 1)
+		r.idx.setCap(p.id, p.capEff)
+	case grow:
+		if p.capEff < p.capMax {
+			p.capEff++
+			r.idx.setCap(p.id, p.capEff)
+		}
+	}
+	f.Replica = NoReplica
+}
+
+// Lookup finds a replica by name.
+func (r *Router) Lookup(name string) (ReplicaID, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	id, ok := r.byName[name]
+	return id, ok
+}
+
+// Models lists the model names served by at least one healthy replica,
+// sorted. It allocates; not for the hot path.
+func (r *Router) Models() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []string
+	for m, g := range r.groups {
+		for _, id := range g.members {
+			if r.reps[id].healthy.Load() {
+				out = append(out, m)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ReplicaStatus is a snapshot of one replica for /debug and metrics.
+type ReplicaStatus struct {
+	ID                   ReplicaID
+	Name                 string
+	Models               []string
+	Healthy              bool
+	Draining             bool
+	Weight               float64
+	MaxInFlight          int
+	InFlight             int
+	PendingPrefillTokens int
+	PrefillTokensPerSec  float64 // current estimate
+	CachedBlocks         int     // blocks the index attributes to it
+	CapacityBlocks       int     // its index bound (effective)
+	Signals              EngineSignals
+	Mispredictions       uint64
+}
+
+// Replicas returns a snapshot of every replica, by ID. It allocates.
+func (r *Router) Replicas() []ReplicaStatus {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]ReplicaStatus, 0, len(r.reps))
+	for _, p := range r.reps {
+		if p == nil {
+			continue
+		}
+		out = append(out, ReplicaStatus{
+			ID:                   p.id,
+			Name:                 p.spec.Name,
+			Models:               slices.Clone(p.spec.Models),
+			Healthy:              p.healthy.Load(),
+			Draining:             p.draining.Load(),
+			Weight:               p.weight,
+			MaxInFlight:          p.spec.MaxInFlight,
+			InFlight:             int(p.inFlight.Load()),
+			PendingPrefillTokens: int(p.pending.Load()),
+			PrefillTokensPerSec:  loadF(&p.rate),
+			CachedBlocks:         r.idx.blocksOf(p.id),
+			CapacityBlocks:       p.capEff,
+			Signals: EngineSignals{
+				Waiting:          int(p.sigWaiting.Load()),
+				Running:          int(p.sigRunning.Load()),
+				KVUsage:          loadF(&p.sigKV),
+				KVCapacityTokens: int(p.sigKVCap.Load()),
+				At:               p.sigAt.Load(),
+			},
+			Mispredictions: p.mispredicts.Load(),
+		})
+	}
+	return out
+}
+
+// Stats are router-wide counters for metrics.
+type Stats struct {
+	Decisions      uint64 // successful Decide calls
+	ModelNotFound  uint64 // Decide calls that returned ErrModelNotFound
+	NoReplica      uint64 // Decide calls that returned ErrNoReplica
+	Mispredictions uint64 // End reports far below the predicted cached tokens
+	Rollbacks      uint64 // speculative inserts undone (failed before first token)
+	Evictions      uint64 // (block, replica) pairs evicted by LRU bounds
+	TrackedBlocks  int    // distinct block hashes in the index
+	TrackedPairs   int    // (block, replica) pairs in the index
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() Stats {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return Stats{
+		Decisions:      r.decisions.Load(),
+		ModelNotFound:  r.modelNotFound.Load(),
+		NoReplica:      r.noReplica.Load(),
+		Mispredictions: r.mispredicts.Load(),
+		Rollbacks:      r.rollbacks.Load(),
+		Evictions:      r.idx.evictions,
+		TrackedBlocks:  len(r.idx.blocks),
+		TrackedPairs:   len(r.idx.pairs),
+	}
+}
+
+// random returns the next tie-breaking random value (splitmix64).
+func (r *Router) random() uint64 {
+	z := r.rnd.Add(0x9E3779B97F4A7C15)
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
