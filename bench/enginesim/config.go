@@ -1,0 +1,228 @@
+package enginesim
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"time"
+)
+
+// Config configures one simulated engine. Field names follow vLLM's flags
+// (--served-model-name, --block-size, --num-gpu-blocks-override, ...). Start
+// from DefaultConfig and override; a zero field is NOT replaced by its
+// default, Validate rejects it.
+type Config struct {
+	// ServedModelNames are the names the engine answers to (--served-model-name).
+	// The first one is the model_name label of every metric. Default:
+	// ["meta-llama/Llama-3.1-8B-Instruct"]. Required, no empty names.
+	ServedModelNames []string
+	// LoRAModules are extra served model names, each "name" or "name=path"
+	// (--lora-modules). Adapters do not share KV blocks with the base model
+	// or with each other. Default none.
+	LoRAModules []string
+
+	// BlockSize is the number of tokens per KV block (--block-size). Default 16.
+	BlockSize int
+	// NumGPUBlocks is the KV cache capacity in blocks
+	// (--num-gpu-blocks-override). Default 25000 (Llama-3.1-8B, bf16, one
+	// H100 80GB at gpu_memory_utilization 0.9; derivation in README.md).
+	NumGPUBlocks int
+	// MaxNumSeqs bounds the running batch (--max-num-seqs). Default 256.
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the per-step token budget shared by (chunked)
+	// prefills and decodes (--max-num-batched-tokens). Default 8192.
+	MaxNumBatchedTokens int
+	// MaxModelLen bounds prompt + output tokens of one request
+	// (--max-model-len). Default 131072 (Llama-3.1's context).
+	MaxModelLen int
+	// DisablePrefixCaching turns automatic prefix caching off
+	// (--no-enable-prefix-caching). Zero value: caching on, like vLLM V1.
+	DisablePrefixCaching bool
+
+	// TimeScale maps model time to wall time in the HTTP server: wall =
+	// model × TimeScale. 1 is real time, 0.01 runs 100× faster than life.
+	// Ignored by the virtual-time Engine. Default 1; must be > 0.
+	TimeScale float64
+	// Seed makes output lengths, output text and injected errors
+	// deterministic. Default 0.
+	Seed uint64
+
+	// Timing is the step-duration model. Default: DefaultTiming().
+	Timing Timing
+	// OutputLen is the output-length distribution used when a request sets
+	// no max_tokens. Default: DefaultOutputLen().
+	OutputLen OutputLen
+
+	// Faults injected from the start (the admin endpoint and SetFaults
+	// change them later). Zero value: no faults.
+	Faults Faults
+	// EnableAdmin serves POST /admin/faults and POST /admin/restart.
+	// Default true.
+	EnableAdmin bool
+
+	// Logger receives start-up and fault logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Timing is the step-duration model:
+//
+//	step = StepBase + prefill_tokens×PerPrefillToken + decode_seqs×PerDecodeSeq
+//	       + decode_context_tokens×PerContextToken
+//
+// prefill_tokens counts only tokens computed in the step: cached prefix
+// tokens cost nothing. decode_context_tokens is the sum, over sequences
+// decoding in the step, of the tokens already in their KV cache (attention
+// reads). All values are model time; see README.md for the calibration.
+type Timing struct {
+	StepBase        time.Duration // default 7ms
+	PerPrefillToken time.Duration // default 40µs
+	PerDecodeSeq    time.Duration // default 80µs
+	PerContextToken time.Duration // default 50ns
+}
+
+// DefaultTiming is calibrated to Llama-3.1-8B-Instruct, bf16, on one H100
+// SXM 80GB under vLLM (README.md: "Timing model").
+func DefaultTiming() Timing {
+	return Timing{
+		StepBase:        7 * time.Millisecond,
+		PerPrefillToken: 40 * time.Microsecond,
+		PerDecodeSeq:    80 * time.Microsecond,
+		PerContextToken: 50 * time.Nanosecond,
+	}
+}
+
+// OutputLen is a log-normal output-length distribution, clamped to
+// [Min, Max] and to the model length. The sampled sequence ends with an EOS
+// token (finish_reason "stop").
+type OutputLen struct {
+	Median int     // default 150 tokens
+	Sigma  float64 // log-space standard deviation, default 0.9
+	Min    int     // default 1
+	Max    int     // default 2048
+}
+
+// DefaultOutputLen is a ShareGPT-like answer length: median 150 tokens,
+// mean about 225, 95th percentile about 660.
+func DefaultOutputLen() OutputLen { return OutputLen{Median: 150, Sigma: 0.9, Min: 1, Max: 2048} }
+
+// Faults are injected failures. The zero value injects nothing.
+type Faults struct {
+	// Latency is added before each API request (/v1/*) is handled. Model
+	// time: the wall delay is Latency×TimeScale.
+	Latency time.Duration `json:"-"`
+	// ErrorRate is the fraction (0..1) of API requests answered with
+	// ErrorStatus. Deterministic for a Seed.
+	ErrorRate float64 `json:"error_rate"`
+	// ErrorStatus is the status of injected errors; 0 means 500.
+	ErrorStatus int `json:"error_status,omitempty"`
+	// Hang makes API requests never answer until the client gives up or
+	// the server closes.
+	Hang bool `json:"hang"`
+	// CloseAfterChunks > 0 closes the connection of a streaming response
+	// after that many content chunks (a non-streaming response is cut
+	// before its body). The request is aborted in the engine.
+	CloseAfterChunks int `json:"close_after_chunks"`
+	// MetricsGarbage makes /metrics answer unparsable text.
+	MetricsGarbage bool `json:"metrics_garbage"`
+	// MetricsStall makes /metrics hang until the client gives up.
+	MetricsStall bool `json:"metrics_stall"`
+	// Unhealthy makes /health answer 503.
+	Unhealthy bool `json:"unhealthy"`
+}
+
+// DefaultConfig returns a Llama-3.1-8B-on-one-H100 engine in real time.
+func DefaultConfig() Config {
+	return Config{
+		ServedModelNames:    []string{"meta-llama/Llama-3.1-8B-Instruct"},
+		BlockSize:           16,
+		NumGPUBlocks:        25000,
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		MaxModelLen:         131072,
+		TimeScale:           1,
+		Timing:              DefaultTiming(),
+		OutputLen:           DefaultOutputLen(),
+		EnableAdmin:         true,
+	}
+}
+
+// Validate reports the first invalid field, naming it and its allowed range.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if len(c.ServedModelNames) == 0 {
+		bad("ServedModelNames: at least one name required")
+	}
+	seen := map[string]bool{}
+	names := append(append([]string(nil), c.ServedModelNames...), c.loraNames()...)
+	for _, n := range names {
+		switch {
+		case strings.TrimSpace(n) == "":
+			bad("ServedModelNames/LoRAModules: empty name")
+		case seen[n]:
+			bad("ServedModelNames/LoRAModules: duplicate name %q", n)
+		}
+		seen[n] = true
+	}
+	if c.BlockSize < 1 || c.BlockSize > 1024 {
+		bad("BlockSize: %d not in [1, 1024]", c.BlockSize)
+	}
+	if c.NumGPUBlocks < 1 || c.NumGPUBlocks > 1<<30 {
+		bad("NumGPUBlocks: %d not in [1, 2^30]", c.NumGPUBlocks)
+	}
+	if c.MaxNumSeqs < 1 {
+		bad("MaxNumSeqs: %d must be >= 1", c.MaxNumSeqs)
+	}
+	if c.MaxNumBatchedTokens < 1 {
+		bad("MaxNumBatchedTokens: %d must be >= 1", c.MaxNumBatchedTokens)
+	}
+	if c.MaxModelLen < 2 {
+		bad("MaxModelLen: %d must be >= 2", c.MaxModelLen)
+	}
+	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
+		bad("TimeScale: %v must be > 0 and finite", c.TimeScale)
+	}
+	t := c.Timing
+	if t.StepBase < 0 || t.PerPrefillToken < 0 || t.PerDecodeSeq < 0 || t.PerContextToken < 0 {
+		bad("Timing: durations must be >= 0")
+	}
+	if t.StepBase+t.PerPrefillToken+t.PerDecodeSeq <= 0 {
+		bad("Timing: StepBase + PerPrefillToken + PerDecodeSeq must be > 0 (steps would take no time)")
+	}
+	o := c.OutputLen
+	if o.Median < 1 || o.Min < 1 || o.Max < o.Min || o.Sigma < 0 || math.IsNaN(o.Sigma) {
+		bad("OutputLen: need Median >= 1, 1 <= Min <= Max, Sigma >= 0 (got %+v)", o)
+	}
+	if err := c.Faults.validate(); err != nil {
+		bad("Faults: %w", err)
+	}
+	return errors.Join(errs...)
+}
+
+func (f Faults) validate() error {
+	if !(f.ErrorRate >= 0 && f.ErrorRate <= 1) {
+		return fmt.Errorf("ErrorRate: %v not in [0, 1]", f.ErrorRate)
+	}
+	if f.ErrorStatus != 0 && (f.ErrorStatus < 400 || f.ErrorStatus > 599) {
+		return fmt.Errorf("ErrorStatus: %d not in [400, 599]", f.ErrorStatus)
+	}
+	if f.Latency < 0 {
+		return fmt.Errorf("Latency: %v must be >= 0", f.Latency)
+	}
+	if f.CloseAfterChunks < 0 {
+		return fmt.Errorf("CloseAfterChunks: %d must be >= 0", f.CloseAfterChunks)
+	}
+	return nil
+}
+
+// loraNames returns the adapter names of LoRAModules ("name=path" -> name).
+func (c Config) loraNames() []string {
+	out := make([]string, 0, len(c.LoRAModules))
+	for _, m := range c.LoRAModules {
+		name, _, _ := strings.Cut(m, "=")
+		out = append(out, strings.TrimSpace(name))
+	}
+	return out
+}

@@ -1,0 +1,692 @@
+package enginesim
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// NoEvent is NextEventTime's answer when the engine has nothing to do.
+const NoEvent int64 = math.MaxInt64
+
+// Errors returned by Submit. Preallocated: the cluster simulator submits
+// millions of requests.
+var (
+	ErrEmptyPrompt   = errors.New("empty prompt")
+	ErrPromptTooLong = errors.New("prompt plus output tokens exceed max_model_len")
+	ErrKVCapacity    = errors.New("request needs more KV blocks than the cache has")
+	ErrInFlight      = errors.New("request already submitted")
+)
+
+// FinishReason says why a request stopped generating.
+type FinishReason uint8
+
+const (
+	FinishNone   FinishReason = iota // still running
+	FinishStop                       // sampled length reached; the last token is EOS
+	FinishLength                     // max_tokens (or max_model_len) reached
+	FinishAbort                      // aborted by the caller or a restart
+)
+
+func (f FinishReason) String() string {
+	switch f {
+	case FinishStop:
+		return "stop"
+	case FinishLength:
+		return "length"
+	case FinishAbort:
+		return "abort"
+	}
+	return ""
+}
+
+// Request is one generation request as the engine sees it. The caller owns
+// it; the engine writes the result fields. Prompt must not change while the
+// request is in flight. A Request may be resubmitted after it finished.
+type Request struct {
+	// ID keys the generated text and the sampled output length: the same
+	// ID and Seed give the same output on every engine.
+	ID uint64
+	// Prompt is the token stream's bytes as the engine sees it (chat
+	// template already applied; see AppendChatPrompt). 4 bytes per token.
+	Prompt []byte
+	// Adapter is the LoRA adapter name, "" for the base model. Adapters
+	// and CacheSalt each get their own KV namespace (no sharing).
+	Adapter   string
+	CacheSalt string
+	// MaxTokens > 0 generates exactly that many tokens (finish "length");
+	// 0 samples a length from Config.OutputLen (finish "stop").
+	MaxTokens int
+	// Data is for the caller (the HTTP server keeps its flight here).
+	Data any
+
+	// Written by the engine.
+	PromptTokens int          // ceil(len(Prompt)/4)
+	OutputTarget int          // tokens this request will generate
+	CachedTokens int          // prefix-cache hit when first scheduled
+	OutputTokens int          // generated so far
+	Preemptions  int          // times preempted (KV recomputed)
+	Arrival      int64        // Submit time
+	ScheduledAt  int64        // start of the first step that ran it
+	FirstTokenAt int64        // end of the step that produced token 1
+	FinishedAt   int64        // end of the last step (or abort time)
+	Finish       FinishReason // FinishNone while in flight
+
+	eos    bool   // the last token is EOS (sampled length)
+	outKey uint64 // keys outputWord
+	seq    *seq
+}
+
+// TTFT is the time from arrival to the first token (0 before it).
+func (r *Request) TTFT() time.Duration {
+	if r.OutputTokens == 0 {
+		return 0
+	}
+	return time.Duration(r.FirstTokenAt - r.Arrival)
+}
+
+// IsEOS reports whether output token j is the end-of-sequence token (which
+// counts as a completion token but carries no text).
+func (r *Request) IsEOS(j int) bool { return r.eos && j == r.OutputTarget-1 }
+
+// AppendOutput appends the text of output tokens [from, to) to dst.
+func (r *Request) AppendOutput(dst []byte, from, to int) []byte {
+	for j := from; j < to; j++ {
+		if !r.IsEOS(j) {
+			dst = append(dst, outputWord(r.outKey, j)...)
+		}
+	}
+	return dst
+}
+
+// tokenText is output token j's bytes in the KV stream (EOS included).
+func (r *Request) tokenText(j int) string {
+	if r.IsEOS(j) {
+		return eosText
+	}
+	return outputWord(r.outKey, j)
+}
+
+// Observer receives the engine's events, in virtual time, from Advance.
+type Observer interface {
+	// OnToken: r produced output token r.OutputTokens at time at (the
+	// first one when r.OutputTokens == 1).
+	OnToken(r *Request, at int64)
+	// OnFinish: r finished at time at (after its last OnToken).
+	OnFinish(r *Request, at int64)
+}
+
+const (
+	stWaiting uint8 = iota
+	stRunning
+	stDone
+)
+
+// seq is the engine's per-request state, pooled.
+type seq struct {
+	req       *Request
+	root      uint64   // hash chain seed: adapter + salt namespace
+	hashes    []uint64 // chained hashes of the full blocks of the token stream
+	blocks    []int32  // block table
+	promptLen int
+	numTokens int // prompt + generated
+	target    int // output tokens to generate
+	computed  int // tokens whose KV is in blocks
+	committed int // leading blocks registered in the prefix cache
+	numNew    int // tokens scheduled in the current step
+	arrival   int64
+	state     uint8
+	inBatch   bool
+	scheduled bool
+}
+
+// Engine is the deterministic virtual-time core: paged KV cache with
+// automatic prefix caching, a continuous-batching scheduler and the step
+// time model. No goroutines, no clock: the caller passes times in
+// nanoseconds. Not safe for concurrent use.
+type Engine struct {
+	bs        int
+	maxSeqs   int
+	budget    int
+	maxLen    int
+	caching   bool
+	timing    Timing
+	outLen    OutputLen
+	seed      uint64
+	capTokens int
+
+	pool    *blockPool
+	waiting seqQueue
+	running []*seq
+	batch   []*seq
+	spare   []*seq
+	hits    []int32
+	scratch []byte
+
+	stepActive bool
+	stepStart  int64
+	stepEnd    int64
+	pendingAt  int64
+	lastDur    time.Duration
+
+	st EngineStats
+}
+
+// EngineStats are cumulative counters and current gauges.
+type EngineStats struct {
+	Waiting, Running        int
+	UsedBlocks, TotalBlocks int
+	PrefixQueries           uint64 // tokens looked up in the prefix cache
+	PrefixHits              uint64 // tokens found
+	Evictions               uint64 // cached blocks reused for new content
+	Preemptions             uint64
+	Steps                   uint64
+	Submitted, Finished     uint64
+	Aborted                 uint64
+	PromptTokens            uint64 // computed prefill tokens (cache misses)
+	GenerationTokens        uint64
+	BusyTime                time.Duration // sum of step durations
+}
+
+// KVUsage is the fraction of blocks referenced by requests (vLLM's
+// kv_cache_usage_perc, 0..1).
+func (s EngineStats) KVUsage() float64 {
+	if s.TotalBlocks == 0 {
+		return 0
+	}
+	return float64(s.UsedBlocks) / float64(s.TotalBlocks)
+}
+
+// NewEngine builds an engine from the model fields of cfg (the HTTP and
+// fault fields are ignored).
+func NewEngine(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		bs:        cfg.BlockSize,
+		maxSeqs:   cfg.MaxNumSeqs,
+		budget:    cfg.MaxNumBatchedTokens,
+		maxLen:    cfg.MaxModelLen,
+		caching:   !cfg.DisablePrefixCaching,
+		timing:    cfg.Timing,
+		outLen:    cfg.OutputLen,
+		seed:      cfg.Seed,
+		capTokens: cfg.NumGPUBlocks * cfg.BlockSize,
+		pool:      newBlockPool(cfg.NumGPUBlocks),
+		scratch:   make([]byte, 0, cfg.BlockSize*BytesPerToken),
+		pendingAt: NoEvent,
+	}
+	return e, nil
+}
+
+// Stats returns the counters and gauges.
+func (e *Engine) Stats() EngineStats {
+	s := e.st
+	s.Waiting = e.waiting.len()
+	s.Running = len(e.running)
+	s.UsedBlocks = e.pool.used()
+	s.TotalBlocks = e.pool.total()
+	s.Evictions = e.pool.evictions
+	return s
+}
+
+// BlockSize returns the tokens per KV block.
+func (e *Engine) BlockSize() int { return e.bs }
+
+// LastStep returns the current (or last) step's start and duration.
+func (e *Engine) LastStep() (start int64, dur time.Duration) { return e.stepStart, e.lastDur }
+
+// Submit queues r, arriving at now. It is considered by the first step
+// that starts at or after now.
+func (e *Engine) Submit(r *Request, now int64) error {
+	if r.seq != nil {
+		return ErrInFlight
+	}
+	p := tokensOf(len(r.Prompt))
+	if p == 0 {
+		return ErrEmptyPrompt
+	}
+	key := splitmix64(e.seed*0x9e3779b97f4a7c15 ^ splitmix64(r.ID))
+	target, eos := r.MaxTokens, false
+	if target <= 0 {
+		target, eos = e.sampleLen(key), true
+		if p+target > e.maxLen {
+			target, eos = e.maxLen-p, false
+		}
+	}
+	if target < 1 || p+target > e.maxLen {
+		return ErrPromptTooLong
+	}
+	if p+target-1 > e.capTokens {
+		return ErrKVCapacity
+	}
+	s := e.newSeq()
+	s.req = r
+	s.promptLen, s.numTokens, s.target = p, p, target
+	s.arrival = now
+	s.state = stWaiting
+	s.root = xxh3.HashStringSeed(r.CacheSalt, xxh3.HashString(r.Adapter)^0x5eed)
+	*r = Request{ID: r.ID, Prompt: r.Prompt, Adapter: r.Adapter, CacheSalt: r.CacheSalt,
+		MaxTokens: r.MaxTokens, Data: r.Data,
+		PromptTokens: p, OutputTarget: target, Arrival: now, eos: eos, outKey: key, seq: s}
+	for k := range p / e.bs {
+		s.hashes = append(s.hashes, e.hashBlock(s, k))
+	}
+	e.waiting.pushBack(s)
+	e.st.Submitted++
+	if !e.stepActive && now < e.pendingAt {
+		e.pendingAt = now
+	}
+	return nil
+}
+
+// sampleLen draws a log-normal output length keyed by the request.
+func (e *Engine) sampleLen(key uint64) int {
+	o := e.outLen
+	u1 := (float64(splitmix64(key^1)>>11) + 0.5) / (1 << 53)
+	u2 := float64(splitmix64(key^2)>>11) / (1 << 53)
+	z := math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2)
+	n := int(math.Round(float64(o.Median) * math.Exp(o.Sigma*z)))
+	return min(max(n, o.Min), o.Max)
+}
+
+// hashBlock returns the chained hash of full block k of s's token stream.
+func (e *Engine) hashBlock(s *seq, k int) uint64 {
+	r := s.req
+	lo, hi := k*e.bs, (k+1)*e.bs
+	var b []byte
+	if hi <= s.promptLen {
+		b = r.Prompt[lo*BytesPerToken : min(hi*BytesPerToken, len(r.Prompt))]
+	} else {
+		b = e.scratch[:0]
+		if lo < s.promptLen {
+			b = append(b, r.Prompt[lo*BytesPerToken:]...)
+		}
+		for t := max(lo, s.promptLen); t < hi; t++ {
+			b = append(b, r.tokenText(t-s.promptLen)...)
+		}
+		e.scratch = b
+	}
+	parent := s.root
+	if k > 0 {
+		parent = s.hashes[k-1]
+	}
+	h := xxh3.HashSeed(b, parent)
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// NextEventTime is when the next step starts (a request is waiting and the
+// engine is idle) or ends; NoEvent when there is nothing to do.
+func (e *Engine) NextEventTime() int64 {
+	if e.stepActive {
+		return e.stepEnd
+	}
+	return e.pendingAt
+}
+
+// Idle reports whether no request is waiting or running.
+func (e *Engine) Idle() bool { return e.waiting.len() == 0 && len(e.running) == 0 }
+
+// Advance runs every step that ends at or before until, calling obs (may be
+// nil) for each token and finish. It returns the number of steps completed.
+func (e *Engine) Advance(until int64, obs Observer) int {
+	n := 0
+	for {
+		if e.stepActive {
+			if e.stepEnd > until {
+				return n
+			}
+			e.complete(obs)
+			n++
+			e.plan(e.stepEnd)
+			continue
+		}
+		if e.pendingAt != NoEvent && e.pendingAt <= until {
+			t := e.pendingAt
+			e.pendingAt = NoEvent
+			e.plan(t)
+			continue
+		}
+		return n
+	}
+}
+
+func (e *Engine) blocksFor(tokens int) int { return (tokens + e.bs - 1) / e.bs }
+
+// plan schedules the step starting at t (vLLM V1 order: running requests
+// first, preempting from the back when KV runs out, then waiting requests
+// unless something was preempted).
+func (e *Engine) plan(t int64) {
+	e.batch = e.batch[:0]
+	budget := e.budget
+	prefill, decodes, ctx := 0, 0, 0
+	preempted := false
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := min(s.numTokens-s.computed, budget)
+		need := e.blocksFor(s.computed+n) - len(s.blocks)
+		for need > e.pool.nfree {
+			v := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(v)
+			preempted = true
+			if v == s {
+				s = nil
+				break
+			}
+		}
+		if s == nil {
+			break
+		}
+		for range need {
+			s.blocks = append(s.blocks, e.pool.alloc())
+		}
+		if n == 1 && s.numTokens > s.promptLen && s.computed == s.numTokens-1 {
+			decodes++
+			ctx += s.computed
+		} else {
+			prefill += n
+		}
+		s.numNew = n
+		s.inBatch = true
+		e.batch = append(e.batch, s)
+		budget -= n
+	}
+	for !preempted && e.waiting.len() > 0 && len(e.running) < e.maxSeqs && budget > 0 {
+		s := e.waiting.front()
+		if s.arrival > t {
+			break
+		}
+		e.hits = e.hits[:0]
+		if e.caching {
+			maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
+			for k := range maxHit {
+				b := e.pool.lookup(s.hashes[k])
+				if b < 0 {
+					break
+				}
+				e.hits = append(e.hits, b)
+			}
+		}
+		computed := len(e.hits) * e.bs
+		n := min(s.numTokens-computed, budget)
+		need := e.blocksFor(computed+n) - len(e.hits)
+		avail := e.pool.nfree
+		for _, b := range e.hits {
+			if e.pool.inFree[b] {
+				avail--
+			}
+		}
+		if need > avail {
+			break
+		}
+		for _, b := range e.hits {
+			e.pool.touch(b)
+		}
+		s.blocks = append(s.blocks, e.hits...)
+		for range need {
+			s.blocks = append(s.blocks, e.pool.alloc())
+		}
+		s.computed, s.committed = computed, len(e.hits)
+		if e.caching {
+			e.st.PrefixQueries += uint64(s.numTokens)
+			e.st.PrefixHits += uint64(computed)
+		}
+		if !s.scheduled {
+			s.scheduled = true
+			s.req.CachedTokens = computed
+			s.req.ScheduledAt = t
+		}
+		e.waiting.popFront()
+		s.state = stRunning
+		e.running = append(e.running, s)
+		s.numNew = n
+		s.inBatch = true
+		e.batch = append(e.batch, s)
+		budget -= n
+		prefill += n
+	}
+	if len(e.batch) == 0 {
+		e.stepActive = false
+		if e.waiting.len() > 0 && e.waiting.front().arrival > t {
+			e.pendingAt = e.waiting.front().arrival
+		}
+		return
+	}
+	tm := e.timing
+	dur := tm.StepBase + time.Duration(prefill)*tm.PerPrefillToken +
+		time.Duration(decodes)*tm.PerDecodeSeq + time.Duration(ctx)*tm.PerContextToken
+	e.stepActive = true
+	e.stepStart, e.stepEnd, e.lastDur = t, t+int64(dur), dur
+	e.st.Steps++
+	e.st.BusyTime += dur
+	e.st.PromptTokens += uint64(prefill)
+}
+
+// preempt frees v's blocks and puts it back at the head of the queue; it
+// will recompute its prompt and generated tokens (vLLM's RECOMPUTE mode).
+func (e *Engine) preempt(v *seq) {
+	e.freeBlocks(v)
+	v.computed, v.committed = 0, 0
+	v.state = stWaiting
+	v.req.Preemptions++
+	e.st.Preemptions++
+	e.waiting.pushFront(v)
+}
+
+// freeBlocks releases s's blocks tail first, so its last blocks are
+// evicted before its first ones (vLLM frees in reverse order).
+func (e *Engine) freeBlocks(s *seq) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		e.pool.release(s.blocks[i])
+	}
+	s.blocks = s.blocks[:0]
+}
+
+// complete applies the current step at its end time.
+func (e *Engine) complete(obs Observer) {
+	at := e.stepEnd
+	e.stepActive = false
+	finished := false
+	for _, s := range e.batch {
+		s.inBatch = false
+		if s.state != stRunning {
+			if s.req == nil { // aborted during the step
+				e.recycle(s)
+			}
+			continue
+		}
+		s.computed += s.numNew
+		s.numNew = 0
+		if e.caching {
+			k := s.committed
+			for ; k < s.computed/e.bs && k < len(s.hashes); k++ {
+				e.pool.commit(s.blocks[k], s.hashes[k])
+			}
+			s.committed = k
+		}
+		if s.computed < s.numTokens {
+			continue // chunked prefill not done yet
+		}
+		r := s.req
+		s.numTokens++
+		r.OutputTokens = s.numTokens - s.promptLen
+		e.st.GenerationTokens++
+		if r.OutputTokens == 1 {
+			r.FirstTokenAt = at
+		}
+		if s.numTokens%e.bs == 0 {
+			s.hashes = append(s.hashes, e.hashBlock(s, s.numTokens/e.bs-1))
+		}
+		done := r.OutputTokens >= s.target
+		if done {
+			r.Finish = FinishLength
+			if r.eos {
+				r.Finish = FinishStop
+			}
+			r.FinishedAt = at
+			e.freeBlocks(s)
+			s.state = stDone
+			finished = true
+			e.st.Finished++
+		}
+		if obs != nil {
+			obs.OnToken(r, at)
+			if done {
+				obs.OnFinish(r, at)
+			}
+		}
+	}
+	if finished {
+		kept := e.running[:0]
+		for _, s := range e.running {
+			if s.state == stRunning {
+				kept = append(kept, s)
+			} else {
+				s.req.seq = nil
+				e.recycle(s)
+			}
+		}
+		clear(e.running[len(kept):])
+		e.running = kept
+	}
+}
+
+// Abort removes r from the engine, freeing its blocks. It reports whether
+// r was in flight.
+func (e *Engine) Abort(r *Request, now int64) bool {
+	s := r.seq
+	if s == nil || s.req != r {
+		return false
+	}
+	switch s.state {
+	case stWaiting:
+		e.waiting.remove(s)
+	case stRunning:
+		for i, x := range e.running {
+			if x == s {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				break
+			}
+		}
+	}
+	e.freeBlocks(s)
+	r.Finish, r.FinishedAt, r.seq = FinishAbort, now, nil
+	e.st.Aborted++
+	s.state = stDone
+	s.req = nil
+	if !s.inBatch {
+		e.recycle(s)
+	}
+	return true
+}
+
+// Reset wipes the engine (a restart): every in-flight request is dropped
+// without events and the prefix cache is emptied. Counters are kept.
+func (e *Engine) Reset() {
+	drop := func(s *seq) {
+		if s.req != nil {
+			s.req.seq = nil
+			if s.req.Finish == FinishNone {
+				s.req.Finish = FinishAbort
+			}
+		}
+		s.inBatch = false
+		e.recycle(s)
+	}
+	for e.waiting.len() > 0 {
+		drop(e.waiting.popFront())
+	}
+	for _, s := range e.running {
+		drop(s)
+	}
+	for _, s := range e.batch {
+		if s.inBatch { // aborted during the step, not yet recycled
+			drop(s)
+		}
+	}
+	clear(e.running)
+	e.running = e.running[:0]
+	e.batch = e.batch[:0]
+	e.pool.reset()
+	e.stepActive = false
+	e.pendingAt = NoEvent
+}
+
+func (e *Engine) newSeq() *seq {
+	if n := len(e.spare); n > 0 {
+		s := e.spare[n-1]
+		e.spare = e.spare[:n-1]
+		return s
+	}
+	return &seq{}
+}
+
+func (e *Engine) recycle(s *seq) {
+	*s = seq{hashes: s.hashes[:0], blocks: s.blocks[:0]}
+	e.spare = append(e.spare, s)
+}
+
+// seqQueue is a FIFO ring with push-front for preempted requests.
+type seqQueue struct {
+	buf  []*seq
+	head int
+	n    int
+}
+
+func (q *seqQueue) len() int { return q.n }
+
+func (q *seqQueue) grow() {
+	nb := make([]*seq, max(16, 2*len(q.buf)))
+	for i := range q.n {
+		nb[i] = q.buf[(q.head+i)%len(q.buf)]
+	}
+	q.buf, q.head = nb, 0
+}
+
+func (q *seqQueue) pushBack(s *seq) {
+	if q.n == len(q.buf) {
+		q.grow()
+	}
+	q.buf[(q.head+q.n)%len(q.buf)] = s
+	q.n++
+}
+
+func (q *seqQueue) pushFront(s *seq) {
+	if q.n == len(q.buf) {
+		q.grow()
+	}
+	q.head = (q.head - 1 + len(q.buf)) % len(q.buf)
+	q.buf[q.head] = s
+	q.n++
+}
+
+func (q *seqQueue) front() *seq { return q.buf[q.head] }
+
+func (q *seqQueue) popFront() *seq {
+	s := q.buf[q.head]
+	q.buf[q.head] = nil
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	return s
+}
+
+func (q *seqQueue) remove(s *seq) {
+	for i := range q.n {
+		if q.buf[(q.head+i)%len(q.buf)] != s {
+			continue
+		}
+		for j := i; j < q.n-1; j++ {
+			q.buf[(q.head+j)%len(q.buf)] = q.buf[(q.head+j+1)%len(q.buf)]
+		}
+		q.buf[(q.head+q.n-1)%len(q.buf)] = nil
+		q.n--
+		return
+	}
+}
