@@ -1,0 +1,358 @@
+package affinity
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// state is a constructed router state: per replica in-flight requests (begun,
+// never ended) and prefill rates; warm lists which replica holds which chain.
+type state struct {
+	n        int
+	inFlight []int     // requests in flight per replica (each 1 block, past first token)
+	pending  []int     // extra requests in prefill per replica, pendingTok tokens each
+	rates    []float64 // prefill tokens/s; 0 = default
+}
+
+const pendingTok = 4096
+
+func buildRouter(t *testing.T, cfg Config, s state) (*Router, []ReplicaID) {
+	t.Helper()
+	r, err := NewRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]ReplicaID, s.n)
+	for i := range s.n {
+		spec := ReplicaSpec{Name: fmt.Sprintf("r%d", i), Models: []string{"m"}}
+		if i < len(s.rates) {
+			spec.PrefillTokensPerSec = s.rates[i]
+		}
+		if ids[i], err = r.AddReplica(spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, n := range s.inFlight {
+		for range n {
+			var f Flight
+			r.Begin(ids[i], &Request{Model: []byte("m"), PromptTokens: 64, Hashes: []uint64{uint64(i)<<32 | 0xdead}}, nil, &f)
+			r.FirstToken(&f, 0)
+		}
+	}
+	for i, n := range s.pending {
+		for range n {
+			var f Flight
+			r.Begin(ids[i], &Request{Model: []byte("m"), PromptTokens: pendingTok}, nil, &f)
+		}
+	}
+	return r, ids
+}
+
+// warm marks req's prefix as cached on replica id (a completed request).
+func warm(r *Router, id ReplicaID, req *Request) {
+	var f Flight
+	r.Begin(id, req, nil, &f)
+	r.FirstToken(&f, req.Now)
+	r.End(&f, req.Now, -1, true)
+}
+
+func decide(t *testing.T, r *Router, req *Request) Decision {
+	t.Helper()
+	var d Decision
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	return d
+}
+
+func promptReq(t *testing.T, system, user string) *Request {
+	t.Helper()
+	return request(t, chatBody("m", system, user), 1)
+}
+
+func TestPolicyChoices(t *testing.T) {
+	sys8k := strings.Repeat("abcdefgh", 4096)   // 32 KiB = 8192 tokens
+	sysSmall := strings.Repeat("abcdefgh", 256) // 2 KiB = 512 tokens
+	tests := []struct {
+		name   string
+		cfg    Config
+		state  state
+		warm   map[int]string // replica -> system prompt cached there
+		system string
+		want   int // expected Ranked[0]
+		not    int // or: expected never Ranked[0] (-1: unused)
+	}{
+		{name: "least-request picks fewest in flight", cfg: Config{Policy: "least-request"},
+			state: state{n: 4, inFlight: []int{3, 1, 2, 5}}, system: "x", want: 1, not: -1},
+		{name: "prefix picks longest match despite load", cfg: Config{Policy: "prefix"},
+			state: state{n: 3, inFlight: []int{0, 9, 0}}, warm: map[int]string{1: sys8k, 2: sysSmall},
+			system: sys8k, want: 1, not: -1},
+		{name: "cost: warm replica beats idle cold ones", cfg: Config{},
+			state: state{n: 4, inFlight: []int{0, 3, 0, 0}}, warm: map[int]string{1: sys8k},
+			system: sys8k, want: 1, not: -1},
+		{name: "cost: small shared prefix loses to load", cfg: Config{},
+			state: state{n: 3, pending: []int{4, 0, 0}, inFlight: []int{0, 0, 1}}, warm: map[int]string{0: sysSmall},
+			system: sysSmall, want: 1, not: -1},
+		{name: "cost: no sharing behaves like least-loaded", cfg: Config{},
+			state: state{n: 4, inFlight: []int{4, 2, 1, 3}}, system: "cold", want: 2, not: -1},
+		{name: "cost: no sharing, pending prefill counts", cfg: Config{},
+			state: state{n: 2, inFlight: []int{0, 2}, pending: []int{1, 0}}, system: "cold", want: 1, not: -1},
+		{name: "cost: faster replica wins a long cold prompt", cfg: Config{},
+			state: state{n: 2, rates: []float64{5000, 20000}}, system: sys8k, want: 1, not: -1},
+		{name: "cost: saturated home of a hot prefix is replicated", cfg: Config{},
+			// home r0 holds 8192 tokens (0.82 s to recompute) and has 0.82 s queued:
+			// greedy is a near tie; the hot guard adds 2*(0.82-0.5) s.
+			state: state{n: 2, pending: []int{2, 0}}, warm: map[int]string{0: sys8k},
+			system: sys8k, want: 1, not: -1},
+		{name: "cost without hot guard keeps the home", cfg: Config{HotGain: -1},
+			state: state{n: 2, pending: []int{1, 0}}, warm: map[int]string{0: sys8k},
+			system: sys8k, want: 0, not: -1},
+		{name: "power-of-two never picks the most loaded first", cfg: Config{Policy: "power-of-two"},
+			state: state{n: 4, inFlight: []int{1, 2, 9, 3}}, system: "x", want: -1, not: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, ids := buildRouter(t, tt.cfg, tt.state)
+			for i, sys := range tt.warm {
+				warm(r, ids[i], promptReq(t, sys, "earlier question"))
+			}
+			req := promptReq(t, tt.system, "new question")
+			for range 50 {
+				d := decide(t, r, req)
+				if tt.want >= 0 && d.Ranked[0] != ids[tt.want] {
+					t.Fatalf("ranked %v (cached %v), want %d first; loads %+v", d.Ranked, d.CachedTokens, tt.want, r.Replicas())
+				}
+				if tt.not >= 0 && d.Ranked[0] == ids[tt.not] {
+					t.Fatalf("ranked %v, %d must not be first", d.Ranked, tt.not)
+				}
+				if len(d.Ranked) != min(3, tt.state.n) || hasDup(d.Ranked) {
+					t.Fatalf("ranked %v: want %d distinct", d.Ranked, min(3, tt.state.n))
+				}
+			}
+		})
+	}
+}
+
+func hasDup(ids []ReplicaID) bool {
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	return len(slices.Compact(s)) != len(ids)
+}
+
+func TestRoundRobin(t *testing.T) {
+	r, ids := buildRouter(t, Config{Policy: "round-robin"}, state{n: 4})
+	req := promptReq(t, "s", "u")
+	seen := map[ReplicaID]int{}
+	for range 8 {
+		seen[decide(t, r, req).Ranked[0]]++
+	}
+	for _, id := range ids {
+		if seen[id] != 2 {
+			t.Fatalf("rotation %v", seen)
+		}
+	}
+}
+
+func TestConsistentHashStable(t *testing.T) {
+	r, _ := buildRouter(t, Config{Policy: "consistent-hash"}, state{n: 8})
+	homes := map[ReplicaID]bool{}
+	for i := range 40 {
+		req := promptReq(t, fmt.Sprintf("system prompt number %d ", i)+strings.Repeat("z", 300), "u")
+		first := decide(t, r, req).Ranked[0]
+		for range 5 {
+			if got := decide(t, r, req).Ranked[0]; got != first {
+				t.Fatalf("prefix %d moved from %d to %d without load", i, first, got)
+			}
+		}
+		homes[first] = true
+	}
+	if len(homes) < 4 {
+		t.Fatalf("40 prefixes landed on %d of 8 replicas", len(homes))
+	}
+	// Bounded load: overload the home, the prefix moves; unload, it returns.
+	req := promptReq(t, strings.Repeat("y", 600), "u")
+	home := decide(t, r, req).Ranked[0]
+	var fs []Flight
+	for range 10 {
+		var f Flight
+		r.Begin(home, &Request{Model: []byte("m"), PromptTokens: 1}, nil, &f)
+		fs = append(fs, f)
+	}
+	if got := decide(t, r, req).Ranked[0]; got == home {
+		t.Fatalf("home %d with 10 of 10 in flight still chosen (bound 1.25x mean)", home)
+	}
+	for i := range fs {
+		r.End(&fs[i], 2, -1, true)
+	}
+	if got := decide(t, r, req).Ranked[0]; got != home {
+		t.Fatalf("home %d not restored: %d", home, got)
+	}
+}
+
+// TestCostNoColdPile: cold requests spread over idle replicas rather than
+// piling onto one, both when each is begun (load feedback) and when many are
+// decided before any Begin (random ties).
+func TestCostNoColdPile(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 8})
+	seen := map[ReplicaID]bool{}
+	for i := range 8 {
+		req := promptReq(t, fmt.Sprintf("cold %d", i), "u")
+		d := decide(t, r, req)
+		var f Flight
+		r.Begin(d.Ranked[0], req, &d, &f)
+		seen[d.Ranked[0]] = true
+	}
+	if len(seen) != len(ids) {
+		t.Fatalf("8 cold requests with Begin used %d of 8 replicas", len(seen))
+	}
+	r2, _ := buildRouter(t, Config{}, state{n: 8})
+	seen = map[ReplicaID]bool{}
+	req := promptReq(t, "cold", "u")
+	for range 64 {
+		seen[decide(t, r2, req).Ranked[0]] = true
+	}
+	if len(seen) < 4 {
+		t.Fatalf("64 decisions on idle replicas used %d of 8", len(seen))
+	}
+}
+
+func TestSessionPolicy(t *testing.T) {
+	cfg := Config{Policy: "session", SessionTTL: time.Second}
+	r, ids := buildRouter(t, cfg, state{n: 4, inFlight: []int{0, 1, 1, 1}})
+	req := promptReq(t, "s", "u")
+	req.SessionKey = 42
+	d := decide(t, r, req)
+	if d.Ranked[0] != ids[0] {
+		t.Fatalf("new session: %v, want least-request %d", d.Ranked, ids[0])
+	}
+	// Pin the session on replica 2 (e.g. a retry went there).
+	var f Flight
+	r.Begin(ids[2], req, &d, &f)
+	r.End(&f, 1, -1, true)
+	steps := []struct {
+		name string
+		now  int64
+		prep func()
+		want ReplicaID
+	}{
+		{"pinned", 2, func() {}, ids[2]},
+		{"pinned despite load", 3, func() {
+			var g Flight
+			r.Begin(ids[2], &Request{Model: []byte("m"), PromptTokens: 1}, nil, &g)
+		}, ids[2]},
+		{"unhealthy pin falls back", 4, func() { r.SetHealthy(ids[2], false) }, ids[0]},
+		{"healthy again", 5, func() { r.SetHealthy(ids[2], true) }, ids[2]},
+		{"expired", int64(3 * time.Second), func() {}, ids[0]},
+	}
+	for _, s := range steps {
+		s.prep()
+		req.Now = s.now
+		if got := decide(t, r, req); got.Ranked[0] != s.want || hasDup(got.Ranked) {
+			t.Fatalf("%s: ranked %v, want %d first", s.name, got.Ranked, s.want)
+		}
+	}
+	// Removal unpins.
+	req.Now = 10
+	r.Begin(ids[3], req, &d, &f)
+	r.RemoveReplica(ids[3])
+	id, err := r.AddReplica(ReplicaSpec{Name: "new", Models: []string{"m"}})
+	if err != nil || id != ids[3] {
+		t.Fatalf("id reuse: %v %v", id, err)
+	}
+	for range 3 { // load the new replica so a stale pin would stand out
+		var g Flight
+		r.Begin(id, &Request{Model: []byte("m"), PromptTokens: 1}, nil, &g)
+	}
+	if got := decide(t, r, req); got.Ranked[0] == id {
+		t.Fatalf("stale pin to a reused id: %v", got.Ranked)
+	}
+}
+
+func TestSignals(t *testing.T) {
+	cfg := Config{SignalMaxAge: time.Second}
+	r, ids := buildRouter(t, cfg, state{n: 2})
+	req := promptReq(t, "cold", "u")
+	req.Now = int64(10 * time.Second)
+	// Replica 0 reports a long engine queue (another router's traffic).
+	r.SetSignals(ids[0], EngineSignals{Waiting: 50, Running: 100, At: int64(9500 * time.Millisecond)})
+	r.SetSignals(ids[1], EngineSignals{Waiting: 0, Running: 0, At: int64(9500 * time.Millisecond)})
+	// Give the replica a mean uncached size so waiting requests weigh.
+	warm(r, ids[0], promptReq(t, strings.Repeat("q", 4096), "u"))
+	warm(r, ids[1], promptReq(t, strings.Repeat("r", 4096), "u"))
+	if d := decide(t, r, req); d.Ranked[0] != ids[1] {
+		t.Fatalf("fresh signals ignored: %v", d.Ranked)
+	}
+	// Stale: both look idle, ties random: replica 0 must win sometimes.
+	req.Now = int64(20 * time.Second)
+	seen := map[ReplicaID]bool{}
+	for range 40 {
+		seen[decide(t, r, req).Ranked[0]] = true
+	}
+	if !seen[ids[0]] {
+		t.Fatal("stale signals still trusted")
+	}
+	// KV pressure with fresh signals.
+	r.SetSignals(ids[0], EngineSignals{KVUsage: 0.99, At: req.Now})
+	r.SetSignals(ids[1], EngineSignals{KVUsage: 0.5, At: req.Now})
+	for range 20 {
+		if d := decide(t, r, req); d.Ranked[0] != ids[1] {
+			t.Fatalf("KV pressure ignored: %v", d.Ranked)
+		}
+	}
+	// Signalled KV capacity sizes the index.
+	r.SetSignals(ids[0], EngineSignals{KVCapacityTokens: 640, At: req.Now})
+	if st := r.Replicas(); st[0].CapacityBlocks != 10 {
+		t.Fatalf("capacity %d blocks, want 10", st[0].CapacityBlocks)
+	}
+}
+
+func TestPolicyRegistry(t *testing.T) {
+	names := PolicyNames()
+	if names[0] != DefaultPolicy || len(names) != 7 {
+		t.Fatalf("names %v", names)
+	}
+	for _, n := range names {
+		p, err := NewPolicy(n, Config{})
+		if err != nil || p.Name() != n {
+			t.Fatalf("NewPolicy(%q): %v %v", n, p, err)
+		}
+	}
+	if _, err := NewPolicy("nope", Config{}); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		err  string
+	}{
+		{"zero is valid", Config{}, ""},
+		{"unknown policy", Config{Policy: "x"}, `policy "x"`},
+		{"block tokens", Config{Hash: HashConfig{BlockTokens: -1}}, "hash.block_tokens -1"},
+		{"max ranked", Config{MaxRanked: 100}, "max_ranked 100: want 1..64"},
+		{"load factor", Config{LoadFactor: 0.5}, "load_factor 0.5"},
+		{"kv high water", Config{KVHighWater: 1.5}, "kv_high_water 1.5"},
+		{"prompt cap", Config{Hash: HashConfig{MaxPromptBytes: 10}}, "hash.max_prompt_bytes 10"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if (tt.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.err)) {
+				t.Fatalf("err %v, want %q", err, tt.err)
+			}
+			_, nerr := NewRouter(tt.cfg)
+			if (err == nil) != (nerr == nil) {
+				t.Fatalf("NewRouter err %v, Validate %v", nerr, err)
+			}
+		})
+	}
+	if !errors.Is(ErrBadRequest, ErrBadRequest) {
+		t.Fatal()
+	}
+}
