@@ -1,0 +1,12 @@
+package fastpath
+
+import "golang.org/x/sys/unix"
+
+// monoNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic("clock_gettime(CLOCK_MONOTONIC): " + err.Error())
+	}
+	return ts.Nano()
+}

@@ -1,0 +1,679 @@
+package fastpath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/warmpath/warmpath/bpf"
+)
+
+const backendLocal = 0xffffffff
+
+// edgeObjects is what the edge loads: the steering program and every map.
+type edgeObjects struct {
+	Steer *ebpf.Program `ebpf:"xdp_steer"`
+	bpf.WarmpathMaps
+}
+
+// Kernel is the XDP Datapath. Maps are pinned under PinPath, so a restarted
+// process adopts the state; the XDP link is pinned too, so steering keeps
+// running while no process holds it.
+type Kernel struct {
+	mu      sync.Mutex
+	log     *slog.Logger
+	objs    edgeObjects
+	link    link.Link
+	pinPath string
+	now     func() int64
+	ncpu    int
+	closed  bool
+}
+
+func openKernel(opts Options, log *slog.Logger) (Datapath, error) {
+	return OpenKernel(opts)
+}
+
+// OpenKernel loads (or adopts) the kernel datapath without probing: Open is
+// the usual entry point. It pins maps under opts.PinPath and, when
+// opts.Interface is set, attaches xdp_steer to it (or adopts and updates the
+// link pinned for that interface).
+func OpenKernel(opts Options) (*Kernel, error) {
+	pin := opts.PinPath
+	if pin == "" {
+		pin = DefaultPinPath
+	}
+	if err := ensurePinDir(pin, opts.MountBPFFS); err != nil {
+		return nil, err
+	}
+	spec, err := bpf.LoadWarmpath()
+	if err != nil {
+		return nil, fmt.Errorf("load bpf spec: %w", err)
+	}
+	k := &Kernel{log: opts.logger(), pinPath: pin, now: opts.Now}
+	if k.now == nil {
+		k.now = monoNow
+	}
+	if k.ncpu, err = ebpf.PossibleCPU(); err != nil {
+		return nil, fmt.Errorf("possible cpus: %w", err)
+	}
+	err = spec.LoadAndAssign(&k.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pin}})
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return nil, fmt.Errorf("adopt maps pinned at %s (from an incompatible version; remove them with detach): %w", pin, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load xdp_steer: %w", err)
+	}
+	if opts.EncapSource.IsValid() {
+		if err := validIPv4("encap source", opts.EncapSource); err != nil {
+			k.closeObjs()
+			return nil, err
+		}
+	}
+	if err := k.setEncapSource(opts.EncapSource); err != nil {
+		k.closeObjs()
+		return nil, err
+	}
+	if opts.Interface != "" {
+		if err := k.attach(opts.Interface, opts.Attach); err != nil {
+			k.closeObjs()
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// ensurePinDir creates dir on a bpffs mount, mounting bpffs on its parent
+// first if asked to.
+func ensurePinDir(dir string, mount bool) error {
+	parent := filepath.Dir(dir)
+	if !isBPFFS(parent) {
+		if !mount {
+			return fmt.Errorf("pin path %s: %s is not a bpffs mount (mount -t bpf bpf %s)", dir, parent, parent)
+		}
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", parent, err)
+		}
+		if err := unix.Mount("bpf", parent, "bpf", 0, "mode=0700"); err != nil {
+			return fmt.Errorf("mount bpffs on %s: %w", parent, err)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create pin path: %w", err)
+	}
+	return nil
+}
+
+func isBPFFS(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && uint32(st.Type) == unix.BPF_FS_MAGIC
+}
+
+func linkPinName(pinPath, ifname string) string {
+	return filepath.Join(pinPath, "link_xdp_steer_"+ifname)
+}
+
+// attach attaches xdp_steer to ifname, or adopts the link pinned for it and
+// atomically replaces its program with the one just loaded.
+func (k *Kernel) attach(ifname string, mode AttachMode) error {
+	l, err := attachXDP(k.log, k.objs.Steer, ifname, mode, linkPinName(k.pinPath, ifname))
+	if err != nil {
+		return err
+	}
+	k.link = l
+	return nil
+}
+
+func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachMode, pinName string) (link.Link, error) {
+	if l, err := link.LoadPinnedLink(pinName, nil); err == nil {
+		if err := l.Update(prog); err != nil {
+			_ = l.Close()
+			return nil, fmt.Errorf("update pinned xdp link %s: %w", pinName, err)
+		}
+		log.Info("adopted pinned xdp link", "interface", ifname, "pin", pinName)
+		return l, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("load pinned xdp link %s: %w", pinName, err)
+	}
+	iface, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp to %s: %w", ifname, err)
+	}
+	var flags []link.XDPAttachFlags
+	switch mode {
+	case "", AttachAuto:
+		flags = []link.XDPAttachFlags{link.XDPDriverMode, link.XDPGenericMode}
+	case AttachDriver:
+		flags = []link.XDPAttachFlags{link.XDPDriverMode}
+	case AttachGeneric:
+		flags = []link.XDPAttachFlags{link.XDPGenericMode}
+	default:
+		return nil, fmt.Errorf("attach mode %q: want auto, driver or generic: %w", mode, ErrInvalid)
+	}
+	var l link.Link
+	for i, f := range flags {
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: iface.Index, Flags: f})
+		if err == nil {
+			if i > 0 {
+				log.Warn("xdp driver mode unavailable, attached in generic mode", "interface", ifname)
+			}
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp to %s (%s mode): %w", ifname, mode, err)
+	}
+	if err := l.Pin(pinName); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("pin xdp link of %s: %w", ifname, err)
+	}
+	return l, nil
+}
+
+// Mode returns ModeKernel.
+func (k *Kernel) Mode() Mode { return ModeKernel }
+
+func (k *Kernel) setEncapSource(a netip.Addr) error {
+	var cfg bpf.WarmpathConfig
+	if err := k.objs.Settings.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("read settings: %w", err)
+	}
+	cfg.EncapSrc = 0
+	if a.IsValid() {
+		cfg.EncapSrc = be32(a)
+	}
+	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("write settings: %w", err)
+	}
+	return nil
+}
+
+func svcKey(s Service) bpf.WarmpathSvcKey {
+	return bpf.WarmpathSvcKey{Vip: be32(s.Addr()), Port: be16(s.Port()), Proto: unix.IPPROTO_TCP}
+}
+
+func (k *Kernel) lock() error {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+// SetServices replaces the set of services.
+func (k *Kernel) SetServices(svcs []Service) error {
+	if err := checkServices(svcs); err != nil {
+		return err
+	}
+	if err := k.lock(); err != nil {
+		return err
+	}
+	defer k.mu.Unlock()
+	return setServices(k.objs.Services, svcs)
+}
+
+func setServices(m *ebpf.Map, svcs []Service) error {
+	want := make(map[bpf.WarmpathSvcKey]bool, len(svcs))
+	for _, s := range svcs {
+		want[svcKey(s)] = true
+	}
+	var (
+		key   bpf.WarmpathSvcKey
+		val   bpf.WarmpathSvcVal
+		stale []bpf.WarmpathSvcKey
+	)
+	it := m.Iterate()
+	for it.Next(&key, &val) {
+		if !want[key] {
+			stale = append(stale, key)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read services: %w", err)
+	}
+	for _, key := range stale {
+		if err := m.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete service: %w", err)
+		}
+	}
+	for key := range want {
+		if err := m.Put(&key, &bpf.WarmpathSvcVal{}); err != nil {
+			return fmt.Errorf("write service %v: %w", serviceFromKey(key), err)
+		}
+	}
+	return nil
+}
+
+func serviceFromKey(k bpf.WarmpathSvcKey) Service {
+	return netip.AddrPortFrom(addrFrom(k.Vip), port16(k.Port))
+}
+
+// Services returns the services, sorted.
+func (k *Kernel) Services() ([]Service, error) {
+	if err := k.lock(); err != nil {
+		return nil, err
+	}
+	defer k.mu.Unlock()
+	return readServices(k.objs.Services)
+}
+
+func readServices(m *ebpf.Map) ([]Service, error) {
+	var (
+		key bpf.WarmpathSvcKey
+		val bpf.WarmpathSvcVal
+		out []Service
+	)
+	it := m.Iterate()
+	for it.Next(&key, &val) {
+		out = append(out, serviceFromKey(key))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read services: %w", err)
+	}
+	sortServices(out)
+	return out, nil
+}
+
+// SetBackends replaces the set of backends.
+func (k *Kernel) SetBackends(bs []Backend) error {
+	if err := checkBackends(bs); err != nil {
+		return err
+	}
+	if err := k.lock(); err != nil {
+		return err
+	}
+	defer k.mu.Unlock()
+	var slots [MaxBackends]bpf.WarmpathBackend
+	for _, b := range bs {
+		slots[b.ID] = backendValue(b)
+	}
+	keys := make([]uint32, MaxBackends)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := k.objs.Backends.BatchUpdate(keys, slots[:], nil); err != nil {
+		// Older kernels lack batch ops on arrays: one by one.
+		for i := range slots {
+			if err := k.objs.Backends.Put(uint32(i), &slots[i]); err != nil {
+				return fmt.Errorf("write backend %d: %w", i, err)
+			}
+		}
+	}
+	return nil
+}
+
+func backendValue(b Backend) bpf.WarmpathBackend {
+	v := bpf.WarmpathBackend{Addr: be32(b.Addr), Gen: b.Generation, SampleEvery: b.SampleEvery}
+	if b.Healthy {
+		v.Healthy = 1
+	}
+	return v
+}
+
+// Backends returns the backends by id.
+func (k *Kernel) Backends() ([]Backend, error) {
+	if err := k.lock(); err != nil {
+		return nil, err
+	}
+	defer k.mu.Unlock()
+	var (
+		key uint32
+		val bpf.WarmpathBackend
+		out []Backend
+	)
+	it := k.objs.Backends.Iterate()
+	for it.Next(&key, &val) {
+		if val.Addr == 0 {
+			continue
+		}
+		out = append(out, Backend{ID: BackendID(key), Addr: addrFrom(val.Addr), Healthy: val.Healthy != 0,
+			Generation: val.Gen, SampleEvery: val.SampleEvery})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read backends: %w", err)
+	}
+	return out, nil
+}
+
+func (k *Kernel) backend(id BackendID) (bpf.WarmpathBackend, error) {
+	var v bpf.WarmpathBackend
+	if id >= MaxBackends {
+		return v, fmt.Errorf("backend id %d: want 0..%d: %w", id, MaxBackends-1, ErrInvalid)
+	}
+	if err := k.objs.Backends.Lookup(uint32(id), &v); err != nil {
+		return v, fmt.Errorf("read backend %d: %w", id, err)
+	}
+	if v.Addr == 0 {
+		return v, fmt.Errorf("backend %d: %w", id, ErrUnknownBackend)
+	}
+	return v, nil
+}
+
+// BumpGeneration increments the generation of backend id.
+func (k *Kernel) BumpGeneration(id BackendID) (uint32, error) {
+	if err := k.lock(); err != nil {
+		return 0, err
+	}
+	defer k.mu.Unlock()
+	v, err := k.backend(id)
+	if err != nil {
+		return 0, fmt.Errorf("bump generation: %w", err)
+	}
+	v.Gen++
+	if err := k.objs.Backends.Put(uint32(id), &v); err != nil {
+		return 0, fmt.Errorf("write backend %d: %w", id, err)
+	}
+	return v.Gen, nil
+}
+
+func affinityKey(client netip.Addr, svc Service) bpf.WarmpathAffKey {
+	return bpf.WarmpathAffKey{Client: be32(client), Vip: be32(svc.Addr()), Port: be16(svc.Port())}
+}
+
+// SetAffinity inserts or replaces the affinity of (Client, Service).
+func (k *Kernel) SetAffinity(a Affinity) error {
+	if err := validAffinity(a); err != nil {
+		return err
+	}
+	if err := k.lock(); err != nil {
+		return err
+	}
+	defer k.mu.Unlock()
+	if _, err := k.backend(a.Backend); err != nil {
+		return fmt.Errorf("set affinity: %w", err)
+	}
+	key := affinityKey(a.Client, a.Service)
+	val := bpf.WarmpathAffVal{LastUsedNs: uint64(k.now()), Backend: uint32(a.Backend), Gen: a.Generation}
+	if err := k.objs.Affinity.Put(&key, &val); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			return fmt.Errorf("set affinity: %w", ErrFull)
+		}
+		return fmt.Errorf("set affinity: %w", err)
+	}
+	return nil
+}
+
+// DeleteAffinity removes the entry of (client, svc) if present.
+func (k *Kernel) DeleteAffinity(client netip.Addr, svc Service) error {
+	if err := k.lock(); err != nil {
+		return err
+	}
+	defer k.mu.Unlock()
+	if !client.Is4() || !svc.Addr().Is4() {
+		return nil
+	}
+	key := affinityKey(client, svc)
+	if err := k.objs.Affinity.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete affinity: %w", err)
+	}
+	return nil
+}
+
+func affinityEntry(key bpf.WarmpathAffKey, val bpf.WarmpathAffVal, now int64) AffinityEntry {
+	return AffinityEntry{
+		Affinity: Affinity{
+			Client:     addrFrom(key.Client),
+			Service:    netip.AddrPortFrom(addrFrom(key.Vip), port16(key.Port)),
+			Backend:    BackendID(val.Backend),
+			Generation: val.Gen,
+		},
+		Idle: idle(now, int64(val.LastUsedNs)),
+	}
+}
+
+// LookupAffinity returns the entry of (client, svc).
+func (k *Kernel) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry, bool, error) {
+	if err := k.lock(); err != nil {
+		return AffinityEntry{}, false, err
+	}
+	defer k.mu.Unlock()
+	if !client.Is4() || !svc.Addr().Is4() {
+		return AffinityEntry{}, false, nil
+	}
+	key := affinityKey(client, svc)
+	var val bpf.WarmpathAffVal
+	if err := k.objs.Affinity.Lookup(&key, &val); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return AffinityEntry{}, false, nil
+		}
+		return AffinityEntry{}, false, fmt.Errorf("lookup affinity: %w", err)
+	}
+	return affinityEntry(key, val, k.now()), true, nil
+}
+
+// RangeAffinity calls fn for each entry until fn returns false. Entries
+// changed concurrently may be seen or not.
+func (k *Kernel) RangeAffinity(fn func(AffinityEntry) bool) error {
+	if err := k.lock(); err != nil {
+		return err
+	}
+	m := k.objs.Affinity
+	k.mu.Unlock()
+	var (
+		key bpf.WarmpathAffKey
+		val bpf.WarmpathAffVal
+	)
+	now := k.now()
+	it := m.Iterate()
+	for it.Next(&key, &val) {
+		if !fn(affinityEntry(key, val, now)) {
+			return nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("iterate affinity: %w", err)
+	}
+	return nil
+}
+
+// ExpireIdle deletes entries idle for at least maxIdle. An entry refreshed
+// by the program between the scan and the delete is re-read and kept.
+func (k *Kernel) ExpireIdle(maxIdle time.Duration) (int, error) {
+	if err := k.lock(); err != nil {
+		return 0, err
+	}
+	defer k.mu.Unlock()
+	var (
+		key   bpf.WarmpathAffKey
+		val   bpf.WarmpathAffVal
+		stale []bpf.WarmpathAffKey
+	)
+	now := k.now()
+	it := k.objs.Affinity.Iterate()
+	for it.Next(&key, &val) {
+		if idle(now, int64(val.LastUsedNs)) >= maxIdle {
+			stale = append(stale, key)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("iterate affinity: %w", err)
+	}
+	n := 0
+	for _, key := range stale {
+		if err := k.objs.Affinity.Lookup(&key, &val); err != nil || idle(now, int64(val.LastUsedNs)) < maxIdle {
+			continue
+		}
+		if err := k.objs.Affinity.Delete(&key); err == nil {
+			n++
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, fmt.Errorf("delete affinity: %w", err)
+		}
+	}
+	return n, nil
+}
+
+// Counters reads the per-CPU counters and sums them.
+func (k *Kernel) Counters() (Counters, error) {
+	if err := k.lock(); err != nil {
+		return Counters{}, err
+	}
+	m, ncpu := k.objs.Counters, k.ncpu
+	k.mu.Unlock()
+	return readCounters(m, ncpu)
+}
+
+func readCounters(m *ebpf.Map, ncpu int) (Counters, error) {
+	n := int(m.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]bpf.WarmpathCounter, n*ncpu)
+	var cursor ebpf.MapBatchCursor
+	got, err := m.BatchLookup(&cursor, keys, vals, nil)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return Counters{}, fmt.Errorf("read counters: %w", err)
+	}
+	if got != n {
+		// No batch support: one lookup per slot.
+		per := make([]bpf.WarmpathCounter, ncpu)
+		for i := range n {
+			if err := m.Lookup(uint32(i), &per); err != nil {
+				return Counters{}, fmt.Errorf("read counter %d: %w", i, err)
+			}
+			keys[i] = uint32(i)
+			copy(vals[i*ncpu:], per)
+		}
+	}
+	var c Counters
+	sum := func(slot int) Counter {
+		var s Counter
+		for _, v := range vals[slot*ncpu : (slot+1)*ncpu] {
+			s.Packets += v.Packets
+			s.Bytes += v.Bytes
+		}
+		return s
+	}
+	for i := range NumCounterKinds {
+		c.Global[i] = sum(int(i))
+	}
+	for id := range MaxBackends {
+		base := int(NumCounterKinds) + id*backendSlots
+		if base+backendSlots > n {
+			break
+		}
+		b := BackendCounters{ID: BackendID(id), Steered: sum(base), SYN: sum(base + 1), Sampled: sum(base + 2)}
+		if b.Steered != (Counter{}) || b.SYN != (Counter{}) || b.Sampled != (Counter{}) {
+			c.Backends = append(c.Backends, b)
+		}
+	}
+	return c, nil
+}
+
+func (k *Kernel) closeObjs() {
+	if k.link != nil {
+		_ = k.link.Close()
+		k.link = nil
+	}
+	_ = k.objs.Steer.Close()
+	_ = k.objs.WarmpathMaps.Close()
+}
+
+// Close releases this process's handles; the pinned link keeps the program
+// attached and the pinned maps keep the state.
+func (k *Kernel) Close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil
+	}
+	k.closed = true
+	k.closeObjs()
+	return nil
+}
+
+// Detach detaches every xdp_steer link pinned under PinPath (whatever the
+// interface), unpins the maps and removes PinPath. Established steered flows
+// stop being steered.
+func (k *Kernel) Detach() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return ErrClosed
+	}
+	var errs []error
+	if k.link != nil {
+		if err := k.link.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin link: %w", err))
+		}
+	}
+	errs = append(errs, detachPinnedLinks(k.pinPath, "link_xdp_steer_"))
+	for _, m := range []*ebpf.Map{k.objs.Services, k.objs.Affinity, k.objs.Backends, k.objs.Flows, k.objs.Settings, k.objs.Counters} {
+		if err := m.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin map: %w", err))
+		}
+	}
+	k.closed = true
+	k.closeObjs()
+	if err := os.Remove(k.pinPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		k.log.Info("pin path not removed", "path", k.pinPath, "err", err)
+	}
+	return errors.Join(errs...)
+}
+
+// detachPinnedLinks unpins and closes every link pinned in dir whose name
+// starts with prefix, which detaches it.
+func detachPinnedLinks(dir, prefix string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("read pin path: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		l, err := link.LoadPinnedLink(p, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("load pinned link %s: %w", p, err))
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", p, err))
+		}
+		_ = l.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// be32 returns a's bytes (network order) as a native uint32, the layout of
+// a __be32 field in a Go copy of a C struct.
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func addrFrom(u uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], u)
+	return netip.AddrFrom4(b)
+}
+
+// be16 converts a host port to the native view of its network-order bytes.
+func be16(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func port16(u uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], u)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+var _ Datapath = (*Kernel)(nil)

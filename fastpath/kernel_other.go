@@ -1,0 +1,13 @@
+//go:build !linux
+
+package fastpath
+
+import (
+	"fmt"
+	"log/slog"
+	"runtime"
+)
+
+func openKernel(Options, *slog.Logger) (Datapath, error) {
+	return nil, fmt.Errorf("%w: XDP needs linux, this is %s", ErrUnavailable, runtime.GOOS)
+}
