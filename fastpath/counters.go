@@ -5,27 +5,27 @@ package fastpath
 type CounterKind int
 
 const (
-	PassNotIPv4       CounterKind = iota // not IPv4 (IPv6, ARP, VLAN): passed
-	PassNotService                       // IPv4 but not TCP to a service: passed
-	PassFragment                         // IPv4 TCP fragment: passed
-	PassLocal                            // service packet of a LOCAL flow: passed
-	PassNoState                          // service non-SYN, no flow, no affinity: passed
-	Steered                              // encapsulated and redirected/transmitted
-	SteeredStack                         // encapsulated and passed (neighbour unresolved)
-	Dropped                              // steered flow that cannot be forwarded now
-	ErrMalformed                         // truncated or invalid header: passed
-	ErrFIB                               // route lookup failed
-	ErrFragNeeded                        // encapsulated packet exceeds the egress MTU
-	ErrHeadroom                          // bpf_xdp_adjust_head failed
-	FlowNewSteer                         // SYN decided: backend
-	FlowNewLocal                         // SYN decided: LOCAL
-	FlowRestored                         // non-SYN without flow entry steered from affinity
-	AffinityStale                        // affinity ignored: unhealthy, old generation, unknown
-	Sampled                              // affinity SYN sampled to the slowpath
-	DecapOK                              // decap: outer header stripped
-	DecapPass                            // decap: not IPIP for a service, passed untouched
-	DecapMalformed                       // decap: truncated or invalid inner packet
-	DecapErrHeadroom                     // decap: bpf_xdp_adjust_head failed
+	PassNotIPv4      CounterKind = iota // not IPv4 (IPv6, ARP, VLAN): passed
+	PassNotService                      // IPv4 but not TCP to a service: passed
+	PassFragment                        // IPv4 TCP fragment: passed
+	PassLocal                           // service packet of a LOCAL flow: passed
+	PassNoState                         // service non-SYN, no flow, no affinity: passed
+	Steered                             // encapsulated and redirected/transmitted
+	SteeredStack                        // encapsulated and passed (neighbour unresolved)
+	Dropped                             // steered flow that cannot be forwarded now
+	ErrMalformed                        // truncated or invalid header: passed
+	ErrFIB                              // route lookup failed
+	ErrFragNeeded                       // encapsulated packet exceeds the egress MTU
+	ErrHeadroom                         // bpf_xdp_adjust_head failed
+	FlowNewSteer                        // SYN decided: backend
+	FlowNewLocal                        // SYN decided: LOCAL
+	FlowRestored                        // non-SYN without flow entry steered from affinity
+	AffinityStale                       // affinity ignored: unhealthy, old generation, unknown
+	Sampled                             // affinity SYN sampled to the slowpath
+	DecapOK                             // decap: outer header stripped
+	DecapPass                           // decap: not IPIP for a service, passed untouched
+	DecapMalformed                      // decap: truncated or invalid inner packet
+	DecapErrHeadroom                    // decap: bpf_xdp_adjust_head failed
 	NumCounterKinds
 )
 

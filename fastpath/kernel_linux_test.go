@@ -306,7 +306,11 @@ func TestSteerFixtures(t *testing.T) {
 				e.ns.Run("ip", "link", "set", "wpbe", "mtu", "1400")
 				aff("10.1.0.13", 1, 7)
 			},
-			in: func() []byte { p := ack("10.1.0.13", clientPort); p.payload = make([]byte, 1400-40-10); return p.frame() }(),
+			in: func() []byte {
+				p := ack("10.1.0.13", clientPort)
+				p.payload = make([]byte, 1400-40-10)
+				return p.frame()
+			}(),
 			verdict: 1,
 			want:    map[CounterKind]uint64{FlowRestored: 1, ErrFragNeeded: 1, Dropped: 1}},
 	}
