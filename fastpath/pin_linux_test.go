@@ -1,0 +1,241 @@
+package fastpath
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/warmpath/warmpath/bpf"
+	"github.com/warmpath/warmpath/fastpath/testbed"
+)
+
+func TestKernelContract(t *testing.T) {
+	testbed.RequireRoot(t)
+	clk := &fakeClock{}
+	k, err := OpenKernel(Options{PinPath: filepath.Join(testbed.BPFFS(t), "warmpath"), Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Close() })
+	testContract(t, k, clk)
+}
+
+func TestCounterLayout(t *testing.T) {
+	spec, err := bpf.LoadWarmpath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{
+		"counters": uint32(NumCounterKinds) + MaxBackends*backendSlots,
+		"backends": MaxBackends, "services": MaxServices, "affinity": MaxAffinity, "flows": MaxFlows,
+	} {
+		if got := spec.Maps[name].MaxEntries; got != want {
+			t.Errorf("map %s has %d entries, Go expects %d: keep counters.go and warmpath.c in sync", name, got, want)
+		}
+	}
+}
+
+func xdpAttached(ns *testbed.NS, dev string) bool {
+	return strings.Contains(ns.Run("ip", "link", "show", "dev", dev), "prog/xdp")
+}
+
+// TestPinReload: load, attach, write state, close (program stays attached),
+// open again (state is still there, link adopted), detach (all gone).
+func TestPinReload(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns := testbed.NewNS(t, "pin")
+	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
+	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	open := func() *Kernel {
+		t.Helper()
+		var k *Kernel
+		err := ns.Do(func() (err error) {
+			k, err = OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachDriver, EncapSource: encapSrc})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		return k
+	}
+	k := open()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1, Generation: 7}
+	must(k.SetServices([]Service{vip}))
+	must(k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 7}}))
+	must(k.SetAffinity(a))
+	fk := bpf.WarmpathFlowKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	must(k.objs.Flows.Put(&fk, &bpf.WarmpathFlowVal{Addr: be32(be1Addr), Backend: 1}))
+	must(k.Close())
+	if !xdpAttached(ns, "wpin") {
+		t.Fatal("program detached by Close; steered flows would stop")
+	}
+
+	k = open()
+	t.Cleanup(func() { _ = k.Close() })
+	svcs, err := k.Services()
+	must(err)
+	bs, err := k.Backends()
+	must(err)
+	e, ok, err := k.LookupAffinity(a.Client, a.Service)
+	must(err)
+	if len(svcs) != 1 || svcs[0] != vip || len(bs) != 1 || bs[0].Generation != 7 || !ok || e.Affinity != a {
+		t.Fatalf("state not adopted: services %v backends %+v affinity %+v %v", svcs, bs, e, ok)
+	}
+	var fv bpf.WarmpathFlowVal
+	if err := k.objs.Flows.Lookup(&fk, &fv); err != nil || fv.Backend != 1 {
+		t.Fatalf("flow table not adopted: %+v %v", fv, err)
+	}
+	if !xdpAttached(ns, "wpin") {
+		t.Fatal("not attached after reopen")
+	}
+
+	must(k.Detach())
+	if xdpAttached(ns, "wpin") {
+		t.Error("still attached after Detach")
+	}
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin path %s still there after Detach: %v", pin, err)
+	}
+	if err := k.SetServices(nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Detach: %v, want ErrClosed", err)
+	}
+}
+
+// TestOpenKernelErrors: no bpffs, missing interface.
+func TestOpenKernelErrors(t *testing.T) {
+	testbed.RequireRoot(t)
+	if _, err := OpenKernel(Options{PinPath: filepath.Join(t.TempDir(), "warmpath")}); err == nil || !strings.Contains(err.Error(), "not a bpffs") {
+		t.Errorf("pin path off bpffs: %v", err)
+	}
+	_, err := OpenKernel(Options{PinPath: filepath.Join(testbed.BPFFS(t), "warmpath"), Interface: "wp-no-such-if"})
+	if err == nil || !strings.Contains(err.Error(), "wp-no-such-if") {
+		t.Errorf("missing interface: %v", err)
+	}
+}
+
+func TestDecapFixtures(t *testing.T) {
+	testbed.RequireRoot(t)
+	edge := netip.MustParseAddr("10.2.0.1")
+	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(t), "decap"), Source: edge})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	if err := d.SetServices([]Service{vip}); err != nil {
+		t.Fatal(err)
+	}
+	gpu := netip.MustParseAddr("10.2.0.2")
+	inner := ack("10.1.0.2", clientPort)
+	innerIP := inner.ip()
+	wrapped := encap(innerIP, macBE1, macBE, edge, gpu)
+	decapped := append(ethHdr(macBE1, macBE, 0x0800), innerIP...)
+	otherSvc := inner
+	otherSvc.dst = netip.MustParseAddrPort("10.100.0.1:22")
+	fromStranger := encap(innerIP, macBE1, macBE, netip.MustParseAddr("10.2.0.66"), gpu)
+	outerOpts := bytes.Clone(wrapped)
+	outerOpts[14] = 0x46
+	fragment := encap(innerIP, macBE1, macBE, edge, gpu)
+	fragment[14+6] = 0x20 // MF
+	truncated := wrapped[:14+20+20+10]
+	innerBadVer := bytes.Clone(wrapped)
+	innerBadVer[14+20] = 0x55
+
+	tests := []struct {
+		name string
+		in   []byte
+		out  []byte // nil: unchanged
+		want map[CounterKind]uint64
+	}{
+		{name: "IPIP for the service is stripped", in: wrapped, out: decapped, want: map[CounterKind]uint64{DecapOK: 1}},
+		{name: "steered SYN is stripped", in: encap(syn("10.1.0.2", clientPort).ip(), macBE1, macBE, edge, gpu),
+			out: append(ethHdr(macBE1, macBE, 0x0800), syn("10.1.0.2", clientPort).ip()...), want: map[CounterKind]uint64{DecapOK: 1}},
+		{name: "plain TCP to the VIP passes", in: inner.frame(), want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "IPIP for another service passes", in: encap(otherSvc.ip(), macBE1, macBE, edge, gpu), want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "IPIP from an unknown source passes", in: fromStranger, want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "outer IP options pass", in: outerOpts, want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "outer fragment passes", in: fragment, want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "IPv6 passes", in: ipv6Frame(macBE1, macBE), want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "truncated outer header passes", in: wrapped[:14+10], want: map[CounterKind]uint64{DecapPass: 1}},
+		{name: "truncated inner packet", in: truncated, want: map[CounterKind]uint64{DecapMalformed: 1}},
+		{name: "inner version not 4", in: innerBadVer, want: map[CounterKind]uint64{DecapMalformed: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before, err := d.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := ebpf.RunOptions{Data: tc.in, DataOut: make([]byte, len(tc.in)+64)}
+			verdict, err := d.objs.Decap.Run(&opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, err := d.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if verdict != 2 {
+				t.Errorf("verdict %s, want PASS", xdpVerdicts[verdict])
+			}
+			want := tc.out
+			if want == nil {
+				want = tc.in
+			}
+			if !bytes.Equal(opts.DataOut, want) {
+				t.Errorf("output differs\n got %s\nwant %s", hex.EncodeToString(opts.DataOut), hex.EncodeToString(want))
+			}
+			assertDelta(t, before, after, tc.want)
+		})
+	}
+}
+
+// TestEncapDecapRoundTrip: what the edge emits, the GPU host turns back
+// into the client's packet.
+func TestEncapDecapRoundTrip(t *testing.T) {
+	e := newEdgeEnv(t)
+	if err := e.k.SetServices([]Service{vip}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(t), "decap")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	if err := d.SetServices([]Service{vip}); err != nil {
+		t.Fatal(err)
+	}
+	in := syn("10.1.0.2", clientPort)
+	verdict, wire := e.run(t, e.k.objs.Steer, in.frame())
+	if verdict != 4 {
+		t.Fatalf("edge verdict %s", xdpVerdicts[verdict])
+	}
+	opts := ebpf.RunOptions{Data: wire, DataOut: make([]byte, len(wire)+64)}
+	if _, err := d.objs.Decap.Run(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(opts.DataOut[14:], in.ip()) {
+		t.Errorf("round trip changed the packet\n got %x\nwant %x", opts.DataOut[14:], in.ip())
+	}
+	if !bytes.Equal(opts.DataOut[:12], append(mac(macBE1), mac(macBE)...)) {
+		t.Errorf("decap frame MACs %x, want edge->backend", opts.DataOut[:12])
+	}
+}
