@@ -1,0 +1,27 @@
+package slowpath
+
+import "github.com/warmpath/warmpath/affinity"
+
+// Brain is the subset of *affinity.Router the proxy drives. It exists so the
+// proxy can be tested against a small fake; production uses affinity.Router.
+// Implementations must be safe for concurrent use.
+type Brain interface {
+	AddReplica(spec affinity.ReplicaSpec) (affinity.ReplicaID, error)
+	UpdateReplica(id affinity.ReplicaID, spec affinity.ReplicaSpec) error
+	RemoveReplica(id affinity.ReplicaID)
+	SetHealthy(id affinity.ReplicaID, healthy bool)
+	SetSignals(id affinity.ReplicaID, s affinity.EngineSignals)
+	ResetCache(id affinity.ReplicaID)
+	Decide(req *affinity.Request, d *affinity.Decision) error
+	Begin(id affinity.ReplicaID, req *affinity.Request, d *affinity.Decision, f *affinity.Flight)
+	FirstToken(f *affinity.Flight, now int64)
+	End(f *affinity.Flight, now int64, cachedTokens int, ok bool)
+}
+
+// PromptParser extracts the routing-relevant part of a request body. It need
+// not be goroutine-safe: the server pools one per concurrent request.
+type PromptParser interface {
+	ParseChat(body []byte, out *affinity.Prompt) error
+	ParseCompletion(body []byte, out *affinity.Prompt) error
+	ParseEmbedding(body []byte, out *affinity.Prompt) error
+}

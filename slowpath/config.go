@@ -1,0 +1,369 @@
+package slowpath
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/warmpath/warmpath/affinity"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is the router's whole configuration: one YAML file, decoded
+// strictly (unknown fields are errors) over Default(), then Validate()d.
+// Every field and its default is documented in slowpath/README.md.
+type Config struct {
+	// Listen is the OpenAI-compatible API address. Default ":8080".
+	Listen string `yaml:"listen"`
+	// Admin serves /metrics, /debug/replicas and /health. Default
+	// "127.0.0.1:9090". Empty disables the admin listener.
+	Admin string `yaml:"admin"`
+	// Replicas is the static replica list. Reloaded on SIGHUP and on file
+	// change; nothing else in the file is reloaded.
+	Replicas []ReplicaConfig `yaml:"replicas"`
+	Limits   LimitsConfig    `yaml:"limits"`
+	Upstream UpstreamConfig  `yaml:"upstream"`
+	Health   HealthConfig    `yaml:"health"`
+	Passive  PassiveConfig   `yaml:"passive"`
+	Scrape   ScrapeConfig    `yaml:"scrape"`
+	// Routing is the affinity router's configuration (policy, hashing,
+	// cost-model knobs); see affinity.Config. Zero fields take affinity's
+	// defaults.
+	Routing affinity.Config `yaml:"routing"`
+	// SessionHeader: when a request carries this header its value is the
+	// session key (else the OpenAI `user` field is). Default "X-Session-ID".
+	SessionHeader string `yaml:"session_header"`
+	// ReloadInterval is how often the config file's content is checked for
+	// changes (0 disables watching; SIGHUP still reloads). Default 1s.
+	ReloadInterval time.Duration `yaml:"reload_interval"`
+	// DrainTimeout bounds graceful shutdown: in-flight streams get this long
+	// to finish before their connections are closed. Default 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// ReplicaConfig is one engine replica.
+type ReplicaConfig struct {
+	// Address is host:port of the engine's HTTP server; it is also the
+	// replica's unique name. Required.
+	Address string `yaml:"address"`
+	// Models lists the served model (and LoRA adapter) names. Required.
+	Models []string `yaml:"models"`
+	// Weight scales capacity relative to other replicas. 0 means 1.
+	Weight float64 `yaml:"weight"`
+	// KVCapacityTokens bounds the router's prefix index for this replica;
+	// 0 = learn it from the engine's /metrics (cache_config_info).
+	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+	// MaxInFlight caps router-local concurrent requests to this replica;
+	// 0 = Limits.MaxInFlightPerReplica.
+	MaxInFlight int `yaml:"max_in_flight"`
+}
+
+// LimitsConfig bounds what clients can make the router do.
+type LimitsConfig struct {
+	// MaxBodyBytes is the largest accepted request body. Default 8 MiB.
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// ReadTimeout bounds reading one request (headers and body). Default 30s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds writing one response; 0 = none (default), because
+	// a stream lives as long as its generation.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// IdleTimeout closes keep-alive connections idle this long. Default 120s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxInFlight caps concurrent proxied requests in total; 0 = unlimited
+	// (default).
+	MaxInFlight int `yaml:"max_in_flight"`
+	// MaxInFlightPerReplica is the default per-replica cap; 0 = unlimited
+	// (default).
+	MaxInFlightPerReplica int `yaml:"max_in_flight_per_replica"`
+	// OnLimit is what happens to a request over a limit: "reject" (429,
+	// default) or "queue" (wait up to QueueTimeout, then 429).
+	OnLimit string `yaml:"on_limit"`
+	// QueueTimeout bounds the wait when OnLimit is "queue". Default 5s.
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+}
+
+// UpstreamConfig tunes the pooled connections to replicas.
+type UpstreamConfig struct {
+	// DialTimeout bounds connecting to a replica. Default 2s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// ResponseTimeout bounds a whole upstream response, stream included.
+	// Default 10m.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// MaxConnsPerReplica caps pooled connections per replica. Default 1024.
+	MaxConnsPerReplica int `yaml:"max_conns_per_replica"`
+	// MaxIdleConnDuration closes pooled idle connections. Default 60s.
+	MaxIdleConnDuration time.Duration `yaml:"max_idle_conn_duration"`
+	// MaxAttempts is how many ranked replicas one request may try (1 = no
+	// retry). Retries happen only before any byte reached the client.
+	// Default 3.
+	MaxAttempts int `yaml:"max_attempts"`
+	// RetryStatuses are upstream statuses retried on the next replica (the
+	// replica answered but could not serve). Default [502, 503, 504].
+	RetryStatuses []int `yaml:"retry_statuses"`
+}
+
+// HealthConfig drives active health checks.
+type HealthConfig struct {
+	// Path is probed with GET; 2xx is healthy. Default "/health".
+	Path string `yaml:"path"`
+	// Interval between probes. Default 2s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout per probe. Default 1s.
+	Timeout time.Duration `yaml:"timeout"`
+	// HealthyThreshold consecutive successes re-admit a replica. Default 2.
+	HealthyThreshold int `yaml:"healthy_threshold"`
+	// UnhealthyThreshold consecutive failures take it out. Default 2.
+	UnhealthyThreshold int `yaml:"unhealthy_threshold"`
+}
+
+// PassiveConfig drives ejection from proxied traffic.
+type PassiveConfig struct {
+	// ConsecutiveFailures (connect errors, resets, RetryStatuses) eject a
+	// replica. Default 3.
+	ConsecutiveFailures int `yaml:"consecutive_failures"`
+	// EjectTime is the first ejection's length; each further ejection
+	// doubles it up to MaxEjectTime. After it, the replica still needs
+	// Health.HealthyThreshold good probes. Default 5s.
+	EjectTime time.Duration `yaml:"eject_time"`
+	// MaxEjectTime caps the doubling. Default 60s.
+	MaxEjectTime time.Duration `yaml:"max_eject_time"`
+}
+
+// ScrapeConfig drives engine /metrics scraping.
+type ScrapeConfig struct {
+	// Path of the engine's Prometheus endpoint. Default "/metrics".
+	Path string `yaml:"path"`
+	// Interval between scrapes; 0 disables scraping. Default 1s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout per scrape. Default 1s.
+	Timeout time.Duration `yaml:"timeout"`
+	// StaleAfter: signals older than this are cleared, so routing falls back
+	// to router-local in-flight counts. Default 5s.
+	StaleAfter time.Duration `yaml:"stale_after"`
+}
+
+// Default returns the configuration used for every field the file omits.
+func Default() Config {
+	return Config{
+		Listen:         ":8080",
+		Admin:          "127.0.0.1:9090",
+		ReloadInterval: time.Second,
+		DrainTimeout:   30 * time.Second,
+		Limits: LimitsConfig{
+			MaxBodyBytes: 8 << 20,
+			ReadTimeout:  30 * time.Second,
+			IdleTimeout:  120 * time.Second,
+			OnLimit:      OnLimitReject,
+			QueueTimeout: 5 * time.Second,
+		},
+		Upstream: UpstreamConfig{
+			DialTimeout:         2 * time.Second,
+			ResponseTimeout:     10 * time.Minute,
+			MaxConnsPerReplica:  1024,
+			MaxIdleConnDuration: 60 * time.Second,
+			MaxAttempts:         3,
+			RetryStatuses:       []int{502, 503, 504},
+		},
+		Health: HealthConfig{
+			Path:               "/health",
+			Interval:           2 * time.Second,
+			Timeout:            time.Second,
+			HealthyThreshold:   2,
+			UnhealthyThreshold: 2,
+		},
+		Passive: PassiveConfig{
+			ConsecutiveFailures: 3,
+			EjectTime:           5 * time.Second,
+			MaxEjectTime:        60 * time.Second,
+		},
+		Scrape: ScrapeConfig{
+			Path:       "/metrics",
+			Interval:   time.Second,
+			Timeout:    time.Second,
+			StaleAfter: 5 * time.Second,
+		},
+		SessionHeader: "X-Session-ID",
+	}
+}
+
+// OnLimit values.
+const (
+	OnLimitReject = "reject"
+	OnLimitQueue  = "queue"
+)
+
+// LoadConfig reads, strictly decodes and validates the YAML file at path.
+func LoadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	cfg, err := ParseConfig(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig strictly decodes YAML over Default() and validates it.
+func ParseConfig(b []byte) (Config, error) {
+	cfg := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("decode: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate checks every field; the error names the field and its allowed
+// range.
+func (c *Config) Validate() error {
+	if c.Listen == "" {
+		return errors.New("listen: must be a host:port address, got empty")
+	}
+	if err := checkAddr("listen", c.Listen); err != nil {
+		return err
+	}
+	if c.Admin != "" {
+		if err := checkAddr("admin", c.Admin); err != nil {
+			return err
+		}
+	}
+	seen := make(map[string]int, len(c.Replicas))
+	for i := range c.Replicas {
+		r := &c.Replicas[i]
+		f := "replicas[" + strconv.Itoa(i) + "]"
+		if r.Address == "" {
+			return fmt.Errorf("%s.address: required (host:port)", f)
+		}
+		if err := checkAddr(f+".address", r.Address); err != nil {
+			return err
+		}
+		if j, dup := seen[r.Address]; dup {
+			return fmt.Errorf("%s.address: %q duplicates replicas[%d]", f, r.Address, j)
+		}
+		seen[r.Address] = i
+		if len(r.Models) == 0 {
+			return fmt.Errorf("%s.models: at least one model name required", f)
+		}
+		for j, m := range r.Models {
+			if m == "" {
+				return fmt.Errorf("%s.models[%d]: must not be empty", f, j)
+			}
+		}
+		if r.Weight < 0 || r.Weight > 1000 {
+			return fmt.Errorf("%s.weight: must be in [0, 1000] (0 means 1), got %g", f, r.Weight)
+		}
+		if r.KVCapacityTokens < 0 {
+			return fmt.Errorf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)
+		}
+		if r.MaxInFlight < 0 {
+			return fmt.Errorf("%s.max_in_flight: must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", f, r.MaxInFlight)
+		}
+	}
+	l := &c.Limits
+	switch {
+	case l.MaxBodyBytes < 1024 || l.MaxBodyBytes > 1<<30:
+		return fmt.Errorf("limits.max_body_bytes: must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
+	case l.ReadTimeout <= 0:
+		return fmt.Errorf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
+	case l.WriteTimeout < 0:
+		return fmt.Errorf("limits.write_timeout: must be >= 0 (0 = none), got %s", l.WriteTimeout)
+	case l.IdleTimeout <= 0:
+		return fmt.Errorf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
+	case l.MaxInFlight < 0:
+		return fmt.Errorf("limits.max_in_flight: must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
+	case l.MaxInFlightPerReplica < 0:
+		return fmt.Errorf("limits.max_in_flight_per_replica: must be >= 0 (0 = unlimited), got %d", l.MaxInFlightPerReplica)
+	case l.OnLimit != OnLimitReject && l.OnLimit != OnLimitQueue:
+		return fmt.Errorf("limits.on_limit: must be %q or %q, got %q", OnLimitReject, OnLimitQueue, l.OnLimit)
+	case l.OnLimit == OnLimitQueue && l.QueueTimeout <= 0:
+		return fmt.Errorf("limits.queue_timeout: must be > 0 when on_limit is queue, got %s", l.QueueTimeout)
+	}
+	u := &c.Upstream
+	switch {
+	case u.DialTimeout <= 0:
+		return fmt.Errorf("upstream.dial_timeout: must be > 0, got %s", u.DialTimeout)
+	case u.ResponseTimeout <= 0:
+		return fmt.Errorf("upstream.response_timeout: must be > 0, got %s", u.ResponseTimeout)
+	case u.MaxConnsPerReplica < 1:
+		return fmt.Errorf("upstream.max_conns_per_replica: must be >= 1, got %d", u.MaxConnsPerReplica)
+	case u.MaxIdleConnDuration <= 0:
+		return fmt.Errorf("upstream.max_idle_conn_duration: must be > 0, got %s", u.MaxIdleConnDuration)
+	case u.MaxAttempts < 1 || u.MaxAttempts > 16:
+		return fmt.Errorf("upstream.max_attempts: must be in [1, 16], got %d", u.MaxAttempts)
+	}
+	for i, st := range u.RetryStatuses {
+		if st < 500 || st > 599 {
+			return fmt.Errorf("upstream.retry_statuses[%d]: must be in [500, 599], got %d", i, st)
+		}
+	}
+	h := &c.Health
+	switch {
+	case h.Path == "" || h.Path[0] != '/':
+		return fmt.Errorf("health.path: must start with '/', got %q", h.Path)
+	case h.Interval <= 0:
+		return fmt.Errorf("health.interval: must be > 0, got %s", h.Interval)
+	case h.Timeout <= 0 || h.Timeout > h.Interval:
+		return fmt.Errorf("health.timeout: must be in (0, health.interval=%s], got %s", h.Interval, h.Timeout)
+	case h.HealthyThreshold < 1 || h.HealthyThreshold > 100:
+		return fmt.Errorf("health.healthy_threshold: must be in [1, 100], got %d", h.HealthyThreshold)
+	case h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > 100:
+		return fmt.Errorf("health.unhealthy_threshold: must be in [1, 100], got %d", h.UnhealthyThreshold)
+	}
+	p := &c.Passive
+	switch {
+	case p.ConsecutiveFailures < 0:
+		return fmt.Errorf("passive.consecutive_failures: must be >= 0 (0 = never eject), got %d", p.ConsecutiveFailures)
+	case p.EjectTime <= 0:
+		return fmt.Errorf("passive.eject_time: must be > 0, got %s", p.EjectTime)
+	case p.MaxEjectTime < p.EjectTime:
+		return fmt.Errorf("passive.max_eject_time: must be >= passive.eject_time=%s, got %s", p.EjectTime, p.MaxEjectTime)
+	}
+	s := &c.Scrape
+	switch {
+	case s.Path == "" || s.Path[0] != '/':
+		return fmt.Errorf("scrape.path: must start with '/', got %q", s.Path)
+	case s.Interval < 0:
+		return fmt.Errorf("scrape.interval: must be >= 0 (0 = off), got %s", s.Interval)
+	case s.Interval > 0 && (s.Timeout <= 0 || s.Timeout > s.Interval):
+		return fmt.Errorf("scrape.timeout: must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
+	case s.Interval > 0 && s.StaleAfter < s.Interval:
+		return fmt.Errorf("scrape.stale_after: must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
+	}
+	if err := c.Routing.Validate(); err != nil {
+		return fmt.Errorf("routing.%w", err)
+	}
+	if c.SessionHeader == "" {
+		return errors.New("session_header: must be a header name, got empty")
+	}
+	if c.ReloadInterval < 0 {
+		return fmt.Errorf("reload_interval: must be >= 0 (0 = no file watch), got %s", c.ReloadInterval)
+	}
+	if c.DrainTimeout < 0 {
+		return fmt.Errorf("drain_timeout: must be >= 0, got %s", c.DrainTimeout)
+	}
+	return nil
+}
+
+func checkAddr(field, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s: must be host:port, got %q", field, addr)
+	}
+	_ = host
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%s: port must be in [0, 65535], got %q", field, port)
+	}
+	return nil
+}

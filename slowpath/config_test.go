@@ -1,0 +1,84 @@
+package slowpath
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfigDefaults(t *testing.T) {
+	cfg, err := ParseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(cfg, Default()) {
+		t.Fatalf("empty file should give Default():\n%+v", cfg)
+	}
+	cfg, err = ParseConfig([]byte(`
+listen: "127.0.0.1:8081"
+replicas:
+  - address: 10.0.0.1:8000
+    models: [llama, lora-1]
+    weight: 2
+  - address: 10.0.0.2:8000
+    models: [llama]
+    max_in_flight: 64
+health:
+  interval: 1500ms
+routing:
+  policy: cost
+  hash:
+    block_tokens: 16
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:8081" || len(cfg.Replicas) != 2 || cfg.Replicas[0].Weight != 2 ||
+		cfg.Replicas[1].MaxInFlight != 64 || cfg.Health.Interval != 1500*time.Millisecond ||
+		cfg.Routing.Hash.BlockTokens != 16 {
+		t.Fatalf("decoded %+v", cfg)
+	}
+	if cfg.Health.Timeout != time.Second || cfg.Upstream.MaxAttempts != 3 {
+		t.Fatalf("omitted fields must keep defaults: %+v", cfg)
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"unknown top-level field", "listne: :8080", "field listne not found"},
+		{"unknown nested field", "health:\n  intervall: 1s", "field intervall not found"},
+		{"bad duration", "health:\n  interval: soon", "cannot unmarshal"},
+		{"listen not host:port", "listen: 8080", `listen: must be host:port, got "8080"`},
+		{"admin bad port", "admin: 127.0.0.1:99999", `admin: port must be in [0, 65535], got "99999"`},
+		{"replica without address", "replicas:\n  - models: [m]", "replicas[0].address: required (host:port)"},
+		{"replica without models", "replicas:\n  - address: 127.0.0.1:1", "replicas[0].models: at least one model name required"},
+		{"replica empty model", "replicas:\n  - address: 127.0.0.1:1\n    models: [\"\"]", "replicas[0].models[0]: must not be empty"},
+		{"duplicate replica", "replicas:\n  - {address: 127.0.0.1:1, models: [m]}\n  - {address: 127.0.0.1:1, models: [m]}", `replicas[1].address: "127.0.0.1:1" duplicates replicas[0]`},
+		{"negative weight", "replicas:\n  - {address: 127.0.0.1:1, models: [m], weight: -1}", "replicas[0].weight: must be in [0, 1000] (0 means 1), got -1"},
+		{"tiny body limit", "limits:\n  max_body_bytes: 10", "limits.max_body_bytes: must be in [1024, 1073741824], got 10"},
+		{"bad on_limit", "limits:\n  on_limit: drop", `limits.on_limit: must be "reject" or "queue", got "drop"`},
+		{"max attempts", "upstream:\n  max_attempts: 0", "upstream.max_attempts: must be in [1, 16], got 0"},
+		{"retry status", "upstream:\n  retry_statuses: [429]", "upstream.retry_statuses[0]: must be in [500, 599], got 429"},
+		{"health timeout > interval", "health:\n  interval: 1s\n  timeout: 2s", "health.timeout: must be in (0, health.interval=1s], got 2s"},
+		{"health path", "health:\n  path: health", `health.path: must start with '/', got "health"`},
+		{"eject times", "passive:\n  eject_time: 10s\n  max_eject_time: 5s", "passive.max_eject_time: must be >= passive.eject_time=10s, got 5s"},
+		{"stale bound", "scrape:\n  interval: 2s\n  timeout: 1s\n  stale_after: 1s", "scrape.stale_after: must be >= scrape.interval=2s, got 1s"},
+		{"routing policy", "routing:\n  policy: magic", `routing.policy "magic": want one of`},
+		{"routing hash", "routing:\n  hash:\n    block_tokens: 99999", "routing.hash.block_tokens 99999: want 1..4096"},
+		{"session header", `session_header: ""`, "session_header: must be a header name, got empty"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("no error, want %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}

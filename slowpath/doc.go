@@ -1,0 +1,31 @@
+// Package slowpath is warmpath's L7 router: a fasthttp reverse proxy for the
+// OpenAI-compatible API (/v1/chat/completions, /v1/completions,
+// /v1/embeddings, /v1/models) that asks affinity/ which replica answers a
+// request fastest and proxies it there, body byte for byte, streaming SSE
+// back event by event.
+//
+// It owns: the config file (strict YAML, Validate naming the field), the
+// replica set (static list reloaded on SIGHUP or file change), active health
+// checks, passive ejection with doubling eject time, scraping of engine
+// /metrics (vLLM, SGLang, llama.cpp names) into affinity's load state,
+// reading usage.prompt_tokens_details.cached_tokens back into the index,
+// limits (body size, timeouts, per-replica and total concurrency: 429 or
+// queue), OpenAI-style error bodies, Prometheus metrics and /debug/replicas
+// on the admin address, and graceful shutdown.
+//
+// Lifecycle hazards:
+//   - New starts one control goroutine per replica (health + scrape);
+//     Shutdown stops them. A Server is not restartable.
+//   - A streamed response outlives its handler: the pooled exchange is the
+//     fasthttp body stream and is released in CloseWithError, after the last
+//     byte. Nothing from the RequestCtx may be kept past the handler, so the
+//     model name is copied into the exchange.
+//   - Retries happen only before the first response byte; once an upstream
+//     answered with headers the response is committed, and a failure after
+//     that is a broken stream (counted, logged, never retried).
+//   - A removed replica stops receiving requests at once; its in-flight
+//     requests finish on their pooled connections. affinity may reuse its
+//     ReplicaID, and its Flights are generation-checked.
+//   - Observer runs on the request goroutine after the response completed:
+//     it must not block or keep the event.
+package slowpath

@@ -1,0 +1,144 @@
+package slowpath
+
+import (
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const (
+	metricNamespace = "warmpath"
+	metricSubsystem = "slowpath"
+)
+
+// metrics are the router's Prometheus collectors, registered on one registry
+// per Server (so tests can run several routers in one process).
+type metrics struct {
+	requests      *prometheus.CounterVec   // model, replica, code
+	decision      prometheus.Histogram     // seconds
+	predicted     *prometheus.CounterVec   // replica
+	actual        *prometheus.CounterVec   // replica
+	predictionErr prometheus.Histogram     // |actual-predicted| tokens
+	ttft          *prometheus.HistogramVec // model
+	e2e           *prometheus.HistogramVec // model
+	retries       *prometheus.CounterVec   // replica (the one that failed)
+	ejections     *prometheus.CounterVec   // replica
+	broken        *prometheus.CounterVec   // replica
+	inFlight      prometheus.Gauge
+	replicaFlight *prometheus.GaugeVec // replica
+	healthy       *prometheus.GaugeVec // replica
+	scrapeErrors  *prometheus.CounterVec
+	reloads       *prometheus.CounterVec // result
+	rejected      *prometheus.CounterVec // reason
+
+	// children resolved once for requests that never reached a replica.
+	local [600]atomic.Pointer[prometheus.Counter]
+}
+
+// sub-millisecond buckets: a decision is microseconds.
+var decisionBuckets = []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2}
+
+var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	o := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: name, Help: help}
+	}
+	h := func(name, help string, b []float64) prometheus.HistogramOpts {
+		return prometheus.HistogramOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: name, Help: help, Buckets: b}
+	}
+	m := &metrics{
+		requests:      prometheus.NewCounterVec(prometheus.CounterOpts(o("requests_total", "Requests answered, by model, replica (\"none\" if not routed) and HTTP status code.")), []string{"model", "replica", "code"}),
+		decision:      prometheus.NewHistogram(h("decision_seconds", "Routing decision latency (parse excluded).", decisionBuckets)),
+		predicted:     prometheus.NewCounterVec(prometheus.CounterOpts(o("cached_tokens_predicted_total", "Prompt tokens the router predicted were cached on the chosen replica.")), []string{"replica"}),
+		actual:        prometheus.NewCounterVec(prometheus.CounterOpts(o("cached_tokens_actual_total", "Prompt tokens the engine reported cached (usage.prompt_tokens_details.cached_tokens), for requests that reported it.")), []string{"replica"}),
+		predictionErr: prometheus.NewHistogram(h("cached_tokens_prediction_error_tokens", "Absolute difference between predicted and reported cached tokens.", prometheus.ExponentialBuckets(1, 4, 10))),
+		ttft:          prometheus.NewHistogramVec(h("ttft_seconds", "Time from request arrival to the first upstream response byte of a stream (whole response for non-streaming).", latencyBuckets), []string{"model"}),
+		e2e:           prometheus.NewHistogramVec(h("request_duration_seconds", "Time from request arrival to the last response byte.", latencyBuckets), []string{"model"}),
+		retries:       prometheus.NewCounterVec(prometheus.CounterOpts(o("retries_total", "Attempts that failed before the first byte and moved to the next ranked replica, by the failing replica.")), []string{"replica"}),
+		ejections:     prometheus.NewCounterVec(prometheus.CounterOpts(o("ejections_total", "Passive ejections after consecutive failures.")), []string{"replica"}),
+		broken:        prometheus.NewCounterVec(prometheus.CounterOpts(o("broken_streams_total", "Responses cut after bytes reached the client (upstream failed mid-stream).")), []string{"replica"}),
+		inFlight:      prometheus.NewGauge(prometheus.GaugeOpts(o("in_flight", "Requests currently being proxied."))),
+		replicaFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts(o("replica_in_flight", "Requests currently proxied to each replica.")), []string{"replica"}),
+		healthy:       prometheus.NewGaugeVec(prometheus.GaugeOpts(o("replica_healthy", "1 if the replica receives new requests.")), []string{"replica"}),
+		scrapeErrors:  prometheus.NewCounterVec(prometheus.CounterOpts(o("scrape_errors_total", "Failed engine /metrics scrapes.")), []string{"replica"}),
+		reloads:       prometheus.NewCounterVec(prometheus.CounterOpts(o("config_reloads_total", "Replica list reloads by result.")), []string{"result"}),
+		rejected:      prometheus.NewCounterVec(prometheus.CounterOpts(o("rejected_total", "Requests refused before routing, by reason.")), []string{"reason"}),
+	}
+	reg.MustRegister(m.requests, m.decision, m.predicted, m.actual, m.predictionErr, m.ttft, m.e2e,
+		m.retries, m.ejections, m.broken, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.reloads, m.rejected)
+	return m
+}
+
+// localRequest counts a request answered by the router itself (no replica).
+func (m *metrics) localRequest(code int) {
+	if code < 100 || code >= 600 {
+		code = 599
+	}
+	p := m.local[code].Load()
+	if p == nil {
+		c := m.requests.WithLabelValues("", "none", strconv.Itoa(code))
+		p = &c
+		m.local[code].Store(p)
+	}
+	(*p).Inc()
+}
+
+// replicaMetrics are the per-replica children, resolved once when the
+// replica is added and deleted when it is removed.
+type replicaMetrics struct {
+	predicted, actual, retries, ejections, broken, scrapeErrors prometheus.Counter
+	inFlight, healthy                                           prometheus.Gauge
+	models                                                      []modelMetrics
+}
+
+// modelMetrics are the per (replica, model) children.
+type modelMetrics struct {
+	name      []byte
+	ttft, e2e prometheus.Observer
+	codes     [600]atomic.Pointer[prometheus.Counter]
+	m         *metrics
+	replica   string
+}
+
+func (mm *modelMetrics) request(code int) {
+	if code < 100 || code >= 600 {
+		code = 599
+	}
+	p := mm.codes[code].Load()
+	if p == nil {
+		c := mm.m.requests.WithLabelValues(string(mm.name), mm.replica, strconv.Itoa(code))
+		p = &c
+		mm.codes[code].Store(p)
+	}
+	(*p).Inc()
+}
+
+func (m *metrics) forReplica(name string, models []string) replicaMetrics {
+	rm := replicaMetrics{
+		predicted:    m.predicted.WithLabelValues(name),
+		actual:       m.actual.WithLabelValues(name),
+		retries:      m.retries.WithLabelValues(name),
+		ejections:    m.ejections.WithLabelValues(name),
+		broken:       m.broken.WithLabelValues(name),
+		scrapeErrors: m.scrapeErrors.WithLabelValues(name),
+		inFlight:     m.replicaFlight.WithLabelValues(name),
+		healthy:      m.healthy.WithLabelValues(name),
+	}
+	rm.models = make([]modelMetrics, len(models))
+	for i, mod := range models {
+		rm.models[i] = modelMetrics{name: []byte(mod), ttft: m.ttft.WithLabelValues(mod), e2e: m.e2e.WithLabelValues(mod), m: m, replica: name}
+	}
+	return rm
+}
+
+// forgetReplica deletes a removed replica's series.
+func (m *metrics) forgetReplica(name string) {
+	for _, v := range []*prometheus.CounterVec{m.predicted, m.actual, m.retries, m.ejections, m.broken, m.scrapeErrors} {
+		v.DeleteLabelValues(name)
+	}
+	m.replicaFlight.DeleteLabelValues(name)
+	m.healthy.DeleteLabelValues(name)
+	m.requests.DeletePartialMatch(prometheus.Labels{"replica": name})
+}

@@ -1,0 +1,666 @@
+package slowpath
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+	"github.com/warmpath/warmpath/affinity"
+	"github.com/zeebo/xxh3"
+)
+
+type endpoint uint8
+
+const (
+	epChat endpoint = iota
+	epCompletion
+	epEmbedding
+)
+
+// package-level header names and paths: no per-request conversions.
+var (
+	hdrConnection      = []byte("Connection")
+	hdrKeepAlive       = []byte("Keep-Alive")
+	hdrProxyConnection = []byte("Proxy-Connection")
+	hdrTE              = []byte("Te")
+	hdrTrailer         = []byte("Trailer")
+	hdrTransferEnc     = []byte("Transfer-Encoding")
+	hdrUpgrade         = []byte("Upgrade")
+	hdrAcceptEncoding  = []byte("Accept-Encoding")
+	hdrXForwardedFor   = []byte("X-Forwarded-For")
+	hdrContentLength   = []byte("Content-Length")
+
+	strDataPrefix   = []byte("data:")
+	strDone         = []byte("[DONE]")
+	strCachedTokens = []byte(`"cached_tokens"`)
+	strAppJSON      = []byte("application/json")
+)
+
+var (
+	errStreamTooLong  = errors.New("sse line longer than the scan buffer")
+	errNoKnownMetrics = errors.New("no known engine metric names")
+)
+
+// maxSSELine bounds the bytes kept to find the usage chunk; longer lines are
+// forwarded untouched but not inspected.
+const maxSSELine = 64 << 10
+
+// exchange is one proxied request's state. Pooled; for streams it lives until
+// fasthttp has written the body and calls CloseWithError.
+type exchange struct {
+	s      *Server
+	parser PromptParser
+	prompt affinity.Prompt
+	req    affinity.Request
+	dec    affinity.Decision
+	flight affinity.Flight
+
+	model   []byte // copy of the model name; the request body is gone when a stream ends
+	scratch []byte
+	rep     *replica
+	mm      *modelMetrics
+	pred    int
+	start   time.Time
+	client  netip.AddrPort
+	ev      RoutedEvent
+
+	// streaming state
+	uresp     *fasthttp.Response
+	stream    io.Reader
+	gotFirst  bool
+	closed    bool
+	upErr     error
+	line      []byte
+	lineDrop  bool
+	cached    int
+	status    int
+	fjParser  fastjson.Parser
+	sseParsed bool
+}
+
+func (s *Server) getExchange() *exchange {
+	ex := s.exPool.Get().(*exchange)
+	ex.cached = -1
+	ex.closed = false
+	ex.gotFirst = false
+	ex.upErr = nil
+	ex.line = ex.line[:0]
+	ex.lineDrop = false
+	ex.rep = nil
+	ex.stream = nil
+	ex.uresp = nil
+	return ex
+}
+
+func (s *Server) putExchange(ex *exchange) {
+	ex.rep = nil
+	ex.mm = nil
+	ex.stream = nil
+	ex.uresp = nil
+	ex.upErr = nil
+	ex.req.Model = nil
+	ex.req.Hashes = nil
+	s.exPool.Put(ex)
+}
+
+// handle is the fasthttp handler, installed once as a method value.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		s.route(ctx, epChat)
+	case "/v1/completions":
+		s.route(ctx, epCompletion)
+	case "/v1/embeddings":
+		s.route(ctx, epEmbedding)
+	case "/v1/models":
+		s.models(ctx)
+	case "/health":
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetContentTypeBytes(strAppJSON)
+		ctx.SetBodyString(`{"status":"ok"}`)
+	default:
+		s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+	}
+}
+
+// reject answers from the router itself and counts it.
+func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, reason, msg, typ, param, code string) {
+	writeError(ctx, status, msg, typ, param, code)
+	s.m.localRequest(status)
+	s.m.rejected.WithLabelValues(reason).Inc()
+}
+
+func isJSONContentType(ct []byte) bool {
+	if len(ct) == 0 {
+		return true // lenient: clients that send no Content-Type at all
+	}
+	if i := bytes.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = bytes.TrimSpace(ct)
+	return bytes.EqualFold(ct, strAppJSON)
+}
+
+func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
+	if !ctx.IsPost() {
+		ctx.Response.Header.Set("Allow", "POST")
+		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use POST", errTypeInvalid, "", "method_not_allowed")
+		return
+	}
+	if !isJSONContentType(ctx.Request.Header.ContentType()) {
+		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+		return
+	}
+	body := ctx.PostBody()
+	if len(body) == 0 {
+		s.reject(ctx, fasthttp.StatusBadRequest, "empty_body", "We could not parse the JSON body of your request: the body is empty.", errTypeInvalid, "", "")
+		return
+	}
+	ex := s.getExchange()
+	ex.start = time.Now()
+	var err error
+	switch ep {
+	case epChat:
+		err = ex.parser.ParseChat(body, &ex.prompt)
+	case epCompletion:
+		err = ex.parser.ParseCompletion(body, &ex.prompt)
+	default:
+		err = ex.parser.ParseEmbedding(body, &ex.prompt)
+	}
+	if err != nil {
+		s.putExchange(ex)
+		msg, param := badRequest(err)
+		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", msg, errTypeInvalid, param, "")
+		return
+	}
+	if len(ex.prompt.Model) == 0 {
+		s.putExchange(ex)
+		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
+		return
+	}
+	ex.model = append(ex.model[:0], ex.prompt.Model...)
+	if !s.admit(ex) {
+		s.putExchange(ex)
+		s.reject(ctx, fasthttp.StatusTooManyRequests, "total_limit", "The router is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		return
+	}
+	ex.req.Model = ex.model
+	ex.req.Hashes = ex.prompt.Hashes
+	ex.req.PromptTokens = ex.prompt.Tokens
+	ex.req.SessionKey = 0
+	if sid := ctx.Request.Header.PeekBytes(s.sessionHeader); len(sid) > 0 {
+		ex.req.SessionKey = xxh3.Hash(sid) | 1
+	} else if len(ex.prompt.User) > 0 {
+		ex.req.SessionKey = xxh3.Hash(ex.prompt.User) | 1
+	}
+	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		ex.client = ta.AddrPort()
+	} else {
+		ex.client = netip.AddrPort{}
+	}
+	s.forward(ctx, ex, body)
+}
+
+// badRequest turns a parse error (affinity wraps ErrBadRequest and names the
+// field first: "bad request: messages must be ...") into the client-facing
+// message and the OpenAI `param`. Error path only.
+func badRequest(err error) (msg, param string) {
+	msg = err.Error()
+	if rest, ok := strings.CutPrefix(msg, affinity.ErrBadRequest.Error()+": "); ok {
+		msg = rest
+		field, _, _ := strings.Cut(rest, " ")
+		field, _, _ = strings.Cut(field, "[")
+		if field != "body" {
+			param = field
+		}
+	}
+	if param == "" {
+		return "We could not parse the JSON body of your request: " + msg, ""
+	}
+	return "Invalid request: " + msg, param
+}
+
+// admit takes a slot of the total concurrency limit, queueing if configured.
+func (s *Server) admit(ex *exchange) bool {
+	if s.tryTotal() {
+		return true
+	}
+	if s.cfg.Limits.OnLimit != OnLimitQueue {
+		return false
+	}
+	deadline := ex.start.Add(s.cfg.Limits.QueueTimeout)
+	for {
+		c := s.freed.wait()
+		if s.tryTotal() {
+			s.freed.done()
+			return true
+		}
+		if !s.freed.sleep(c, deadline) {
+			return s.tryTotal()
+		}
+	}
+}
+
+func (s *Server) tryTotal() bool {
+	limit := int64(s.cfg.Limits.MaxInFlight)
+	for {
+		n := s.inflight.Load()
+		if limit > 0 && n >= limit {
+			return false
+		}
+		if s.inflight.CompareAndSwap(n, n+1) {
+			s.m.inFlight.Inc()
+			return true
+		}
+	}
+}
+
+func (s *Server) releaseTotal() {
+	s.inflight.Add(-1)
+	s.m.inFlight.Dec()
+	s.freed.signal()
+}
+
+// decide ranks replicas; with on_limit=queue it waits for capacity when
+// every candidate is at its limit.
+func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	queue := s.cfg.Limits.OnLimit == OnLimitQueue
+	deadline := ex.start.Add(s.cfg.Limits.QueueTimeout)
+	for {
+		var c chan struct{}
+		if queue {
+			c = s.freed.wait() // before Decide: a release in between wakes us
+		}
+		ex.req.Now = s.now()
+		t0 := time.Now()
+		err := s.brain.Decide(&ex.req, &ex.dec)
+		s.m.decision.Observe(time.Since(t0).Seconds())
+		if err == nil && len(ex.dec.Ranked) > 0 {
+			if queue {
+				s.freed.done()
+			}
+			return true
+		}
+		full := err == nil || errors.Is(err, affinity.ErrNoReplica)
+		if full && queue && s.anyFull(ex.model) {
+			if s.freed.sleep(c, deadline) {
+				continue
+			}
+		} else if queue {
+			s.freed.done()
+		}
+		switch {
+		case errors.Is(err, affinity.ErrModelNotFound):
+			s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
+		case full && s.anyFull(ex.model):
+			s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit", "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		case full:
+			s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica serves model `"+string(ex.model)+"` right now.", errTypeUnavailable, "model", "no_replica_available")
+		default:
+			msg, param := badRequest(err)
+			s.reject(ctx, fasthttp.StatusBadRequest, "bad_request", msg, errTypeInvalid, param, "")
+		}
+		return false
+	}
+}
+
+// anyFull reports whether a healthy replica serving model is at its limit
+// (429) as opposed to none being healthy (503). Error path only.
+func (s *Server) anyFull(model []byte) bool {
+	for _, r := range *s.table.Load() {
+		if r != nil && r.serves(model) && r.isHealthy() && r.full() {
+			return true
+		}
+	}
+	return false
+}
+
+// forward proxies to the best ranked replica, retrying down the ranking
+// while nothing has been written to the client.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
+	if !s.decide(ctx, ex) {
+		s.releaseTotal()
+		s.putExchange(ex)
+		return
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	s.buildUpstream(ctx, ureq, body, ex)
+
+	table := *s.table.Load()
+	attempts := 0
+	var lastErr error
+	lastStatus := 0
+	for i, id := range ex.dec.Ranked {
+		if attempts >= s.cfg.Upstream.MaxAttempts {
+			break
+		}
+		if int(id) < 0 || int(id) >= len(table) {
+			continue
+		}
+		r := table[id]
+		if r == nil || r.removed.Load() || !r.tryAcquire() {
+			continue
+		}
+		attempts++
+		pred := 0
+		if i < len(ex.dec.CachedTokens) {
+			pred = ex.dec.CachedTokens[i]
+		}
+		ex.req.Now = s.now()
+		ex.flight = affinity.Flight{}
+		s.brain.Begin(id, &ex.req, &ex.dec, &ex.flight)
+		uresp := fasthttp.AcquireResponse()
+		uresp.StreamBody = ex.prompt.Stream
+		ureq.Header.SetHost(r.name)
+		err := r.hc.Do(ureq, uresp)
+		status := uresp.StatusCode()
+		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		if err == nil && s.retryStatus(status) && !last {
+			err = errRetryStatus
+		}
+		if err != nil {
+			// Nothing reached the client: try the next ranked replica.
+			uresp.CloseBodyStream() //nolint:errcheck // discarding
+			fasthttp.ReleaseResponse(uresp)
+			s.brain.End(&ex.flight, s.now(), -1, false)
+			r.release()
+			s.freed.signal()
+			r.m.retries.Inc()
+			s.proxyFailed(r, err)
+			lastErr, lastStatus = err, status
+			r.log.Debug("attempt failed", "err", err, "status", status)
+			continue
+		}
+		r.proxyOK()
+		ex.rep = r
+		ex.pred = pred
+		ex.mm = r.modelMetrics(ex.model)
+		ex.status = status
+		r.m.predicted.Add(float64(pred))
+		if bs := uresp.BodyStream(); ex.prompt.Stream && bs != nil {
+			s.startStream(ctx, ex, uresp, bs)
+			return // exchange finishes in CloseWithError
+		}
+		s.finishBuffered(ctx, ex, uresp)
+		return
+	}
+	// Every attempt failed before the first byte.
+	s.releaseTotal()
+	s.putExchange(ex)
+	if lastErr == nil {
+		s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No replica serving model `"+string(ex.model)+"` could take the request.", errTypeUnavailable, "model", "no_replica_available")
+		return
+	}
+	code := fasthttp.StatusBadGateway
+	if errors.Is(lastErr, errRetryStatus) && lastStatus > 0 {
+		code = lastStatus
+	}
+	s.reject(ctx, code, "upstream_failed", "Upstream replicas failed: "+lastErr.Error(), errTypeUpstream, "", "upstream_error")
+}
+
+var errRetryStatus = errors.New("replica answered with a retryable status")
+
+func (s *Server) retryStatus(st int) bool {
+	for _, x := range s.cfg.Upstream.RetryStatuses {
+		if x == st {
+			return true
+		}
+	}
+	return false
+}
+
+// buildUpstream copies the client request: same method, URI, headers
+// (Authorization included) and body bytes; hop-by-hop headers dropped,
+// Accept-Encoding dropped so the usage chunk stays readable, X-Forwarded-For
+// appended.
+func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, body []byte, ex *exchange) {
+	ctx.Request.Header.CopyTo(&ureq.Header)
+	h := &ureq.Header
+	h.DelBytes(hdrConnection)
+	h.DelBytes(hdrKeepAlive)
+	h.DelBytes(hdrProxyConnection)
+	h.DelBytes(hdrTE)
+	h.DelBytes(hdrTrailer)
+	h.DelBytes(hdrTransferEnc)
+	h.DelBytes(hdrUpgrade)
+	h.DelBytes(hdrAcceptEncoding)
+	if ex.client.IsValid() {
+		b := ex.scratch[:0]
+		if prior := ctx.Request.Header.PeekBytes(hdrXForwardedFor); len(prior) > 0 {
+			b = append(append(b, prior...), ", "...)
+		}
+		b = ex.client.Addr().AppendTo(b)
+		ex.scratch = b
+		h.SetBytesKV(hdrXForwardedFor, b)
+	}
+	ureq.SetBodyRaw(body)
+}
+
+// copyResponseHeader copies upstream response headers minus hop-by-hop ones.
+func copyResponseHeader(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
+	src.CopyTo(dst)
+	dst.DelBytes(hdrConnection)
+	dst.DelBytes(hdrKeepAlive)
+	dst.DelBytes(hdrTransferEnc)
+	dst.DelBytes(hdrTrailer)
+	dst.DelBytes(hdrUpgrade)
+}
+
+// finishBuffered answers a non-streaming request from the full upstream body.
+func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fasthttp.Response) {
+	body := uresp.Body()
+	now := s.now()
+	if ex.status == fasthttp.StatusOK {
+		ex.cached = cachedTokensJSON(&ex.fjParser, body)
+	}
+	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
+	ctx.Response.SetBody(body)
+	fasthttp.ReleaseResponse(uresp)
+	s.brain.FirstToken(&ex.flight, now)
+	ex.mm.ttft.Observe(time.Since(ex.start).Seconds())
+	s.complete(ex, true, nil)
+}
+
+// startStream hands the upstream body stream to fasthttp: each Read is
+// written as one chunk and flushed, so SSE events reach the client as they
+// arrive; no goroutine, the exchange is the io.Reader.
+func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fasthttp.Response, bs io.Reader) {
+	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
+	ctx.Response.Header.DelBytes(hdrContentLength)
+	ex.uresp = uresp
+	ex.stream = bs
+	ctx.Response.SetBodyStream(ex, -1)
+}
+
+// Read implements io.Reader for fasthttp's chunked writer.
+func (ex *exchange) Read(p []byte) (int, error) {
+	n, err := ex.stream.Read(p)
+	if n > 0 {
+		if !ex.gotFirst {
+			ex.gotFirst = true
+			ex.s.brain.FirstToken(&ex.flight, ex.s.now())
+			ex.mm.ttft.Observe(time.Since(ex.start).Seconds())
+		}
+		if ex.status == fasthttp.StatusOK {
+			ex.scan(p[:n])
+		}
+	}
+	if err != nil && err != io.EOF {
+		ex.upErr = err
+	}
+	return n, err
+}
+
+// CloseWithError is called by fasthttp once the body is written (werr is
+// the client-side write error, if any). It finishes the exchange.
+func (ex *exchange) CloseWithError(werr error) error {
+	if ex.closed {
+		return nil
+	}
+	ex.closed = true
+	s := ex.s
+	ex.uresp.CloseBodyStream() //nolint:errcheck // nothing to do about it
+	fasthttp.ReleaseResponse(ex.uresp)
+	ex.uresp = nil
+	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {
+		ex.sseLine(ex.line)
+	}
+	ok := ex.upErr == nil
+	if !ok {
+		ex.rep.m.broken.Inc()
+		ex.rep.log.Warn("stream broken after bytes reached the client", "err", ex.upErr)
+		s.proxyFailed(ex.rep, ex.upErr)
+	} else if werr != nil {
+		ex.rep.log.Debug("client went away mid-stream", "err", werr)
+	}
+	s.complete(ex, ok, werr)
+	return nil
+}
+
+// complete does the bookkeeping shared by buffered and streamed answers.
+func (s *Server) complete(ex *exchange, ok bool, werr error) {
+	r := ex.rep
+	now := s.now()
+	s.brain.End(&ex.flight, now, ex.cached, ok && ex.status < 500)
+	code := ex.status
+	if !ok {
+		code = 599 // broken after headers: not the status the client saw complete
+	}
+	ex.mm.request(code)
+	ex.mm.e2e.Observe(time.Since(ex.start).Seconds())
+	if ex.cached >= 0 {
+		r.m.actual.Add(float64(ex.cached))
+		d := ex.cached - ex.pred
+		if d < 0 {
+			d = -d
+		}
+		s.m.predictionErr.Observe(float64(d))
+	}
+	if obs := s.Observer; obs != nil {
+		ex.ev = RoutedEvent{
+			Client:                ex.client,
+			Model:                 ex.model,
+			Replica:               r.name,
+			ReplicaID:             r.id,
+			PredictedCachedTokens: ex.pred,
+			CachedTokens:          ex.cached,
+			Status:                ex.status,
+			OK:                    ok && werr == nil,
+		}
+		obs.ObserveRouted(&ex.ev)
+	}
+	r.release()
+	s.releaseTotal()
+	s.putExchange(ex)
+}
+
+// scan feeds streamed bytes through an SSE line splitter to find the usage
+// chunk (stream_options.include_usage) and its cached_tokens.
+func (ex *exchange) scan(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if !ex.lineDrop {
+				if len(ex.line)+len(b) > maxSSELine {
+					ex.lineDrop = true
+					ex.line = ex.line[:0]
+				} else {
+					ex.line = append(ex.line, b...)
+				}
+			}
+			return
+		}
+		seg := b[:i]
+		b = b[i+1:]
+		if ex.lineDrop {
+			ex.lineDrop = false
+			continue
+		}
+		if len(ex.line) > 0 {
+			ex.line = append(ex.line, seg...)
+			ex.sseLine(ex.line)
+			ex.line = ex.line[:0]
+		} else {
+			ex.sseLine(seg)
+		}
+	}
+}
+
+func (ex *exchange) sseLine(line []byte) {
+	if !bytes.HasPrefix(line, strDataPrefix) {
+		return
+	}
+	data := bytes.TrimSpace(line[len(strDataPrefix):])
+	if len(data) == 0 || bytes.Equal(data, strDone) || !bytes.Contains(data, strCachedTokens) {
+		return
+	}
+	if c := cachedTokensJSON(&ex.fjParser, data); c >= 0 {
+		ex.cached = c
+	}
+}
+
+// cachedTokensJSON returns usage.prompt_tokens_details.cached_tokens, or -1.
+func cachedTokensJSON(p *fastjson.Parser, body []byte) int {
+	if !bytes.Contains(body, strCachedTokens) {
+		return -1
+	}
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return -1
+	}
+	c := v.Get("usage", "prompt_tokens_details", "cached_tokens")
+	if c == nil {
+		return -1
+	}
+	n, err := c.Int()
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
+// models answers GET /v1/models: the union of models healthy replicas serve.
+func (s *Server) models(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() {
+		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
+		return
+	}
+	seen := map[string]bool{}
+	var names []string
+	for _, r := range *s.table.Load() {
+		if r == nil || !r.isHealthy() {
+			continue
+		}
+		for _, m := range r.cfg.Load().Models {
+			if !seen[m] {
+				seen[m] = true
+				names = append(names, m)
+			}
+		}
+	}
+	slices.Sort(names)
+	b := append([]byte(nil), `{"object":"list","data":[`...)
+	for i, m := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = appendJSONString(b, m)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, s.started.Unix(), 10)
+		b = append(b, `,"owned_by":"warmpath"}`...)
+	}
+	b = append(b, "]}"...)
+	ctx.SetContentTypeBytes(strAppJSON)
+	ctx.SetBody(b)
+	s.m.localRequest(fasthttp.StatusOK)
+}

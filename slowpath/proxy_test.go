@@ -1,0 +1,449 @@
+package slowpath
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// value sums a collector's counter/gauge samples.
+func value(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	c.Collect(ch)
+	close(ch)
+	var sum float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case d.Counter != nil:
+			sum += d.Counter.GetValue()
+		case d.Gauge != nil:
+			sum += d.Gauge.GetValue()
+		case d.Histogram != nil:
+			sum += float64(d.Histogram.GetSampleCount())
+		}
+	}
+	return sum
+}
+
+func TestProxyPassthrough(t *testing.T) {
+	e := startFakeEngine(t)
+	_, url := newTestServer(t, testConfig(e.addr))
+	// Odd spacing, unicode and key order must survive byte for byte.
+	body := "{ \"messages\" : [{\"role\":\"user\",\"content\":\"h\u00e9llo \\u00e9 \\n\"}],\n\t\"model\":\"m\" , \"temperature\": 0.70 }"
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions?x=1", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json; charset=utf-8")
+	req.Header.Set("Authorization", "Bearer sk-test-123")
+	req.Header.Set("OpenAI-Organization", "org-1")
+	req.Header.Set("Accept-Encoding", "gzip")
+	req.Header.Set("X-Forwarded-For", "10.9.8.7")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	if got := string(e.lastBody()); got != body {
+		t.Fatalf("body changed:\n got %q\nwant %q", got, body)
+	}
+	h := e.lastHeader()
+	for k, want := range map[string]string{
+		"Authorization":       "Bearer sk-test-123",
+		"Openai-Organization": "org-1",
+		"Content-Type":        "application/json; charset=utf-8",
+		"X-Forwarded-For":     "10.9.8.7, 127.0.0.1",
+		"Accept-Encoding":     "",
+	} {
+		if got := h.Get(k); got != want {
+			t.Errorf("upstream header %s = %q, want %q", k, got, want)
+		}
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("response Content-Type %q", ct)
+	}
+	if !strings.Contains(string(b), `"cached_tokens":7`) {
+		t.Errorf("response body not passed through: %s", b)
+	}
+}
+
+// readEvent reads one SSE event ("data: ...\n\n") and returns its data.
+func readEvent(t testing.TB, br *bufio.Reader) string {
+	t.Helper()
+	var data string
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read event: %v (partial %q)", err, line)
+		}
+		line = strings.TrimRight(line, "\n")
+		if line == "" {
+			if data != "" {
+				return data
+			}
+			continue
+		}
+		data = strings.TrimPrefix(line, "data: ")
+	}
+}
+
+func TestStreamingIsIncremental(t *testing.T) {
+	e := startFakeEngine(t)
+	e.Gate = make(chan struct{})
+	e.Cached = 42
+	s, url := newTestServer(t, testConfig(e.addr))
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	br := bufio.NewReader(resp.Body)
+	// The engine is blocked on the gate after its first event: reading it
+	// here proves the router flushed it before the rest was generated.
+	first := readEvent(t, br)
+	if !strings.Contains(first, `"t0 "`) {
+		t.Fatalf("first event %q", first)
+	}
+	close(e.Gate)
+	var events []string
+	for {
+		ev := readEvent(t, br)
+		events = append(events, ev)
+		if ev == "[DONE]" {
+			break
+		}
+	}
+	if len(events) != 4 || !strings.Contains(events[2], "cached_tokens") {
+		t.Fatalf("events after the first: %q", events)
+	}
+	waitFor(t, "stream bookkeeping", func() bool { return s.inflight.Load() == 0 })
+	if got := value(t, s.m.actual); got != 42 {
+		t.Errorf("cached_tokens_actual_total = %v, want 42 (from the final usage chunk)", got)
+	}
+	if got := value(t, s.m.ttft); got != 1 {
+		t.Errorf("ttft observations = %v, want 1", got)
+	}
+}
+
+func TestNoRetryAfterFirstByte(t *testing.T) {
+	e := startFakeEngine(t)
+	e.DieMidStream.Store(true)
+	cfg := testConfig(e.addr)
+	cfg.Passive.ConsecutiveFailures = 0
+	s, url := newTestServer(t, cfg)
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("want a broken stream, got a complete body %q", b)
+	}
+	if !strings.Contains(string(b), `"t0 "`) {
+		t.Fatalf("first event did not reach the client: %q", b)
+	}
+	waitFor(t, "broken stream metric", func() bool { return value(t, s.m.broken) == 1 })
+	if n := e.requests.Load(); n != 1 {
+		t.Fatalf("engine saw %d requests, want 1 (no retry after bytes reached the client)", n)
+	}
+}
+
+func TestRetryBeforeFirstByteAndEject(t *testing.T) {
+	bad := startFakeEngine(t)
+	bad.Status.Store(503)
+	good := startFakeEngine(t)
+	cfg := testConfig(bad.addr, good.addr)
+	cfg.Routing.Policy = "round-robin"
+	cfg.Passive.EjectTime = time.Hour // stays out for the test
+	cfg.Passive.MaxEjectTime = time.Hour
+	s, url := newTestServer(t, cfg)
+	for i := range 20 {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+			t.Fatalf("request %d: status %d: %s", i, st, body)
+		}
+	}
+	if n := bad.requests.Load(); n != 3 {
+		t.Errorf("bad replica got %d attempts, want exactly 3 (ejected after 3 consecutive failures)", n)
+	}
+	if v := value(t, s.m.ejections); v != 1 {
+		t.Errorf("ejections_total = %v, want 1", v)
+	}
+	if v := value(t, s.m.retries); v != 3 {
+		t.Errorf("retries_total = %v, want 3", v)
+	}
+	if good.requests.Load() != 20 {
+		t.Errorf("good replica served %d, want 20", good.requests.Load())
+	}
+}
+
+func TestDeadReplicaRefusesThenRetried(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // connection refused from now on
+	good := startFakeEngine(t)
+	cfg := testConfig(dead, good.addr)
+	cfg.Routing.Policy = "round-robin"
+	cfg.Health.Interval = time.Hour // only passive ejection acts here
+	cfg.Health.Timeout = time.Second
+	_, url := newTestServer(t, cfg)
+	for i := range 10 {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+			t.Fatalf("request %d: status %d: %s", i, st, body)
+		}
+	}
+}
+
+func TestReplicaLimitRejectAndQueue(t *testing.T) {
+	for _, mode := range []string{OnLimitReject, OnLimitQueue} {
+		t.Run(mode, func(t *testing.T) {
+			e := startFakeEngine(t)
+			e.Gate = make(chan struct{})
+			cfg := testConfig(e.addr)
+			cfg.Limits.MaxInFlightPerReplica = 1
+			cfg.Limits.OnLimit = mode
+			cfg.Limits.QueueTimeout = 10 * time.Second
+			s, url := newTestServer(t, cfg)
+			// Hold the only slot with a gated stream.
+			resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			readEvent(t, bufio.NewReader(resp.Body))
+			if mode == OnLimitReject {
+				st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
+				want := "{\"error\":{\"message\":\"Every replica serving model `m` is at its concurrency limit; retry later.\",\"type\":\"rate_limit_exceeded\",\"param\":null,\"code\":\"rate_limit_exceeded\"}}"
+				if st != 429 || body != want {
+					t.Fatalf("got %d %s\nwant 429 %s", st, body, want)
+				}
+				close(e.Gate)
+				return
+			}
+			type result struct {
+				st   int
+				body string
+			}
+			done := make(chan result, 1)
+			go func() {
+				req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
+				r, err := http.DefaultClient.Do(req)
+				if err != nil {
+					done <- result{0, err.Error()}
+					return
+				}
+				b, _ := io.ReadAll(r.Body)
+				r.Body.Close()
+				done <- result{r.StatusCode, string(b)}
+			}()
+			waitFor(t, "second request queued", func() bool { return s.freed.waiters.Load() == 1 })
+			select {
+			case r := <-done:
+				t.Fatalf("queued request finished while the slot was held: %d %s", r.st, r.body)
+			default:
+			}
+			close(e.Gate)
+			io.Copy(io.Discard, resp.Body) //nolint:errcheck
+			if r := <-done; r.st != 200 {
+				t.Fatalf("queued request: %d %s", r.st, r.body)
+			}
+		})
+	}
+}
+
+func TestModelsEndpoint(t *testing.T) {
+	a, b := startFakeEngine(t), startFakeEngine(t)
+	cfg := testConfig()
+	cfg.Replicas = []ReplicaConfig{
+		{Address: a.addr, Models: []string{"llama", "lora-a"}},
+		{Address: b.addr, Models: []string{"qwen", "llama"}},
+	}
+	_, url := newTestServer(t, cfg)
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID, Object, OwnedBy string
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, d := range out.Data {
+		ids = append(ids, d.ID)
+	}
+	if out.Object != "list" || strings.Join(ids, ",") != "llama,lora-a,qwen" {
+		t.Fatalf("models: %+v", out)
+	}
+	// Multi-model filtering: qwen only goes to b.
+	for range 5 {
+		st, body := post(t, url+"/v1/chat/completions", "application/json", strings.Replace(chatBody, `"m"`, `"qwen"`, 1))
+		if st != 200 {
+			t.Fatalf("%d %s", st, body)
+		}
+	}
+	if a.requests.Load() != 0 || b.requests.Load() != 5 {
+		t.Fatalf("qwen requests went to a=%d b=%d, want 0/5", a.requests.Load(), b.requests.Load())
+	}
+}
+
+func TestGracefulShutdownDrainsStreams(t *testing.T) {
+	e := startFakeEngine(t)
+	e.Gate = make(chan struct{})
+	s, err := New(testConfig(e.addr), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	url := "http://" + ln.Addr().String()
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	readEvent(t, br)
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	// New connections are refused once the listener is closed.
+	waitFor(t, "listener closed", func() bool {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return true
+		}
+		c.Close()
+		return false
+	})
+	select {
+	case err := <-shut:
+		t.Fatalf("shutdown returned while a stream was in flight: %v", err)
+	default:
+	}
+	close(e.Gate)
+	n := 1
+	for readEvent(t, br) != "[DONE]" {
+		n++
+	}
+	if n != 4 {
+		t.Fatalf("stream had %d events before [DONE], want 4", n)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+}
+
+func TestShutdownDeadlineClosesStuckStreams(t *testing.T) {
+	e := startFakeEngine(t)
+	e.Gate = make(chan struct{})
+	defer close(e.Gate)
+	s, err := New(testConfig(e.addr), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln) //nolint:errcheck
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	readEvent(t, bufio.NewReader(resp.Body))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown with a stuck stream: %v, want deadline exceeded", err)
+	}
+	if _, err := io.ReadAll(resp.Body); err == nil {
+		t.Fatal("stuck stream was not cut at the drain deadline")
+	}
+}
+
+type recordingObserver struct {
+	mu  sync.Mutex
+	evs []RoutedEvent
+}
+
+func (o *recordingObserver) ObserveRouted(ev *RoutedEvent) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	c := *ev
+	c.Model = append([]byte(nil), ev.Model...)
+	o.evs = append(o.evs, c)
+}
+
+func TestObserverSeam(t *testing.T) {
+	e := startFakeEngine(t)
+	s, err := New(testConfig(e.addr), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := &recordingObserver{}
+	s.Observer = obs
+	url := startRouter(t, s)
+	for range 2 {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+			t.Fatalf("%d %s", st, body)
+		}
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.evs) != 2 {
+		t.Fatalf("observer saw %d events, want 2", len(obs.evs))
+	}
+	ev := obs.evs[1]
+	if !ev.Client.Addr().IsLoopback() || ev.Client.Port() == 0 || string(ev.Model) != "m" ||
+		ev.Replica != e.addr || ev.CachedTokens != 7 || ev.Status != 200 || !ev.OK {
+		t.Fatalf("event %+v", ev)
+	}
+}

@@ -1,0 +1,422 @@
+package slowpath
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/warmpath/warmpath/affinity"
+)
+
+// replica is one engine behind the router. The hot path reads id, hc, cfg
+// (through an atomic pointer), inflight and consecFail; the rest belongs to
+// the replica's control goroutine and the passive-ejection path under mu.
+type replica struct {
+	id   affinity.ReplicaID
+	name string
+	hc   *fasthttp.HostClient // proxied traffic
+	ctl  *fasthttp.HostClient // health checks and scrapes
+	cfg  atomic.Pointer[ReplicaConfig]
+
+	inflight    atomic.Int64
+	maxInFlight atomic.Int64 // 0 = unlimited
+	consecFail  atomic.Int32
+	removed     atomic.Bool
+
+	stop chan struct{}
+	done chan struct{}
+	m    replicaMetrics
+	log  *slog.Logger
+
+	mu           sync.Mutex
+	healthy      bool
+	activeOK     int
+	activeFail   int
+	ejectedUntil time.Time
+	ejections    int
+	admittedAt   time.Time
+	lastProbeErr string
+	lastScrape   time.Time
+	scrapeErr    string
+	sample       engineSample
+	stale        bool
+	lastCounter  float64
+}
+
+// modelMetrics returns the children for model, or the first model's.
+func (r *replica) modelMetrics(model []byte) *modelMetrics {
+	for i := range r.m.models {
+		if bytes.Equal(r.m.models[i].name, model) {
+			return &r.m.models[i]
+		}
+	}
+	return &r.m.models[0]
+}
+
+// tryAcquire takes one of the replica's in-flight slots.
+func (r *replica) tryAcquire() bool {
+	limit := r.maxInFlight.Load()
+	for {
+		n := r.inflight.Load()
+		if limit > 0 && n >= limit {
+			return false
+		}
+		if r.inflight.CompareAndSwap(n, n+1) {
+			r.m.inFlight.Inc()
+			return true
+		}
+	}
+}
+
+func (r *replica) release() {
+	r.inflight.Add(-1)
+	r.m.inFlight.Dec()
+}
+
+func (r *replica) full() bool {
+	limit := r.maxInFlight.Load()
+	return limit > 0 && r.inflight.Load() >= limit
+}
+
+func (r *replica) isHealthy() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.healthy
+}
+
+// serves reports whether the replica serves model.
+func (r *replica) serves(model []byte) bool {
+	for _, m := range r.cfg.Load().Models {
+		if string(model) == m {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
+	return affinity.ReplicaSpec{
+		Name:             rc.Address,
+		Models:           slices.Clone(rc.Models),
+		Weight:           rc.Weight,
+		KVCapacityTokens: rc.KVCapacityTokens,
+		MaxInFlight:      s.maxInFlight(rc),
+	}
+}
+
+func (s *Server) maxInFlight(rc *ReplicaConfig) int {
+	if rc.MaxInFlight > 0 {
+		return rc.MaxInFlight
+	}
+	return s.cfg.Limits.MaxInFlightPerReplica
+}
+
+// applyReplicas makes the replica set equal to list: new addresses are
+// added, missing ones removed (their in-flight requests finish on the
+// connections they hold), changed ones updated in place.
+func (s *Server) applyReplicas(list []ReplicaConfig) error {
+	s.repMu.Lock()
+	defer s.repMu.Unlock()
+	want := make(map[string]*ReplicaConfig, len(list))
+	for i := range list {
+		want[list[i].Address] = &list[i]
+	}
+	old := *s.table.Load()
+	table := slices.Clone(old)
+	var added, removed, updated int
+	for name, r := range s.byName {
+		if _, ok := want[name]; ok {
+			continue
+		}
+		s.removeLocked(r, table)
+		removed++
+	}
+	for i := range list {
+		rc := list[i]
+		rc.Models = slices.Clone(rc.Models)
+		if r, ok := s.byName[rc.Address]; ok {
+			cur := r.cfg.Load()
+			if slices.Equal(cur.Models, rc.Models) {
+				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens && cur.MaxInFlight == rc.MaxInFlight {
+					continue
+				}
+				if err := s.brain.UpdateReplica(r.id, s.spec(&rc)); err != nil {
+					s.table.Store(&table)
+					return fmt.Errorf("update replica %s: %w", rc.Address, err)
+				}
+				r.cfg.Store(&rc)
+				r.maxInFlight.Store(int64(s.maxInFlight(&rc)))
+				updated++
+				continue
+			}
+			// Model list changed: re-add under a fresh id (metrics children
+			// are per model), the old one drains like a removed replica.
+			s.removeLocked(r, table)
+			updated++
+		}
+		id, err := s.brain.AddReplica(s.spec(&rc))
+		if err != nil {
+			s.table.Store(&table)
+			return fmt.Errorf("add replica %s: %w", rc.Address, err)
+		}
+		r := s.newReplica(id, &rc)
+		for int(id) >= len(table) {
+			table = append(table, nil)
+		}
+		table[id] = r
+		s.byName[rc.Address] = r
+		added++
+		s.wg.Add(1)
+		go s.runReplica(r)
+	}
+	s.table.Store(&table)
+	if added+removed+updated > 0 {
+		s.log.Info("replica set applied", "added", added, "removed", removed, "updated", updated, "total", len(s.byName))
+	}
+	return nil
+}
+
+// removeLocked takes r out of routing; its in-flight requests finish. s.repMu held.
+func (s *Server) removeLocked(r *replica, table []*replica) {
+	s.brain.RemoveReplica(r.id)
+	r.removed.Store(true)
+	close(r.stop)
+	if int(r.id) < len(table) && table[r.id] == r {
+		table[r.id] = nil
+	}
+	delete(s.byName, r.name)
+	s.m.forgetReplica(r.name)
+	r.log.Info("replica removed", "in_flight", r.inflight.Load())
+}
+
+func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
+	u := &s.cfg.Upstream
+	r := &replica{
+		id:   id,
+		name: rc.Address,
+		hc: &fasthttp.HostClient{
+			Addr:                          rc.Address,
+			MaxConns:                      u.MaxConnsPerReplica,
+			MaxIdleConnDuration:           u.MaxIdleConnDuration,
+			ReadTimeout:                   u.ResponseTimeout,
+			WriteTimeout:                  u.DialTimeout + s.cfg.Limits.ReadTimeout,
+			MaxResponseBodySize:           0,
+			DisableHeaderNamesNormalizing: true,
+			DisablePathNormalizing:        true,
+			NoDefaultUserAgentHeader:      true,
+			RetryIfErr:                    retryStaleConn,
+			Dial:                          s.dialer(u.DialTimeout),
+		},
+		ctl: &fasthttp.HostClient{
+			Addr:                     rc.Address,
+			MaxConns:                 2,
+			MaxIdleConnDuration:      u.MaxIdleConnDuration,
+			NoDefaultUserAgentHeader: true,
+			Dial:                     s.dialer(u.DialTimeout),
+		},
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+		m:          s.m.forReplica(rc.Address, rc.Models),
+		log:        s.log.With("replica", rc.Address),
+		healthy:    true, // optimistic: passive ejection catches a dead one
+		admittedAt: time.Now(),
+	}
+	r.cfg.Store(rc)
+	r.maxInFlight.Store(int64(s.maxInFlight(rc)))
+	r.m.healthy.Set(1)
+	return r
+}
+
+// retryStaleConn retries once when a pooled keep-alive connection turned
+// out closed by the engine; everything else goes to the next replica.
+func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
+	return false, attempts < 2 && (err == fasthttp.ErrConnectionClosed)
+}
+
+func (s *Server) dialer(timeout time.Duration) fasthttp.DialFunc {
+	d := &fasthttp.TCPDialer{Concurrency: 0}
+	return func(addr string) (net.Conn, error) {
+		return d.DialTimeout(addr, timeout)
+	}
+}
+
+// setHealthy flips the replica's routing eligibility; r.mu held.
+func (s *Server) setHealthyLocked(r *replica, h bool, why string) {
+	if r.healthy == h {
+		return
+	}
+	r.healthy = h
+	if r.removed.Load() {
+		return
+	}
+	s.brain.SetHealthy(r.id, h)
+	if h {
+		r.m.healthy.Set(1)
+		r.admittedAt = time.Now()
+		r.consecFail.Store(0)
+		// It may have restarted while out: its cache is gone.
+		s.brain.ResetCache(r.id)
+		r.log.Info("replica admitted", "reason", why)
+	} else {
+		r.m.healthy.Set(0)
+		r.log.Warn("replica out of rotation", "reason", why)
+	}
+}
+
+// proxyFailed records a failed attempt (connect error, reset, retryable
+// status) and ejects the replica after Passive.ConsecutiveFailures.
+func (s *Server) proxyFailed(r *replica, err error) {
+	n := r.consecFail.Add(1)
+	th := s.cfg.Passive.ConsecutiveFailures
+	if th <= 0 || int(n) < th {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.healthy {
+		return
+	}
+	now := time.Now()
+	if now.Sub(r.admittedAt) > s.cfg.Passive.MaxEjectTime {
+		r.ejections = 0 // behaved for long enough: start over
+	}
+	r.ejections++
+	d := s.cfg.Passive.EjectTime << min(r.ejections-1, 16)
+	if d > s.cfg.Passive.MaxEjectTime || d <= 0 {
+		d = s.cfg.Passive.MaxEjectTime
+	}
+	r.ejectedUntil = now.Add(d)
+	r.activeOK = 0
+	r.m.ejections.Inc()
+	r.consecFail.Store(0)
+	s.setHealthyLocked(r, false, fmt.Sprintf("ejected for %s after %d consecutive failures: %v", d, n, err))
+}
+
+func (r *replica) proxyOK() {
+	if r.consecFail.Load() != 0 {
+		r.consecFail.Store(0)
+	}
+}
+
+// runReplica is the replica's control loop: health probes and scrapes.
+func (s *Server) runReplica(r *replica) {
+	defer s.wg.Done()
+	defer close(r.done)
+	defer r.ctl.CloseIdleConnections()
+	s.probe(r)
+	if s.cfg.Scrape.Interval > 0 {
+		s.scrape(r)
+	}
+	ht := time.NewTicker(s.cfg.Health.Interval)
+	defer ht.Stop()
+	var sc <-chan time.Time
+	if s.cfg.Scrape.Interval > 0 {
+		st := time.NewTicker(s.cfg.Scrape.Interval)
+		defer st.Stop()
+		sc = st.C
+	}
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-s.closing:
+			return
+		case <-ht.C:
+			s.probe(r)
+		case <-sc:
+			s.scrape(r)
+		}
+	}
+}
+
+func (s *Server) get(r *replica, path string, timeout time.Duration, resp *fasthttp.Response) error {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI(path)
+	req.Header.SetHost(r.name)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	return r.ctl.DoTimeout(req, resp, timeout)
+}
+
+// probe runs one active health check.
+func (s *Server) probe(r *replica) {
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	err := s.get(r, s.cfg.Health.Path, s.cfg.Health.Timeout, resp)
+	if err == nil && (resp.StatusCode() < 200 || resp.StatusCode() > 299) {
+		err = fmt.Errorf("status %d", resp.StatusCode())
+	}
+	h := &s.cfg.Health
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.activeOK = 0
+		r.activeFail++
+		r.lastProbeErr = err.Error()
+		if r.activeFail >= h.UnhealthyThreshold {
+			s.setHealthyLocked(r, false, "health check: "+r.lastProbeErr)
+		}
+		return
+	}
+	r.activeFail = 0
+	r.activeOK++
+	r.lastProbeErr = ""
+	if !r.healthy && r.activeOK >= h.HealthyThreshold && !time.Now().Before(r.ejectedUntil) {
+		s.setHealthyLocked(r, true, fmt.Sprintf("%d consecutive good health checks", r.activeOK))
+	}
+}
+
+// scrape reads the engine's /metrics and feeds the brain.
+func (s *Server) scrape(r *replica) {
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	err := s.get(r, s.cfg.Scrape.Path, s.cfg.Scrape.Timeout, resp)
+	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
+		err = fmt.Errorf("status %d", resp.StatusCode())
+	}
+	var sm engineSample
+	if err == nil {
+		sm = parseEngineMetrics(resp.Body())
+		if !sm.Known {
+			err = errNoKnownMetrics
+		}
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.removed.Load() {
+		return
+	}
+	if err != nil {
+		r.m.scrapeErrors.Inc()
+		r.scrapeErr = err.Error()
+		if !r.stale && now.Sub(r.lastScrape) > s.cfg.Scrape.StaleAfter {
+			r.stale = true
+			// Too old to trust: clear, so routing uses in-flight counts.
+			s.brain.SetSignals(r.id, affinity.EngineSignals{}) // At 0 = never: ignored
+		}
+		return
+	}
+	if r.lastCounter >= 0 && sm.Counter >= 0 && sm.Counter < r.lastCounter {
+		r.log.Info("engine counters went backwards: restarted, forgetting its cache")
+		s.brain.ResetCache(r.id)
+	}
+	r.lastCounter = sm.Counter
+	r.sample = sm
+	r.lastScrape = now
+	r.scrapeErr = ""
+	r.stale = false
+	s.brain.SetSignals(r.id, affinity.EngineSignals{
+		Waiting:          sm.Waiting,
+		Running:          sm.Running,
+		KVUsage:          sm.KVUsage,
+		KVCapacityTokens: sm.KVCapacityTokens,
+		At:               s.now(),
+	})
+}

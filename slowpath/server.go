@@ -1,0 +1,462 @@
+package slowpath
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/warmpath/warmpath/affinity"
+)
+
+// Server is the L7 router: a fasthttp server for the OpenAI API in front of
+// a set of engine replicas, plus an admin HTTP server for metrics and debug.
+//
+// Lifecycle: New (or NewFromFile) starts the replicas' health and scrape
+// loops; Serve/ServeAdmin block serving listeners; Shutdown stops accepting,
+// drains in-flight requests up to its context's deadline, force-closes what
+// remains and stops the loops. A Server is not restartable.
+type Server struct {
+	// Observer, if set before Serve, is told about every proxied request
+	// (the fast-path promotion hook). nil means none.
+	Observer Observer
+
+	cfg           Config
+	cfgPath       string
+	log           *slog.Logger
+	brain         Brain
+	router        *affinity.Router // nil when a fake Brain is injected
+	newParser     func() PromptParser
+	reg           *prometheus.Registry
+	m             *metrics
+	sessionHeader []byte
+
+	srv   *fasthttp.Server
+	admin *http.Server
+
+	repMu  sync.Mutex
+	byName map[string]*replica
+	table  atomic.Pointer[[]*replica] // by ReplicaID; nil = free slot
+
+	inflight atomic.Int64
+	freed    gate
+	exPool   sync.Pool
+	epoch    time.Time
+	started  time.Time
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	connMu sync.Mutex
+	conns  map[net.Conn]struct{}
+
+	reloadMu sync.Mutex
+	lastFile []byte
+}
+
+// New validates cfg, builds the affinity router and the replica set, and
+// starts health checks and scraping. log may be nil (slog.Default()).
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
+	rt, err := affinity.NewRouter(cfg.Routing)
+	if err != nil {
+		return nil, err
+	}
+	hc := rt.HashConfig()
+	s, err := newServer(cfg, log, rt, func() PromptParser { return affinity.NewParser(hc) })
+	if err != nil {
+		return nil, err
+	}
+	s.router = rt
+	return s, nil
+}
+
+// NewFromFile loads the config file at path, calls New and remembers path
+// for Reload; with reload_interval > 0 it also watches the file's content.
+func NewFromFile(path string, log *slog.Logger) (*Server, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	cfg, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	s, err := New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	s.cfgPath = path
+	s.lastFile = b
+	if cfg.ReloadInterval > 0 {
+		s.wg.Add(1)
+		go s.watchFile()
+	}
+	return s, nil
+}
+
+// newServer builds a Server around any Brain (tests inject fakes).
+func newServer(cfg Config, log *slog.Logger, b Brain, newParser func() PromptParser) (*Server, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := &Server{
+		cfg:           cfg,
+		log:           log.With("component", "slowpath"),
+		brain:         b,
+		newParser:     newParser,
+		reg:           reg,
+		m:             newMetrics(reg),
+		sessionHeader: []byte(cfg.SessionHeader),
+		byName:        make(map[string]*replica),
+		epoch:         time.Now(),
+		started:       time.Now(),
+		closing:       make(chan struct{}),
+		conns:         make(map[net.Conn]struct{}),
+	}
+	empty := []*replica{}
+	s.table.Store(&empty)
+	s.exPool.New = s.newExchange
+	l := &cfg.Limits
+	s.srv = &fasthttp.Server{
+		Handler:               s.handle,
+		ErrorHandler:          s.serverError,
+		Name:                  "warmpath",
+		ReadTimeout:           l.ReadTimeout,
+		WriteTimeout:          l.WriteTimeout,
+		IdleTimeout:           l.IdleTimeout,
+		MaxRequestBodySize:    l.MaxBodyBytes,
+		CloseOnShutdown:       true,
+		NoDefaultContentType:  true,
+		NoDefaultServerHeader: true,
+		ConnState:             s.connState,
+		Logger:                fasthttpLogger{s.log},
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/replicas", s.debugReplicas)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if err := s.applyReplicas(cfg.Replicas); err != nil {
+		s.stopLoops()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) newExchange() any {
+	return &exchange{s: s, parser: s.newParser(), cached: -1}
+}
+
+// now is the monotonic clock handed to the brain, in nanoseconds.
+func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
+
+// Config returns the configuration the server runs with (replicas as last
+// applied are in Replicas()).
+func (s *Server) Config() Config { return s.cfg }
+
+// Registry is the Prometheus registry served on the admin address.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Router is the affinity router (nil in tests that inject a fake brain).
+func (s *Server) Router() *affinity.Router { return s.router }
+
+// Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
+// Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.srv.Serve(ln)
+	select {
+	case <-s.closing:
+		return nil
+	default:
+	}
+	if err != nil {
+		return fmt.Errorf("serve api: %w", err)
+	}
+	return nil
+}
+
+// ServeAdmin serves /metrics, /debug/replicas and /health on ln until
+// Shutdown.
+func (s *Server) ServeAdmin(ln net.Listener) error {
+	err := s.admin.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("serve admin: %w", err)
+}
+
+// AdminHandler is the admin mux, for embedding.
+func (s *Server) AdminHandler() http.Handler { return s.admin.Handler }
+
+// Shutdown stops accepting, lets in-flight requests (streams included)
+// finish until ctx is done, then closes the connections still open, stops
+// health checks and scrapes and closes the admin server. Without a deadline
+// on ctx, drain_timeout applies.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok && s.cfg.DrainTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.DrainTimeout)
+		defer cancel()
+	}
+	s.closeOnce.Do(func() { close(s.closing) })
+	err := s.srv.ShutdownWithContext(ctx)
+	if err != nil {
+		s.connMu.Lock()
+		n := len(s.conns)
+		for c := range s.conns {
+			_ = c.Close()
+		}
+		s.connMu.Unlock()
+		s.log.Warn("drain deadline passed: closed connections still in flight", "connections", n)
+		// Give the handlers a moment to observe the closed connections.
+		ctx2, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.srv.ShutdownWithContext(ctx2)
+		cancel()
+	}
+	actx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = s.admin.Shutdown(actx)
+	cancel()
+	s.stopLoops()
+	for _, r := range s.byNameSnapshot() {
+		r.hc.CloseIdleConnections()
+	}
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) stopLoops() {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.wg.Wait()
+}
+
+func (s *Server) byNameSnapshot() []*replica {
+	s.repMu.Lock()
+	defer s.repMu.Unlock()
+	out := make([]*replica, 0, len(s.byName))
+	for _, r := range s.byName {
+		out = append(out, r)
+	}
+	return out
+}
+
+func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		s.connMu.Lock()
+		s.conns[c] = struct{}{}
+		s.connMu.Unlock()
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		s.connMu.Lock()
+		delete(s.conns, c)
+		s.connMu.Unlock()
+	}
+}
+
+// serverError answers requests fasthttp could not read.
+func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
+	default:
+		var te interface{ Timeout() bool }
+		if errors.As(err, &te) && te.Timeout() {
+			s.reject(ctx, fasthttp.StatusRequestTimeout, "timeout", "Timed out reading the request.", errTypeInvalid, "", "")
+			return
+		}
+		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request.", errTypeInvalid, "", "")
+	}
+}
+
+// Reload re-reads the config file and applies its replica list. Other
+// fields need a restart; a change to them is logged and ignored. An invalid
+// file changes nothing.
+func (s *Server) Reload() error {
+	if s.cfgPath == "" {
+		return errors.New("reload: server was not started from a config file")
+	}
+	b, err := os.ReadFile(s.cfgPath)
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return fmt.Errorf("reload: %w", err)
+	}
+	return s.reloadBytes(b)
+}
+
+func (s *Server) reloadBytes(b []byte) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	cfg, err := ParseConfig(b)
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+		return fmt.Errorf("reload: %w", err)
+	}
+	s.lastFile = b
+	a, c := cfg, s.cfg
+	a.Replicas, c.Replicas = nil, nil
+	if !reflect.DeepEqual(a, c) {
+		s.log.Warn("config reload: only replicas are reloaded; other changes need a restart")
+	}
+	if err := s.applyReplicas(cfg.Replicas); err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return fmt.Errorf("reload: %w", err)
+	}
+	s.m.reloads.WithLabelValues("ok").Inc()
+	return nil
+}
+
+// ApplyReplicas replaces the replica list (what a reload does), for callers
+// that manage replicas themselves.
+func (s *Server) ApplyReplicas(list []ReplicaConfig) error {
+	c := s.cfg
+	c.Replicas = list
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	return s.applyReplicas(list)
+}
+
+// watchFile polls the config file and reloads when its content changes.
+func (s *Server) watchFile() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReloadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closing:
+			return
+		case <-t.C:
+		}
+		b, err := os.ReadFile(s.cfgPath)
+		if err != nil {
+			continue // mid-rename or gone: keep what runs
+		}
+		s.reloadMu.Lock()
+		same := bytes.Equal(b, s.lastFile)
+		s.reloadMu.Unlock()
+		if same {
+			continue
+		}
+		s.log.Info("config file changed, reloading", "path", s.cfgPath)
+		_ = s.reloadBytes(b)
+		s.reloadMu.Lock()
+		s.lastFile = b // do not retry a bad file until it changes again
+		s.reloadMu.Unlock()
+	}
+}
+
+// ReplicaStatus is one replica as GET /debug/replicas shows it.
+type ReplicaStatus struct {
+	Name                string    `json:"name"`
+	ID                  int       `json:"id"`
+	Models              []string  `json:"models"`
+	Healthy             bool      `json:"healthy"`
+	InFlight            int64     `json:"in_flight"`
+	MaxInFlight         int64     `json:"max_in_flight"`
+	ConsecutiveFailures int32     `json:"consecutive_failures"`
+	Ejections           int       `json:"ejections"`
+	EjectedUntil        time.Time `json:"ejected_until,omitzero"`
+	LastProbeError      string    `json:"last_probe_error,omitempty"`
+	Engine              struct {
+		Waiting          int       `json:"waiting"`
+		Running          int       `json:"running"`
+		KVUsage          float64   `json:"kv_usage"`
+		KVCapacityTokens int       `json:"kv_capacity_tokens"`
+		ScrapedAt        time.Time `json:"scraped_at,omitzero"`
+		Stale            bool      `json:"stale"`
+		Error            string    `json:"error,omitempty"`
+	} `json:"engine"`
+	Affinity *affinity.ReplicaStatus `json:"affinity,omitempty"`
+}
+
+// Replicas returns a snapshot of every replica, sorted by name.
+func (s *Server) Replicas() []ReplicaStatus {
+	var aff map[string]affinity.ReplicaStatus
+	if s.router != nil {
+		aff = map[string]affinity.ReplicaStatus{}
+		for _, st := range s.router.Replicas() {
+			aff[st.Name] = st
+		}
+	}
+	reps := s.byNameSnapshot()
+	out := make([]ReplicaStatus, 0, len(reps))
+	for _, r := range reps {
+		var st ReplicaStatus
+		st.Name = r.name
+		st.ID = int(r.id)
+		st.Models = r.cfg.Load().Models
+		st.InFlight = r.inflight.Load()
+		st.MaxInFlight = r.maxInFlight.Load()
+		st.ConsecutiveFailures = r.consecFail.Load()
+		r.mu.Lock()
+		st.Healthy = r.healthy
+		st.Ejections = r.ejections
+		if time.Now().Before(r.ejectedUntil) {
+			st.EjectedUntil = r.ejectedUntil
+		}
+		st.LastProbeError = r.lastProbeErr
+		st.Engine.Waiting = r.sample.Waiting
+		st.Engine.Running = r.sample.Running
+		st.Engine.KVUsage = r.sample.KVUsage
+		st.Engine.KVCapacityTokens = r.sample.KVCapacityTokens
+		st.Engine.ScrapedAt = r.lastScrape
+		st.Engine.Stale = r.stale
+		st.Engine.Error = r.scrapeErr
+		r.mu.Unlock()
+		if a, ok := aff[r.name]; ok {
+			st.Affinity = &a
+		}
+		out = append(out, st)
+	}
+	sortReplicaStatus(out)
+	return out
+}
+
+func sortReplicaStatus(v []ReplicaStatus) {
+	for i := 1; i < len(v); i++ {
+		for j := i; j > 0 && v[j].Name < v[j-1].Name; j-- {
+			v[j], v[j-1] = v[j-1], v[j]
+		}
+	}
+}
+
+func (s *Server) debugReplicas(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(struct {
+		Replicas []ReplicaStatus `json:"replicas"`
+		InFlight int64           `json:"in_flight"`
+	}{s.Replicas(), s.inflight.Load()})
+}
+
+// fasthttpLogger routes fasthttp's own messages to slog at debug level.
+type fasthttpLogger struct{ l *slog.Logger }
+
+func (f fasthttpLogger) Printf(format string, args ...any) {
+	f.l.Debug(fmt.Sprintf(format, args...))
+}
