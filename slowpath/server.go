@@ -87,8 +87,8 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
-// NewFromFile loads the config file at path, calls New and remembers path
-// for Reload; with reload_interval > 0 it also watches the file's content.
+// NewFromFile loads the config file at path, calls New and watches the
+// file (see WatchConfigFile).
 func NewFromFile(path string, log *slog.Logger) (*Server, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -102,13 +102,36 @@ func NewFromFile(path string, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.WatchConfigFile(path, b); err != nil {
+		_ = s.Shutdown(context.Background())
+		return nil, err
+	}
+	return s, nil
+}
+
+// WatchConfigFile makes Reload re-read path, and with reload_interval > 0
+// polls its content and reloads on change. loaded is the content the
+// running config came from (nil: read it now). Call it once, before Serve.
+func (s *Server) WatchConfigFile(path string, loaded []byte) error {
+	if s.cfgPath != "" {
+		return errors.New("watch config: already watching " + s.cfgPath)
+	}
+	if loaded == nil {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("watch config: %w", err)
+		}
+		loaded = b
+	}
+	s.reloadMu.Lock()
 	s.cfgPath = path
-	s.lastFile = b
-	if cfg.ReloadInterval > 0 {
+	s.lastFile = loaded
+	s.reloadMu.Unlock()
+	if s.cfg.ReloadInterval > 0 {
 		s.wg.Add(1)
 		go s.watchFile()
 	}
-	return s, nil
+	return nil
 }
 
 // newServer builds a Server around any Brain (tests inject fakes).
@@ -295,10 +318,13 @@ func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
 // fields need a restart; a change to them is logged and ignored. An invalid
 // file changes nothing.
 func (s *Server) Reload() error {
-	if s.cfgPath == "" {
-		return errors.New("reload: server was not started from a config file")
+	s.reloadMu.Lock()
+	path := s.cfgPath
+	s.reloadMu.Unlock()
+	if path == "" {
+		return errors.New("reload: no config file (started without --config)")
 	}
-	b, err := os.ReadFile(s.cfgPath)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)
@@ -318,6 +344,7 @@ func (s *Server) reloadBytes(b []byte) error {
 	s.lastFile = b
 	a, c := cfg, s.cfg
 	a.Replicas, c.Replicas = nil, nil
+	a.Listen, a.Admin = c.Listen, c.Admin // flags may override these
 	if !reflect.DeepEqual(a, c) {
 		s.log.Warn("config reload: only replicas are reloaded; other changes need a restart")
 	}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	"github.com/warmpath/warmpath/affinity"
+)
+
+// version is set at build time: -ldflags "-X main.version=v0.1.0".
+var version = "dev"
+
+// env is what run needs from the process; tests substitute it.
+type env struct {
+	stdout, stderr io.Writer
+	// ready, if set, is called once the listeners are bound.
+	ready func(api, admin net.Addr)
+}
+
+func stdEnv() env { return env{stdout: os.Stdout, stderr: os.Stderr} }
+
+// command is one subcommand. The list is explicit (no init side effects).
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, e env) error
+}
+
+// commands: `status` (fast-path state) is added here when fastpath/ wires it.
+var commands = []command{
+	{"serve", "run the router (--demo: in front of 3 simulated engines)", runServe},
+	{"version", "print version, Go version and the prefix-hash code path", runVersion},
+}
+
+var errUsage = errors.New("usage")
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: warmpath <command> [flags]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "commands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "`warmpath <command> -h` lists the command's flags.")
+}
+
+func run(ctx context.Context, args []string, e env) error {
+	if len(args) == 0 {
+		usage(e.stderr)
+		return errUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		usage(e.stdout)
+		return nil
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:], e)
+			if errors.Is(err, flag.ErrHelp) {
+				return nil
+			}
+			return err
+		}
+	}
+	usage(e.stderr)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func runVersion(_ context.Context, args []string, e env) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v = "dev-" + s.Value[:12]
+			}
+		}
+	}
+	fmt.Fprintf(e.stdout, "warmpath %s (%s %s/%s, prefix hash %s)\n", v, runtime.Version(),
+		runtime.GOOS, runtime.GOARCH, affinity.HashPath())
+	return nil
+}
+
+// hostPort turns a bound listener address into something curl can reach.
+func hostPort(a net.Addr) string {
+	s := a.String()
+	if h, p, err := net.SplitHostPort(s); err == nil && (h == "::" || h == "0.0.0.0" || h == "") {
+		return "127.0.0.1:" + p
+	}
+	return strings.TrimSpace(s)
+}

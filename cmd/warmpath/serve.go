@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/warmpath/warmpath/bench/enginesim"
+	"github.com/warmpath/warmpath/slowpath"
+)
+
+// demoModel is the model name the demo engines serve.
+const demoModel = "demo-llama-8b"
+
+// demoEngines is how many simulated engines --demo starts.
+const demoEngines = 3
+
+func runServe(ctx context.Context, args []string, e env) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	listen := fs.String("listen", ":8080", "API listen address (overrides the config file's `listen`)")
+	admin := fs.String("admin", "127.0.0.1:9090", "metrics and debug listen address (overrides `admin`; \"\" disables)")
+	cfgPath := fs.String("config", "", "YAML config `file` (see slowpath/README.md); reloaded on SIGHUP and on change")
+	demo := fs.Bool("demo", false, "start 3 in-process simulated engines serving \""+demoModel+"\" and route to them")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("serve: --log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+
+	cfg := slowpath.Default()
+	var fileBytes []byte
+	if *cfgPath != "" {
+		b, err := os.ReadFile(*cfgPath)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		if cfg, err = slowpath.ParseConfig(b); err != nil {
+			return fmt.Errorf("serve: config %s: %w", *cfgPath, err)
+		}
+		fileBytes = b
+	}
+	// Flags given explicitly win over the file; defaults do not.
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "listen":
+			cfg.Listen = *listen
+		case "admin":
+			cfg.Admin = *admin
+		}
+	})
+
+	if *demo {
+		engines, err := startDemoEngines(log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			for _, en := range engines {
+				en.Close()
+			}
+		}()
+		for _, en := range engines {
+			cfg.Replicas = append(cfg.Replicas, slowpath.ReplicaConfig{Address: en.Addr(), Models: []string{demoModel}})
+		}
+	}
+	if len(cfg.Replicas) == 0 {
+		return errors.New("serve: no replicas: pass --config FILE with a replicas list, or --demo")
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+
+	srv, err := slowpath.New(cfg, log)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	// Reloads apply the file's replica list; demo engines are not in the
+	// file, so a demo run only reloads when it has no config file.
+	if *cfgPath != "" && !*demo {
+		if err := srv.WatchConfigFile(*cfgPath, fileBytes); err != nil {
+			_ = srv.Shutdown(context.Background())
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+
+	apiLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		_ = srv.Shutdown(context.Background())
+		return fmt.Errorf("serve: listen %s: %w", cfg.Listen, err)
+	}
+	var adminLn net.Listener
+	if cfg.Admin != "" {
+		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
+			apiLn.Close()
+			_ = srv.Shutdown(context.Background())
+			return fmt.Errorf("serve: listen admin %s: %w", cfg.Admin, err)
+		}
+	}
+
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(apiLn) }()
+	if adminLn != nil {
+		go func() { errc <- srv.ServeAdmin(adminLn) }()
+	}
+	log.Info("warmpath serving", "api", apiLn.Addr().String(), "admin", addrString(adminLn), "replicas", len(cfg.Replicas))
+	if *demo {
+		log.Info("demo: try this", "curl", demoCurl(hostPort(apiLn.Addr())))
+		fmt.Fprintf(e.stdout, "\nwarmpath demo: %d simulated engines serving %q behind http://%s\ntry:\n  %s\n\n",
+			demoEngines, demoModel, hostPort(apiLn.Addr()), demoCurl(hostPort(apiLn.Addr())))
+	}
+	if e.ready != nil {
+		var aa net.Addr
+		if adminLn != nil {
+			aa = adminLn.Addr()
+		}
+		e.ready(apiLn.Addr(), aa)
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	var serveErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				if err := srv.Reload(); err != nil {
+					log.Error("reload on SIGHUP failed", "err", err)
+				} else {
+					log.Info("reloaded replicas on SIGHUP")
+				}
+				continue
+			}
+			log.Info("shutting down: draining in-flight requests", "signal", sig.String(), "deadline", cfg.DrainTimeout)
+			break loop
+		case serveErr = <-errc:
+			if serveErr != nil {
+				break loop
+			}
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), max(cfg.DrainTimeout, time.Second))
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
+	if serveErr != nil {
+		return fmt.Errorf("serve: %w", serveErr)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func addrString(ln net.Listener) string {
+	if ln == nil {
+		return "off"
+	}
+	return ln.Addr().String()
+}
+
+func demoCurl(hostport string) string {
+	return "curl -sN http://" + hostport + "/v1/chat/completions -H 'Content-Type: application/json' -d '" +
+		`{"model":"` + demoModel + `","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say hello."}]}` + "'"
+}
+
+// startDemoEngines starts the simulated engines on loopback ephemeral ports,
+// 20x faster than life.
+func startDemoEngines(log *slog.Logger) ([]*enginesim.Server, error) {
+	var out []*enginesim.Server
+	quiet := log
+	for i := range demoEngines {
+		c := enginesim.DefaultConfig()
+		c.ServedModelNames = []string{demoModel}
+		c.TimeScale = 0.05
+		c.Seed = uint64(i + 1)
+		c.Logger = quiet
+		c.OutputLen.Median = 40
+		c.OutputLen.Max = 256
+		en, err := enginesim.Start(c, "127.0.0.1:0")
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, fmt.Errorf("start demo engine %d: %w", i, err)
+		}
+		out = append(out, en)
+	}
+	addrs := make([]string, len(out))
+	for i, en := range out {
+		addrs[i] = en.Addr()
+	}
+	log.Info("demo engines started", "model", demoModel, "addrs", strings.Join(addrs, ","))
+	return out, nil
+}
