@@ -27,10 +27,9 @@ func FuzzCanonicalize(f *testing.F) {
 	}
 	const capBytes = 4096
 	cfg := HashConfig{BlockTokens: 4, MaxPromptBytes: capBytes} // 16-byte blocks: many hashes
-	p := NewParser(cfg)
-	q := NewParser(cfg)
 	parsers := []func(*Parser, []byte, *Prompt) error{(*Parser).ParseChat, (*Parser).ParseCompletion, (*Parser).ParseEmbedding}
 	f.Fuzz(func(t *testing.T, body []byte) {
+		p, q := NewParser(cfg), NewParser(cfg) // fresh: scratch size reflects this body only
 		for _, parse := range parsers {
 			var a, b Prompt
 			errA := parse(p, body, &a)

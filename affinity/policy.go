@@ -339,17 +339,37 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	sc := v.Scores()
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)
+	v.match()
+	m := v.ms.m
+	bt := float64(v.r.bt)
+	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	for i, id := range v.Candidates() {
-		l := v.Load(id)
-		rate := l.PrefillTokensPerSec
-		wait := l.QueuedTokens() / rate
-		est := wait + (t-float64(v.CachedTokens(id)))/rate +
-			cfg.LoadPenaltySeconds*float64(l.Busy())/l.Weight
+		// Inlined View.Load, QueuedTokens and Busy: this loop runs for every
+		// candidate of every request.
+		rp := v.r.reps[id]
+		queued := float64(max(rp.pending.Load(), 0))
+		busy := rp.inFlight.Load()
+		var kv float64
+		if at := rp.sigAt.Load(); at != 0 && now-at <= maxAge {
+			waiting := rp.sigWaiting.Load()
+			if pr := rp.pendingReqs.Load(); waiting > pr {
+				queued += float64(waiting-pr) * loadF(&rp.uncachedAvg)
+			}
+			busy = max(busy, waiting+rp.sigRunning.Load())
+			kv = loadF(&rp.sigKV)
+		}
+		unc := t
+		if int(id) < len(m) && m[id] > 0 {
+			unc = max(t-float64(m[id])*bt, 0)
+		}
+		inv := 1 / loadF(&rp.rate)
+		wait := queued * inv
+		est := wait + unc*inv + cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
 		if cfg.HotGain > 0 && wait > cfg.HotQueueSeconds {
 			est += cfg.HotGain * (wait - cfg.HotQueueSeconds)
 		}
-		if l.Fresh && l.KVUsage > cfg.KVHighWater {
-			est += cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		if kv > cfg.KVHighWater {
+			est += cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
 		sc[i] = est
 	}

@@ -30,6 +30,9 @@ type Router struct {
 	gen    uint32
 
 	rnd atomic.Uint64
+	// eligVersion changes whenever health, draining or membership changes;
+	// groups cache their eligible list per version.
+	eligVersion atomic.Uint64
 
 	decisions     atomic.Uint64
 	modelNotFound atomic.Uint64
@@ -40,38 +43,74 @@ type Router struct {
 
 // group is the set of replicas serving one model name.
 type group struct {
-	members []ReplicaID
-	ring    atomic.Pointer[hashRing] // built on first use by the consistent-hash policy
+	members  []ReplicaID
+	hasLimit bool                     // some member has MaxInFlight: filter per call
+	elig     atomic.Pointer[eligSnap] // cached eligible members when !hasLimit
+	ring     atomic.Pointer[hashRing] // built on first use by the consistent-hash policy
+}
+
+type eligSnap struct {
+	version uint64
+	ids     []ReplicaID
+}
+
+// eligible returns g's eligible members. The result may be shared: do not
+// modify it. scratch is used (and returned grown) when filtering per call.
+func (r *Router) eligible(g *group, scratch []ReplicaID) (ids, grown []ReplicaID) {
+	if !g.hasLimit {
+		ver := r.eligVersion.Load()
+		if s := g.elig.Load(); s != nil && s.version == ver {
+			return s.ids, scratch
+		}
+		s := &eligSnap{version: ver}
+		for _, id := range g.members {
+			if r.reps[id].eligible() {
+				s.ids = append(s.ids, id)
+			}
+		}
+		g.elig.Store(s)
+		return s.ids, scratch
+	}
+	scratch = scratch[:0]
+	for _, id := range g.members {
+		if r.reps[id].eligible() {
+			scratch = append(scratch, id)
+		}
+	}
+	return scratch, scratch
 }
 
 type replica struct {
+	// Hot: read for every candidate of every decision. The first cache line
+	// holds what the cost policy reads when engine signals are stale.
+	inFlight    atomic.Int64
+	pending     atomic.Int64  // uncached prefill tokens routed, first token not seen
+	rate        atomic.Uint64 // float64 bits: prefill tokens/s estimate
+	sigAt       atomic.Int64  // 0 = never
+	invWeight   float64       // 1 / weight
+	maxInFlight int64         // 0 = unlimited
+	healthy     atomic.Bool
+	draining    atomic.Bool
+	pendingReqs atomic.Int64  // requests routed, first token not seen
+	uncachedAvg atomic.Uint64 // float64 bits: EWMA of uncached tokens per request
+	sigWaiting  atomic.Int64
+	sigRunning  atomic.Int64
+	sigKV       atomic.Uint64 // float64 bits
+
 	id       ReplicaID
 	gen      uint32
 	spec     ReplicaSpec
 	weight   float64
 	capMax   int // index capacity in blocks (configured or signalled)
 	capEff   int // current index capacity, lowered by mispredictions
-	healthy  atomic.Bool
-	draining atomic.Bool
-
-	inFlight    atomic.Int64
-	pending     atomic.Int64  // uncached prefill tokens routed, first token not seen
-	pendingReqs atomic.Int64  // requests routed, first token not seen
-	rate        atomic.Uint64 // float64 bits: prefill tokens/s estimate
-	uncachedAvg atomic.Uint64 // float64 bits: EWMA of uncached tokens per request
-
-	sigWaiting atomic.Int64
-	sigRunning atomic.Int64
-	sigKV      atomic.Uint64 // float64 bits
-	sigKVCap   atomic.Int64
-	sigAt      atomic.Int64 // 0 = never
+	sigKVCap atomic.Int64
 
 	mispredicts atomic.Uint64
 }
 
 func (p *replica) eligible() bool {
 	return p.healthy.Load() && !p.draining.Load() &&
-		(p.spec.MaxInFlight <= 0 || p.inFlight.Load() < int64(p.spec.MaxInFlight))
+		(p.maxInFlight <= 0 || p.inFlight.Load() < p.maxInFlight)
 }
 
 func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
@@ -195,6 +234,8 @@ func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 	if p.weight == 0 {
 		p.weight = 1
 	}
+	p.invWeight = 1 / p.weight
+	p.maxInFlight = int64(spec.MaxInFlight)
 	if loadF(&p.rate) == 0 || spec.PrefillTokensPerSec > 0 {
 		rate := spec.PrefillTokensPerSec
 		if rate == 0 {
@@ -269,19 +310,23 @@ func (r *Router) rebuildGroups() {
 				g = &group{}
 				groups[m] = g
 			}
-			if !slices.Contains(g.members, p.id) {
+			if n := len(g.members); n == 0 || g.members[n-1] != p.id { // a spec may repeat a model
 				g.members = append(g.members, p.id)
+			}
+			if p.maxInFlight > 0 {
+				g.hasLimit = true
 			}
 		}
 	}
 	r.groups = groups
+	r.eligVersion.Add(1)
 }
 
 // SetHealthy marks a replica (un)healthy; unhealthy replicas are not ranked.
 func (r *Router) SetHealthy(id ReplicaID, healthy bool) {
 	r.mu.RLock()
-	if p := r.rep(id); p != nil {
-		p.healthy.Store(healthy)
+	if p := r.rep(id); p != nil && p.healthy.Swap(healthy) != healthy {
+		r.eligVersion.Add(1)
 	}
 	r.mu.RUnlock()
 }
@@ -289,8 +334,8 @@ func (r *Router) SetHealthy(id ReplicaID, healthy bool) {
 // SetDraining marks a replica draining: not ranked, open Flights finish.
 func (r *Router) SetDraining(id ReplicaID, draining bool) {
 	r.mu.RLock()
-	if p := r.rep(id); p != nil {
-		p.draining.Store(draining)
+	if p := r.rep(id); p != nil && p.draining.Swap(draining) != draining {
+		r.eligVersion.Add(1)
 	}
 	r.mu.RUnlock()
 }
@@ -351,11 +396,7 @@ func (r *Router) Decide(req *Request, d *Decision) error {
 	}
 	v := &d.view
 	v.reset(r, req, g)
-	for _, id := range g.members {
-		if r.reps[id].eligible() {
-			v.cands = append(v.cands, id)
-		}
-	}
+	v.cands, v.own = r.eligible(g, v.own)
 	if len(v.cands) == 0 {
 		r.noReplica.Add(1)
 		return ErrNoReplica

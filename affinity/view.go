@@ -10,7 +10,8 @@ type View struct {
 	r       *Router
 	req     *Request
 	g       *group
-	cands   []ReplicaID
+	cands   []ReplicaID // eligible candidates; may alias a shared snapshot
+	own     []ReplicaID // scratch for per-call filtering
 	score   []float64
 	ms      matchSet
 	matched bool
@@ -61,7 +62,7 @@ func (l *Load) Busy() int {
 
 func (v *View) reset(r *Router, req *Request, g *group) {
 	v.r, v.req, v.g = r, req, g
-	v.cands = v.cands[:0]
+	v.cands = nil
 	v.matched = false
 	v.rnd = r.random()
 	v.ms.reset(0)
@@ -126,7 +127,7 @@ func (v *View) Load(id ReplicaID) Load {
 		PrefillTokensPerSec:  loadF(&p.rate),
 		UncachedAvg:          loadF(&p.uncachedAvg),
 		Weight:               p.weight,
-		MaxInFlight:          p.spec.MaxInFlight,
+		MaxInFlight:          int(p.maxInFlight),
 	}
 	if at := p.sigAt.Load(); at != 0 && v.req.Now-at <= int64(v.r.cfg.SignalMaxAge) {
 		l.Fresh = true
@@ -158,6 +159,9 @@ func (v *View) RankLowest(d *Decision) {
 		s := v.score[i]
 		if math.IsNaN(s) {
 			s = math.Inf(1)
+		}
+		if len(top) == k && s > top[k-1].score {
+			continue
 		}
 		it := rankItem{score: s, tie: mixID(id, salt), id: id}
 		if len(top) == k && !it.less(&top[k-1]) {

@@ -1,0 +1,256 @@
+package affinity
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+)
+
+var benchSizes = []struct {
+	name string
+	n    int
+}{{"1KiB", 1 << 10}, {"32KiB", 32 << 10}, {"1MiB", 1 << 20}}
+
+// BenchmarkHash: chained block hashing throughput (the baseline twin hashes
+// the same bytes as one xxh3 call, no blocks).
+func BenchmarkHash(b *testing.B) {
+	b.Logf("hash path %s (cpu: %s)", HashPath(), CPUFeatures())
+	for _, sz := range benchSizes {
+		data := []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", sz.n/45+1)[:sz.n])
+		dst := make([]uint64, 0, sz.n/256)
+		b.Run("chained/"+sz.name, func(b *testing.B) {
+			b.SetBytes(int64(sz.n))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = AppendHashes(dst[:0], 1, data, 256)
+			}
+		})
+		b.Run("xxh3-oneshot/"+sz.name, func(b *testing.B) {
+			b.SetBytes(int64(sz.n))
+			b.ReportAllocs()
+			var s uint64
+			for b.Loop() {
+				s += xxh3.Hash(data)
+			}
+			_ = s
+		})
+	}
+}
+
+// BenchmarkParse: canonicalize + hash a chat body.
+func BenchmarkParse(b *testing.B) {
+	for _, sz := range benchSizes {
+		body := chatBody("m", strings.Repeat("You are a helpful assistant. ", sz.n/29+1)[:sz.n], "question")
+		p := NewParser(HashConfig{})
+		var pr Prompt
+		b.Run(sz.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.ParseChat(body, &pr); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// benchRouter builds n replicas; every 8th holds the first half of the
+// request's prefix, so the lookup has work to do, and every replica carries
+// some load.
+func benchRouter(b *testing.B, policy string, n int, req *Request) *Router {
+	b.Helper()
+	r, err := NewRouter(Config{Policy: policy})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range n {
+		id, err := r.AddReplica(ReplicaSpec{Name: fmt.Sprintf("r%d", i), Models: []string{"m"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var f Flight
+		for range i % 5 {
+			r.Begin(id, &Request{Model: req.Model, PromptTokens: 100}, nil, &f)
+		}
+		if i%8 == 0 && len(req.Hashes) > 0 {
+			half := *req
+			half.Hashes = req.Hashes[:max(len(req.Hashes)/2, 1)]
+			warm(r, id, &half)
+		}
+	}
+	return r
+}
+
+func benchReq(b *testing.B, size int) (*Request, []byte) {
+	b.Helper()
+	body := chatBody("m", strings.Repeat("You are a helpful assistant. ", size/29+1)[:size], "question")
+	p := NewParser(HashConfig{})
+	var pr Prompt
+	if err := p.ParseChat(body, &pr); err != nil {
+		b.Fatal(err)
+	}
+	return &Request{Model: []byte("m"), Hashes: append([]uint64(nil), pr.Hashes...), PromptTokens: pr.Tokens, Now: 1}, body
+}
+
+// BenchmarkDecide: Decide alone (lookup + policy) for the cost policy and
+// its round-robin twin, over replicas x prompt size.
+func BenchmarkDecide(b *testing.B) {
+	for _, pol := range []string{"cost", "round-robin"} {
+		for _, n := range []int{4, 64, 1024} {
+			for _, sz := range benchSizes {
+				req, _ := benchReq(b, sz.n)
+				r := benchRouter(b, pol, n, req)
+				b.Run(fmt.Sprintf("%s/replicas=%d/%s", pol, n, sz.name), func(b *testing.B) {
+					b.ReportAllocs()
+					var d Decision
+					for b.Loop() {
+						if err := r.Decide(req, &d); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkFullDecision: canonicalize + hash + lookup + pick from the raw
+// body, the per-request router cost in the proxy (Begin/End excluded).
+func BenchmarkFullDecision(b *testing.B) {
+	for _, n := range []int{4, 64, 1024} {
+		for _, sz := range benchSizes {
+			req, body := benchReq(b, sz.n)
+			r := benchRouter(b, "cost", n, req)
+			p := NewParser(r.HashConfig())
+			b.Run(fmt.Sprintf("replicas=%d/%s", n, sz.name), func(b *testing.B) {
+				b.ReportAllocs()
+				var (
+					pr Prompt
+					q  Request
+					d  Decision
+				)
+				for b.Loop() {
+					if err := p.ParseChat(body, &pr); err != nil {
+						b.Fatal(err)
+					}
+					q = Request{Model: pr.Model, Hashes: pr.Hashes, PromptTokens: pr.Tokens, Now: 1}
+					if err := r.Decide(&q, &d); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkFlight: Begin (speculative insert of the whole chain) + FirstToken + End.
+func BenchmarkFlight(b *testing.B) {
+	for _, sz := range benchSizes {
+		req, _ := benchReq(b, sz.n)
+		r := benchRouter(b, "cost", 4, req)
+		b.Run(sz.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var f Flight
+			for b.Loop() {
+				r.Begin(0, req, nil, &f)
+				r.FirstToken(&f, 2)
+				r.End(&f, 3, -1, true)
+			}
+		})
+	}
+}
+
+// BenchmarkLookup: longest-prefix lookup by binary search over the chain vs
+// the linear walk (one probe per block), 64 replicas of which 16 hold
+// prefixes of 4 different lengths.
+func BenchmarkLookup(b *testing.B) {
+	for _, blocks := range []int{4, 128, 4096} {
+		x := newIndex()
+		h := chainOf(1, 2, blocks, blocks)
+		for id := range ReplicaID(64) {
+			x.setCap(id, 1<<20)
+			if id%4 == 0 {
+				x.insert(id, h[:blocks*(1+int(id/4)%4)/4])
+			}
+		}
+		for _, mode := range []string{"bsearch", "linear"} {
+			b.Run(fmt.Sprintf("%s/blocks=%d", mode, blocks), func(b *testing.B) {
+				b.ReportAllocs()
+				var s matchSet
+				for b.Loop() {
+					s.reset(64)
+					if mode == "bsearch" {
+						x.longest(h, &s)
+					} else {
+						x.longestLinear(h, &s)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkIndexMemory reports heap bytes per tracked (block, replica) pair
+// with 1M pairs: unshared (every pair its own block) and shared (8 replicas
+// hold the same blocks).
+func BenchmarkIndexMemory(b *testing.B) {
+	for _, shared := range []int{1, 8} {
+		b.Run(fmt.Sprintf("holders=%d", shared), func(b *testing.B) {
+			const pairs = 1 << 20
+			var perPair float64
+			for b.Loop() {
+				var ms runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				before := ms.HeapAlloc
+				x := newIndex()
+				reps := 8
+				for id := range ReplicaID(reps) {
+					x.setCap(id, pairs/reps)
+				}
+				buf := make([]uint64, 64)
+				for i := 0; len(x.pairs) < pairs; i++ {
+					prev := uint64(i / shared)
+					for j := range buf {
+						prev = chain(prev, uint64(j))
+						buf[j] = prev
+					}
+					x.insert(ReplicaID(i%reps), buf)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				perPair = float64(ms.HeapAlloc-before) / float64(len(x.pairs))
+				runtime.KeepAlive(x)
+			}
+			b.ReportMetric(perPair, "B/pair")
+			b.ReportMetric(perPair*1e6/(1<<20), "MB/Mpairs")
+		})
+	}
+}
+
+// BenchmarkDecideParallel: Decide+Begin+End from all cores, 64 replicas,
+// 32 KiB prompts (lock contention).
+func BenchmarkDecideParallel(b *testing.B) {
+	req, _ := benchReq(b, 32<<10)
+	r := benchRouter(b, "cost", 64, req)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var (
+			d Decision
+			f Flight
+		)
+		q := *req
+		for pb.Next() {
+			if err := r.Decide(&q, &d); err != nil {
+				b.Fatal(err)
+			}
+			r.Begin(d.Ranked[0], &q, &d, &f)
+			r.FirstToken(&f, 2)
+			r.End(&f, 3, -1, true)
+		}
+	})
+}
