@@ -115,3 +115,12 @@ func CPUFeatures() string {
 	}
 	return string(b)
 }
+
+// SessionKey hashes a session identifier (a session header or the OpenAI
+// `user` field) into Request.SessionKey; empty means no session (0).
+func SessionKey(id []byte) uint64 {
+	if len(id) == 0 {
+		return 0
+	}
+	return xxh3.Hash(id) | 1
+}

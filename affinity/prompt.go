@@ -323,3 +323,16 @@ func (p *Parser) countInput(v *fastjson.Value, depth int) {
 		}
 	}
 }
+
+// Fill sets req from the parsed prompt: model, hashes and token estimate
+// alias pr (valid until the Parser's next call); the session key comes from
+// the `user` field (override it with a session header if you have one).
+func (pr *Prompt) Fill(req *Request, now int64) {
+	*req = Request{
+		Model:        pr.Model,
+		Hashes:       pr.Hashes,
+		PromptTokens: pr.Tokens,
+		SessionKey:   SessionKey(pr.User),
+		Now:          now,
+	}
+}

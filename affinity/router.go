@@ -39,6 +39,8 @@ type Router struct {
 	noReplica     atomic.Uint64
 	mispredicts   atomic.Uint64
 	rollbacks     atomic.Uint64
+	promptTokens  atomic.Uint64
+	cachedTokens  atomic.Uint64
 }
 
 // group is the set of replicas serving one model name.
@@ -452,6 +454,8 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
+	r.promptTokens.Add(uint64(max(req.PromptTokens, 0)))
+	r.cachedTokens.Add(uint64(cached))
 	ewma(&p.uncachedAvg, float64(unc), 0.1)
 	if r.onBegin != nil {
 		r.onBegin.OnBegin(id, req)
@@ -631,6 +635,9 @@ type Stats struct {
 	Evictions      uint64 // (block, replica) pairs evicted by LRU bounds
 	TrackedBlocks  int    // distinct block hashes in the index
 	TrackedPairs   int    // (block, replica) pairs in the index
+
+	PromptTokens          uint64 // estimated prompt tokens of begun requests
+	PredictedCachedTokens uint64 // of which predicted cached on their replica at Begin
 }
 
 // Stats returns the router's counters.
@@ -646,6 +653,9 @@ func (r *Router) Stats() Stats {
 		Evictions:      r.idx.evictions,
 		TrackedBlocks:  len(r.idx.blocks),
 		TrackedPairs:   len(r.idx.pairs),
+
+		PromptTokens:          r.promptTokens.Load(),
+		PredictedCachedTokens: r.cachedTokens.Load(),
 	}
 }
 

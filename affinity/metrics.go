@@ -1,0 +1,90 @@
+package affinity
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Collector exports a Router's counters and per-replica state to Prometheus
+// (namespace warmpath, subsystem affinity). It reads Stats and Replicas at
+// scrape time, so the hot path pays nothing beyond its atomic counters.
+type Collector struct {
+	r *Router
+
+	decisions, errors, mispredicts, rollbacks, evictions *prometheus.Desc
+	promptTokens, cachedTokens                           *prometheus.Desc
+	blocks, pairs, info                                  *prometheus.Desc
+	inFlight, pending, rate, cached, capacity, up, drain *prometheus.Desc
+}
+
+// NewCollector returns a Collector for r; register it once.
+func NewCollector(r *Router) *Collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName("warmpath", "affinity", name), help, labels, nil)
+	}
+	return &Collector{
+		r:            r,
+		decisions:    d("decisions_total", "Successful routing decisions."),
+		errors:       d("decide_errors_total", "Decisions that found no replica, by reason.", "reason"),
+		mispredicts:  d("mispredictions_total", "Engine-reported cached tokens below half the prediction."),
+		rollbacks:    d("rollbacks_total", "Speculative index inserts undone after a failure before the first token."),
+		evictions:    d("index_evictions_total", "(block, replica) pairs evicted by the per-replica LRU bound."),
+		promptTokens: d("prompt_tokens_total", "Estimated prompt tokens of begun requests."),
+		cachedTokens: d("predicted_cached_tokens_total", "Predicted cached prompt tokens of begun requests on their replica."),
+		blocks:       d("index_blocks", "Distinct block hashes tracked."),
+		pairs:        d("index_pairs", "(block, replica) pairs tracked."),
+		info:         d("info", "Active policy and hash path.", "policy", "hash_path"),
+		inFlight:     d("replica_in_flight", "Router-local requests in flight.", "replica"),
+		pending:      d("replica_pending_prefill_tokens", "Router-local uncached prompt tokens awaiting prefill.", "replica"),
+		rate:         d("replica_prefill_tokens_per_second", "Measured prefill rate estimate.", "replica"),
+		cached:       d("replica_index_blocks", "Blocks the index attributes to the replica.", "replica"),
+		capacity:     d("replica_index_capacity_blocks", "The replica's index bound, in blocks.", "replica"),
+		up:           d("replica_healthy", "1 if the replica is healthy.", "replica"),
+		drain:        d("replica_draining", "1 if the replica is draining.", "replica"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions,
+		c.promptTokens, c.cachedTokens, c.blocks, c.pairs, c.info,
+		c.inFlight, c.pending, c.rate, c.cached, c.capacity, c.up, c.drain} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.r.Stats()
+	cnt := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	cnt(c.decisions, s.Decisions)
+	cnt(c.errors, s.ModelNotFound, "model_not_found")
+	cnt(c.errors, s.NoReplica, "no_replica")
+	cnt(c.mispredicts, s.Mispredictions)
+	cnt(c.rollbacks, s.Rollbacks)
+	cnt(c.evictions, s.Evictions)
+	cnt(c.promptTokens, s.PromptTokens)
+	cnt(c.cachedTokens, s.PredictedCachedTokens)
+	gauge(c.blocks, float64(s.TrackedBlocks))
+	gauge(c.pairs, float64(s.TrackedPairs))
+	gauge(c.info, 1, c.r.PolicyName(), c.r.cfg.Hash.HashPath())
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, st := range c.r.Replicas() {
+		gauge(c.inFlight, float64(st.InFlight), st.Name)
+		gauge(c.pending, float64(st.PendingPrefillTokens), st.Name)
+		gauge(c.rate, st.PrefillTokensPerSec, st.Name)
+		gauge(c.cached, float64(st.CachedBlocks), st.Name)
+		gauge(c.capacity, float64(st.CapacityBlocks), st.Name)
+		gauge(c.up, b2f(st.Healthy), st.Name)
+		gauge(c.drain, b2f(st.Draining), st.Name)
+	}
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
