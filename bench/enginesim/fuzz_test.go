@@ -69,7 +69,9 @@ func FuzzAPIRequest(f *testing.F) {
 				t.Fatalf("bad response %q", out)
 			}
 		case rec.Code == 400 || rec.Code == 404 || rec.Code == 413:
-			var e struct{ Error *struct{ Message, Type string } }
+			var e struct {
+				Error *struct{ Message, Type string }
+			}
 			if err := json.Unmarshal(out, &e); err != nil || e.Error == nil || e.Error.Message == "" {
 				t.Fatalf("status %d without an OpenAI error: %q", rec.Code, out)
 			}
