@@ -1,0 +1,36 @@
+package sim
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// BenchmarkSimulate reports simulated requests per wall second for warmpath's
+// cost policy side by side with round-robin (the cheapest router), so the
+// router's share of simulation cost shows.
+func BenchmarkSimulate(b *testing.B) {
+	c := workload.DefaultSharedPrefix()
+	c.Groups, c.PromptsPerGroup, c.SystemTokens, c.QuestionTokens, c.OutputTokens, c.RPS = 64, 32, 512, 64, 32, 400
+	w, err := workload.SharedPrefix(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, replicas := range []int{4, 64} {
+		for _, p := range []string{"round-robin", "cost"} {
+			b.Run(fmt.Sprintf("replicas=%d/policy=%s", replicas, p), func(b *testing.B) {
+				n := 0
+				b.ReportAllocs()
+				for b.Loop() {
+					r, err := Run(Config{Replicas: replicas, Policy: p}, w)
+					if err != nil {
+						b.Fatal(err)
+					}
+					n += r.Completed
+				}
+				b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "sim-req/s")
+			})
+		}
+	}
+}

@@ -1,0 +1,18 @@
+// Package sim is warmpath's cluster simulator: N virtual-time engines
+// (bench/enginesim's Engine: paged KV cache with prefix caching, continuous
+// batching, step-time model) behind a router model that runs the real
+// affinity code: the same Parser, prefix index, load accounting and policies
+// the proxy runs, so what the simulator measures is what production decides.
+//
+// The router model sees the cluster the way the proxy does: its own
+// speculative index (never the engines' caches), its own in-flight counts,
+// first-token and finish events as the proxy sees them, and engine signals
+// (queue lengths, KV usage) scraped every Config.ScrapeInterval.
+//
+// The anchors' policies (SGLang cache-aware, llm-d's default scorers, Dynamo's
+// KV cost, KubeAI's CHWBL, production-stack's prefixaware) run on the same
+// View: see baselines.go for each formula and its source.
+//
+// Everything is deterministic for a seed; a run is single-threaded, so
+// sweeps parallelise across runs.
+package sim

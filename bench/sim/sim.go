@@ -1,0 +1,376 @@
+package sim
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/bench/enginesim"
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// Config describes one simulated cluster run.
+type Config struct {
+	// Replicas is the number of engines. 0 means 8.
+	Replicas int
+	// Engine configures every engine (virtual time; TimeScale is ignored).
+	// A zero value means enginesim.DefaultConfig() (Llama-3.1-8B on one
+	// H100). The served model names are replaced by the workload's models.
+	Engine enginesim.Config
+	// Policy names the router policy: one of Policies(). "" means "cost".
+	Policy string
+	// Router configures warmpath's affinity.Router (hashing, cost-policy
+	// knobs). Its Policy field is ignored.
+	Router affinity.Config
+	// ScrapeInterval is how often the router model reads engine signals
+	// (queue lengths, KV usage), as the proxy scrapes /metrics. 0 means
+	// 500ms; engine signals are always this stale or less.
+	ScrapeInterval time.Duration
+	// Seed seeds the router's tie-breaking and random policies.
+	Seed uint64
+	// KeepOutcomes records every request's outcome in Result.Outcomes.
+	KeepOutcomes bool
+}
+
+// Outcome is one request's fate, kept when Config.KeepOutcomes is set.
+type Outcome struct {
+	ID           int
+	Replica      int
+	TTFT, E2E    float64 // seconds
+	CachedTokens int     // engine-reported prefix hit
+	Predicted    int     // router-predicted cached tokens
+	OK           bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.Replicas == 0 {
+		c.Replicas = 8
+	}
+	if len(c.Engine.ServedModelNames) == 0 && c.Engine.BlockSize == 0 {
+		c.Engine = enginesim.DefaultConfig()
+	}
+	if c.Policy == "" {
+		c.Policy = affinity.DefaultPolicy
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = 500 * time.Millisecond
+	}
+	return c
+}
+
+// Result summarises one run. Durations are in seconds.
+type Result struct {
+	Policy, Workload string
+	Replicas         int
+	Requests         int // offered
+	Completed        int
+	Failed           int // refused by every replica (no capacity) or by the engine
+	TTFT             Dist
+	E2E              Dist
+	ITLMean          float64
+	Makespan         float64 // first arrival to last finish
+	RequestsPerSec   float64
+	OutputTokPerSec  float64
+	HitRate          float64 // engine prefix-cache hits / prompt tokens (ground truth)
+	Imbalance        float64 // max requests on one replica / mean
+	Preemptions      uint64
+	Decisions        int
+	DecideNanos      int64 // wall time spent in parse+hash+decide (router CPU)
+	Outcomes         []Outcome
+}
+
+// Dist is a latency distribution summary, in seconds.
+type Dist struct{ Mean, P50, P90, P99 float64 }
+
+func dist(xs []float64) Dist {
+	if len(xs) == 0 {
+		return Dist{}
+	}
+	slices.Sort(xs)
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	q := func(p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
+	return Dist{Mean: sum / float64(len(xs)), P50: q(0.50), P90: q(0.90), P99: q(0.99)}
+}
+
+// flight is one request in the simulation.
+type flight struct {
+	req       enginesim.Request
+	fl        affinity.Flight
+	replica   int
+	predicted int
+	wreq      *workload.Request
+}
+
+type cluster struct {
+	cfg     Config
+	router  *affinity.Router
+	engines []*enginesim.Engine
+	ids     []affinity.ReplicaID
+	heap    engineHeap
+	res     *Result
+	hooks   *simState
+
+	ttft, e2e []float64
+	itlSum    float64
+	itlN      int
+	perRep    []int
+	outTokens int64
+	last      int64
+}
+
+// simState is what baseline policies may read beyond the View: the
+// router-local bookkeeping a real implementation of that baseline keeps
+// (Dynamo's active blocks per worker, SGLang's tree size per worker).
+type simState struct {
+	activeTokens []int // prompt+generated tokens of in-flight requests, by replica id
+	treeTokens   []int // tokens inserted per replica (SGLang's approximate tree size)
+	engines      []*enginesim.Engine
+	enginePrompt []byte // the current request as the engines see it (oracle)
+	adapter      string
+}
+
+// Run simulates w on a cluster and returns its summary. It is deterministic
+// for a given Config and workload (wall-clock DecideNanos aside).
+func Run(cfg Config, w *workload.Workload) (*Result, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Replicas < 1 {
+		return nil, fmt.Errorf("sim: replicas must be >= 1, got %d", cfg.Replicas)
+	}
+	if len(w.Requests) == 0 {
+		return nil, errors.New("sim: empty workload")
+	}
+	models := []string{}
+	for i := range w.Requests {
+		if !slices.Contains(models, w.Requests[i].Model) {
+			models = append(models, w.Requests[i].Model)
+		}
+	}
+	ecfg := cfg.Engine
+	ecfg.ServedModelNames = models
+	if err := ecfg.Validate(); err != nil {
+		return nil, fmt.Errorf("sim: engine: %w", err)
+	}
+	st := &simState{activeTokens: make([]int, cfg.Replicas), treeTokens: make([]int, cfg.Replicas)}
+	rcfg := cfg.Router
+	rcfg.Seed = cfg.Seed + 1
+	router, err := newRouter(cfg.Policy, rcfg, st, ecfg.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{cfg: cfg, router: router, hooks: st, perRep: make([]int, cfg.Replicas),
+		res: &Result{Policy: cfg.Policy, Workload: w.Name, Replicas: cfg.Replicas, Requests: len(w.Requests)}}
+	prefillRate := 1 / ecfg.Timing.PerPrefillToken.Seconds()
+	for i := 0; i < cfg.Replicas; i++ {
+		e, err := enginesim.NewEngine(ecfg)
+		if err != nil {
+			return nil, fmt.Errorf("sim: engine: %w", err)
+		}
+		id, err := router.AddReplica(affinity.ReplicaSpec{
+			Name: fmt.Sprintf("engine-%d", i), Models: models,
+			KVCapacityTokens:    ecfg.NumGPUBlocks * ecfg.BlockSize,
+			PrefillTokensPerSec: prefillRate,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if int(id) != i {
+			return nil, fmt.Errorf("sim: router gave replica %d id %d", i, id)
+		}
+		c.engines = append(c.engines, e)
+		c.ids = append(c.ids, id)
+	}
+	st.engines = c.engines
+	c.heap = engineHeap{at: make([]int64, cfg.Replicas), pos: make([]int, cfg.Replicas)}
+	for i := range c.engines {
+		c.heap.items = append(c.heap.items, i)
+		c.heap.pos[i] = i
+		c.heap.at[i] = enginesim.NoEvent
+	}
+	heap.Init(&c.heap)
+	if err := c.loop(w); err != nil {
+		return nil, err
+	}
+	return c.finish(w), nil
+}
+
+func (c *cluster) loop(w *workload.Workload) error {
+	p := affinity.NewParser(c.router.HashConfig())
+	var (
+		prompt affinity.Prompt
+		req    affinity.Request
+		d      affinity.Decision
+		body   []byte
+		msgs   []enginesim.Message
+		text   []byte
+	)
+	next := 0
+	scrape := w.Requests[0].Arrival
+	obs := observer{c}
+	for {
+		tArr := int64(math.MaxInt64)
+		if next < len(w.Requests) {
+			tArr = w.Requests[next].Arrival
+		}
+		tEng := c.heap.min()
+		if tArr == math.MaxInt64 && tEng == enginesim.NoEvent {
+			return nil
+		}
+		// scrape ticks only while something is happening
+		if scrape <= tArr && scrape <= tEng {
+			c.scrape(scrape)
+			scrape += int64(c.cfg.ScrapeInterval)
+			continue
+		}
+		if tEng <= tArr {
+			i := c.heap.items[0]
+			c.engines[i].Advance(tEng, obs)
+			c.heap.update(i, c.engines[i].NextEventTime())
+			continue
+		}
+		wr := &w.Requests[next]
+		next++
+		start := time.Now()
+		body = workload.AppendChatBody(body[:0], wr, true)
+		if err := p.ParseChat(body, &prompt); err != nil {
+			return fmt.Errorf("sim: request %d: %w", wr.ID, err)
+		}
+		req = affinity.Request{Model: prompt.Model, Hashes: prompt.Hashes, PromptTokens: prompt.Tokens,
+			SessionKey: uint64(wr.Client) + 1, Now: tArr}
+		// what the engines will see: their own chat template
+		msgs = msgs[:0]
+		for mi := range wr.Messages {
+			text = workload.AppendMessageText(text[:0], &wr.Messages[mi])
+			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: string(text)})
+		}
+		ep := enginesim.AppendChatPrompt(nil, msgs, nil)
+		c.hooks.enginePrompt = ep
+		err := c.router.Decide(&req, &d)
+		c.res.DecideNanos += time.Since(start).Nanoseconds()
+		c.res.Decisions++
+		if err != nil || len(d.Ranked) == 0 {
+			c.res.Failed++
+			continue
+		}
+		f := &flight{replica: int(d.Ranked[0]), wreq: wr, predicted: d.CachedTokens[0]}
+		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f}
+		c.router.Begin(d.Ranked[0], &req, &d, &f.fl)
+		e := c.engines[f.replica]
+		if err := e.Submit(&f.req, tArr); err != nil {
+			c.router.End(&f.fl, tArr, -1, false)
+			c.res.Failed++
+			continue
+		}
+		c.hooks.activeTokens[f.replica] += f.req.PromptTokens + wr.OutputTokens
+		c.hooks.treeTokens[f.replica] += f.req.PromptTokens
+		c.perRep[f.replica]++
+		c.heap.update(f.replica, e.NextEventTime())
+	}
+}
+
+func (c *cluster) scrape(now int64) {
+	for i, e := range c.engines {
+		s := e.Stats()
+		c.router.SetSignals(c.ids[i], affinity.EngineSignals{
+			Waiting: s.Waiting, Running: s.Running, KVUsage: s.KVUsage(),
+			KVCapacityTokens: s.TotalBlocks * e.BlockSize(), At: now,
+		})
+	}
+}
+
+type observer struct{ c *cluster }
+
+func (o observer) OnToken(r *enginesim.Request, at int64) {
+	if r.OutputTokens == 1 {
+		f := r.Data.(*flight)
+		o.c.router.FirstToken(&f.fl, at)
+	}
+}
+
+func (o observer) OnFinish(r *enginesim.Request, at int64) {
+	c := o.c
+	f := r.Data.(*flight)
+	ok := r.Finish == enginesim.FinishStop || r.Finish == enginesim.FinishLength
+	c.router.End(&f.fl, at, r.CachedTokens, ok)
+	c.hooks.activeTokens[f.replica] -= r.PromptTokens + f.wreq.OutputTokens
+	if c.cfg.KeepOutcomes {
+		c.res.Outcomes = append(c.res.Outcomes, Outcome{ID: f.wreq.ID, Replica: f.replica, OK: ok,
+			TTFT: float64(r.FirstTokenAt-r.Arrival) / 1e9, E2E: float64(r.FinishedAt-r.Arrival) / 1e9,
+			CachedTokens: r.CachedTokens, Predicted: f.predicted})
+	}
+	if !ok {
+		c.res.Failed++
+		return
+	}
+	c.res.Completed++
+	c.res.Preemptions += uint64(r.Preemptions)
+	c.ttft = append(c.ttft, float64(r.FirstTokenAt-r.Arrival)/1e9)
+	c.e2e = append(c.e2e, float64(r.FinishedAt-r.Arrival)/1e9)
+	if r.OutputTokens > 1 {
+		c.itlSum += float64(r.FinishedAt-r.FirstTokenAt) / 1e9 / float64(r.OutputTokens-1)
+		c.itlN++
+	}
+	c.outTokens += int64(r.OutputTokens)
+	c.last = max(c.last, at)
+	r.Prompt = nil
+}
+
+func (c *cluster) finish(w *workload.Workload) *Result {
+	r := c.res
+	r.TTFT = dist(c.ttft)
+	r.E2E = dist(c.e2e)
+	if c.itlN > 0 {
+		r.ITLMean = c.itlSum / float64(c.itlN)
+	}
+	r.Makespan = float64(c.last-w.Requests[0].Arrival) / 1e9
+	if r.Makespan > 0 {
+		r.RequestsPerSec = float64(r.Completed) / r.Makespan
+		r.OutputTokPerSec = float64(c.outTokens) / r.Makespan
+	}
+	var hits, queries uint64
+	for _, e := range c.engines {
+		s := e.Stats()
+		hits += s.PrefixHits
+		queries += s.PrefixQueries
+	}
+	if queries > 0 {
+		r.HitRate = float64(hits) / float64(queries)
+	}
+	mx, sum := 0, 0
+	for _, n := range c.perRep {
+		mx = max(mx, n)
+		sum += n
+	}
+	if sum > 0 {
+		r.Imbalance = float64(mx) / (float64(sum) / float64(len(c.perRep)))
+	}
+	return r
+}
+
+// engineHeap is an indexed min-heap of engines by next event time.
+type engineHeap struct {
+	items []int   // engine indices
+	pos   []int   // engine -> position in items
+	at    []int64 // engine -> next event time
+}
+
+func (h *engineHeap) Len() int           { return len(h.items) }
+func (h *engineHeap) Less(i, j int) bool { return h.at[h.items[i]] < h.at[h.items[j]] }
+func (h *engineHeap) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	h.pos[h.items[i]] = i
+	h.pos[h.items[j]] = j
+}
+func (h *engineHeap) Push(any)   { panic("fixed size") }
+func (h *engineHeap) Pop() any   { panic("fixed size") }
+func (h *engineHeap) min() int64 { return h.at[h.items[0]] }
+func (h *engineHeap) update(e int, at int64) {
+	h.at[e] = at
+	heap.Fix(h, h.pos[e])
+}
