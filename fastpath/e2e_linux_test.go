@@ -1,0 +1,214 @@
+package fastpath
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/fastpath/testbed"
+)
+
+// lineServer answers each line it reads with "<name> <len(line)>\n".
+func lineServer(t *testing.T, ns *testbed.NS, addr, name string) {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
+		t.Fatalf("listen in %s: %v", ns.Name, err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+				r := bufio.NewReaderSize(c, 1<<16)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := fmt.Fprintf(c, "%s %d\n", name, len(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+type e2eConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func dial(t *testing.T, ns *testbed.NS, addr string) *e2eConn {
+	t.Helper()
+	var c net.Conn
+	err := ns.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr, 5*time.Second)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", addr, ns.Name, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &e2eConn{Conn: c, r: bufio.NewReader(c)}
+}
+
+// ask sends a line of n bytes and returns who answered.
+func (c *e2eConn) ask(t *testing.T, n int) string {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := strings.Repeat("x", n-1) + "\n"
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	reply, err := c.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	var who string
+	var got int
+	if _, err := fmt.Sscanf(reply, "%s %d", &who, &got); err != nil || got != n {
+		t.Fatalf("reply %q to %d bytes", reply, n)
+	}
+	return who
+}
+
+// TestEndToEndSteering: client ns -> edge ns (xdp_steer on the client-facing
+// veth, the slowpath stand-in listening on the VIP) -> backend ns (xdp_decap,
+// VIP on lo, a server on the VIP). Settings per docs/fastpath.md.
+func TestEndToEndSteering(t *testing.T) {
+	testbed.RequireRoot(t)
+	cli := testbed.NewNS(t, "cli")
+	edge := testbed.NewNS(t, "edge")
+	be := testbed.NewNS(t, "be")
+	const beMAC = "02:00:00:00:03:02"
+	testbed.Veth(t, cli, "c0", "02:00:00:00:03:01", edge, "e0", "02:00:00:00:03:03")
+	testbed.Veth(t, edge, "e1", "02:00:00:00:03:04", be, "b0", beMAC)
+
+	cli.Run("ip", "addr", "add", "10.1.0.2/24", "dev", "c0")
+	cli.Run("ip", "route", "add", "default", "via", "10.1.0.1")
+	cli.Run("ethtool", "-K", "c0", "tx", "off") // veth partial checksums die in a redirect
+
+	edge.Run("ip", "addr", "add", "10.1.0.1/24", "dev", "e0")
+	edge.Run("ip", "addr", "add", "10.2.0.1/24", "dev", "e1")
+	edge.Run("ip", "addr", "add", "10.100.0.1/32", "dev", "lo")
+	edge.Run("ip", "neigh", "replace", "10.2.0.2", "dev", "e1", "lladdr", beMAC, "nud", "permanent")
+	edge.Sysctl("net.ipv4.ip_forward", "1")
+	edge.Sysctl("net.ipv4.conf.all.rp_filter", "0")
+	edge.Sysctl("net.ipv4.conf.e1.rp_filter", "2")
+	edge.Sysctl("net.ipv4.conf.e1.accept_local", "1") // replies come from the VIP, local here
+	// IPIP adds 20 bytes: the backend link carries client MTU + 20.
+	edge.Run("ip", "link", "set", "e1", "mtu", "1520")
+	be.Run("ip", "link", "set", "b0", "mtu", "1520")
+
+	be.Run("ip", "addr", "add", "10.2.0.2/24", "dev", "b0")
+	be.Run("ip", "addr", "add", "10.100.0.1/32", "dev", "lo")
+	be.Run("ip", "route", "add", "default", "via", "10.2.0.1")
+	be.Sysctl("net.ipv4.conf.all.arp_ignore", "1")
+	be.Sysctl("net.ipv4.conf.all.arp_announce", "2")
+	be.Sysctl("net.ipv4.conf.all.rp_filter", "0")
+	be.Sysctl("net.ipv4.conf.b0.rp_filter", "0")
+
+	bpffs := testbed.BPFFS(t)
+	var k *Kernel
+	if err := edge.Do(func() (err error) {
+		k, err = OpenKernel(Options{PinPath: filepath.Join(bpffs, "edge"), Interface: "e0", Attach: AttachDriver,
+			EncapSource: netip.MustParseAddr("10.2.0.1")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Detach() })
+	var d *Decap
+	if err := be.Do(func() (err error) {
+		d, err = OpenDecap(DecapOptions{PinPath: filepath.Join(bpffs, "decap"), Interface: "b0", Attach: AttachDriver,
+			Source: netip.MustParseAddr("10.2.0.1")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Detach() })
+
+	svc := netip.MustParseAddrPort("10.100.0.1:8000")
+	client := netip.MustParseAddr("10.1.0.2")
+	for _, err := range []error{
+		k.SetServices([]Service{svc}),
+		k.SetBackends([]Backend{{ID: 1, Addr: netip.MustParseAddr("10.2.0.2"), Healthy: true, Generation: 1}}),
+		d.SetServices([]Service{svc}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	lineServer(t, edge, svc.String(), "edge")
+	lineServer(t, be, svc.String(), "backend")
+
+	local := dial(t, cli, svc.String())
+	if who := local.ask(t, 100); who != "edge" {
+		t.Fatalf("no affinity: answered by %s, want edge", who)
+	}
+	if err := k.SetAffinity(Affinity{Client: client, Service: svc, Backend: 1, Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if who := local.ask(t, 100); who != "edge" {
+		t.Fatalf("established local connection hijacked to %s", who)
+	}
+	steered := dial(t, cli, svc.String())
+	if who := steered.ask(t, 100); who != "backend" {
+		t.Fatalf("follow-up connection answered by %s, want backend", who)
+	}
+	if who := steered.ask(t, 100_000); who != "backend" {
+		t.Fatalf("100 KB request on the steered connection answered by %s", who)
+	}
+	if err := k.DeleteAffinity(client, svc); err != nil {
+		t.Fatal(err)
+	}
+	if who := steered.ask(t, 100); who != "backend" {
+		t.Fatalf("steered connection moved to %s after the affinity was deleted", who)
+	}
+	if who := dial(t, cli, svc.String()).ask(t, 100); who != "edge" {
+		t.Fatalf("new connection without affinity answered by %s", who)
+	}
+
+	kc, err := k.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kc.Global[FlowNewSteer].Packets != 1 || kc.Global[Steered].Packets < 3 || kc.Global[FlowNewLocal].Packets != 2 {
+		t.Errorf("edge counters: new_steer %d steered %d new_local %d", kc.Global[FlowNewSteer].Packets,
+			kc.Global[Steered].Packets, kc.Global[FlowNewLocal].Packets)
+	}
+	if dc.Global[DecapOK].Packets != kc.Global[Steered].Packets {
+		t.Errorf("decapsulated %d packets, edge steered %d", dc.Global[DecapOK].Packets, kc.Global[Steered].Packets)
+	}
+	if kc.Global[Dropped].Packets != 0 || kc.Global[ErrFragNeeded].Packets != 0 {
+		t.Errorf("drops %d, frag needed %d", kc.Global[Dropped].Packets, kc.Global[ErrFragNeeded].Packets)
+	}
+	if t.Failed() {
+		var sb strings.Builder
+		_ = WriteStatus(&sb, k)
+		t.Log(sb.String())
+	}
+}
