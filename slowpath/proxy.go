@@ -113,6 +113,7 @@ func (s *Server) putExchange(ex *exchange) {
 
 // handle is the fasthttp handler, installed once as a method value.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer s.recoverPanic(ctx)
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
 		s.route(ctx, epChat)
@@ -128,6 +129,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 	default:
 		s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+	}
+}
+
+// recoverPanic keeps one bad request from taking the process down. A panic
+// mid-exchange leaks that exchange's slots; it is a bug, logged loudly.
+func (s *Server) recoverPanic(ctx *fasthttp.RequestCtx) {
+	if v := recover(); v != nil {
+		s.log.Error("panic in handler", "panic", v, "path", string(ctx.Path()))
+		s.reject(ctx, fasthttp.StatusInternalServerError, "panic", "Internal router error.", "internal_error", "", "")
 	}
 }
 
@@ -202,7 +212,8 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		ex.req.SessionKey = xxh3.Hash(ex.prompt.User) | 1
 	}
 	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
-		ex.client = ta.AddrPort()
+		ap := ta.AddrPort()
+		ex.client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	} else {
 		ex.client = netip.AddrPort{}
 	}
@@ -531,11 +542,7 @@ func (s *Server) complete(ex *exchange, ok bool, werr error) {
 	r := ex.rep
 	now := s.now()
 	s.brain.End(&ex.flight, now, ex.cached, ok && ex.status < 500)
-	code := ex.status
-	if !ok {
-		code = 599 // broken after headers: not the status the client saw complete
-	}
-	ex.mm.request(code)
+	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(time.Since(ex.start).Seconds())
 	if ex.cached >= 0 {
 		r.m.actual.Add(float64(ex.cached))

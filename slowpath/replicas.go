@@ -205,7 +205,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			MaxConns:                      u.MaxConnsPerReplica,
 			MaxIdleConnDuration:           u.MaxIdleConnDuration,
 			ReadTimeout:                   u.ResponseTimeout,
-			WriteTimeout:                  u.DialTimeout + s.cfg.Limits.ReadTimeout,
+			WriteTimeout:                  s.cfg.Limits.ReadTimeout,
 			MaxResponseBodySize:           0,
 			DisableHeaderNamesNormalizing: true,
 			DisablePathNormalizing:        true,

@@ -113,6 +113,11 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 	}
 
+	// Signals are caught before anyone is told we are ready.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(apiLn) }()
 	if adminLn != nil {
@@ -132,9 +137,6 @@ func runServe(ctx context.Context, args []string, e env) error {
 		e.ready(apiLn.Addr(), aa)
 	}
 
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
 	var serveErr error
 loop:
 	for {

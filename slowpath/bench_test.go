@@ -1,0 +1,186 @@
+package slowpath
+
+import (
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+)
+
+// fastBackendBody is a small chat completion with usage, answered at once.
+var fastBackendBody = []byte(`{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":1,"total_tokens":31,"prompt_tokens_details":{"cached_tokens":16}}}`)
+
+func fastBackend(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/metrics":
+		ctx.SetBodyString("vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n")
+	default:
+		ctx.SetContentType("application/json")
+		ctx.SetBody(fastBackendBody)
+	}
+}
+
+// startFastBackend serves fastBackend on a loopback socket.
+func startFastBackend(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: fastBackend}
+	go srv.Serve(ln) //nolint:errcheck
+	tb.Cleanup(func() { _ = srv.Shutdown() })
+	return ln.Addr().String()
+}
+
+var benchBody = []byte(`{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly and precisely, citing sources where you can."},{"role":"user","content":"What is the capital of France?"}]}`)
+
+// BenchmarkProxyOverhead measures the router against going straight to the
+// engine, side by side in one run, against a backend that answers at once:
+// the difference is the router's overhead. serial reports p50/p99 latency,
+// parallel reports throughput.
+func BenchmarkProxyOverhead(b *testing.B) {
+	backend := startFastBackend(b)
+	cfg := testConfig(backend)
+	cfg.Health.Interval, cfg.Health.Timeout = time.Second, time.Second
+	cfg.Scrape.Interval, cfg.Scrape.Timeout, cfg.Scrape.StaleAfter = time.Second, time.Second, 5*time.Second
+	s, err := New(cfg, testLogger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	url := startRouter(b, s)
+	router := url[len("http://"):]
+	for _, target := range []struct{ name, addr string }{{"direct", backend}, {"router", router}} {
+		hc := &fasthttp.HostClient{Addr: target.addr, MaxConns: 512}
+		do := func(req *fasthttp.Request, resp *fasthttp.Response) {
+			if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				b.Fatalf("%s: %v %d %s", target.name, err, resp.StatusCode(), resp.Body())
+			}
+		}
+		newReq := func() *fasthttp.Request {
+			req := fasthttp.AcquireRequest()
+			req.SetRequestURI("http://" + target.addr + "/v1/chat/completions")
+			req.Header.SetMethod(fasthttp.MethodPost)
+			req.Header.SetContentType("application/json")
+			req.SetBody(benchBody)
+			return req
+		}
+		b.Run(target.name+"/serial", func(b *testing.B) {
+			req := newReq()
+			defer fasthttp.ReleaseRequest(req)
+			resp := fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseResponse(resp)
+			lat := make([]time.Duration, 0, 1<<16)
+			b.ReportAllocs()
+			start := time.Now()
+			for b.Loop() {
+				t0 := time.Now()
+				do(req, resp)
+				if len(lat) < cap(lat) {
+					lat = append(lat, time.Since(t0))
+				}
+			}
+			el := time.Since(start)
+			slices.Sort(lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			}
+			b.ReportMetric(float64(b.N)/el.Seconds(), "req/s")
+		})
+		b.Run(target.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				req := newReq()
+				defer fasthttp.ReleaseRequest(req)
+				resp := fasthttp.AcquireResponse()
+				defer fasthttp.ReleaseResponse(resp)
+				for pb.Next() {
+					do(req, resp)
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+		})
+		hc.CloseIdleConnections()
+	}
+}
+
+// handlerRig drives the router's handler directly (no client socket) with
+// the upstream on an in-memory listener, so allocations counted are the
+// router's own (plus the in-process backend's, which allocates nothing once
+// warm).
+type handlerRig struct {
+	s   *Server
+	ctx fasthttp.RequestCtx
+}
+
+func newHandlerRig(tb testing.TB) *handlerRig {
+	tb.Helper()
+	ln := fasthttputil.NewInmemoryListener()
+	srv := &fasthttp.Server{Handler: fastBackend}
+	go srv.Serve(ln) //nolint:errcheck
+	tb.Cleanup(func() { _ = srv.Shutdown() })
+	cfg := testConfig("127.0.0.1:1") // never dialled: Dial is the in-memory listener
+	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
+	cfg.Scrape.Interval = 0
+	s, err := New(cfg, testLogger(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = s.Shutdown(tb.Context()) })
+	for _, r := range *s.table.Load() {
+		if r != nil {
+			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
+		}
+	}
+	h := &handlerRig{s: s}
+	var req fasthttp.Request
+	req.SetRequestURI("/v1/chat/completions")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.Header.Set("Authorization", "Bearer sk-x")
+	req.SetBody(benchBody)
+	h.ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5555}, nil)
+	return h
+}
+
+func (h *handlerRig) once(tb testing.TB) {
+	h.ctx.Response.Reset()
+	h.s.handle(&h.ctx)
+	if h.ctx.Response.StatusCode() != 200 {
+		tb.Fatalf("status %d: %s", h.ctx.Response.StatusCode(), h.ctx.Response.Body())
+	}
+}
+
+// BenchmarkHandler is one proxied non-streaming request through the
+// handler: parse, hash, decide, proxy, read usage, metrics.
+func BenchmarkHandler(b *testing.B) {
+	h := newHandlerRig(b)
+	for range 100 {
+		h.once(b)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		h.once(b)
+	}
+}
+
+func TestHandlerAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; run without -race (make test-short) for this guarantee")
+	}
+	h := newHandlerRig(t)
+	for range 100 {
+		h.once(t)
+	}
+	allocs := testing.AllocsPerRun(200, func() { h.once(t) })
+	t.Logf("allocations per proxied request (handler): %v", allocs)
+	if allocs != 0 {
+		t.Fatalf("%v allocations per proxied request, want 0", allocs)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package slowpath
+
+const raceEnabled = false
