@@ -29,10 +29,12 @@ type Config struct {
 	// (--num-gpu-blocks-override). Default 25000 (Llama-3.1-8B, bf16, one
 	// H100 80GB at gpu_memory_utilization 0.9; derivation in README.md).
 	NumGPUBlocks int
-	// MaxNumSeqs bounds the running batch (--max-num-seqs). Default 256.
+	// MaxNumSeqs bounds the running batch (--max-num-seqs). Default 1024
+	// (vLLM's API-server default on a >= 70 GiB GPU such as the H100).
 	MaxNumSeqs int
 	// MaxNumBatchedTokens is the per-step token budget shared by (chunked)
-	// prefills and decodes (--max-num-batched-tokens). Default 8192.
+	// prefills and decodes (--max-num-batched-tokens). Default 8192 (vLLM's
+	// API-server default on a >= 70 GiB GPU).
 	MaxNumBatchedTokens int
 	// MaxModelLen bounds prompt + output tokens of one request
 	// (--max-model-len). Default 131072 (Llama-3.1's context).
@@ -138,7 +140,7 @@ func DefaultConfig() Config {
 		ServedModelNames:    []string{"meta-llama/Llama-3.1-8B-Instruct"},
 		BlockSize:           16,
 		NumGPUBlocks:        25000,
-		MaxNumSeqs:          256,
+		MaxNumSeqs:          1024,
 		MaxNumBatchedTokens: 8192,
 		MaxModelLen:         131072,
 		TimeScale:           1,

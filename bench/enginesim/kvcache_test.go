@@ -1,0 +1,82 @@
+package enginesim
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestHashIndexMatchesMap drives the index and a Go map with the same random
+// operations, with keys crowded into few home slots to exercise probing and
+// backward-shift deletion.
+func TestHashIndexMatchesMap(t *testing.T) {
+	tests := []struct {
+		name string
+		keys func(r *rand.Rand) uint64
+	}{
+		{"random keys", func(r *rand.Rand) uint64 { return r.Uint64() | 1 }},
+		{"colliding homes", func(r *rand.Rand) uint64 { return uint64(r.IntN(40)+1)<<20 | uint64(r.IntN(4)) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x := newHashIndex(64)
+			ref := map[uint64]int32{}
+			for op := range 20000 {
+				k := tc.keys(r)
+				switch r.IntN(3) {
+				case 0:
+					if len(ref) < 64 {
+						_, had := ref[k]
+						if added := x.insert(k, int32(op)); added == had {
+							t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
+						}
+						if !had {
+							ref[k] = int32(op)
+						}
+					}
+				case 1:
+					x.del(k)
+					delete(ref, k)
+				}
+				want, ok := ref[k]
+				if !ok {
+					want = -1
+				}
+				if got := x.get(k); got != want {
+					t.Fatalf("op %d get(%x) = %d, want %d", op, k, got, want)
+				}
+			}
+			for k, v := range ref {
+				if got := x.get(k); got != v {
+					t.Fatalf("final get(%x) = %d, want %d", k, got, v)
+				}
+			}
+		})
+	}
+}
+
+func TestBlockPoolLRUOrder(t *testing.T) {
+	p := newBlockPool(4)
+	a, b := p.alloc(), p.alloc()
+	p.commit(a, 11)
+	p.commit(b, 22)
+	p.release(b) // b freed first: evicted first
+	p.release(a)
+	if p.used() != 0 || p.lookup(11) != a || p.lookup(22) != b {
+		t.Fatalf("freed blocks not cached: used %d", p.used())
+	}
+	p.touch(a) // a back in use: not evictable
+	for range 2 {
+		p.alloc() // the two never-used blocks
+	}
+	if got := p.alloc(); got != b || p.lookup(22) != -1 || p.evictions != 1 {
+		t.Fatalf("alloc = %d (want %d), lookup(22) = %d, evictions %d", got, b, p.lookup(22), p.evictions)
+	}
+	if p.alloc() != -1 {
+		t.Fatal("alloc from an exhausted pool")
+	}
+	p.commit(a, 22) // a already holds 11: unchanged
+	if p.lookup(11) != a || p.lookup(22) != -1 {
+		t.Fatal("commit overwrote a cached block")
+	}
+}
