@@ -33,6 +33,8 @@ type fakeEngine struct {
 	Status atomic.Int32
 	// DieMidStream closes the connection after the first event.
 	DieMidStream atomic.Bool
+	// Unhealthy makes /health answer 503; MetricsDown makes /metrics 500.
+	Unhealthy, MetricsDown atomic.Bool
 
 	mu       sync.Mutex
 	bodies   [][]byte
@@ -80,9 +82,16 @@ func (e *fakeEngine) lastHeader() http.Header {
 func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case "/health":
+		if e.Unhealthy.Load() {
+			ctx.SetStatusCode(503)
+		}
 		ctx.SetBodyString("ok")
 		return
 	case "/metrics":
+		if e.MetricsDown.Load() {
+			ctx.SetStatusCode(500)
+			return
+		}
 		fmt.Fprintf(ctx, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:num_requests_running{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n", e.waiting.Load())
 		return
 	}

@@ -1,0 +1,174 @@
+package slowpath
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func replicaStatus(t testing.TB, s *Server, name string) ReplicaStatus {
+	t.Helper()
+	for _, st := range s.Replicas() {
+		if st.Name == name {
+			return st
+		}
+	}
+	t.Fatalf("replica %s not found", name)
+	return ReplicaStatus{}
+}
+
+func TestActiveHealthOutAndReadmitted(t *testing.T) {
+	a, b := startFakeEngine(t), startFakeEngine(t)
+	cfg := testConfig(a.addr, b.addr)
+	cfg.Health.HealthyThreshold = 3
+	s, url := newTestServer(t, cfg)
+	a.Unhealthy.Store(true)
+	waitFor(t, "a out of rotation", func() bool { return !replicaStatus(t, s, a.addr).Healthy })
+	before := a.requests.Load()
+	for range 10 {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+			t.Fatalf("%d %s", st, body)
+		}
+	}
+	if a.requests.Load() != before {
+		t.Fatal("an unhealthy replica received requests")
+	}
+	a.Unhealthy.Store(false)
+	waitFor(t, "a re-admitted", func() bool { return replicaStatus(t, s, a.addr).Healthy })
+	// Both unhealthy: 503 in OpenAI form.
+	a.Unhealthy.Store(true)
+	b.Unhealthy.Store(true)
+	waitFor(t, "all out", func() bool {
+		return !replicaStatus(t, s, a.addr).Healthy && !replicaStatus(t, s, b.addr).Healthy
+	})
+	st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
+	want := "{\"error\":{\"message\":\"No healthy replica serves model `m` right now.\",\"type\":\"service_unavailable\",\"param\":\"model\",\"code\":\"no_replica_available\"}}"
+	if st != 503 || body != want {
+		t.Fatalf("got %d %s\nwant 503 %s", st, body, want)
+	}
+}
+
+func TestEjectedStaysOutForEjectTime(t *testing.T) {
+	bad, good := startFakeEngine(t), startFakeEngine(t)
+	bad.Status.Store(502)
+	cfg := testConfig(bad.addr, good.addr)
+	cfg.Routing.Policy = "round-robin"
+	cfg.Passive.ConsecutiveFailures = 2
+	cfg.Passive.EjectTime = 300 * time.Millisecond
+	cfg.Passive.MaxEjectTime = time.Second
+	s, url := newTestServer(t, cfg)
+	for range 6 {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+			t.Fatalf("%d %s", st, body)
+		}
+	}
+	st := replicaStatus(t, s, bad.addr)
+	if st.Healthy || st.Ejections != 1 || st.EjectedUntil.IsZero() {
+		t.Fatalf("after 2 failures: %+v", st)
+	}
+	// Its /health is fine, but it stays out until the eject time passed,
+	// then comes back after healthy_threshold good probes.
+	bad.Status.Store(0)
+	waitFor(t, "re-admission after eject time", func() bool { return replicaStatus(t, s, bad.addr).Healthy })
+	if time.Now().Before(st.EjectedUntil) {
+		t.Fatalf("re-admitted before the eject time ended (%s)", st.EjectedUntil)
+	}
+}
+
+func TestScrapeFeedsSignalsAndGoesStale(t *testing.T) {
+	e := startFakeEngine(t)
+	e.waiting.Store(5)
+	s, _ := newTestServer(t, testConfig(e.addr))
+	waitFor(t, "scrape", func() bool { return replicaStatus(t, s, e.addr).Engine.Waiting == 5 })
+	st := replicaStatus(t, s, e.addr)
+	if st.Engine.Running != 1 || st.Engine.KVUsage != 0.25 || st.Engine.KVCapacityTokens != 1600 || st.Engine.Stale {
+		t.Fatalf("engine signals %+v", st.Engine)
+	}
+	if st.Affinity == nil || st.Affinity.Signals.Waiting != 5 || st.Affinity.Signals.KVCapacityTokens != 1600 {
+		t.Fatalf("signals did not reach affinity: %+v", st.Affinity)
+	}
+	e.MetricsDown.Store(true)
+	waitFor(t, "stale", func() bool { return replicaStatus(t, s, e.addr).Engine.Stale })
+	st = replicaStatus(t, s, e.addr)
+	if st.Affinity.Signals.At != 0 || !strings.Contains(st.Engine.Error, "status 500") {
+		t.Fatalf("stale signals must be withdrawn from affinity: %+v / %+v", st.Affinity.Signals, st.Engine)
+	}
+}
+
+func TestReloadFileAddRemoveAndRejectInvalid(t *testing.T) {
+	a, b := startFakeEngine(t), startFakeEngine(t)
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(f+".tmp", []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(f+".tmp", f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head := "reload_interval: 10ms\nhealth: {interval: 20ms, timeout: 20ms}\nscrape: {interval: 20ms, timeout: 20ms, stale_after: 100ms}\nreplicas:\n"
+	write(head + "  - {address: " + a.addr + ", models: [m]}\n")
+	s, err := NewFromFile(f, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRouter(t, s)
+	write(head + "  - {address: " + a.addr + ", models: [m]}\n  - {address: " + b.addr + ", models: [m, other]}\n")
+	waitFor(t, "b added", func() bool { return len(s.Replicas()) == 2 })
+	write(head + "  - {address: " + b.addr + ", models: [m, other]}\n")
+	waitFor(t, "a removed", func() bool { return len(s.Replicas()) == 1 })
+	// An invalid file is rejected as a whole: the running set stays.
+	write(head + "  - {address: " + a.addr + ", models: []}\n")
+	waitFor(t, "rejected reload counted", func() bool { return value(t, s.m.reloads.WithLabelValues("error")) >= 1 })
+	if r := s.Replicas(); len(r) != 1 || r[0].Name != b.addr {
+		t.Fatalf("invalid reload changed the replica set: %+v", r)
+	}
+	// Explicit Reload (what SIGHUP calls) reports the error too.
+	if err := s.Reload(); err == nil || !strings.Contains(err.Error(), "replicas[0].models: at least one model name required") {
+		t.Fatalf("Reload: %v", err)
+	}
+}
+
+func TestEmbeddingsAndCompletionsRouted(t *testing.T) {
+	e := startFakeEngine(t)
+	_, url := newTestServer(t, testConfig(e.addr))
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/embeddings", `{"model":"m","input":["a","b"]}`},
+		{"/v1/completions", `{"model":"m","prompt":"once upon a time"}`},
+	} {
+		if st, body := post(t, url+tc.path, "application/json", tc.body); st != 200 {
+			t.Fatalf("%s: %d %s", tc.path, st, body)
+		}
+		if string(e.lastBody()) != tc.body {
+			t.Fatalf("%s: engine got %q", tc.path, e.lastBody())
+		}
+	}
+}
+
+func TestMetricNames(t *testing.T) {
+	e := startFakeEngine(t)
+	s, url := newTestServer(t, testConfig(e.addr))
+	post(t, url+"/v1/chat/completions", "application/json", chatBody)
+	post(t, url+"/v1/nope", "application/json", chatBody)
+	mfs, err := s.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, mf := range mfs {
+		have[mf.GetName()] = true
+	}
+	for _, n := range []string{
+		"requests_total", "decision_seconds", "cached_tokens_predicted_total", "cached_tokens_actual_total",
+		"cached_tokens_prediction_error_tokens", "ttft_seconds", "request_duration_seconds", "retries_total",
+		"ejections_total", "broken_streams_total", "in_flight", "replica_in_flight", "replica_healthy",
+		"rejected_total",
+	} {
+		if !have["warmpath_slowpath_"+n] {
+			t.Errorf("metric warmpath_slowpath_%s missing", n)
+		}
+	}
+}
