@@ -2,6 +2,10 @@ package enginesim
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -113,4 +117,55 @@ func BenchmarkSimulatedRequests(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkServerChat measures non-streaming chat requests per second
+// through the HTTP face (TimeScale 1e-6, so the model's time is negligible)
+// against a baseline twin: a bare net/http handler returning a fixed body.
+func BenchmarkServerChat(b *testing.B) {
+	body := `{"model":"m","max_tokens":8,"messages":[{"role":"system","content":"` + string(prompt("sys", 500)) + `"},{"role":"user","content":"hi"}]}`
+	run := func(b *testing.B, url string) {
+		c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
+		defer c.CloseIdleConnections()
+		b.ReportAllocs()
+		b.SetParallelism(4)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				resp, err := c.Post(url, "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Errorf("status %d", resp.StatusCode)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	}
+	b.Run("enginesim", func(b *testing.B) {
+		cfg := DefaultConfig()
+		cfg.ServedModelNames = []string{"m"}
+		cfg.TimeScale = 1e-6
+		cfg.Logger = discardLogger()
+		s, err := Start(cfg, "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		run(b, "http://"+s.Addr()+"/v1/chat/completions")
+	})
+	b.Run("baseline=nethttp-fixed", func(b *testing.B) {
+		fixed := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"the and for are "},"finish_reason":"length"}],"usage":{"prompt_tokens":512,"completion_tokens":8,"total_tokens":520}}`)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(fixed)
+		}))
+		defer srv.Close()
+		run(b, srv.URL+"/v1/chat/completions")
+	})
 }

@@ -61,8 +61,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // ServeHTTP routes the OpenAI API, health, metrics and admin endpoints.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s.handlers.Add(1)
-	defer s.handlers.Done()
+	if !s.enter() {
+		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailable", Message: "server closing"})
+		return
+	}
+	defer s.leave()
 	route := func(method string, h func(http.ResponseWriter, *http.Request)) {
 		if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
 			w.Header().Set("Allow", method)

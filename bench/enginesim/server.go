@@ -49,7 +49,11 @@ type Server struct {
 	closing   chan struct{}
 	closeOnce sync.Once
 	loopDone  chan struct{}
-	handlers  sync.WaitGroup
+
+	hmu     sync.Mutex // guards active, hclosed
+	hcond   *sync.Cond // signalled when active drops to 0
+	active  int        // handlers running
+	hclosed bool       // no new handlers
 }
 
 type modelInfo struct {
@@ -134,6 +138,7 @@ func NewServer(cfg Config) (*Server, error) {
 		s.models[n] = modelInfo{adapter: n}
 		s.served[n] = new(atomic.Int64)
 	}
+	s.hcond = sync.NewCond(&s.hmu)
 	f := cfg.Faults
 	s.faults.Store(&f)
 	s.met = newMetrics(s)
@@ -196,7 +201,12 @@ func (s *Server) Close() error {
 		s.mu.Lock()
 		s.failFlightsLocked(errClosed)
 		s.mu.Unlock()
-		s.handlers.Wait()
+		s.hmu.Lock()
+		s.hclosed = true
+		for s.active > 0 {
+			s.hcond.Wait()
+		}
+		s.hmu.Unlock()
 	})
 	return err
 }
@@ -295,6 +305,26 @@ func (s *Server) loop() {
 			return
 		}
 	}
+}
+
+// enter registers a running handler; false once Close began.
+func (s *Server) enter() bool {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	if s.hclosed {
+		return false
+	}
+	s.active++
+	return true
+}
+
+func (s *Server) leave() {
+	s.hmu.Lock()
+	s.active--
+	if s.active == 0 {
+		s.hcond.Broadcast()
+	}
+	s.hmu.Unlock()
 }
 
 func (s *Server) poke() {
