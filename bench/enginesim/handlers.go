@@ -605,8 +605,8 @@ func (s *Server) respond(w http.ResponseWriter, r *http.Request, c *apiCall, f *
 			"choices": []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": reason}},
 			"usage":   makeUsage(f, st)}
 	}
+	s.served[c.model].Add(1) // before the write: a client that has the body sees the count
 	writeJSON(w, http.StatusOK, resp)
-	s.served[c.model].Add(1)
 }
 
 // chunk is one streamed event; Delta for chat, Text for completions.
@@ -702,6 +702,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *apiCall, f *f
 			chunks++
 		}
 		if st.done {
+			s.served[c.model].Add(1) // before [DONE]: a client that saw it sees the count
 			reason := st.finish.String()
 			content("", &reason)
 			if !send() {
@@ -716,7 +717,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *apiCall, f *f
 			}
 			w.Write([]byte("data: [DONE]\n\n"))
 			rc.Flush()
-			s.served[c.model].Add(1)
 			return
 		}
 		if !s.wait(r, f) {
