@@ -62,7 +62,8 @@ type Request struct {
 }
 
 // Decision is a policy's ranked answer. Reused by the caller; Ranked's
-// backing array is kept between calls.
+// backing array is kept between calls. It also carries the per-caller scratch
+// Decide needs (so Decide allocates nothing): use one Decision per goroutine.
 type Decision struct {
 	Ranked []ReplicaID // best first; the proxy retries down the list
 	// CachedTokens[i] is the predicted cached prefix, in tokens, of Ranked[i].
@@ -118,7 +119,14 @@ type Policy interface {
 //	func (p *Parser) ParseChat(body []byte, out *Prompt) error       // /v1/chat/completions
 //	func (p *Parser) ParseCompletion(body []byte, out *Prompt) error // /v1/completions
 //	func (p *Parser) ParseEmbedding(body []byte, out *Prompt) error  // /v1/embeddings: model only
-//	func HashPath() string                                   // "avx512" | "avx2" | "sse4.2" | "neon" | "generic"
+//	func HashPath() string                                   // "avx512" | "avx2" | "sse2" | "neon" | "generic" (xxh3's path for 256-byte blocks)
+//
+// Additions beyond the original contract: Config/HashConfig (config.go),
+// View and Load (view.go), ReplicaStatus, Stats, Router.HashConfig,
+// Router.PolicyName (router.go), PolicyNames, NewPolicy, BeginHook, RemoveHook
+// and the built-in policy types (policy.go), NewRouterWithPolicy (custom.go),
+// NewCollector (metrics.go), Seed, AppendHashes, SessionKey, CPUFeatures
+// (hash.go), Prompt.Fill (prompt.go).
 
 // Prompt is the routing-relevant part of one request body. Slices point into
 // the Parser's scratch buffers and are valid until the Parser's next call.
