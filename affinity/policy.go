@@ -233,12 +233,14 @@ func (p *ConsistentHash) Rank(v *View, req *Request, d *Decision) {
 // ones whose replica is not eligible, rank by least-request; the pinned
 // replica, when eligible, is ranked first.
 type Session struct {
-	ttl, max  int64
-	mu        sync.Mutex
-	m         map[uint64]sessionEntry
-	epoch     []uint32 // per ReplicaID, bumped on removal
-	lastSweep int64
+	ttl, max int64
+	mu       sync.Mutex
+	m        map[uint64]sessionEntry
+	epoch    []uint32 // per ReplicaID, bumped on removal
 }
+
+// sweepPerBegin is how many session entries OnBegin examines for expiry.
+const sweepPerBegin = 8
 
 type sessionEntry struct {
 	id      ReplicaID
@@ -288,12 +290,16 @@ func (s *Session) OnBegin(id ReplicaID, req *Request) {
 	for int(id) >= len(s.epoch) {
 		s.epoch = append(s.epoch, 0)
 	}
-	if req.Now-s.lastSweep > s.ttl {
-		s.lastSweep = req.Now
-		for k, e := range s.m {
-			if e.expires < req.Now {
-				delete(s.m, k)
-			}
+	// Incremental sweep: look at a few entries from a random map position
+	// each time, so expired sessions never pile up (at most about
+	// 1/sweepPerBegin of the table) and no call pays for a full scan.
+	n := 0
+	for k, e := range s.m {
+		if e.expires < req.Now {
+			delete(s.m, k)
+		}
+		if n++; n >= sweepPerBegin {
+			break
 		}
 	}
 	if _, ok := s.m[req.SessionKey]; !ok && int64(len(s.m)) >= s.max {

@@ -356,3 +356,40 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal()
 	}
 }
+
+// TestSessionSweep: expired sessions are swept incrementally, so the table
+// stays near the live set, and a full table refuses new pins.
+func TestSessionSweep(t *testing.T) {
+	cfg := Config{Policy: "session", SessionTTL: time.Second, MaxSessions: 1000}
+	r, ids := buildRouter(t, cfg, state{n: 2})
+	s := r.policy.(*Session)
+	var f Flight
+	req := &Request{Model: []byte("m"), PromptTokens: 1}
+	for i := range 1000 { // fill at t=0
+		req.SessionKey, req.Now = uint64(i+1), 0
+		r.Begin(ids[0], req, nil, &f)
+		r.End(&f, 0, -1, true)
+	}
+	if s.Sessions() != 1000 {
+		t.Fatalf("%d sessions, want 1000", s.Sessions())
+	}
+	req.SessionKey, req.Now = 5000, 1 // full: not pinned
+	r.Begin(ids[1], req, nil, &f)
+	r.End(&f, 1, -1, true)
+	if s.Sessions() != 1000 {
+		t.Fatalf("full table grew to %d", s.Sessions())
+	}
+	// Much later, 500 new sessions: the old 1000 are expired and swept.
+	for i := range 500 {
+		req.SessionKey, req.Now = uint64(10000+i), int64(10*time.Second)
+		r.Begin(ids[1], req, nil, &f)
+		r.End(&f, req.Now, -1, true)
+	}
+	if n := s.Sessions(); n > 700 {
+		t.Fatalf("%d sessions after expiry, want near 500", n)
+	}
+	req.SessionKey = 10000
+	if d := decide(t, r, req); d.Ranked[0] != ids[1] {
+		t.Fatalf("live session lost: %v", d.Ranked)
+	}
+}
