@@ -113,25 +113,25 @@ func DefaultOutputLen() OutputLen { return OutputLen{Median: 150, Sigma: 0.9, Mi
 type Faults struct {
 	// Latency is added before each API request (/v1/*) is handled. Model
 	// time: the wall delay is Latency×TimeScale.
-	Latency time.Duration `json:"-"`
+	Latency time.Duration
 	// ErrorRate is the fraction (0..1) of API requests answered with
 	// ErrorStatus. Deterministic for a Seed.
-	ErrorRate float64 `json:"error_rate"`
+	ErrorRate float64
 	// ErrorStatus is the status of injected errors; 0 means 500.
-	ErrorStatus int `json:"error_status,omitempty"`
+	ErrorStatus int
 	// Hang makes API requests never answer until the client gives up or
 	// the server closes.
-	Hang bool `json:"hang"`
+	Hang bool
 	// CloseAfterChunks > 0 closes the connection of a streaming response
 	// after that many content chunks (a non-streaming response is cut
 	// before its body). The request is aborted in the engine.
-	CloseAfterChunks int `json:"close_after_chunks"`
+	CloseAfterChunks int
 	// MetricsGarbage makes /metrics answer unparsable text.
-	MetricsGarbage bool `json:"metrics_garbage"`
+	MetricsGarbage bool
 	// MetricsStall makes /metrics hang until the client gives up.
-	MetricsStall bool `json:"metrics_stall"`
+	MetricsStall bool
 	// Unhealthy makes /health answer 503.
-	Unhealthy bool `json:"unhealthy"`
+	Unhealthy bool
 }
 
 // DefaultConfig returns a Llama-3.1-8B-on-one-H100 engine in real time.

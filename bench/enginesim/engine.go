@@ -110,6 +110,8 @@ func (r *Request) tokenText(j int) string {
 }
 
 // Observer receives the engine's events, in virtual time, from Advance.
+// Callbacks may Submit (at the event's time, e.g. the next turn of a chat
+// or a resubmission of r from OnFinish) and Abort, but not Reset.
 type Observer interface {
 	// OnToken: r produced output token r.OutputTokens at time at (the
 	// first one when r.OutputTokens == 1).
@@ -363,6 +365,7 @@ func (e *Engine) blocksFor(tokens int) int { return (tokens + e.bs - 1) / e.bs }
 // first, preempting from the back when KV runs out, then waiting requests
 // unless something was preempted).
 func (e *Engine) plan(t int64) {
+	e.pendingAt = NoEvent // this step considers everything that arrived by t
 	e.batch = e.batch[:0]
 	budget := e.budget
 	prefill, decodes, ctx := 0, 0, 0
@@ -531,6 +534,7 @@ func (e *Engine) complete(obs Observer) {
 				r.Finish = FinishStop
 			}
 			r.FinishedAt = at
+			r.seq = nil // OnFinish may resubmit r
 			e.freeBlocks(s)
 			s.state = stDone
 			finished = true
@@ -549,7 +553,6 @@ func (e *Engine) complete(obs Observer) {
 			if s.state == stRunning {
 				kept = append(kept, s)
 			} else {
-				s.req.seq = nil
 				e.recycle(s)
 			}
 		}

@@ -67,6 +67,9 @@ func drain(t testing.TB, e *Engine, obs Observer) int64 {
 		if i > 1_000_000 {
 			t.Fatal("engine did not drain")
 		}
+		if next < now {
+			t.Fatalf("NextEventTime %d went back before %d", next, now)
+		}
 		now = next
 		e.Advance(now, obs)
 	}
@@ -492,5 +495,51 @@ func TestSteadyStateAllocs(t *testing.T) {
 	cycle()
 	if n := testing.AllocsPerRun(20, cycle); n != 0 {
 		t.Errorf("steady-state submit+advance allocates %v times per cycle", n)
+	}
+}
+
+// chainer resubmits each finished request from OnFinish (the next turn),
+// checking that time never runs backwards.
+type chainer struct {
+	t     *testing.T
+	e     *Engine
+	turns map[*Request]int
+	last  int64
+}
+
+func (c *chainer) OnToken(r *Request, at int64) {
+	if at < c.last || at < r.Arrival {
+		c.t.Errorf("event at %d after %d (arrival %d)", at, c.last, r.Arrival)
+	}
+	c.last = at
+}
+
+func (c *chainer) OnFinish(r *Request, at int64) {
+	c.turns[r]++
+	if c.turns[r] < 3 {
+		r.Prompt = append(append([]byte(nil), r.Prompt...), prompt("next", 20)...)
+		if err := c.e.Submit(r, at); err != nil {
+			c.t.Errorf("resubmit from OnFinish: %v", err)
+		}
+	}
+}
+
+func TestResubmitFromObserver(t *testing.T) {
+	e := newTestEngine(t, nil)
+	c := &chainer{t: t, e: e, turns: map[*Request]int{}}
+	var rs []*Request
+	for i := range 5 {
+		r := &Request{ID: uint64(i), Prompt: prompt(fmt.Sprint("chat", i), 64), MaxTokens: 5 + i}
+		submit(t, e, r, int64(i)*int64(time.Millisecond))
+		rs = append(rs, r)
+	}
+	drain(t, e, c)
+	for _, r := range rs {
+		if c.turns[r] != 3 || r.Finish != FinishLength {
+			t.Errorf("request %d: %d turns, finish %v", r.ID, c.turns[r], r.Finish)
+		}
+		if r.CachedTokens < 64 {
+			t.Errorf("request %d: third turn cached %d tokens, want >= 64 (earlier turns)", r.ID, r.CachedTokens)
+		}
 	}
 }
