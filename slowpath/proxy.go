@@ -68,7 +68,8 @@ type exchange struct {
 	rep     *replica
 	mm      *modelMetrics
 	pred    int
-	start   time.Time
+	decided int64 // s.now() after the decision (the Flight's start)
+	start   int64 // s.now() at arrival
 	client  netip.AddrPort
 	ev      RoutedEvent
 
@@ -175,7 +176,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		return
 	}
 	ex := s.getExchange()
-	ex.start = time.Now()
+	ex.start = s.now()
 	var err error
 	switch ep {
 	case epChat:
@@ -247,7 +248,7 @@ func (s *Server) admit(ex *exchange) bool {
 	if s.cfg.Limits.OnLimit != OnLimitQueue {
 		return false
 	}
-	deadline := ex.start.Add(s.cfg.Limits.QueueTimeout)
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
 	for {
 		c := s.freed.wait()
 		if s.tryTotal() {
@@ -284,16 +285,17 @@ func (s *Server) releaseTotal() {
 // every candidate is at its limit.
 func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	queue := s.cfg.Limits.OnLimit == OnLimitQueue
-	deadline := ex.start.Add(s.cfg.Limits.QueueTimeout)
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
 	for {
 		var c chan struct{}
 		if queue {
 			c = s.freed.wait() // before Decide: a release in between wakes us
 		}
-		ex.req.Now = s.now()
-		t0 := time.Now()
+		t0 := s.now()
+		ex.req.Now = t0
 		err := s.brain.Decide(&ex.req, &ex.dec)
-		s.m.decision.Observe(time.Since(t0).Seconds())
+		ex.decided = s.now()
+		s.m.decision.Observe(seconds(ex.decided - t0))
 		if err == nil && len(ex.dec.Ranked) > 0 {
 			if queue {
 				s.freed.done()
@@ -366,7 +368,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		if i < len(ex.dec.CachedTokens) {
 			pred = ex.dec.CachedTokens[i]
 		}
-		ex.req.Now = s.now()
+		if attempts > 1 {
+			ex.decided = s.now()
+		}
+		ex.req.Now = ex.decided
 		ex.flight = affinity.Flight{}
 		s.brain.Begin(id, &ex.req, &ex.dec, &ex.flight)
 		uresp := fasthttp.AcquireResponse()
@@ -375,7 +380,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		err := r.hc.Do(ureq, uresp)
 		status := uresp.StatusCode()
 		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
-		if err == nil && s.retryStatus(status) && !last {
+		badStatus := err == nil && s.retryStatus(status)
+		if badStatus && !last {
 			err = errRetryStatus
 		}
 		if err != nil {
@@ -391,7 +397,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			r.log.Debug("attempt failed", "err", err, "status", status)
 			continue
 		}
-		r.proxyOK()
+		if badStatus {
+			// Last chance: pass the engine's answer on, but count it.
+			s.proxyFailed(r, errRetryStatus)
+		} else {
+			r.proxyOK()
+		}
 		ex.rep = r
 		ex.pred = pred
 		ex.mm = r.modelMetrics(ex.model)
@@ -477,8 +488,8 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	ctx.Response.SetBody(body)
 	fasthttp.ReleaseResponse(uresp)
 	s.brain.FirstToken(&ex.flight, now)
-	ex.mm.ttft.Observe(time.Since(ex.start).Seconds())
-	s.complete(ex, true, nil)
+	ex.mm.ttft.Observe(seconds(now - ex.start))
+	s.completeAt(ex, true, nil, now)
 }
 
 // startStream hands the upstream body stream to fasthttp: each Read is
@@ -498,8 +509,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	if n > 0 {
 		if !ex.gotFirst {
 			ex.gotFirst = true
-			ex.s.brain.FirstToken(&ex.flight, ex.s.now())
-			ex.mm.ttft.Observe(time.Since(ex.start).Seconds())
+			now := ex.s.now()
+			ex.s.brain.FirstToken(&ex.flight, now)
+			ex.mm.ttft.Observe(seconds(now - ex.start))
 		}
 		if ex.status == fasthttp.StatusOK {
 			ex.scan(p[:n])
@@ -533,17 +545,19 @@ func (ex *exchange) CloseWithError(werr error) error {
 	} else if werr != nil {
 		ex.rep.log.Debug("client went away mid-stream", "err", werr)
 	}
-	s.complete(ex, ok, werr)
+	s.completeAt(ex, ok, werr, s.now())
 	return nil
 }
 
-// complete does the bookkeeping shared by buffered and streamed answers.
-func (s *Server) complete(ex *exchange, ok bool, werr error) {
+// seconds converts a s.now() difference for histograms.
+func seconds(ns int64) float64 { return float64(ns) / 1e9 }
+
+// completeAt does the bookkeeping shared by buffered and streamed answers.
+func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
-	now := s.now()
 	s.brain.End(&ex.flight, now, ex.cached, ok && ex.status < 500)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
-	ex.mm.e2e.Observe(time.Since(ex.start).Seconds())
+	ex.mm.e2e.Observe(seconds(now - ex.start))
 	if ex.cached >= 0 {
 		r.m.actual.Add(float64(ex.cached))
 		d := ex.cached - ex.pred

@@ -447,3 +447,40 @@ func TestObserverSeam(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+func TestEveryAttemptFails(t *testing.T) {
+	t.Run("retryable status on the last attempt passes through", func(t *testing.T) {
+		a, b := startFakeEngine(t), startFakeEngine(t)
+		a.Status.Store(503)
+		b.Status.Store(503)
+		cfg := testConfig(a.addr, b.addr)
+		cfg.Passive.ConsecutiveFailures = 0
+		s, url := newTestServer(t, cfg)
+		st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
+		if st != 503 || body != `{"error":{"message":"engine says no","type":"x","param":null,"code":null}}` {
+			t.Fatalf("got %d %s", st, body)
+		}
+		if a.requests.Load()+b.requests.Load() != 2 || value(t, s.m.retries) != 1 {
+			t.Fatalf("attempts a=%d b=%d retries=%v, want one each and 1 retry", a.requests.Load(), b.requests.Load(), value(t, s.m.retries))
+		}
+	})
+	t.Run("connection failures give 502", func(t *testing.T) {
+		var addrs []string
+		for range 2 {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addrs = append(addrs, ln.Addr().String())
+			ln.Close()
+		}
+		cfg := testConfig(addrs...)
+		cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
+		_, url := newTestServer(t, cfg)
+		st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
+		if st != 502 || !strings.HasPrefix(body, `{"error":{"message":"Upstream replicas failed: `) ||
+			!strings.HasSuffix(body, `","type":"upstream_error","param":null,"code":"upstream_error"}}`) {
+			t.Fatalf("got %d %s", st, body)
+		}
+	})
+}

@@ -84,6 +84,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	s.router = rt
+	s.reg.MustRegister(affinity.NewCollector(rt))
 	return s, nil
 }
 
