@@ -1,0 +1,371 @@
+package suite
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/warmpath/warmpath/bench/enginesim"
+	"github.com/warmpath/warmpath/bench/sim"
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// Options configure a simulator suite run.
+type Options struct {
+	// Out is the results folder; report.md, plots and results.json go there.
+	Out string
+	// Smoke shrinks every workload and sweep to seconds (CI).
+	Smoke bool
+	// Seed seeds the workloads and the routers. 0 means 1.
+	Seed uint64
+	// Replicas for the per-workload load ladders. 0 means 8.
+	Replicas int
+	// Trace is the Mooncake trace; "" looks for ../shared/workloads/mooncake-synthetic.jsonl.
+	Trace string
+	// Parallel runs at once. 0 means GOMAXPROCS.
+	Parallel int
+	// Progress receives a progress bar (nil: none).
+	Progress io.Writer
+	// Command is recorded in the report so anyone can reproduce it.
+	Command string
+}
+
+// Loads are the load levels of the ladder, as fractions of the cluster's
+// measured capacity (least-request throughput under overload).
+var Loads = []float64{0.2, 0.35, 0.5, 0.65, 0.8, 0.95, 1.1}
+
+// headlineLoads are the columns of the headline table.
+var headlineLoads = []float64{0.5, 0.8, 0.95}
+
+// Point is one simulated run in the results.
+type Point struct {
+	Workload string      `json:"workload"`
+	Load     float64     `json:"load"` // fraction of capacity (ladder) or 0.8 (sweeps)
+	RPS      float64     `json:"rps"`
+	Sweep    string      `json:"sweep,omitempty"` // "", "replicas", "cache"
+	Param    int         `json:"param,omitempty"` // the swept value
+	Result   *sim.Result `json:"result"`
+}
+
+// Results is everything a suite run produced.
+type Results struct {
+	Started   time.Time          `json:"started"`
+	Elapsed   float64            `json:"elapsed_seconds"`
+	Seed      uint64             `json:"seed"`
+	Replicas  int                `json:"replicas"`
+	Capacity  map[string]float64 `json:"capacity_rps"`
+	Workloads []workloadInfo     `json:"workloads"`
+	Points    []Point            `json:"points"`
+}
+
+type workloadInfo struct {
+	Name     string  `json:"name"`
+	Params   string  `json:"params"`
+	Requests int     `json:"requests"`
+	Reuse    float64 `json:"reusable_share"` // unbounded-cache reusable prompt share
+}
+
+type job struct {
+	w        *workload.Workload
+	cfg      sim.Config
+	point    Point
+	fraction float64
+}
+
+// Run runs the suite and writes the report into opts.Out.
+func Run(opts Options) (*Results, error) {
+	if opts.Seed == 0 {
+		opts.Seed = 1
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 8
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = runtime.GOMAXPROCS(0)
+	}
+	if opts.Out == "" {
+		return nil, errors.New("suite: no output folder")
+	}
+	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("suite: %w", err)
+	}
+	ws, err := workloads(opts)
+	if err != nil {
+		return nil, err
+	}
+	res := &Results{Started: time.Now(), Seed: opts.Seed, Replicas: opts.Replicas, Capacity: map[string]float64{}}
+	policies := sim.Policies()
+	engine := enginesim.DefaultConfig()
+
+	// 1. capacity of each workload on this cluster
+	bar := newBar(opts.Progress, len(ws))
+	for _, w := range ws {
+		r, total := workload.Reuse(w)
+		res.Workloads = append(res.Workloads, workloadInfo{w.Name, w.Params, len(w.Requests), float64(r) / float64(total)})
+		capRPS, err := capacity(w, opts.Replicas, engine, opts.Seed)
+		if err != nil {
+			return nil, err
+		}
+		res.Capacity[w.Name] = capRPS
+		bar.step("capacity " + w.Name)
+	}
+
+	// 2. the load ladder: every workload x load x policy
+	var jobs []job
+	for _, w := range ws {
+		for _, f := range Loads {
+			for _, p := range policies {
+				jobs = append(jobs, job{w: w, fraction: f, cfg: sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engine: engine},
+					point: Point{Workload: w.Name, Load: f, RPS: f * res.Capacity[w.Name]}})
+			}
+		}
+	}
+	// 3. sweeps at 80% load: replicas, and KV cache size per replica
+	sweepPolicies := []string{"cost", "least-request", "round-robin", "consistent-hash", "sglang-cache-aware", "llm-d", "dynamo-kv"}
+	replicaCounts := []int{4, 16, 64, 256, 1024}
+	if opts.Smoke {
+		replicaCounts = []int{2, 4}
+	}
+	for _, n := range replicaCounts {
+		w, err := scaledShared(opts, n)
+		if err != nil {
+			return nil, err
+		}
+		capRPS, err := capacity(w, n, engine, opts.Seed)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range sweepPolicies {
+			jobs = append(jobs, job{w: w, fraction: 0.8, cfg: sim.Config{Replicas: n, Policy: p, Seed: opts.Seed, Engine: engine},
+				point: Point{Workload: w.Name, Load: 0.8, RPS: 0.8 * capRPS, Sweep: "replicas", Param: n}})
+		}
+	}
+	b2b := ws[1]
+	blocks := []int{1500, 3000, 6000, 12000, 25000}
+	if opts.Smoke {
+		blocks = []int{1500, 25000}
+	}
+	for _, nb := range blocks {
+		e := engine
+		e.NumGPUBlocks = nb
+		for _, p := range sweepPolicies {
+			jobs = append(jobs, job{w: b2b, fraction: 0.8, cfg: sim.Config{Replicas: opts.Replicas, Policy: p, Seed: opts.Seed, Engine: e},
+				point: Point{Workload: b2b.Name, Load: 0.8, RPS: 0.8 * res.Capacity[b2b.Name], Sweep: "cache", Param: nb}})
+		}
+	}
+
+	bar = newBar(opts.Progress, len(jobs))
+	res.Points = make([]Point, len(jobs))
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  = make(chan int)
+	)
+	for range opts.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				j := jobs[i]
+				w := rescaled(j.w, j.point.RPS)
+				r, err := sim.Run(j.cfg, w)
+				mu.Lock()
+				if err != nil && first == nil {
+					first = fmt.Errorf("suite: %s %s load %.2f: %w", j.w.Name, j.cfg.Policy, j.fraction, err)
+				}
+				j.point.Result = r
+				res.Points[i] = j.point
+				bar.step(fmt.Sprintf("%s %s %.0f%%", j.w.Name, j.cfg.Policy, j.fraction*100))
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range jobs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	res.Elapsed = time.Since(res.Started).Seconds()
+	if err := writeJSON(filepath.Join(opts.Out, "results.json"), res); err != nil {
+		return nil, err
+	}
+	if err := writeReport(opts, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// rescaled returns a copy of w whose arrivals run at rps.
+func rescaled(w *workload.Workload, rps float64) *workload.Workload {
+	c := *w
+	c.Requests = append([]workload.Request(nil), w.Requests...)
+	c.ScaleRate(rps)
+	return &c
+}
+
+// capacity measures the cluster's sustainable request rate for w: the
+// throughput least-request reaches when the whole workload is offered at
+// once. The ladder's load levels are fractions of it.
+func capacity(w *workload.Workload, replicas int, engine enginesim.Config, seed uint64) (float64, error) {
+	r, err := sim.Run(sim.Config{Replicas: replicas, Policy: "least-request", Seed: seed, Engine: engine}, rescaled(w, 1e6))
+	if err != nil {
+		return 0, fmt.Errorf("suite: capacity of %s: %w", w.Name, err)
+	}
+	if r.RequestsPerSec <= 0 {
+		return 0, fmt.Errorf("suite: capacity of %s: no request completed", w.Name)
+	}
+	return r.RequestsPerSec, nil
+}
+
+func workloads(opts Options) ([]*workload.Workload, error) {
+	seed := opts.Seed
+	sp := workload.DefaultSharedPrefix()
+	b2b := workload.B2BSaaS()
+	mt := workload.DefaultMultiTurn()
+	ns := workload.DefaultNoSharing()
+	mx := workload.DefaultMixed()
+	sp.Seed, b2b.Seed, mt.Seed, ns.Seed, mx.Seed = seed, seed, seed, seed, seed
+	traceScale := 1.0
+	if opts.Smoke {
+		sp.Groups, sp.PromptsPerGroup = 8, 4
+		b2b.Groups, b2b.PromptsPerGroup, b2b.OutputTokens = 8, 3, 100
+		mt.Conversations, mt.MinTurns, mt.MaxTurns = 6, 3, 4
+		ns.Requests = 40
+		mx.Requests = 40
+	}
+	var out []*workload.Workload
+	for _, mk := range []func() (*workload.Workload, error){
+		func() (*workload.Workload, error) { return workload.SharedPrefix(sp) },
+		func() (*workload.Workload, error) {
+			w, err := workload.SharedPrefix(b2b)
+			rename(w, "b2b-saas")
+			return w, err
+		},
+		func() (*workload.Workload, error) { return workload.MultiTurn(mt) },
+		func() (*workload.Workload, error) { return workload.NoSharing(ns) },
+		func() (*workload.Workload, error) { return workload.Mixed(mx) },
+	} {
+		w, err := mk()
+		if err != nil {
+			return nil, fmt.Errorf("suite: %w", err)
+		}
+		out = append(out, w)
+	}
+	trace := opts.Trace
+	if trace == "" {
+		trace = findTrace()
+	}
+	if trace != "" {
+		w, err := workload.LoadMooncake(trace, "", traceScale)
+		if err != nil {
+			return nil, fmt.Errorf("suite: %w", err)
+		}
+		if opts.Smoke {
+			w.Requests = w.Requests[:60]
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+func rename(w *workload.Workload, name string) {
+	if w != nil {
+		w.Name = name
+	}
+}
+
+// scaledShared is the shared-prefix shape sized for n replicas (8 groups per
+// replica, 8 prompts each, shorter prompts so 1024 replicas stay quick).
+func scaledShared(opts Options, n int) (*workload.Workload, error) {
+	c := workload.SharedPrefixConfig{Groups: 8 * n, PromptsPerGroup: 8, SystemTokens: 1024, QuestionTokens: 64,
+		OutputTokens: 64, RPS: 1, Seed: opts.Seed}
+	if opts.Smoke {
+		c.Groups, c.PromptsPerGroup = 2*n, 3
+	}
+	w, err := workload.SharedPrefix(c)
+	if err != nil {
+		return nil, fmt.Errorf("suite: %w", err)
+	}
+	w.Name = fmt.Sprintf("shared-prefix-x%d", n)
+	return w, nil
+}
+
+func findTrace() string {
+	for _, p := range []string{"../shared/workloads/mooncake-synthetic.jsonl", "../../shared/workloads/mooncake-synthetic.jsonl",
+		"../../../shared/workloads/mooncake-synthetic.jsonl"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return ""
+		}
+	}
+	return ""
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// bar is a one-line progress bar.
+type bar struct {
+	w      io.Writer
+	n, i   int
+	start  time.Time
+	mu     sync.Mutex
+	labels []string
+}
+
+func newBar(w io.Writer, n int) *bar { return &bar{w: w, n: n, start: time.Now()} }
+
+func (b *bar) step(label string) {
+	if b.w == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.i++
+	const width = 30
+	done := b.i * width / max(b.n, 1)
+	fmt.Fprintf(b.w, "\r[%-*s] %d/%d %5.1fs %-40.40s", width, string(repeat('#', done)), b.i, b.n, time.Since(b.start).Seconds(), label)
+	if b.i == b.n {
+		fmt.Fprintln(b.w)
+	}
+}
+
+func repeat(c byte, n int) []byte {
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = c
+	}
+	return out
+}
+
+// byPolicy indexes points of one workload's ladder.
+func ladder(res *Results, wl string) map[string][]Point {
+	m := map[string][]Point{}
+	for _, p := range res.Points {
+		if p.Workload == wl && p.Sweep == "" {
+			m[p.Result.Policy] = append(m[p.Result.Policy], p)
+		}
+	}
+	for _, ps := range m {
+		sort.Slice(ps, func(i, j int) bool { return ps[i].Load < ps[j].Load })
+	}
+	return m
+}
