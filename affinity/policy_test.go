@@ -3,6 +3,7 @@ package affinity
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -77,6 +78,7 @@ func promptReq(t *testing.T, system, user string) *Request {
 func TestPolicyChoices(t *testing.T) {
 	sys8k := strings.Repeat("abcdefgh", 4096)   // 32 KiB = 8192 tokens
 	sysSmall := strings.Repeat("abcdefgh", 256) // 2 KiB = 512 tokens
+	sys16k := strings.Repeat("abcdefgh", 8192)  // 64 KiB = 16384 tokens
 	tests := []struct {
 		name   string
 		cfg    Config
@@ -104,13 +106,17 @@ func TestPolicyChoices(t *testing.T) {
 		{name: "cost: faster replica wins a long cold prompt", cfg: Config{},
 			state: state{n: 2, rates: []float64{5000, 20000}}, system: sys8k, want: 1, not: -1},
 		{name: "cost: saturated home of a hot prefix is replicated", cfg: Config{},
-			// home r0 holds 8192 tokens (0.82 s to recompute) and has 0.82 s queued:
-			// greedy is a near tie; the hot guard adds 2*(0.82-0.5) s.
-			state: state{n: 2, pending: []int{2, 0}}, warm: map[int]string{0: sys8k},
-			system: sys8k, want: 1, not: -1},
+			// home r0 holds 16384 tokens (1.64 s to recompute elsewhere) and has
+			// 1.23 s of prefill queued: greedy keeps the home (1.23 < 1.64), the
+			// hot guard adds 2*(1.23-0.5) s and hands the prefix to r1.
+			state: state{n: 2, pending: []int{3, 0}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: 1, not: -1},
 		{name: "cost without hot guard keeps the home", cfg: Config{HotGain: -1},
-			state: state{n: 2, pending: []int{1, 0}}, warm: map[int]string{0: sys8k},
-			system: sys8k, want: 0, not: -1},
+			state: state{n: 2, pending: []int{3, 0}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: 0, not: -1},
+		{name: "cost: greedy replicates past break-even even without the guard", cfg: Config{HotGain: -1},
+			state: state{n: 2, pending: []int{5, 0}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: 1, not: -1},
 		{name: "power-of-two never picks the most loaded first", cfg: Config{Policy: "power-of-two"},
 			state: state{n: 4, inFlight: []int{1, 2, 9, 3}}, system: "x", want: -1, not: 2},
 	}
@@ -391,5 +397,38 @@ func TestSessionSweep(t *testing.T) {
 	req.SessionKey = 10000
 	if d := decide(t, r, req); d.Ranked[0] != ids[1] {
 		t.Fatalf("live session lost: %v", d.Ranked)
+	}
+}
+
+// TestCostNoHarm: with zero prefix sharing and equal replicas, the cost
+// policy's first choice always has the fewest requests in flight, over many
+// random load states (pending prefill proportional to requests waiting).
+func TestCostNoHarm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for trial := range 40 {
+		n := 2 + rng.IntN(7)
+		s := state{n: n, inFlight: make([]int, n), pending: make([]int, n)}
+		for i := range n {
+			s.inFlight[i] = rng.IntN(6)
+			s.pending[i] = rng.IntN(3)
+		}
+		r, ids := buildRouter(t, Config{}, s)
+		req := promptReq(t, fmt.Sprintf("cold %d ", trial)+strings.Repeat("z", 3000), "u")
+		d := decide(t, r, req)
+		load := func(id ReplicaID) (int, int) {
+			for i := range ids {
+				if ids[i] == id {
+					return s.pending[i], s.pending[i] + s.inFlight[i]
+				}
+			}
+			return -1, -1
+		}
+		bp, bt := load(d.Ranked[0])
+		for i := range ids {
+			if s.pending[i] < bp || (s.pending[i] == bp && s.pending[i]+s.inFlight[i] < bt) {
+				t.Fatalf("trial %d: picked %d (pending %d, busy %d) over %d (pending %d, busy %d)",
+					trial, d.Ranked[0], bp, bt, i, s.pending[i], s.pending[i]+s.inFlight[i])
+			}
+		}
 	}
 }
