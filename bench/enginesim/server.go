@@ -211,9 +211,19 @@ func (s *Server) Close() error {
 	return err
 }
 
-// SetFaults replaces the injected faults (invalid values are clamped away:
-// see Faults.validate; the admin endpoint rejects them instead).
+// SetFaults replaces the injected faults. Out-of-range values are clamped
+// (ErrorRate to [0, 1], a bad ErrorStatus to 500, negative values to 0); the
+// admin endpoint rejects them instead.
 func (s *Server) SetFaults(f Faults) {
+	if !(f.ErrorRate >= 0) { // negative or NaN
+		f.ErrorRate = 0
+	}
+	f.ErrorRate = min(f.ErrorRate, 1)
+	if f.ErrorStatus != 0 && (f.ErrorStatus < 400 || f.ErrorStatus > 599) {
+		f.ErrorStatus = 0
+	}
+	f.Latency = max(f.Latency, 0)
+	f.CloseAfterChunks = max(f.CloseAfterChunks, 0)
 	s.faults.Store(&f)
 	s.log.Info("faults set", "faults", fmt.Sprintf("%+v", f))
 }

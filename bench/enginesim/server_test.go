@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -594,6 +595,17 @@ func TestFaults(t *testing.T) {
 		}
 		if s.Stats().Restarts != 1 {
 			t.Errorf("restarts %d", s.Stats().Restarts)
+		}
+	})
+	t.Run("SetFaults clamps", func(t *testing.T) {
+		s := startServer(t, nil)
+		s.SetFaults(Faults{ErrorRate: math.NaN(), ErrorStatus: 200, Latency: -time.Second, CloseAfterChunks: -1})
+		if got := s.Faults(); got != (Faults{}) {
+			t.Errorf("clamped faults %+v, want zero", got)
+		}
+		s.SetFaults(Faults{ErrorRate: 7})
+		if got := s.Faults().ErrorRate; got != 1 {
+			t.Errorf("ErrorRate clamped to %v, want 1", got)
 		}
 	})
 	t.Run("admin disabled", func(t *testing.T) {
