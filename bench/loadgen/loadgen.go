@@ -57,7 +57,7 @@ type Result struct {
 	PromptTokens, Cached      int64 // from usage
 	OutputTokens              int64
 	Wall                      time.Duration
-	RPS                       float64 // completed requests per wall second
+	RPS                       float64  // completed requests per wall second
 	Errors                    []string // the first few distinct errors
 }
 
