@@ -97,16 +97,6 @@ func (x *index) holds(h uint64, id ReplicaID) bool {
 	return ok && x.nodes[i].rep == id && x.recs[x.nodes[i].blk].hash == h
 }
 
-// leading returns how many leading blocks of hashes replica id holds.
-func (x *index) leading(id ReplicaID, hashes []uint64) int {
-	for i, h := range hashes {
-		if !x.holds(h, id) {
-			return i
-		}
-	}
-	return len(hashes)
-}
-
 // insert records that replica id now holds hashes (a chain from its first
 // block), deepest first, evicting the replica's least recent blocks beyond
 // its capacity. Only the first cap blocks are inserted. It returns how many
@@ -120,13 +110,15 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 	if len(hashes) > int(l.cap) {
 		hashes = hashes[:l.cap]
 	}
-	held = x.leading(id, hashes)
+	held = len(hashes)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		var parent uint64
 		if i > 0 {
 			parent = hashes[i-1]
 		}
-		x.touch(id, hashes[i], parent)
+		if !x.touch(id, hashes[i], parent) {
+			held = i // the first block missing before the insert
+		}
 	}
 	for l.n > l.cap {
 		x.remove(l.tail)
@@ -136,14 +128,15 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 }
 
 // touch makes (h, id) the replica's most recent block, adding it if needed.
-func (x *index) touch(id ReplicaID, h, parent uint64) {
+// It reports whether the replica held h already.
+func (x *index) touch(id ReplicaID, h, parent uint64) (held bool) {
 	l := &x.lru[id]
 	if ni, ok := x.pairs[pairKey(h, id)]; ok {
 		if l.head != ni {
 			x.unlinkLRU(ni)
 			x.pushFront(ni)
 		}
-		return
+		return true
 	}
 	bi, ok := x.blocks[h]
 	if !ok {
@@ -161,6 +154,7 @@ func (x *index) touch(id ReplicaID, h, parent uint64) {
 	x.recs[bi].count++
 	x.pairs[pairKey(h, id)] = ni
 	x.pushFront(ni)
+	return false
 }
 
 func (x *index) newRec() int32 {
