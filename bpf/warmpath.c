@@ -97,6 +97,24 @@ struct config {
 	__be32 encap_src;
 	/* Decap: when non-zero only outer packets from this source are stripped. */
 	__be32 decap_src;
+	/* Next-hop cache lifetime; 0 = no cache, bpf_fib_lookup on every packet. */
+	__u64 nh_ttl_ns;
+};
+
+/*
+ * Per-CPU next-hop cache slot, indexed by backend id: the result of a
+ * successful bpf_fib_lookup for dst, and the egress MTU, valid until
+ * expires_ns (bpf_ktime_get_coarse_ns). Saves the FIB lookup on most packets.
+ */
+struct nexthop {
+	__u64 expires_ns;
+	__be32 dst;
+	__be32 src;
+	__u32 ifindex;
+	__u16 mtu;
+	__u8 smac[ETH_ALEN];
+	__u8 dmac[ETH_ALEN];
+	__u16 pad;
 };
 
 struct counter {
@@ -177,6 +195,14 @@ struct {
 	__type(value, struct config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } settings SEC(".maps");
+
+/* Not pinned: a cache, rebuilt by each loaded program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct nexthop);
+} nexthops SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -279,13 +305,15 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 	struct iphdr *ip = data + sizeof(*eth);
 	struct bpf_fib_lookup fib = {};
 	struct ethhdr old;
+	struct nexthop *nh = 0;
 	struct config *cfg;
 	struct iphdr *outer;
 	__u32 key = 0, flags = 0;
+	__u64 now = 0;
 	__u16 inner_len;
 	__be16 df, ipid;
 	__u8 tos;
-	long rc;
+	long rc, rc2;
 
 	if ((void *)(ip + 1) > end)
 		return STEER_FAIL;
@@ -302,6 +330,24 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 	df = ip->frag_off & bpf_htons(IP_DF);
 	old = *eth;
 
+	if (cfg->nh_ttl_ns) {
+		nh = bpf_map_lookup_elem(&nexthops, &id);
+		/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, never fails. */
+		now = bpf_ktime_get_coarse_ns();
+		if (nh && nh->dst == dst && nh->expires_ns > now) {
+			if (inner_len + sizeof(struct iphdr) > nh->mtu) {
+				count(C_ERR_FRAG_NEEDED, len);
+				return STEER_FAIL;
+			}
+			fib.ifindex = nh->ifindex;
+			fib.ipv4_src = nh->src;
+			__builtin_memcpy(fib.smac, nh->smac, ETH_ALEN);
+			__builtin_memcpy(fib.dmac, nh->dmac, ETH_ALEN);
+			rc = BPF_FIB_LKUP_RET_SUCCESS;
+			goto encap;
+		}
+	}
+
 	fib.family = AF_INET;
 	fib.l4_protocol = IPPROTO_IPIP;
 	fib.tos = tos;
@@ -315,7 +361,8 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 	/*
 	 * bpf_fib_lookup: < 0 on invalid arguments, 0 (SUCCESS) with ifindex,
 	 * smac, dmac (and ipv4_src with BPF_FIB_LOOKUP_SRC) filled, or a
-	 * BPF_FIB_LKUP_RET_* reason > 0. NO_NEIGH still fills ifindex and src.
+	 * BPF_FIB_LKUP_RET_* reason > 0. NO_NEIGH still fills ifindex and src;
+	 * FRAG_NEEDED fills mtu_result.
 	 */
 	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), flags);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
@@ -326,7 +373,33 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		count(C_ERR_FIB, len);
 		return STEER_FAIL;
 	}
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS && nh) {
+		/* Learn the egress MTU: the largest tot_len fails with it. */
+		struct bpf_fib_lookup probe = {};
+		__u16 mtu = 0xffff;
 
+		probe.family = AF_INET;
+		probe.l4_protocol = IPPROTO_IPIP;
+		probe.tos = tos;
+		probe.tot_len = 0xffff;
+		probe.ifindex = ctx->ingress_ifindex;
+		probe.ipv4_src = fib.ipv4_src;
+		probe.ipv4_dst = dst;
+		rc2 = bpf_fib_lookup(ctx, &probe, sizeof(probe), 0);
+		if (rc2 == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+			mtu = probe.mtu_result;
+		if (rc2 == BPF_FIB_LKUP_RET_SUCCESS || rc2 == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+			nh->dst = dst;
+			nh->src = fib.ipv4_src;
+			nh->ifindex = fib.ifindex;
+			nh->mtu = mtu;
+			__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
+			__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
+			nh->expires_ns = now + cfg->nh_ttl_ns;
+		}
+	}
+
+encap:
 	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
 	 * headroom is too small. Invalidates every packet pointer. */
 	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr))) {

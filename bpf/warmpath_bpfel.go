@@ -41,6 +41,7 @@ type WarmpathConfig struct {
 	_        structs.HostLayout
 	EncapSrc uint32
 	DecapSrc uint32
+	NhTtlNs  uint64
 }
 
 type WarmpathCounter struct {
@@ -65,6 +66,19 @@ type WarmpathFlowVal struct {
 	Backend uint32
 }
 
+type WarmpathNexthop struct {
+	_         structs.HostLayout
+	ExpiresNs uint64
+	Dst       uint32
+	Src       uint32
+	Ifindex   uint32
+	Mtu       uint16
+	Smac      [6]uint8
+	Dmac      [6]uint8
+	Pad       uint16
+	_         [4]byte
+}
+
 type WarmpathSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -86,6 +100,7 @@ const (
 	WarmpathMapBackends       = "backends"
 	WarmpathMapCounters       = "counters"
 	WarmpathMapFlows          = "flows"
+	WarmpathMapNexthops       = "nexthops"
 	WarmpathMapServices       = "services"
 	WarmpathMapSettings       = "settings"
 	WarmpathProgXdpDecap      = "xdp_decap"
@@ -150,6 +165,7 @@ type WarmpathMapSpecs struct {
 	Backends *ebpf.MapSpec `ebpf:"backends"`
 	Counters *ebpf.MapSpec `ebpf:"counters"`
 	Flows    *ebpf.MapSpec `ebpf:"flows"`
+	Nexthops *ebpf.MapSpec `ebpf:"nexthops"`
 	Services *ebpf.MapSpec `ebpf:"services"`
 	Settings *ebpf.MapSpec `ebpf:"settings"`
 }
@@ -184,6 +200,7 @@ type WarmpathMaps struct {
 	Backends *ebpf.Map `ebpf:"backends"`
 	Counters *ebpf.Map `ebpf:"counters"`
 	Flows    *ebpf.Map `ebpf:"flows"`
+	Nexthops *ebpf.Map `ebpf:"nexthops"`
 	Services *ebpf.Map `ebpf:"services"`
 	Settings *ebpf.Map `ebpf:"settings"`
 }
@@ -194,6 +211,7 @@ func (m *WarmpathMaps) Close() error {
 		m.Backends,
 		m.Counters,
 		m.Flows,
+		m.Nexthops,
 		m.Services,
 		m.Settings,
 	)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -74,7 +75,8 @@ func kernelTestRun(prog *ebpf.Program, data []byte, ctx xdpMd, repeat uint32) (u
 // BPF_PROG_TEST_RUN and reports the kernel-measured ns/pkt (no syscall in
 // it) and the single-core rate in Mpps. Steering uses xdp_steer_bench
 // (xdp_steer plus an undo of the encapsulation, so every repetition sees
-// the original packet; the undo is included). ns/op is wall time per call
+// the original packet; the undo is included), with the next-hop cache off
+// (a bpf_fib_lookup per packet) and on (the default). ns/op is wall time per call
 // and is dominated by the test runner's fixed cost: ignore it.
 func BenchmarkXDPKernelLoop(b *testing.B) {
 	e := benchEnv(b)
@@ -89,11 +91,20 @@ func BenchmarkXDPKernelLoop(b *testing.B) {
 		{"floor=xdp_pass", e.extra.Pass, ack("10.1.0.2", clientPort).frame(), 2},
 		{"pass=non-vip", e.k.objs.Steer, nonVIP.frame(), 2},
 		{"pass=vip-local-established", e.k.objs.Steer, ack("10.1.0.3", clientPort).frame(), 2},
-		{"steer=established", e.extra.Bench, ack("10.1.0.2", clientPort).frame(), 4},
-		{"steer=syn-decided", e.extra.Bench, syn("10.1.0.2", clientPort+1).frame(), 4},
+		{"steer=established/nh-cache=off", e.extra.Bench, ack("10.1.0.2", clientPort).frame(), 4},
+		{"steer=syn-decided/nh-cache=off", e.extra.Bench, syn("10.1.0.2", clientPort+1).frame(), 4},
+		{"steer=established/nh-cache=on", e.extra.Bench, ack("10.1.0.2", clientPort).frame(), 4},
+		{"steer=syn-decided/nh-cache=on", e.extra.Bench, syn("10.1.0.2", clientPort+1).frame(), 4},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
+			ttl := time.Duration(0)
+			if strings.HasSuffix(tc.name, "nh-cache=on") {
+				ttl = DefaultNextHopTTL
+			}
+			if err := e.k.setSettings(encapSrc, ttl); err != nil {
+				b.Fatal(err)
+			}
 			// Record the flow's decision first, as on the wire.
 			if v, _ := e.run(b, tc.prog, tc.in); v != tc.want {
 				b.Fatalf("verdict %d, want %d", v, tc.want)
@@ -142,6 +153,9 @@ func BenchmarkXDPSyscall(b *testing.B) {
 		{"pass=non-vip", e.k.objs.Steer, nonVIP.frame(), 2, false},
 		{"steer=syn", e.k.objs.Steer, syn("10.1.0.2", clientPort).frame(), 4, true},
 		{"steer=established", e.k.objs.Steer, ack("10.1.0.2", clientPort).frame(), 4, false},
+	}
+	if err := e.k.setSettings(encapSrc, DefaultNextHopTTL); err != nil {
+		b.Fatal(err)
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {

@@ -57,6 +57,9 @@ const (
 // DefaultPinPath is where the edge pins its maps and links (on bpffs).
 const DefaultPinPath = "/sys/fs/bpf/warmpath"
 
+// DefaultNextHopTTL is the default Options.NextHopTTL.
+const DefaultNextHopTTL = time.Second
+
 // DefaultDecapPinPath is where a GPU host pins the decap program's state.
 const DefaultDecapPinPath = "/sys/fs/bpf/warmpath-decap"
 
@@ -196,6 +199,12 @@ type Options struct {
 	EncapSource netip.Addr
 	// Logger; nil means slog.Default() with component=fastpath.
 	Logger *slog.Logger
+	// NextHopTTL is how long a per-CPU cached bpf_fib_lookup result (egress
+	// interface, MACs, MTU) for a backend is used before the next lookup.
+	// 0 means DefaultNextHopTTL; negative disables the cache (a lookup on
+	// every steered packet, about 100 ns here). Route and neighbour changes
+	// reach steered packets after at most this long.
+	NextHopTTL time.Duration
 	// Probe reports whether the kernel datapath can run; nil means the
 	// default probe (run once per process). Tests inject failures here.
 	Probe func() error

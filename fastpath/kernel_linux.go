@@ -82,7 +82,14 @@ func OpenKernel(opts Options) (*Kernel, error) {
 			return nil, err
 		}
 	}
-	if err := k.setEncapSource(opts.EncapSource); err != nil {
+	ttl := opts.NextHopTTL
+	switch {
+	case ttl == 0:
+		ttl = DefaultNextHopTTL
+	case ttl < 0:
+		ttl = 0
+	}
+	if err := k.setSettings(opts.EncapSource, ttl); err != nil {
 		k.closeObjs()
 		return nil, err
 	}
@@ -185,7 +192,9 @@ func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachM
 // Mode returns ModeKernel.
 func (k *Kernel) Mode() Mode { return ModeKernel }
 
-func (k *Kernel) setEncapSource(a netip.Addr) error {
+// setSettings writes the encap source (invalid: the route's) and the
+// next-hop cache lifetime (0: no cache).
+func (k *Kernel) setSettings(a netip.Addr, nhTTL time.Duration) error {
 	var cfg bpf.WarmpathConfig
 	if err := k.objs.Settings.Lookup(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("read settings: %w", err)
@@ -194,8 +203,16 @@ func (k *Kernel) setEncapSource(a netip.Addr) error {
 	if a.IsValid() {
 		cfg.EncapSrc = be32(a)
 	}
+	cfg.NhTtlNs = uint64(nhTTL)
 	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("write settings: %w", err)
+	}
+	// Entries filled under the old settings must not outlive them.
+	per := make([]bpf.WarmpathNexthop, k.ncpu)
+	for i := range uint32(MaxBackends) {
+		if err := k.objs.Nexthops.Put(i, per); err != nil {
+			return fmt.Errorf("flush next-hop cache: %w", err)
+		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -54,6 +55,13 @@ type edgeEnv struct {
 
 func newEdgeEnv(t testing.TB) *edgeEnv {
 	t.Helper()
+	return newEdgeEnvOpts(t, Options{NextHopTTL: -1})
+}
+
+// newEdgeEnvOpts is newEdgeEnv with datapath options (PinPath and
+// EncapSource are set here).
+func newEdgeEnvOpts(t testing.TB, opts Options) *edgeEnv {
+	t.Helper()
 	testbed.RequireRoot(t)
 	ns := testbed.NewNS(t, "edge")
 	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
@@ -64,7 +72,8 @@ func newEdgeEnv(t testing.TB) *edgeEnv {
 	ns.Run("ip", "neigh", "replace", "10.2.0.4", "dev", "wpbe", "lladdr", macBE4, "nud", "permanent")
 	ns.Sysctl("net.ipv4.ip_forward", "1")
 	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
-	k, err := OpenKernel(Options{PinPath: pin, EncapSource: encapSrc})
+	opts.PinPath, opts.EncapSource = pin, encapSrc
+	k, err := OpenKernel(opts)
 	if err != nil {
 		t.Fatalf("open kernel datapath: %v", err)
 	}
@@ -343,6 +352,67 @@ func TestSteerFixtures(t *testing.T) {
 			if bytes := after.Global[PassLocal].Bytes - before.Global[PassLocal].Bytes; tc.want[PassLocal] == 1 && bytes != uint64(len(tc.in)) {
 				t.Errorf("pass_local bytes moved by %d, want %d", bytes, len(tc.in))
 			}
+		})
+	}
+}
+
+// TestNextHopCache: with the cache on, a steered flow keeps using the cached
+// next hop (a route change is not seen until the entry expires), the cached
+// MTU is still enforced, and changing the settings flushes the cache.
+func TestNextHopCache(t *testing.T) {
+	e := newEdgeEnvOpts(t, Options{NextHopTTL: time.Hour})
+	k := e.k
+	e.ns.Run("ip", "link", "set", "wpbe", "mtu", "1400")
+	for _, err := range []error{
+		k.SetServices([]Service{vip}),
+		k.SetBackends([]Backend{{ID: 4, Addr: be4Addr, Healthy: true, Generation: 1}}),
+		k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 4, Generation: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := ack("10.1.0.2", clientPort)
+	big.payload = make([]byte, 1400-40-10)
+	steps := []struct {
+		name    string
+		setup   func()
+		in      tcpPkt
+		verdict uint32
+		want    map[CounterKind]uint64
+	}{
+		{name: "first SYN fills the cache", in: syn("10.1.0.2", clientPort), verdict: 4,
+			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+		{name: "route blackholed: cached next hop still used",
+			setup: func() { e.ns.Run("ip", "route", "add", "blackhole", be4Addr.String()+"/32") },
+			in:    ack("10.1.0.2", clientPort), verdict: 4, want: map[CounterKind]uint64{Steered: 1}},
+		{name: "cached MTU enforced", in: big, verdict: 1,
+			want: map[CounterKind]uint64{ErrFragNeeded: 1, Dropped: 1}},
+		{name: "settings change flushes the cache",
+			setup: func() {
+				if err := k.setSettings(encapSrc, 0); err != nil {
+					t.Fatal(err)
+				}
+			},
+			in: ack("10.1.0.2", clientPort), verdict: 1, want: map[CounterKind]uint64{ErrFIB: 1, Dropped: 1}},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			if st.setup != nil {
+				st.setup()
+			}
+			before := counters(t, k)
+			verdict, out := e.run(t, k.objs.Steer, st.in.frame())
+			after := counters(t, k)
+			if verdict != st.verdict {
+				t.Fatalf("verdict %s, want %s", xdpVerdicts[verdict], xdpVerdicts[st.verdict])
+			}
+			if verdict == 4 {
+				if want := encap(st.in.ip(), macBE4, macBE, encapSrc, be4Addr); !bytes.Equal(out, want) {
+					t.Errorf("output differs\n got %x\nwant %x", out, want)
+				}
+			}
+			assertDelta(t, before, after, st.want)
 		})
 	}
 }
