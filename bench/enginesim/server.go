@@ -406,7 +406,10 @@ func (o *observer) OnFinish(r *Request, at int64) {
 	f.poke()
 }
 
-var _ Observer = (*observer)(nil)
+var (
+	_ Observer     = (*observer)(nil)
+	_ http.Handler = (*Server)(nil)
+)
 
 // decideError draws the injected error for one request.
 func (s *Server) decideError(rate float64) bool {

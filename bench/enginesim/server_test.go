@@ -265,6 +265,7 @@ func parseMetrics(t *testing.T, body []byte) (map[string]float64, error) {
 				out[key] = m.GetGauge().GetValue()
 			case m.GetHistogram() != nil:
 				out[key+"_count"] = float64(m.GetHistogram().GetSampleCount())
+				out[key+"_sum"] = m.GetHistogram().GetSampleSum()
 			}
 		}
 	}
@@ -275,12 +276,16 @@ func TestMetrics(t *testing.T) {
 	s := startServer(t, nil)
 	c := newClient(t, s)
 	sys := longSystem(300)
+	var wantTTFT time.Duration // model time: each request finds the engine idle
+	tm := DefaultTiming()
 	for i := range 2 {
-		_, err := c.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{Model: testModel, MaxTokens: openai.Int(3),
+		resp, err := c.Chat.Completions.New(ctxT(t), openai.ChatCompletionNewParams{Model: testModel, MaxTokens: openai.Int(3),
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(sys), openai.UserMessage(fmt.Sprint("q", i))}})
 		if err != nil {
 			t.Fatalf("chat: %v", err)
 		}
+		u := resp.Usage
+		wantTTFT += tm.StepBase + time.Duration(u.PromptTokens-u.PromptTokensDetails.CachedTokens)*tm.PerPrefillToken
 	}
 	code, body := get(t, s, "/metrics")
 	if code != http.StatusOK {
@@ -305,6 +310,9 @@ func TestMetrics(t *testing.T) {
 		if got, ok := m[k]; !ok || got != v {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
 		}
+	}
+	if got := m["vllm:time_to_first_token_seconds_sum"]; math.Abs(got-wantTTFT.Seconds()) > 1e-9 {
+		t.Errorf("TTFT sum %vs, want the modelled %vs", got, wantTTFT.Seconds())
 	}
 	if !(m["vllm:prefix_cache_hits_total"] >= 300 && m["vllm:prefix_cache_queries_total"] > m["vllm:prefix_cache_hits_total"]) {
 		t.Errorf("prefix cache counters: hits %v queries %v", m["vllm:prefix_cache_hits_total"], m["vllm:prefix_cache_queries_total"])
