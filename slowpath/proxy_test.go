@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -483,4 +484,42 @@ func TestEveryAttemptFails(t *testing.T) {
 			t.Fatalf("got %d %s", st, body)
 		}
 	})
+}
+
+func TestClientGoneMidStreamReleasesEverything(t *testing.T) {
+	e := startFakeEngine(t)
+	e.Gate = make(chan struct{})
+	e.Events = 50
+	s, url := newTestServer(t, testConfig(e.addr))
+	conn, err := net.Dial("tcp", url[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	if _, err := io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+		strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"t0 "`) {
+			break
+		}
+	}
+	conn.Close()  // client goes away mid-stream
+	close(e.Gate) // the engine keeps generating; the next write fails
+	waitFor(t, "slots released", func() bool {
+		return s.inflight.Load() == 0 && replicaStatus(t, s, e.addr).InFlight == 0
+	})
+	if v := value(t, s.m.broken); v != 0 {
+		t.Fatalf("a client going away is not a broken upstream: broken_streams_total = %v", v)
+	}
+	// The router keeps serving.
+	if st, b := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
 }
