@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/warmpath/warmpath/bpf"
 	"github.com/warmpath/warmpath/fastpath/testbed"
@@ -90,7 +91,8 @@ func newEdgeEnvOpts(t testing.TB, opts Options) *edgeEnv {
 	return e
 }
 
-// run runs prog on in as if received on wpin; returns verdict and output.
+// run runs prog on in as if received on wpin, on CPU 0; returns verdict
+// and output.
 func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []byte) {
 	t.Helper()
 	opts := ebpf.RunOptions{
@@ -100,6 +102,16 @@ func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []by
 	}
 	var ret uint32
 	err := e.ns.Do(func() error {
+		// Per-CPU state (next-hop cache, sampling) must see one CPU.
+		var orig, one unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &orig); err != nil {
+			return err
+		}
+		one.Set(0)
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			return err
+		}
+		defer unix.SchedSetaffinity(0, &orig)
 		var err error
 		ret, err = prog.Run(&opts)
 		return err
@@ -162,6 +174,7 @@ func TestSteerFixtures(t *testing.T) {
 		{ID: 5, Addr: beNoRoute, Healthy: true, Generation: 1},
 		{ID: 6, Addr: be1Addr, Healthy: false, Generation: 1},
 		{ID: 7, Addr: be1Addr, Healthy: true, Generation: 1, SampleEvery: 1},
+		{ID: 8, Addr: be1Addr, Healthy: true, Generation: 1, SampleEvery: 2},
 	}))
 	aff := func(client string, backend BackendID, gen uint32) {
 		t.Helper()
@@ -292,6 +305,20 @@ func TestSteerFixtures(t *testing.T) {
 			in: syn("10.1.0.9", clientPort).frame(), verdict: 2,
 			want:    map[CounterKind]uint64{Sampled: 1, FlowNewLocal: 1, PassLocal: 1},
 			backend: map[BackendID][3]uint64{7: {0, 1, 1}}},
+		{name: "every 2nd SYN sampled: 1st steered", setup: func() { aff("10.1.0.14", 8, 1) },
+			in: syn("10.1.0.14", clientPort).frame(), verdict: 4,
+			out:     steered(syn("10.1.0.14", clientPort), be1Addr, macBE1),
+			want:    map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1},
+			backend: map[BackendID][3]uint64{8: {1, 1, 0}}},
+		{name: "every 2nd SYN sampled: 2nd to the slowpath",
+			in: syn("10.1.0.14", clientPort+1).frame(), verdict: 2,
+			want:    map[CounterKind]uint64{Sampled: 1, FlowNewLocal: 1, PassLocal: 1},
+			backend: map[BackendID][3]uint64{8: {0, 1, 1}}},
+		{name: "every 2nd SYN sampled: 3rd steered",
+			in: syn("10.1.0.14", clientPort+2).frame(), verdict: 4,
+			out:     steered(syn("10.1.0.14", clientPort+2), be1Addr, macBE1),
+			want:    map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1},
+			backend: map[BackendID][3]uint64{8: {1, 1, 0}}},
 		{name: "unresolved neighbour: encapsulated and passed to the stack", setup: func() { aff("10.1.0.10", 3, 1) },
 			in: syn("10.1.0.10", clientPort).frame(), verdict: 2,
 			out:     encap(syn("10.1.0.10", clientPort).ip(), macIn, macClient, encapSrc, beNoNeigh),
