@@ -59,6 +59,10 @@ type Request struct {
 	PromptTokens int      // estimated prompt tokens
 	SessionKey   uint64   // hash of a session id or OpenAI `user`; 0 = none
 	Now          int64    // nanoseconds on the caller's clock (virtual in the simulator)
+	// Buffered: the response is not streamed, so FirstToken will only come
+	// with the whole response. FirstToken then releases the pending prefill
+	// but takes no prefill-rate sample (it would include the decode time).
+	Buffered bool
 }
 
 // Decision is a policy's ranked answer. Reused by the caller; Ranked's
@@ -86,6 +90,7 @@ type Flight struct {
 	newBlocks int32  // blocks Begin inserted speculatively
 	queued    int64  // replica's pending prefill tokens at Begin
 	tail      uint64 // deepest block hash inserted at Begin
+	buffered  bool   // Request.Buffered: no rate sample at FirstToken
 }
 
 // Policy ranks eligible replicas for a request. Implementations read the

@@ -99,6 +99,21 @@ func TestFlightAccounting(t *testing.T) {
 				t.Fatalf("rate %.0f, want ~20000", rate)
 			}
 		}},
+		{"buffered responses take no rate sample", func(t *testing.T, r *Router, id ReplicaID, req *Request) {
+			q := *req
+			q.Buffered = true
+			for i := range 10 {
+				var f Flight
+				q.Hashes, q.Now = nil, int64(i)*int64(time.Second)
+				r.Begin(id, &q, nil, &f)
+				r.FirstToken(&f, q.Now+int64(500*time.Millisecond)) // whole response
+				wantLoad(t, r, id, 1, 0)
+				r.End(&f, q.Now+int64(500*time.Millisecond), -1, true)
+			}
+			if rate := r.Replicas()[id].PrefillTokensPerSec; rate != DefaultPrefillTokensPerSec {
+				t.Fatalf("rate %.0f moved on buffered responses", rate)
+			}
+		}},
 		{"reset cache forgets prefixes", func(t *testing.T, r *Router, id ReplicaID, req *Request) {
 			warm(r, id, req)
 			r.ResetCache(id)

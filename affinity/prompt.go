@@ -326,7 +326,8 @@ func (p *Parser) countInput(v *fastjson.Value, depth int) {
 
 // Fill sets req from the parsed prompt: model, hashes and token estimate
 // alias pr (valid until the Parser's next call); the session key comes from
-// the `user` field (override it with a session header if you have one).
+// the `user` field (override it with a session header if you have one);
+// Buffered is set for non-streaming requests.
 func (pr *Prompt) Fill(req *Request, now int64) {
 	*req = Request{
 		Model:        pr.Model,
@@ -334,5 +335,6 @@ func (pr *Prompt) Fill(req *Request, now int64) {
 		PromptTokens: pr.Tokens,
 		SessionKey:   SessionKey(pr.User),
 		Now:          now,
+		Buffered:     !pr.Stream,
 	}
 }

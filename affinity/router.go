@@ -447,6 +447,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 		gen:            p.gen,
 		queued:         p.pending.Load(),
 		newBlocks:      int32(len(hs) - held),
+		buffered:       req.Buffered,
 	}
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]
@@ -472,8 +473,9 @@ func (r *Router) live(f *Flight) *replica {
 }
 
 // FirstToken records the end of prefill: the replica's pending prefill drops
-// by f.UncachedTokens and the prefill-rate estimate takes a sample of
-// (tokens queued ahead at Begin + f.UncachedTokens) / (now - f.Start).
+// by f.UncachedTokens and, unless the request was Buffered, the prefill-rate
+// estimate takes a sample of (tokens queued ahead at Begin +
+// f.UncachedTokens) / (now - f.Start).
 func (r *Router) FirstToken(f *Flight, now int64) {
 	if f.Replica == NoReplica || f.FirstTokenAt != 0 {
 		return
@@ -488,7 +490,7 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
 	dt := float64(now-f.Start) / 1e9
-	if dt > 0 && f.UncachedTokens >= r.bt {
+	if dt > 0 && f.UncachedTokens >= r.bt && !f.buffered {
 		sample := float64(f.queued+int64(f.UncachedTokens)) / dt
 		cur := loadF(&p.rate)
 		sample = min(max(sample, cur/8), cur*8)
