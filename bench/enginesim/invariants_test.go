@@ -1,0 +1,119 @@
+package enginesim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// checkInvariants cross-checks the block pool against the block tables.
+func (e *Engine) checkInvariants() error {
+	p := e.pool
+	refs := make([]int32, p.total())
+	if len(e.running) > e.maxSeqs {
+		return fmt.Errorf("%d running > MaxNumSeqs %d", len(e.running), e.maxSeqs)
+	}
+	for _, s := range e.running {
+		if s.state != stRunning || s.req == nil || s.req.seq != s {
+			return fmt.Errorf("running seq in state %d", s.state)
+		}
+		if need := e.blocksFor(s.computed); len(s.blocks) < need {
+			return fmt.Errorf("seq has %d blocks for %d computed tokens", len(s.blocks), s.computed)
+		}
+		for _, b := range s.blocks {
+			refs[b]++
+		}
+	}
+	for i := range e.waiting.len() {
+		s := e.waiting.buf[(e.waiting.head+i)%len(e.waiting.buf)]
+		if s.state != stWaiting || len(s.blocks) != 0 || s.computed != 0 {
+			return fmt.Errorf("waiting seq state %d with %d blocks, %d computed", s.state, len(s.blocks), s.computed)
+		}
+	}
+	free := 0
+	for b := p.head; b >= 0; b = p.next[b] {
+		if free++; free > p.total() {
+			return fmt.Errorf("free queue cycles")
+		}
+		if !p.inFree[b] || p.ref[b] != 0 {
+			return fmt.Errorf("block %d in free queue with ref %d", b, p.ref[b])
+		}
+	}
+	if free != p.nfree {
+		return fmt.Errorf("free queue has %d blocks, nfree %d", free, p.nfree)
+	}
+	for b := range p.total() {
+		if p.ref[b] != refs[b] {
+			return fmt.Errorf("block %d ref %d, block tables hold %d", b, p.ref[b], refs[b])
+		}
+		if (p.ref[b] == 0) != p.inFree[b] {
+			return fmt.Errorf("block %d ref %d but inFree %v", b, p.ref[b], p.inFree[b])
+		}
+		if h := p.hash[b]; h != 0 && p.cached.get(h) != int32(b) {
+			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h))
+		}
+	}
+	return nil
+}
+
+// FuzzEngine runs a random workload (arrivals, aborts, resets, tiny caches
+// so preemption and eviction are frequent) and checks the invariants after
+// every operation, and that everything submitted finishes.
+func FuzzEngine(f *testing.F) {
+	for _, seed := range []uint64{1, 2, 3, 42, 1000} {
+		f.Add(seed, uint8(12), uint8(4))
+	}
+	f.Fuzz(func(t *testing.T, seed uint64, blocks, seqs uint8) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		e := newTestEngine(t, func(c *Config) {
+			c.NumGPUBlocks = int(blocks%64) + 8
+			c.MaxNumSeqs = int(seqs%8) + 1
+			c.MaxNumBatchedTokens = rng.IntN(200) + 1
+			c.BlockSize = []int{1, 4, 16}[rng.IntN(3)]
+			c.MaxModelLen = c.NumGPUBlocks * c.BlockSize
+			c.OutputLen.Max = 40
+		})
+		var live []*Request
+		now := int64(0)
+		obs := &recorder{t: t, tokens: map[*Request]int{}}
+		for op := range 300 {
+			switch k := rng.IntN(10); {
+			case k < 6:
+				n := rng.IntN(e.capTokens/2) + 1
+				r := &Request{ID: uint64(op), Prompt: prompt(fmt.Sprint("t", rng.IntN(4)), n)[:4*n-rng.IntN(4)],
+					MaxTokens: rng.IntN(3) * rng.IntN(e.capTokens/2-n/2+1), CacheSalt: []string{"", "s"}[rng.IntN(2)]}
+				if err := e.Submit(r, now); err == nil {
+					live = append(live, r)
+				}
+			case k < 7 && len(live) > 0:
+				e.Abort(live[rng.IntN(len(live))], now)
+			case k < 8 && rng.IntN(20) == 0:
+				e.Reset()
+				live = live[:0]
+			default:
+				if next := e.NextEventTime(); next != NoEvent {
+					now = next
+					e.Advance(now, obs)
+				}
+			}
+			if err := e.checkInvariants(); err != nil {
+				t.Fatalf("op %d: %v", op, err)
+			}
+		}
+		drain(t, e, obs)
+		if err := e.checkInvariants(); err != nil {
+			t.Fatalf("after drain: %v", err)
+		}
+		for _, r := range live {
+			if r.Finish == FinishNone {
+				t.Errorf("request %d never finished", r.ID)
+			}
+			if r.Finish != FinishAbort && r.OutputTokens != r.OutputTarget {
+				t.Errorf("request %d finished %v with %d of %d tokens", r.ID, r.Finish, r.OutputTokens, r.OutputTarget)
+			}
+		}
+		if st := e.Stats(); st.UsedBlocks != 0 || st.Running != 0 || st.Waiting != 0 {
+			t.Errorf("drained engine holds %+v", st)
+		}
+	})
+}
