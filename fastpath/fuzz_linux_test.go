@@ -1,0 +1,106 @@
+package fastpath
+
+import (
+	"bytes"
+	"net/netip"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/warmpath/warmpath/fastpath/testbed"
+)
+
+// validEncap reports whether out is in (from its IP header on) behind an
+// Ethernet header and a 20-byte IPv4 header of protocol 4 whose total
+// length and checksum are right.
+func validEncap(in, out []byte) bool {
+	if len(out) != len(in)+20 || len(in) < 14 {
+		return false
+	}
+	outer := out[14:34]
+	if outer[0] != 0x45 || outer[9] != 4 || csumFold(csumAdd(0, outer)) != 0 {
+		return false
+	}
+	return bytes.Equal(out[34:], in[14:])
+}
+
+// FuzzSteer feeds arbitrary frames to xdp_steer (a service, a backend and
+// an affinity for 10.1.0.2 are set, so VIP traffic can be steered). The
+// program must never abort, never pass a modified packet other than a
+// well-formed encapsulation, and only ever emit well-formed encapsulations.
+func FuzzSteer(f *testing.F) {
+	f.Add(syn("10.1.0.2", clientPort).frame())
+	f.Add(ack("10.1.0.2", clientPort).frame())
+	f.Add(syn("10.1.0.3", clientPort).frame())
+	f.Add(ipv6Frame(macIn, macClient))
+	opts := syn("10.1.0.2", 1234)
+	opts.ipOpts = []byte{1, 1, 1, 0, 1, 1, 1, 0}
+	f.Add(opts.frame())
+	f.Add(syn("10.1.0.2", clientPort).frame()[:40])
+	e := newEdgeEnv(f)
+	for _, err := range []error{
+		e.k.SetServices([]Service{vip}),
+		e.k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true}}),
+		e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1}),
+	} {
+		if err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) < 14 || len(in) > 1500 {
+			t.Skip("test runner needs an Ethernet header; keep frames MTU-sized")
+		}
+		verdict, out := e.run(t, e.k.objs.Steer, in)
+		switch verdict {
+		case 2: // PASS: untouched, or encapsulated for the stack to forward
+			if !bytes.Equal(out, in) && !validEncap(in, out) {
+				t.Fatalf("passed a modified packet\n in %x\nout %x", in, out)
+			}
+		case 3, 4: // TX, REDIRECT
+			if !validEncap(in, out) {
+				t.Fatalf("emitted a bad encapsulation\n in %x\nout %x", in, out)
+			}
+		case 1: // DROP: only established steered flows that cannot be forwarded
+		default:
+			t.Fatalf("verdict %d for %x", verdict, in)
+		}
+	})
+}
+
+// FuzzDecap: xdp_decap always passes, and either leaves the frame alone or
+// removes exactly the 20 bytes after the Ethernet header.
+func FuzzDecap(f *testing.F) {
+	inner := ack("10.1.0.2", clientPort).ip()
+	f.Add(encap(inner, macBE1, macBE, encapSrc, be1Addr))
+	f.Add(syn("10.1.0.2", clientPort).frame())
+	f.Add(encap(inner, macBE1, macBE, encapSrc, be1Addr)[:50])
+	testbed.RequireRoot(f)
+	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(f), "decap")})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = d.Close() })
+	if err := d.SetServices([]Service{vip}); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) < 14 || len(in) > 1500 {
+			t.Skip("test runner needs an Ethernet header; keep frames MTU-sized")
+		}
+		opts := ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+64)}
+		verdict, err := d.objs.Decap.Run(&opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := opts.DataOut
+		if verdict != 2 {
+			t.Fatalf("verdict %d", verdict)
+		}
+		stripped := len(in) >= 34 && bytes.Equal(out[:14], in[:14]) && bytes.Equal(out[14:], in[34:])
+		if !bytes.Equal(out, in) && !stripped {
+			t.Fatalf("bad rewrite\n in %x\nout %x", in, out)
+		}
+	})
+}
