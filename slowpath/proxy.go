@@ -53,6 +53,10 @@ var (
 // forwarded untouched but not inspected.
 const maxSSELine = 64 << 10
 
+// maxPooledPrompt: exchanges whose parser scratch grew beyond this are not
+// kept, so a few huge prompts do not pin memory.
+const maxPooledPrompt = 1 << 20
+
 // exchange is one proxied request's state. Pooled; for streams it lives until
 // fasthttp has written the body and calls CloseWithError.
 type exchange struct {
@@ -88,7 +92,12 @@ type exchange struct {
 }
 
 func (s *Server) getExchange() *exchange {
-	ex := s.exPool.Get().(*exchange)
+	var ex *exchange
+	select {
+	case ex = <-s.exFree:
+	default:
+		ex = s.newExchange()
+	}
 	ex.cached = -1
 	ex.closed = false
 	ex.gotFirst = false
@@ -109,7 +118,13 @@ func (s *Server) putExchange(ex *exchange) {
 	ex.upErr = nil
 	ex.req.Model = nil
 	ex.req.Hashes = nil
-	s.exPool.Put(ex)
+	if cap(ex.prompt.Canonical) > maxPooledPrompt {
+		return // a huge prompt grew this parser's scratch: let it go
+	}
+	select {
+	case s.exFree <- ex:
+	default: // free list full: garbage
+	}
 }
 
 // handle is the fasthttp handler, installed once as a method value.

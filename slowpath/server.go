@@ -53,9 +53,12 @@ type Server struct {
 
 	inflight atomic.Int64
 	freed    gate
-	exPool   sync.Pool
-	epoch    time.Time
-	started  time.Time
+	// exFree is the exchange free list. Not a sync.Pool: a GC would drop
+	// the pooled parsers and their grown scratch buffers, and the next
+	// requests would rebuild them.
+	exFree  chan *exchange
+	epoch   time.Time
+	started time.Time
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -158,7 +161,7 @@ func newServer(cfg Config, log *slog.Logger, b Brain, newParser func() PromptPar
 	}
 	empty := []*replica{}
 	s.table.Store(&empty)
-	s.exPool.New = s.newExchange
+	s.exFree = make(chan *exchange, min(max(256, cfg.Limits.MaxInFlight), 4096))
 	l := &cfg.Limits
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
@@ -188,7 +191,7 @@ func newServer(cfg Config, log *slog.Logger, b Brain, newParser func() PromptPar
 	return s, nil
 }
 
-func (s *Server) newExchange() any {
+func (s *Server) newExchange() *exchange {
 	return &exchange{s: s, parser: s.newParser(), cached: -1}
 }
 
