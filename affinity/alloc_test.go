@@ -23,10 +23,19 @@ func TestZeroAllocs(t *testing.T) {
 		{"completion ids", []byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9]}`), (*Parser).ParseCompletion},
 		{"embedding", []byte(`{"model":"m","input":"abc"}`), (*Parser).ParseEmbedding},
 	}
+	type variant struct {
+		name string
+		cfg  Config
+	}
+	var variants []variant
 	for _, pol := range PolicyNames() {
+		variants = append(variants, variant{pol, Config{Policy: pol}})
+	}
+	variants = append(variants, variant{"cost-sampled", Config{MaxScan: 4}})
+	for _, vr := range variants {
 		for _, b := range bodies {
-			t.Run(pol+"/"+b.name, func(t *testing.T) {
-				r, _ := newTestRouter(t, Config{Policy: pol}, 16)
+			t.Run(vr.name+"/"+b.name, func(t *testing.T) {
+				r, _ := newTestRouter(t, vr.cfg, 16)
 				p := NewParser(r.HashConfig())
 				var (
 					pr  Prompt

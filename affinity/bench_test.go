@@ -63,7 +63,11 @@ func BenchmarkParse(b *testing.B) {
 // some load.
 func benchRouter(b *testing.B, policy string, n int, req *Request) *Router {
 	b.Helper()
-	r, err := NewRouter(Config{Policy: policy})
+	cfg := Config{Policy: policy}
+	if policy == "cost-exact" {
+		cfg = Config{MaxScan: -1}
+	}
+	r, err := NewRouter(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,10 +100,11 @@ func benchReq(b *testing.B, size int) (*Request, []byte) {
 	return &Request{Model: []byte("m"), Hashes: append([]uint64(nil), pr.Hashes...), PromptTokens: pr.Tokens, Now: 1}, body
 }
 
-// BenchmarkDecide: Decide alone (lookup + policy) for the cost policy and
-// its round-robin twin, over replicas x prompt size.
+// BenchmarkDecide: Decide alone (lookup + policy) for the cost policy
+// (default MaxScan, and scoring every replica) and its round-robin twin,
+// over replicas x prompt size.
 func BenchmarkDecide(b *testing.B) {
-	for _, pol := range []string{"cost", "round-robin"} {
+	for _, pol := range []string{"cost", "cost-exact", "round-robin"} {
 		for _, n := range []int{4, 64, 1024} {
 			for _, sz := range benchSizes {
 				req, _ := benchReq(b, sz.n)

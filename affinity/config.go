@@ -25,6 +25,7 @@ const (
 	DefaultHotGain             = 2.0
 	DefaultKVHighWater         = 0.9
 	DefaultKVPenaltySeconds    = 0.5
+	DefaultMaxScan             = 128
 	DefaultPolicy              = "cost"
 )
 
@@ -128,6 +129,10 @@ type Config struct {
 	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5.
 	KVHighWater      float64 `yaml:"kv_high_water"`
 	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds"`
+	// MaxScan (cost policy) bounds the replicas scored per decision: above
+	// it, a random window of MaxScan candidates plus every candidate holding
+	// part of the request's prefix. 0 means 128; negative scores all.
+	MaxScan int `yaml:"max_scan"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.
 	Seed uint64 `yaml:"seed"`
@@ -177,6 +182,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.KVPenaltySeconds == 0 {
 		c.KVPenaltySeconds = DefaultKVPenaltySeconds
+	}
+	if c.MaxScan == 0 {
+		c.MaxScan = DefaultMaxScan
 	}
 	if c.Seed == 0 {
 		c.Seed = 0x5EED

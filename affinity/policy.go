@@ -336,12 +336,17 @@ func (s *Session) Sessions() int {
 // Q_r queued prefill tokens (Load.QueuedTokens), P_r measured prefill rate,
 // T the request's prompt tokens, C_r its predicted cached prefix on r, B_r
 // busy requests (Load.Busy), W_r weight, U_r fresh KV usage. Ties break at
-// random. See README.md for intent and the guards.
+// random. Above Config.MaxScan candidates it scores a random window of them
+// plus every prefix holder (View.Sample). See README.md for intent and the
+// guards.
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
 
 func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
+	if p.cfg.MaxScan > 0 {
+		v.Sample(p.cfg.MaxScan)
+	}
 	sc := v.Scores()
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)

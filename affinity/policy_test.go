@@ -432,3 +432,34 @@ func TestCostNoHarm(t *testing.T) {
 		}
 	}
 }
+
+// TestCostSample: above MaxScan candidates the cost policy scores a random
+// window plus every prefix holder: a holder is never missed, and the window
+// still finds idle replicas when half of them are idle.
+func TestCostSample(t *testing.T) {
+	const n = 300
+	s := state{n: n, inFlight: make([]int, n)}
+	for i := range n {
+		if i%2 == 1 {
+			s.inFlight[i] = 3
+		}
+	}
+	r, ids := buildRouter(t, Config{}, s) // MaxScan 128 by default
+	if r.Config().MaxScan != DefaultMaxScan || DefaultMaxScan >= n {
+		t.Fatalf("MaxScan %d", r.Config().MaxScan)
+	}
+	for i := range 50 {
+		req := promptReq(t, fmt.Sprintf("cold %d", i), "u")
+		if first := decide(t, r, req).Ranked[0]; s.inFlight[first] != 0 {
+			t.Fatalf("picked busy replica %d", first)
+		}
+	}
+	sys := strings.Repeat("abcdefgh", 4096) // 8192 tokens
+	warm(r, ids[n-2], promptReq(t, sys, "earlier"))
+	req := promptReq(t, sys, "now")
+	for range 50 {
+		if first := decide(t, r, req).Ranked[0]; first != ids[n-2] {
+			t.Fatalf("prefix holder %d missed: picked %d", ids[n-2], first)
+		}
+	}
+}

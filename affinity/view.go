@@ -1,6 +1,9 @@
 package affinity
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // View is what a Policy ranks from during one Decide: the eligible
 // candidates, their load, and (computed on first use) how much of the
@@ -12,6 +15,7 @@ type View struct {
 	g       *group
 	cands   []ReplicaID // eligible candidates; may alias a shared snapshot
 	own     []ReplicaID // scratch for per-call filtering
+	sub     []ReplicaID // scratch for Sample
 	score   []float64
 	ms      matchSet
 	matched bool
@@ -194,4 +198,31 @@ func mixID(id ReplicaID, salt uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
 	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
 	return z ^ (z >> 31)
+}
+
+// Sample narrows Candidates (and so Scores and RankLowest) to at most k of
+// them: a window of k consecutive candidates from a random offset, plus every
+// candidate holding part of the request's prefix (so no cache hit is missed).
+// It does nothing when there are k candidates or fewer.
+func (v *View) Sample(k int) {
+	c := v.cands
+	n := len(c)
+	if k <= 0 || n <= k {
+		return
+	}
+	v.match()
+	start := int(v.Random() % uint64(n))
+	sub := v.sub[:0]
+	for i := range k {
+		sub = append(sub, c[(start+i)%n])
+	}
+	for _, id := range v.ms.touched {
+		// Candidates are sorted by ID (groups list members in ID order).
+		j, ok := slices.BinarySearch(c, id)
+		if ok && (j-start+n)%n >= k {
+			sub = append(sub, id)
+		}
+	}
+	v.sub = sub
+	v.cands = sub
 }
