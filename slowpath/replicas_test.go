@@ -1,6 +1,8 @@
 package slowpath
 
 import (
+	"bufio"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,4 +173,35 @@ func TestMetricNames(t *testing.T) {
 			t.Errorf("metric warmpath_slowpath_%s missing", n)
 		}
 	}
+}
+
+func TestRemovedReplicaFinishesItsStream(t *testing.T) {
+	a, b := startFakeEngine(t), startFakeEngine(t)
+	a.Gate = make(chan struct{})
+	cfg := testConfig(a.addr)
+	s, url := newTestServer(t, cfg)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	readEvent(t, br)
+	// Replace a by b while a's stream is mid-flight.
+	if err := s.ApplyReplicas([]ReplicaConfig{{Address: b.addr, Models: []string{"m"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 || !strings.Contains(body, b.addr) {
+		t.Fatalf("new request after removal: %d %s", st, body)
+	}
+	close(a.Gate)
+	n := 1
+	for readEvent(t, br) != "[DONE]" {
+		n++
+	}
+	if n != 4 {
+		t.Fatalf("removed replica's stream had %d events, want 4", n)
+	}
+	waitFor(t, "slots released", func() bool { return s.inflight.Load() == 0 })
 }
