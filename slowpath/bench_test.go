@@ -71,42 +71,28 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	router := url[len("http://"):]
 	for _, target := range []struct{ name, addr string }{{"direct", backend}, {"router", router}} {
 		hc := &fasthttp.HostClient{Addr: target.addr, MaxConns: 512}
-		do := func(req *fasthttp.Request, resp *fasthttp.Response) {
+		do := func(tb testing.TB, req *fasthttp.Request, resp *fasthttp.Response) {
 			if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-				b.Fatalf("%s: %v %d %s", target.name, err, resp.StatusCode(), resp.Body())
+				tb.Fatalf("%s: %v %d %s", target.name, err, resp.StatusCode(), resp.Body())
 			}
 		}
-		newReq := func() *fasthttp.Request {
+		newReqBody := func(body []byte) *fasthttp.Request {
 			req := fasthttp.AcquireRequest()
 			req.SetRequestURI("http://" + target.addr + "/v1/chat/completions")
 			req.Header.SetMethod(fasthttp.MethodPost)
 			req.Header.SetContentType("application/json")
-			req.SetBody(benchBody)
+			req.SetBody(body)
 			return req
 		}
-		b.Run(target.name+"/serial", func(b *testing.B) {
-			req := newReq()
-			defer fasthttp.ReleaseRequest(req)
-			resp := fasthttp.AcquireResponse()
-			defer fasthttp.ReleaseResponse(resp)
-			lat := make([]time.Duration, 0, 1<<16)
-			b.ReportAllocs()
-			start := time.Now()
-			for b.Loop() {
-				t0 := time.Now()
-				do(req, resp)
-				if len(lat) < cap(lat) {
-					lat = append(lat, time.Since(t0))
-				}
-			}
-			el := time.Since(start)
-			slices.Sort(lat)
-			if len(lat) > 0 {
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-			}
-			b.ReportMetric(float64(b.N)/el.Seconds(), "req/s")
-		})
+		newReq := func() *fasthttp.Request { return newReqBody(benchBody) }
+		for _, mode := range []struct {
+			name string
+			body []byte
+		}{{"serial", benchBody}, {"serial-stream", benchStreamBody}} {
+			b.Run(target.name+"/"+mode.name, func(b *testing.B) {
+				serial(b, newReqBody(mode.body), do)
+			})
+		}
 		b.Run(target.name+"/parallel", func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetParallelism(8)
@@ -117,13 +103,40 @@ func BenchmarkProxyOverhead(b *testing.B) {
 				resp := fasthttp.AcquireResponse()
 				defer fasthttp.ReleaseResponse(resp)
 				for pb.Next() {
-					do(req, resp)
+					if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+						b.Errorf("%s: %v %d", target.name, err, resp.StatusCode())
+						return
+					}
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
 		})
 		hc.CloseIdleConnections()
 	}
+}
+
+// serial sends req back to back and reports p50/p99 latency and req/s.
+func serial(b *testing.B, req *fasthttp.Request, do func(testing.TB, *fasthttp.Request, *fasthttp.Response)) {
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	lat := make([]time.Duration, 0, 1<<16)
+	b.ReportAllocs()
+	start := time.Now()
+	for b.Loop() {
+		t0 := time.Now()
+		do(b, req, resp)
+		if len(lat) < cap(lat) {
+			lat = append(lat, time.Since(t0))
+		}
+	}
+	el := time.Since(start)
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	}
+	b.ReportMetric(float64(b.N)/el.Seconds(), "req/s")
 }
 
 // handlerRig drives the router's handler directly (no client socket) with
