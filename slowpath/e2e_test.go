@@ -254,7 +254,9 @@ func TestE2EOverloadedHomeSpreads(t *testing.T) {
 	if _, err := c.Chat.Completions.New(ctxT(t), ask(sys, "warm up")); err != nil {
 		t.Fatal(err)
 	}
+	obs.mu.Lock()
 	home := obs.reps[0]
+	obs.mu.Unlock()
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	for i := range 24 {

@@ -239,10 +239,13 @@ func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
 	return false, attempts < 2 && (err == fasthttp.ErrConnectionClosed)
 }
 
+// dialer dials with a plain net.Dialer: fasthttp.TCPDialer would start a
+// DNS-cache cleaner goroutine per replica that never stops (a leak per
+// reload). Dials are rare: connections are pooled.
 func (s *Server) dialer(timeout time.Duration) fasthttp.DialFunc {
-	d := &fasthttp.TCPDialer{Concurrency: 0}
+	d := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	return func(addr string) (net.Conn, error) {
-		return d.DialTimeout(addr, timeout)
+		return d.Dial("tcp", addr)
 	}
 }
 
