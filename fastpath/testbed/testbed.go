@@ -11,14 +11,46 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
 )
 
-var seq atomic.Uint32
+var (
+	seq       atomic.Uint32
+	sweepOnce sync.Once
+)
+
+// sweepStale deletes namespaces this package created in processes that no
+// longer exist (a test binary killed before its cleanups ran). Only names
+// of the form wp<pid>-<n>-<tag> with a dead pid are touched.
+func sweepStale(t testing.TB) {
+	ents, err := os.ReadDir("/var/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "wp")
+		if !ok {
+			continue
+		}
+		pidStr, _, ok := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue
+		}
+		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
+			t.Logf("remove stale netns %s: %v: %s", e.Name(), err, out)
+		}
+	}
+}
 
 // RequireRoot skips t unless running as root.
 func RequireRoot(t testing.TB) {
@@ -38,6 +70,7 @@ type NS struct {
 // deletes it in t.Cleanup.
 func NewNS(t testing.TB, tag string) *NS {
 	t.Helper()
+	sweepOnce.Do(func() { sweepStale(t) })
 	name := fmt.Sprintf("wp%d-%d-%s", os.Getpid(), seq.Add(1), tag)
 	Cmd(t, "ip", "netns", "add", name)
 	t.Cleanup(func() {
