@@ -1,6 +1,7 @@
 package slowpath
 
 import (
+	"bufio"
 	"io"
 	"net/http"
 	"strings"
@@ -11,7 +12,17 @@ func TestBadInputs(t *testing.T) {
 	e := startFakeEngine(t)
 	cfg := testConfig(e.addr)
 	cfg.Limits.MaxBodyBytes = 4096
+	e.Gate = make(chan struct{})
 	s, url := newTestServer(t, cfg)
+	// Another client's stream is open the whole time and must be untouched.
+	stream, err := http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	sbr := bufio.NewReader(stream.Body)
+	readEvent(t, sbr)
 	tests := []struct {
 		name, method, path, ct, body string
 		status                       int
@@ -78,8 +89,16 @@ func TestBadInputs(t *testing.T) {
 			}
 		})
 	}
-	if n := e.requests.Load(); n != 0 {
-		t.Errorf("engine saw %d requests; bad input must stop at the router", n)
+	if n := e.requests.Load(); n != 1 {
+		t.Errorf("engine saw %d requests, want only the stream; bad input must stop at the router", n)
+	}
+	close(e.Gate)
+	n := 1
+	for readEvent(t, sbr) != "[DONE]" {
+		n++
+	}
+	if n != 4 {
+		t.Fatalf("the concurrent stream had %d events, want 4", n)
 	}
 	// The router still works after all that.
 	if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {

@@ -421,7 +421,22 @@ type ReplicaStatus struct {
 		Stale            bool      `json:"stale"`
 		Error            string    `json:"error,omitempty"`
 	} `json:"engine"`
-	Affinity *affinity.ReplicaStatus `json:"affinity,omitempty"`
+	// Affinity is the routing brain's view (nil with an injected brain).
+	Affinity *AffinityStatus `json:"affinity,omitempty"`
+}
+
+// AffinityStatus is affinity.ReplicaStatus as /debug/replicas shows it.
+type AffinityStatus struct {
+	Healthy              bool                   `json:"healthy"`
+	Draining             bool                   `json:"draining"`
+	Weight               float64                `json:"weight"`
+	InFlight             int                    `json:"in_flight"`
+	PendingPrefillTokens int                    `json:"pending_prefill_tokens"`
+	PrefillTokensPerSec  float64                `json:"prefill_tokens_per_sec"`
+	CachedBlocks         int                    `json:"cached_blocks"`
+	CapacityBlocks       int                    `json:"capacity_blocks"`
+	Mispredictions       uint64                 `json:"mispredictions"`
+	Signals              affinity.EngineSignals `json:"signals"`
 }
 
 // Replicas returns a snapshot of every replica, sorted by name.
@@ -459,7 +474,12 @@ func (s *Server) Replicas() []ReplicaStatus {
 		st.Engine.Error = r.scrapeErr
 		r.mu.Unlock()
 		if a, ok := aff[r.name]; ok {
-			st.Affinity = &a
+			st.Affinity = &AffinityStatus{
+				Healthy: a.Healthy, Draining: a.Draining, Weight: a.Weight, InFlight: a.InFlight,
+				PendingPrefillTokens: a.PendingPrefillTokens, PrefillTokensPerSec: a.PrefillTokensPerSec,
+				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
+				Mispredictions: a.Mispredictions, Signals: a.Signals,
+			}
 		}
 		out = append(out, st)
 	}
