@@ -21,6 +21,14 @@
  *
  * Rule: anything not understood is passed untouched (never steered, never
  * dropped). Every header access is preceded by a bounds check.
+ *
+ * Helper contracts used throughout (each call site repeats the relevant one):
+ *   bpf_map_lookup_elem: pointer to the value, or NULL when the key is
+ *     absent (hash) or out of range (array); never NULL for an in-range
+ *     array or per-CPU array index.
+ *   bpf_map_update_elem: 0, or < 0 (e.g. -E2BIG when a hash map is full).
+ *   bpf_ktime_get_ns / bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC(_COARSE)
+ *     in ns, cannot fail.
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
@@ -216,6 +224,8 @@ struct {
  * an out-of-range idx is ignored (array lookup returns NULL). */
 static __always_inline struct counter *count(__u32 idx, __u64 len)
 {
+	/* bpf_map_lookup_elem (per-CPU array): this CPU's slot, NULL if idx
+	 * is out of range. */
 	struct counter *c = bpf_map_lookup_elem(&counters, &idx);
 
 	if (c) {
@@ -271,6 +281,7 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 						     __u32 *id, __u64 len)
 {
 	struct aff_key ak = { .client = client, .vip = sk->vip, .port = sk->port };
+	/* bpf_map_lookup_elem (hash): the value, or NULL when absent. */
 	struct aff_val *av = bpf_map_lookup_elem(&affinity, &ak);
 	struct backend *be;
 
@@ -281,6 +292,7 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 		count(C_AFF_STALE, len);
 		return 0;
 	}
+	/* bpf_ktime_get_ns: CLOCK_MONOTONIC, the clock Go compares with. */
 	av->last_used_ns = bpf_ktime_get_ns();
 	*id = av->backend;
 	return be;

@@ -129,13 +129,17 @@ func TestEndToEndSteering(t *testing.T) {
 
 	bpffs := testbed.BPFFS(t)
 	var k *Kernel
-	if err := edge.Do(func() (err error) {
-		k, err = OpenKernel(Options{PinPath: filepath.Join(bpffs, "edge"), Interface: "e0", Attach: AttachDriver,
-			EncapSource: netip.MustParseAddr("10.2.0.1")})
-		return err
-	}); err != nil {
-		t.Fatal(err)
+	openEdge := func() {
+		t.Helper()
+		if err := edge.Do(func() (err error) {
+			k, err = OpenKernel(Options{PinPath: filepath.Join(bpffs, "edge"), Interface: "e0", Attach: AttachDriver,
+				EncapSource: netip.MustParseAddr("10.2.0.1")})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	openEdge()
 	t.Cleanup(func() { _ = k.Detach() })
 	var d *Decap
 	if err := be.Do(func() (err error) {
@@ -178,6 +182,19 @@ func TestEndToEndSteering(t *testing.T) {
 	if who := steered.ask(t, 100_000); who != "backend" {
 		t.Fatalf("100 KB request on the steered connection answered by %s", who)
 	}
+	// warmpath restarts: Close keeps the program attached and the flow
+	// table pinned, so the steered connection keeps flowing with no process
+	// holding the datapath, and the next process adopts everything.
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if who := steered.ask(t, 100); who != "backend" {
+		t.Fatalf("steered connection answered by %s while warmpath was down", who)
+	}
+	openEdge()
+	if who := steered.ask(t, 100); who != "backend" {
+		t.Fatalf("steered connection answered by %s after restart", who)
+	}
 	if err := k.DeleteAffinity(client, svc); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +213,7 @@ func TestEndToEndSteering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kc.Global[FlowNewSteer].Packets != 1 || kc.Global[Steered].Packets < 3 || kc.Global[FlowNewLocal].Packets != 2 {
+	if kc.Global[FlowNewSteer].Packets != 1 || kc.Global[Steered].Packets < 5 || kc.Global[FlowNewLocal].Packets != 2 {
 		t.Errorf("edge counters: new_steer %d steered %d new_local %d", kc.Global[FlowNewSteer].Packets,
 			kc.Global[Steered].Packets, kc.Global[FlowNewLocal].Packets)
 	}
