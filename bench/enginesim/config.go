@@ -126,6 +126,10 @@ type Faults struct {
 	// after that many content chunks (a non-streaming response is cut
 	// before its body). The request is aborted in the engine.
 	CloseAfterChunks int
+	// StallAfterChunks > 0 stops a streaming response after that many
+	// content chunks without closing it: the stream hangs until the client
+	// gives up (the request is then aborted in the engine).
+	StallAfterChunks int
 	// MetricsGarbage makes /metrics answer unparsable text.
 	MetricsGarbage bool
 	// MetricsStall makes /metrics hang until the client gives up.
@@ -215,6 +219,9 @@ func (f Faults) validate() error {
 	}
 	if f.CloseAfterChunks < 0 {
 		return fmt.Errorf("CloseAfterChunks: %d must be >= 0", f.CloseAfterChunks)
+	}
+	if f.StallAfterChunks < 0 {
+		return fmt.Errorf("StallAfterChunks: %d must be >= 0", f.StallAfterChunks)
 	}
 	return nil
 }

@@ -213,13 +213,15 @@ type faultsJSON struct {
 	ErrorStatus      int     `json:"error_status"`
 	Hang             bool    `json:"hang"`
 	CloseAfterChunks int     `json:"close_after_chunks"`
+	StallAfterChunks int     `json:"stall_after_chunks"`
 	MetricsGarbage   bool    `json:"metrics_garbage"`
 	MetricsStall     bool    `json:"metrics_stall"`
 	Unhealthy        bool    `json:"unhealthy"`
 }
 
 func toFaultsJSON(f Faults) faultsJSON {
-	return faultsJSON{float64(f.Latency) / 1e6, f.ErrorRate, f.ErrorStatus, f.Hang, f.CloseAfterChunks, f.MetricsGarbage, f.MetricsStall, f.Unhealthy}
+	return faultsJSON{float64(f.Latency) / 1e6, f.ErrorRate, f.ErrorStatus, f.Hang, f.CloseAfterChunks, f.StallAfterChunks,
+		f.MetricsGarbage, f.MetricsStall, f.Unhealthy}
 }
 
 func (s *Server) handleFaults(w http.ResponseWriter, r *http.Request) {
@@ -231,7 +233,7 @@ func (s *Server) handleFaults(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := Faults{Latency: time.Duration(in.LatencyMS * 1e6), ErrorRate: in.ErrorRate, ErrorStatus: in.ErrorStatus,
-		Hang: in.Hang, CloseAfterChunks: in.CloseAfterChunks, MetricsGarbage: in.MetricsGarbage,
+		Hang: in.Hang, CloseAfterChunks: in.CloseAfterChunks, StallAfterChunks: in.StallAfterChunks, MetricsGarbage: in.MetricsGarbage,
 		MetricsStall: in.MetricsStall, Unhealthy: in.Unhealthy}
 	if err := f.validate(); err != nil {
 		writeError(w, badRequest("", "faults: %v", err))
@@ -544,7 +546,7 @@ func (s *Server) handleAPI(w http.ResponseWriter, r *http.Request, parse parser)
 		return
 	}
 	if c.stream {
-		s.stream(w, r, c, f, faults.CloseAfterChunks)
+		s.stream(w, r, c, f, &faults)
 	} else {
 		s.respond(w, r, c, f, faults.CloseAfterChunks > 0)
 	}
@@ -632,7 +634,7 @@ type delta struct {
 	Content *string `json:"content,omitempty"`
 }
 
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *apiCall, f *flight, closeAfter int) {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *apiCall, f *flight, faults *Faults) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -687,10 +689,19 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *apiCall, f *f
 			if f.req.IsEOS(sent) {
 				continue
 			}
-			if closeAfter > 0 && chunks >= closeAfter {
+			if n := faults.CloseAfterChunks; n > 0 && chunks >= n {
 				s.inject("close")
 				s.abort(f)
 				closeConn(w)
+				return
+			}
+			if n := faults.StallAfterChunks; n > 0 && chunks >= n {
+				s.inject("stall")
+				select {
+				case <-r.Context().Done():
+				case <-s.closing:
+				}
+				s.abort(f)
 				return
 			}
 			tok = f.req.AppendOutput(tok[:0], sent, sent+1)

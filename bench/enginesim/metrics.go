@@ -96,7 +96,7 @@ func newMetrics(s *Server) *metrics {
 	return m
 }
 
-var faultKinds = []string{"error", "hang", "latency", "close", "metrics_garbage", "metrics_stall"}
+var faultKinds = []string{"error", "hang", "latency", "close", "stall", "metrics_garbage", "metrics_stall"}
 
 func (m *metrics) finished(r *Request, at int64) {
 	m.e2e.Observe(time.Duration(at - r.Arrival).Seconds())

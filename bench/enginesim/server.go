@@ -224,6 +224,7 @@ func (s *Server) SetFaults(f Faults) {
 	}
 	f.Latency = max(f.Latency, 0)
 	f.CloseAfterChunks = max(f.CloseAfterChunks, 0)
+	f.StallAfterChunks = max(f.StallAfterChunks, 0)
 	s.faults.Store(&f)
 	s.log.Info("faults set", "faults", fmt.Sprintf("%+v", f))
 }

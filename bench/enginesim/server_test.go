@@ -533,6 +533,35 @@ func TestFaults(t *testing.T) {
 		}
 		waitFor(t, "aborted", func() bool { return s.Stats().Engine.Aborted == 1 })
 	})
+	t.Run("stall mid-stream", func(t *testing.T) {
+		s := startServer(t, func(c *Config) { c.Faults.StallAfterChunks = 2 })
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.Addr()+"/v1/chat/completions", strings.NewReader(stream))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("post: %v", err)
+		}
+		defer resp.Body.Close()
+		var got []byte
+		buf := make([]byte, 4096)
+		for bytes.Count(got, []byte(`"content":"`)) < 3 { // role chunk + 2
+			n, err := resp.Body.Read(buf)
+			if err != nil {
+				t.Fatalf("read: %v after %s", err, got)
+			}
+			got = append(got, buf[:n]...)
+		}
+		waitFor(t, "stall injected", func() bool { return s.Stats().FaultsInjected == 1 })
+		// The engine finishes generating; the client never sees the rest.
+		waitFor(t, "engine finished", func() bool { return s.Stats().Engine.Finished == 1 })
+		cancel()
+		rest, err := io.ReadAll(resp.Body)
+		got = append(got, rest...)
+		if err == nil || bytes.Contains(got, []byte("[DONE]")) || bytes.Count(got, []byte(`"content":"`)) != 3 {
+			t.Errorf("stalled stream (err %v) delivered: %s", err, got)
+		}
+	})
 	t.Run("unhealthy and metrics faults", func(t *testing.T) {
 		s := startServer(t, nil)
 		code, _ := post(t, s, "/admin/faults", `{"unhealthy":true,"metrics_garbage":true}`)

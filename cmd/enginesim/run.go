@@ -63,6 +63,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	fs.IntVar(&cfg.Faults.ErrorStatus, "fault-error-status", 500, "fault: HTTP status of injected errors")
 	fs.BoolVar(&cfg.Faults.Hang, "fault-hang", false, "fault: API requests never answer")
 	fs.IntVar(&cfg.Faults.CloseAfterChunks, "fault-close-after", 0, "fault: close streaming connections after N content chunks")
+	fs.IntVar(&cfg.Faults.StallAfterChunks, "fault-stall-after", 0, "fault: streaming responses stop (connection kept open) after N content chunks")
 	fs.BoolVar(&cfg.Faults.MetricsGarbage, "fault-metrics-garbage", false, "fault: /metrics answers unparsable text")
 	fs.BoolVar(&cfg.Faults.MetricsStall, "fault-metrics-stall", false, "fault: /metrics never answers")
 	fs.BoolVar(&cfg.Faults.Unhealthy, "fault-unhealthy", false, "fault: /health answers 503")
