@@ -61,6 +61,9 @@ type ReplicaConfig struct {
 	// MaxInFlight caps router-local concurrent requests to this replica;
 	// 0 = Limits.MaxInFlightPerReplica.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// PrefillTokensPerSec seeds the replica's prefill-rate estimate (measured
+	// rates replace it); 0 = routing.default_prefill_tokens_per_sec.
+	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
 }
 
 // LimitsConfig bounds what clients can make the router do.
@@ -265,6 +268,9 @@ func (c *Config) Validate() error {
 		}
 		if r.KVCapacityTokens < 0 {
 			return fmt.Errorf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)
+		}
+		if r.PrefillTokensPerSec < 0 {
+			return fmt.Errorf("%s.prefill_tokens_per_sec: must be >= 0 (0 = routing default), got %g", f, r.PrefillTokensPerSec)
 		}
 		if r.MaxInFlight < 0 {
 			return fmt.Errorf("%s.max_in_flight: must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", f, r.MaxInFlight)

@@ -102,11 +102,12 @@ func (r *replica) serves(model []byte) bool {
 
 func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
 	return affinity.ReplicaSpec{
-		Name:             rc.Address,
-		Models:           slices.Clone(rc.Models),
-		Weight:           rc.Weight,
-		KVCapacityTokens: rc.KVCapacityTokens,
-		MaxInFlight:      s.maxInFlight(rc),
+		Name:                rc.Address,
+		Models:              slices.Clone(rc.Models),
+		Weight:              rc.Weight,
+		KVCapacityTokens:    rc.KVCapacityTokens,
+		PrefillTokensPerSec: rc.PrefillTokensPerSec,
+		MaxInFlight:         s.maxInFlight(rc),
 	}
 }
 
@@ -143,7 +144,8 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 		if r, ok := s.byName[rc.Address]; ok {
 			cur := r.cfg.Load()
 			if slices.Equal(cur.Models, rc.Models) {
-				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens && cur.MaxInFlight == rc.MaxInFlight {
+				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens &&
+					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec {
 					continue
 				}
 				if err := s.brain.UpdateReplica(r.id, s.spec(&rc)); err != nil {

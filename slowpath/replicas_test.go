@@ -205,3 +205,28 @@ func TestRemovedReplicaFinishesItsStream(t *testing.T) {
 	}
 	waitFor(t, "slots released", func() bool { return s.inflight.Load() == 0 })
 }
+
+func TestApplyReplicasUpdatesInPlace(t *testing.T) {
+	a := startFakeEngine(t)
+	s, url := newTestServer(t, testConfig(a.addr))
+	before := replicaStatus(t, s, a.addr)
+	if err := s.ApplyReplicas([]ReplicaConfig{{Address: a.addr, Models: []string{"m"}, MaxInFlight: 7, Weight: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	after := replicaStatus(t, s, a.addr)
+	if after.ID != before.ID || after.MaxInFlight != 7 || after.Affinity.Weight != 2 {
+		t.Fatalf("in-place update: before %+v after %+v", before, after)
+	}
+	// A new model list re-adds the replica; the new model routes.
+	if err := s.ApplyReplicas([]ReplicaConfig{{Address: a.addr, Models: []string{"m", "m2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := post(t, url+"/v1/chat/completions", "application/json", strings.Replace(chatBody, `"m"`, `"m2"`, 1)); st != 200 {
+		t.Fatalf("%d %s", st, body)
+	}
+	// Invalid lists are refused whole.
+	if err := s.ApplyReplicas([]ReplicaConfig{{Address: "nope", Models: []string{"m"}}}); err == nil ||
+		!strings.Contains(err.Error(), `replicas[0].address: must be host:port, got "nope"`) {
+		t.Fatalf("ApplyReplicas invalid: %v", err)
+	}
+}
