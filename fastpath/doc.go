@@ -25,7 +25,8 @@
 //     the maps and atomically swaps the program in the pinned link. Only
 //     Detach removes the program and the state.
 //   - The pinned maps are an ABI: a version whose map layouts differ cannot
-//     adopt them (ErrMapIncompatible); Detach with the old version first.
+//     adopt them (ErrMapIncompatible); Uninstall(pinPath) first (it loads
+//     nothing, so it works across versions).
 //   - Affinity idle times use CLOCK_MONOTONIC (bpf_ktime_get_ns). ExpireIdle
 //     may race with a program refresh; the loser is a connection that goes
 //     to the slowpath once.

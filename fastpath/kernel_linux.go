@@ -71,7 +71,7 @@ func OpenKernel(opts Options) (*Kernel, error) {
 	}
 	err = spec.LoadAndAssign(&k.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pin}})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return nil, fmt.Errorf("adopt maps pinned at %s (from an incompatible version; remove them with detach): %w", pin, err)
+		return nil, fmt.Errorf("adopt maps pinned at %s (from an incompatible version; remove them with fastpath.Uninstall / warmpath --detach): %w", pin, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load xdp_steer: %w", err)
@@ -694,3 +694,27 @@ func port16(u uint16) uint16 {
 }
 
 var _ Datapath = (*Kernel)(nil)
+
+// Uninstall detaches every warmpath XDP link pinned under pinPath (edge or
+// decap) and removes every pinned map and the directory, without loading
+// anything: it works when the pinned maps are from an incompatible version.
+// A missing pinPath is not an error.
+func Uninstall(pinPath string) error {
+	if pinPath == "" {
+		pinPath = DefaultPinPath
+	}
+	errs := []error{detachPinnedLinks(pinPath, "link_xdp_")}
+	ents, err := os.ReadDir(pinPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	for _, e := range ents {
+		if err := os.Remove(filepath.Join(pinPath, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("uninstall: %w", err))
+		}
+	}
+	if err := os.Remove(pinPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("uninstall: %w", err))
+	}
+	return errors.Join(errs...)
+}

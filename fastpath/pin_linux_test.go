@@ -239,3 +239,37 @@ func TestEncapDecapRoundTrip(t *testing.T) {
 		t.Errorf("decap frame MACs %x, want edge->backend", opts.DataOut[:12])
 	}
 }
+
+// TestUninstall: with a program attached and state pinned by a process
+// that is gone, Uninstall (no loading) detaches and removes everything.
+func TestUninstall(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns := testbed.NewNS(t, "uninst")
+	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
+	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	err := ns.Do(func() error {
+		k, err := OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachDriver})
+		if err != nil {
+			return err
+		}
+		return k.Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !xdpAttached(ns, "wpin") {
+		t.Fatal("not attached")
+	}
+	if err := Uninstall(pin); err != nil {
+		t.Fatalf("uninstall: %v", err)
+	}
+	if xdpAttached(ns, "wpin") {
+		t.Error("still attached after Uninstall")
+	}
+	if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin path still there: %v", err)
+	}
+	if err := Uninstall(pin); err != nil {
+		t.Errorf("second Uninstall: %v", err)
+	}
+}
