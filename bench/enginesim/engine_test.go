@@ -543,3 +543,13 @@ func TestResubmitFromObserver(t *testing.T) {
 		}
 	}
 }
+
+func TestOutputVocabulary(t *testing.T) {
+	seen := map[string]bool{}
+	for _, w := range words {
+		if len(w) != BytesPerToken || seen[w] || w == eosText {
+			t.Errorf("word %q: every word must be one distinct %d-byte token", w, BytesPerToken)
+		}
+		seen[w] = true
+	}
+}

@@ -84,10 +84,10 @@ var words = [64]string{
 	"any ", "can ", "had ", "her ", "was ", "one ", "our ", "out ",
 	"day ", "get ", "has ", "him ", "his ", "how ", "man ", "new ",
 	"now ", "old ", "see ", "two ", "way ", "who ", "boy ", "did ",
-	"its ", "let ", "put ", "say ", "she ", "too ", "use ", "kv  ",
-	"gpu ", "hot ", "warm", "path", "fast", "slow", "node", "rack",
-	"byte", "page", "hash", "tree", "leaf", "root", "edge", "core",
-	"load", "mesh", "wire", "link", "data", "flow", "port", "host",
+	"its ", "let ", "put ", "say ", "she ", "too ", "use ", "key ",
+	"gpu ", "hot ", "fan ", "map ", "bit ", "row ", "log ", "net ",
+	"box ", "cpu ", "ram ", "tcp ", "udp ", "xdp ", "bpf ", "dns ",
+	"api ", "sdk ", "llm ", "web ", "run ", "job ", "top ", "end ",
 }
 
 // splitmix64 is the output generator's mixer.
