@@ -35,6 +35,7 @@ var (
 	hdrTransferEnc     = []byte("Transfer-Encoding")
 	hdrUpgrade         = []byte("Upgrade")
 	hdrAcceptEncoding  = []byte("Accept-Encoding")
+	hdrExpect          = []byte("Expect")
 	hdrXForwardedFor   = []byte("X-Forwarded-For")
 	hdrContentLength   = []byte("Content-Length")
 
@@ -407,7 +408,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			r.release()
 			s.freed.signal()
 			r.m.retries.Inc()
-			s.proxyFailed(r, err)
+			if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+				s.proxyFailed(r, err) // our own pool being full says nothing about the replica
+			}
 			lastErr, lastStatus = err, status
 			r.log.Debug("attempt failed", "err", err, "status", status)
 			continue
@@ -470,6 +473,7 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	h.DelBytes(hdrTransferEnc)
 	h.DelBytes(hdrUpgrade)
 	h.DelBytes(hdrAcceptEncoding)
+	h.DelBytes(hdrExpect) // the router already read the body
 	if ex.client.IsValid() {
 		b := ex.scratch[:0]
 		if prior := ctx.Request.Header.PeekBytes(hdrXForwardedFor); len(prior) > 0 {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -171,6 +172,18 @@ func TestServeDemo(t *testing.T) {
 	if len(lines) < 3 || lines[len(lines)-1] != "data: [DONE]" || !strings.Contains(lines[len(lines)-2], `"usage"`) {
 		t.Fatalf("stream lines: %q", lines)
 	}
+	// And the printed command itself, verbatim, when curl is installed.
+	if _, err := exec.LookPath("curl"); err == nil {
+		out, err := exec.Command("sh", "-c", cmd).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", cmd, err)
+		}
+		if !strings.HasSuffix(string(out), "data: [DONE]\n\n") || !strings.Contains(string(out), `"cached_tokens":`) {
+			t.Fatalf("curl output:\n%s", out)
+		}
+	} else {
+		t.Log("curl not installed: the printed command was checked over net/http only")
+	}
 	var dr debugReplicas
 	getJSON(t, "http://"+st.admin+"/debug/replicas", &dr)
 	if len(dr.Replicas) != demoEngines {
@@ -185,7 +198,7 @@ func TestServeDemo(t *testing.T) {
 	for _, want := range []string{
 		`warmpath_slowpath_requests_total{code="200",model="` + demoModel + `",replica="`,
 		"warmpath_slowpath_decision_seconds_bucket{le=\"1e-06\"}",
-		"warmpath_slowpath_ttft_seconds_count{model=\"" + demoModel + "\"} 1",
+		"warmpath_slowpath_ttft_seconds_count{model=\"" + demoModel + "\"}",
 		"warmpath_slowpath_in_flight 0",
 	} {
 		if !strings.Contains(string(mb), want) {
