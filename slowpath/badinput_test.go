@@ -60,12 +60,17 @@ func TestBadInputs(t *testing.T) {
 			`{"error":{"message":"Invalid request: input is required","type":"invalid_request_error","param":"input","code":null}}`},
 		{"unknown model", "POST", "/v1/chat/completions", "application/json", strings.Replace(chatBody, `"m"`, `"gpt-9"`, 1), 404,
 			"{\"error\":{\"message\":\"The model `gpt-9` does not exist or you do not have access to it.\",\"type\":\"invalid_request_error\",\"param\":\"model\",\"code\":\"model_not_found\"}}"},
+		{"headers too large", "POST", "/v1/chat/completions", "application/json", chatBody, 431,
+			`{"error":{"message":"Request line and headers exceed 16384 bytes.","type":"invalid_request_error","param":null,"code":"headers_too_large"}}`},
 		{"body too large", "POST", "/v1/chat/completions", "application/json", `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, 413,
 			`{"error":{"message":"Request body exceeds the limit of 4096 bytes.","type":"invalid_request_error","param":null,"code":"request_too_large"}}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequest(tc.method, url+tc.path, strings.NewReader(tc.body))
+			if tc.name == "headers too large" {
+				req.Header.Set("X-Big", strings.Repeat("b", 20000))
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -71,6 +71,10 @@ type Server struct {
 	lastFile []byte
 }
 
+// maxHeaderBytes bounds a request's line and headers (fasthttp's read
+// buffer): room for long bearer tokens and cookies.
+const maxHeaderBytes = 16 << 10
+
 // New validates cfg, builds the affinity router and the replica set, and
 // starts health checks and scraping. log may be nil (slog.Default()).
 func New(cfg Config, log *slog.Logger) (*Server, error) {
@@ -171,6 +175,7 @@ func newServer(cfg Config, log *slog.Logger, b Brain, newParser func() PromptPar
 		WriteTimeout:          l.WriteTimeout,
 		IdleTimeout:           l.IdleTimeout,
 		MaxRequestBodySize:    l.MaxBodyBytes,
+		ReadBufferSize:        maxHeaderBytes, // bounds the request line + headers
 		CloseOnShutdown:       true,
 		NoDefaultContentType:  true,
 		NoDefaultServerHeader: true,
@@ -304,7 +309,11 @@ func (s *Server) connState(c net.Conn, st fasthttp.ConnState) {
 
 // serverError answers requests fasthttp could not read.
 func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
 	switch {
+	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
+		s.reject(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
+			fmt.Sprintf("Request line and headers exceed %d bytes.", maxHeaderBytes), errTypeInvalid, "", "headers_too_large")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
 			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
