@@ -252,3 +252,35 @@ func TestHashChain(t *testing.T) {
 		t.Fatalf("HashPath %q", HashPath())
 	}
 }
+
+func TestPromptFill(t *testing.T) {
+	tests := []struct {
+		name     string
+		body     string
+		buffered bool
+		session  bool
+	}{
+		{"stream with user", `{"model":"m","stream":true,"user":"u","messages":[{"role":"user","content":"x"}]}`, false, true},
+		{"buffered without user", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, true, false},
+	}
+	p := NewParser(HashConfig{})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var (
+				pr  Prompt
+				req Request
+			)
+			if err := p.ParseChat([]byte(tt.body), &pr); err != nil {
+				t.Fatal(err)
+			}
+			pr.Fill(&req, 42)
+			if req.Buffered != tt.buffered || (req.SessionKey != 0) != tt.session || req.Now != 42 ||
+				string(req.Model) != "m" || req.PromptTokens != pr.Tokens {
+				t.Fatalf("request %+v", req)
+			}
+		})
+	}
+	if SessionKey(nil) != 0 || SessionKey([]byte("a")) == 0 || SessionKey([]byte("a")) == SessionKey([]byte("b")) {
+		t.Fatal("SessionKey")
+	}
+}
