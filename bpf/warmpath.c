@@ -40,6 +40,9 @@
 #define MAX_FLOWS 131072
 #define BACKEND_LOCAL 0xffffffffu
 #define OUTER_TTL 64
+#define IPPROTO_ICMP 1
+#define ICMP_RATE_PER_SEC 1000 /* per CPU */
+#define ICMP_REPLY_LEN (ETH_HLEN + 20 + 8 + 20 + 8)
 
 /* Service key: a VIP, a port and a protocol (only TCP is steered). */
 struct svc_key {
@@ -153,6 +156,7 @@ enum counter_idx {
 	C_DECAP_PASS,         /* decap: not IPIP for a service: passed untouched */
 	C_DECAP_MALFORMED,    /* decap: truncated or invalid inner packet */
 	C_DECAP_ERR_HEADROOM, /* decap: bpf_xdp_adjust_head failed */
+	C_ICMP_FRAG_NEEDED,   /* ICMP "fragmentation needed" sent to a client */
 	C_GLOBAL_MAX,
 };
 
@@ -203,6 +207,20 @@ struct {
 	__type(value, struct config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } settings SEC(".maps");
+
+/* Per-CPU rate limit for ICMP replies: a one-second window. Not pinned. */
+struct icmp_budget {
+	__u64 window_ns;
+	__u32 sent;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct icmp_budget);
+} icmp_budget SEC(".maps");
 
 /* Not pinned: a cache, rebuilt by each loaded program. */
 struct {
@@ -300,16 +318,115 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 
 #define STEER_FAIL (-1) /* not forwarded, packet unmodified */
 #define STEER_DROP (-2) /* packet modified and unusable: drop */
+#define STEER_FRAG (-3) /* too big for the egress MTU (in *mtu), unmodified */
+
+/* csum16 folds the one's complement sum of n 16-bit words at p. */
+static __always_inline __u16 csum16(const __u16 *p, int n)
+{
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		sum += p[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/*
+ * frag_needed_reply rewrites the packet (Ethernet + IPv4 without options +
+ * at least 8 bytes of TCP) into an ICMP "fragmentation needed" (type 3,
+ * code 4) from its destination to its source, advertising mtu - 20 so the
+ * client's next segments still fit after encapsulation; the caller returns
+ * XDP_TX. Returns 0 when rewritten, -1 with the packet unmodified when it
+ * must not answer (IP options, DF clear, MTU too small, rate limit, no
+ * tailroom), -2 when modified but unusable (drop).
+ */
+static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr old, *eth = data;
+	struct iphdr orig, *ip = data + sizeof(*eth);
+	struct icmp_budget *b;
+	__u8 l4[8], *icmp;
+	__u32 key = 0;
+	__u64 now;
+
+	if ((void *)(ip + 1) + sizeof(l4) > end)
+		return -1;
+	if (ip->ver_ihl != 0x45 || !(ip->frag_off & bpf_htons(IP_DF)))
+		return -1;
+	if (mtu < 68 + sizeof(struct iphdr))
+		return -1;
+	/* bpf_map_lookup_elem (per-CPU array, index 0): never NULL. */
+	b = bpf_map_lookup_elem(&icmp_budget, &key);
+	if (!b)
+		return -1;
+	now = bpf_ktime_get_coarse_ns();
+	if (now - b->window_ns >= 1000000000ull) {
+		b->window_ns = now;
+		b->sent = 0;
+	}
+	if (b->sent >= ICMP_RATE_PER_SEC)
+		return -1;
+	b->sent++;
+
+	old = *eth;
+	orig = *ip;
+	__builtin_memcpy(l4, (void *)(ip + 1), sizeof(l4));
+	/* bpf_xdp_adjust_tail: 0 on success, < 0 (packet untouched) when the
+	 * new length is out of bounds. Invalidates every packet pointer. */
+	if (bpf_xdp_adjust_tail(ctx, ICMP_REPLY_LEN - (int)(end - data)))
+		return -1;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + ICMP_REPLY_LEN > end)
+		return -2;
+	eth = data;
+	ip = data + sizeof(*eth);
+	icmp = (__u8 *)(ip + 1);
+
+	__builtin_memcpy(eth->h_dest, old.h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, old.h_dest, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	ip->ver_ihl = 0x45;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(ICMP_REPLY_LEN - ETH_HLEN);
+	ip->id = 0;
+	ip->frag_off = 0;
+	ip->ttl = OUTER_TTL;
+	ip->protocol = IPPROTO_ICMP;
+	ip->check = 0;
+	ip->saddr = orig.daddr;
+	ip->daddr = orig.saddr;
+	ip->check = ip_csum(ip);
+
+	icmp[0] = 3; /* destination unreachable */
+	icmp[1] = 4; /* fragmentation needed and DF set */
+	icmp[2] = 0;
+	icmp[3] = 0;
+	icmp[4] = 0;
+	icmp[5] = 0;
+	*(__be16 *)(icmp + 6) = bpf_htons(mtu - sizeof(struct iphdr));
+	__builtin_memcpy(icmp + 8, &orig, sizeof(orig));
+	__builtin_memcpy(icmp + 8 + sizeof(orig), l4, sizeof(l4));
+	*(__u16 *)(icmp + 2) = csum16((const __u16 *)icmp, (8 + 20 + 8) / 2);
+	return 0;
+}
 
 /*
  * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
  * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
  * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
  * forwards the encapsulated packet and resolves it), STEER_FAIL when the
- * packet cannot be forwarded and is unmodified (route, MTU or headroom
- * failure, counted), STEER_DROP when it was modified but cannot be completed.
+ * packet cannot be forwarded and is unmodified (route or headroom failure,
+ * counted), STEER_FRAG (unmodified, *mtu set) when the encapsulated packet
+ * exceeds the egress MTU, STEER_DROP when it was modified but cannot be
+ * completed.
  */
-static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len)
+static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len, __u16 *mtu)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -349,7 +466,8 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		if (nh && nh->dst == dst && nh->expires_ns > now) {
 			if (inner_len + sizeof(struct iphdr) > nh->mtu) {
 				count(C_ERR_FRAG_NEEDED, len);
-				return STEER_FAIL;
+				*mtu = nh->mtu;
+				return STEER_FRAG;
 			}
 			fib.ifindex = nh->ifindex;
 			fib.ipv4_src = nh->src;
@@ -379,7 +497,8 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 	rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), flags);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
 		count(C_ERR_FRAG_NEEDED, len);
-		return STEER_FAIL;
+		*mtu = fib.mtu_result;
+		return STEER_FRAG;
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		count(C_ERR_FIB, len);
@@ -477,6 +596,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	struct backend *be;
 	__u32 ihl, doff, tot, id = 0;
 	int syn, act, fresh = 0;
+	__u16 mtu = 0;
 
 	if ((void *)(eth + 1) > end)
 		goto malformed;
@@ -574,16 +694,30 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 
-	act = steer(ctx, dec.addr, dec.backend, len);
+	act = steer(ctx, dec.addr, dec.backend, len, &mtu);
 	if (act >= 0)
 		return act;
-	if (act == STEER_FAIL && fresh && syn) {
+	if ((act == STEER_FAIL || act == STEER_FRAG) && fresh && syn) {
 		/* A new connection that cannot reach its backend starts local. */
 		dec.addr = 0;
 		dec.backend = BACKEND_LOCAL;
 		bpf_map_update_elem(&flows, &fk, &dec, BPF_ANY);
 		count(C_PASS_LOCAL, len);
 		return XDP_PASS;
+	}
+	/* Too big: tell the client the path MTU (as a router would), so TCP
+	 * sends smaller segments instead of blackholing. */
+	if (act == STEER_FRAG) {
+		int r = frag_needed_reply(ctx, mtu);
+
+		if (r == 0) {
+			count(C_ICMP_FRAG_NEEDED, len);
+			return XDP_TX;
+		}
+		if (r == -2) {
+			count(C_DROPPED, len);
+			return XDP_DROP;
+		}
 	}
 	/* An established steered flow must not reach the local stack (it would
 	 * be reset): drop, TCP retransmits once the route is back. */

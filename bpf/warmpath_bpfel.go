@@ -66,6 +66,13 @@ type WarmpathFlowVal struct {
 	Backend uint32
 }
 
+type WarmpathIcmpBudget struct {
+	_        structs.HostLayout
+	WindowNs uint64
+	Sent     uint32
+	Pad      uint32
+}
+
 type WarmpathNexthop struct {
 	_         structs.HostLayout
 	ExpiresNs uint64
@@ -100,6 +107,7 @@ const (
 	WarmpathMapBackends       = "backends"
 	WarmpathMapCounters       = "counters"
 	WarmpathMapFlows          = "flows"
+	WarmpathMapIcmpBudget     = "icmp_budget"
 	WarmpathMapNexthops       = "nexthops"
 	WarmpathMapServices       = "services"
 	WarmpathMapSettings       = "settings"
@@ -161,13 +169,14 @@ type WarmpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type WarmpathMapSpecs struct {
-	Affinity *ebpf.MapSpec `ebpf:"affinity"`
-	Backends *ebpf.MapSpec `ebpf:"backends"`
-	Counters *ebpf.MapSpec `ebpf:"counters"`
-	Flows    *ebpf.MapSpec `ebpf:"flows"`
-	Nexthops *ebpf.MapSpec `ebpf:"nexthops"`
-	Services *ebpf.MapSpec `ebpf:"services"`
-	Settings *ebpf.MapSpec `ebpf:"settings"`
+	Affinity   *ebpf.MapSpec `ebpf:"affinity"`
+	Backends   *ebpf.MapSpec `ebpf:"backends"`
+	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	Flows      *ebpf.MapSpec `ebpf:"flows"`
+	IcmpBudget *ebpf.MapSpec `ebpf:"icmp_budget"`
+	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
+	Services   *ebpf.MapSpec `ebpf:"services"`
+	Settings   *ebpf.MapSpec `ebpf:"settings"`
 }
 
 // WarmpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -196,13 +205,14 @@ func (o *WarmpathObjects) Close() error {
 //
 // It can be passed to LoadWarmpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type WarmpathMaps struct {
-	Affinity *ebpf.Map `ebpf:"affinity"`
-	Backends *ebpf.Map `ebpf:"backends"`
-	Counters *ebpf.Map `ebpf:"counters"`
-	Flows    *ebpf.Map `ebpf:"flows"`
-	Nexthops *ebpf.Map `ebpf:"nexthops"`
-	Services *ebpf.Map `ebpf:"services"`
-	Settings *ebpf.Map `ebpf:"settings"`
+	Affinity   *ebpf.Map `ebpf:"affinity"`
+	Backends   *ebpf.Map `ebpf:"backends"`
+	Counters   *ebpf.Map `ebpf:"counters"`
+	Flows      *ebpf.Map `ebpf:"flows"`
+	IcmpBudget *ebpf.Map `ebpf:"icmp_budget"`
+	Nexthops   *ebpf.Map `ebpf:"nexthops"`
+	Services   *ebpf.Map `ebpf:"services"`
+	Settings   *ebpf.Map `ebpf:"settings"`
 }
 
 func (m *WarmpathMaps) Close() error {
@@ -211,6 +221,7 @@ func (m *WarmpathMaps) Close() error {
 		m.Backends,
 		m.Counters,
 		m.Flows,
+		m.IcmpBudget,
 		m.Nexthops,
 		m.Services,
 		m.Settings,

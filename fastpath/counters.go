@@ -26,6 +26,7 @@ const (
 	DecapPass                           // decap: not IPIP for a service, passed untouched
 	DecapMalformed                      // decap: truncated or invalid inner packet
 	DecapErrHeadroom                    // decap: bpf_xdp_adjust_head failed
+	ICMPFragNeeded                      // ICMP "fragmentation needed" sent to a client (XDP_TX)
 	NumCounterKinds
 )
 
@@ -38,6 +39,7 @@ var counterNames = [NumCounterKinds]string{
 	"err_malformed", "err_fib", "err_frag_needed", "err_headroom",
 	"flow_new_steer", "flow_new_local", "flow_restored", "affinity_stale", "sampled",
 	"decap_ok", "decap_pass", "decap_malformed", "decap_err_headroom",
+	"icmp_frag_needed",
 }
 
 // String returns the snake_case name used in metrics and status.

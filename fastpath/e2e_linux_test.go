@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/warmpath/warmpath/bpf"
 	"github.com/warmpath/warmpath/fastpath/testbed"
 )
 
@@ -93,9 +97,17 @@ func (c *e2eConn) ask(t *testing.T, n int) string {
 
 // TestEndToEndSteering: client ns -> edge ns (xdp_steer on the client-facing
 // veth, the slowpath stand-in listening on the VIP) -> backend ns (xdp_decap,
-// VIP on lo, a server on the VIP). Settings per docs/fastpath.md.
+// VIP on lo, a server on the VIP). Settings per docs/fastpath.md. Twice:
+// with the backend link's MTU raised by the 20 bytes of IPIP, and with 1500
+// everywhere, where large segments only get through because xdp_steer
+// answers them with ICMP "fragmentation needed" (path MTU discovery).
 func TestEndToEndSteering(t *testing.T) {
 	testbed.RequireRoot(t)
+	t.Run("backend MTU 1520", func(t *testing.T) { endToEnd(t, false) })
+	t.Run("MTU 1500, PMTUD", func(t *testing.T) { endToEnd(t, true) })
+}
+
+func endToEnd(t *testing.T, pmtud bool) {
 	cli := testbed.NewNS(t, "cli")
 	edge := testbed.NewNS(t, "edge")
 	be := testbed.NewNS(t, "be")
@@ -115,9 +127,14 @@ func TestEndToEndSteering(t *testing.T) {
 	edge.Sysctl("net.ipv4.conf.all.rp_filter", "0")
 	edge.Sysctl("net.ipv4.conf.e1.rp_filter", "2")
 	edge.Sysctl("net.ipv4.conf.e1.accept_local", "1") // replies come from the VIP, local here
-	// IPIP adds 20 bytes: the backend link carries client MTU + 20.
-	edge.Run("ip", "link", "set", "e1", "mtu", "1520")
-	be.Run("ip", "link", "set", "b0", "mtu", "1520")
+	if pmtud {
+		// XDP_TX back into a veth is only received if the peer runs XDP.
+		passOnClientVeth(t, cli, "c0")
+	} else {
+		// IPIP adds 20 bytes: the backend link carries client MTU + 20.
+		edge.Run("ip", "link", "set", "e1", "mtu", "1520")
+		be.Run("ip", "link", "set", "b0", "mtu", "1520")
+	}
 
 	be.Run("ip", "addr", "add", "10.2.0.2/24", "dev", "b0")
 	be.Run("ip", "addr", "add", "10.100.0.1/32", "dev", "lo")
@@ -220,12 +237,46 @@ func TestEndToEndSteering(t *testing.T) {
 	if dc.Global[DecapOK].Packets != kc.Global[Steered].Packets {
 		t.Errorf("decapsulated %d packets, edge steered %d", dc.Global[DecapOK].Packets, kc.Global[Steered].Packets)
 	}
-	if kc.Global[Dropped].Packets != 0 || kc.Global[ErrFragNeeded].Packets != 0 {
-		t.Errorf("drops %d, frag needed %d", kc.Global[Dropped].Packets, kc.Global[ErrFragNeeded].Packets)
+	if kc.Global[Dropped].Packets != 0 {
+		t.Errorf("edge dropped %d packets", kc.Global[Dropped].Packets)
+	}
+	if icmp := kc.Global[ICMPFragNeeded].Packets; (icmp > 0) != pmtud || icmp != kc.Global[ErrFragNeeded].Packets {
+		t.Errorf("ICMP frag needed sent %d, too-big packets %d (PMTUD case: %v)", icmp, kc.Global[ErrFragNeeded].Packets, pmtud)
 	}
 	if t.Failed() {
 		var sb strings.Builder
 		_ = WriteStatus(&sb, k)
 		t.Log(sb.String())
+	}
+}
+
+// passOnClientVeth attaches the bare xdp_pass program to dev in ns.
+func passOnClientVeth(t *testing.T, ns *testbed.NS, dev string) {
+	t.Helper()
+	spec, err := bpf.LoadWarmpath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs struct {
+		Pass *ebpf.Program `ebpf:"xdp_pass"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = objs.Pass.Close() })
+	err = ns.Do(func() error {
+		iface, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		l, err := link.AttachXDP(link.XDPOptions{Program: objs.Pass, Interface: iface.Index, Flags: link.XDPDriverMode})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("attach xdp_pass to %s: %v", dev, err)
 	}
 }

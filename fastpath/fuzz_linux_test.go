@@ -25,6 +25,19 @@ func validEncap(in, out []byte) bool {
 	return bytes.Equal(out[34:], in[14:])
 }
 
+// validFragNeeded reports whether out is an ICMP "fragmentation needed"
+// answering in: 70 bytes, ICMP type 3 code 4, both checksums right, quoting
+// in's IP header and first 8 bytes of TCP.
+func validFragNeeded(in, out []byte) bool {
+	if len(out) != 70 || len(in) < 14+28 {
+		return false
+	}
+	ip, icmp := out[14:34], out[34:]
+	return ip[0] == 0x45 && ip[9] == 1 && csumFold(csumAdd(0, ip)) == 0 &&
+		icmp[0] == 3 && icmp[1] == 4 && csumFold(csumAdd(0, icmp)) == 0 &&
+		bytes.Equal(icmp[8:], in[14:42])
+}
+
 // FuzzSteer feeds arbitrary frames to xdp_steer (a service, a backend and
 // an affinity for 10.1.0.2 are set, so VIP traffic can be steered). The
 // program must never abort, never pass a modified packet other than a
@@ -58,7 +71,11 @@ func FuzzSteer(f *testing.F) {
 			if !bytes.Equal(out, in) && !validEncap(in, out) {
 				t.Fatalf("passed a modified packet\n in %x\nout %x", in, out)
 			}
-		case 3, 4: // TX, REDIRECT
+		case 3: // TX: encapsulation back out, or ICMP "fragmentation needed"
+			if !validEncap(in, out) && !validFragNeeded(in, out) {
+				t.Fatalf("transmitted a bad packet\n in %x\nout %x", in, out)
+			}
+		case 4: // REDIRECT
 			if !validEncap(in, out) {
 				t.Fatalf("emitted a bad encapsulation\n in %x\nout %x", in, out)
 			}

@@ -156,6 +156,14 @@ func ack(client string, sport uint16) tcpPkt {
 	return p
 }
 
+// bigAck is a data segment whose encapsulation exceeds a 1400-byte MTU.
+func bigAck(client string, fragOff uint16) []byte {
+	p := ack(client, clientPort)
+	p.payload = make([]byte, 1400-40-10)
+	p.fragOff = fragOff
+	return p.frame()
+}
+
 func TestSteerFixtures(t *testing.T) {
 	e := newEdgeEnv(t)
 	k := e.k
@@ -337,18 +345,18 @@ func TestSteerFixtures(t *testing.T) {
 			setup: func() { e.ns.Run("ip", "route", "add", "blackhole", be4Addr.String()+"/32") },
 			in:    ack("10.1.0.12", clientPort).frame(), verdict: 1,
 			want: map[CounterKind]uint64{ErrFIB: 1, Dropped: 1}},
-		{name: "packet too big for the egress MTU after encapsulation",
+		{name: "too big after encapsulation: ICMP fragmentation needed to the client",
 			setup: func() {
 				e.ns.Run("ip", "link", "set", "wpbe", "mtu", "1400")
 				aff("10.1.0.13", 1, 7)
 			},
-			in: func() []byte {
-				p := ack("10.1.0.13", clientPort)
-				p.payload = make([]byte, 1400-40-10)
-				return p.frame()
-			}(),
-			verdict: 1,
-			want:    map[CounterKind]uint64{FlowRestored: 1, ErrFragNeeded: 1, Dropped: 1}},
+			in:      bigAck("10.1.0.13", 0x4000),
+			verdict: 3,
+			out:     icmpFragNeeded(bigAck("10.1.0.13", 0x4000), macClient, macIn, 1400),
+			want:    map[CounterKind]uint64{FlowRestored: 1, ErrFragNeeded: 1, ICMPFragNeeded: 1}},
+		{name: "too big without DF: dropped (XDP cannot fragment)",
+			in: bigAck("10.1.0.13", 0), verdict: 1,
+			want: map[CounterKind]uint64{ErrFragNeeded: 1, Dropped: 1}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -413,8 +421,8 @@ func TestNextHopCache(t *testing.T) {
 		{name: "route blackholed: cached next hop still used",
 			setup: func() { e.ns.Run("ip", "route", "add", "blackhole", be4Addr.String()+"/32") },
 			in:    ack("10.1.0.2", clientPort), verdict: 4, want: map[CounterKind]uint64{Steered: 1}},
-		{name: "cached MTU enforced", in: big, verdict: 1,
-			want: map[CounterKind]uint64{ErrFragNeeded: 1, Dropped: 1}},
+		{name: "cached MTU enforced", in: big, verdict: 3,
+			want: map[CounterKind]uint64{ErrFragNeeded: 1, ICMPFragNeeded: 1}},
 		{name: "settings change flushes the cache",
 			setup: func() {
 				if err := k.setSettings(encapSrc, 0); err != nil {
@@ -433,6 +441,11 @@ func TestNextHopCache(t *testing.T) {
 			after := counters(t, k)
 			if verdict != st.verdict {
 				t.Fatalf("verdict %s, want %s", xdpVerdicts[verdict], xdpVerdicts[st.verdict])
+			}
+			if verdict == 3 {
+				if want := icmpFragNeeded(st.in.frame(), macClient, macIn, 1400); !bytes.Equal(out, want) {
+					t.Errorf("ICMP differs\n got %x\nwant %x", out, want)
+				}
 			}
 			if verdict == 4 {
 				if want := encap(st.in.ip(), macBE4, macBE, encapSrc, be4Addr); !bytes.Equal(out, want) {

@@ -138,3 +138,19 @@ func ipv6Frame(dstMAC, srcMAC string) []byte {
 	h[53] = fSYN
 	return append(b, h...)
 }
+
+// icmpFragNeeded returns the ICMP "fragmentation needed" the edge answers a
+// too-big frame with: MACs swapped, from the frame's destination to its
+// source, next-hop MTU mtu-20, quoting the IP header and 8 bytes of TCP.
+func icmpFragNeeded(frame []byte, dstMAC, srcMAC string, mtu uint16) []byte {
+	ip := frame[14:]
+	var src, dst [4]byte
+	copy(src[:], ip[16:20])
+	copy(dst[:], ip[12:16])
+	icmp := []byte{3, 4, 0, 0, 0, 0, byte((mtu - 20) >> 8), byte(mtu - 20)}
+	icmp = append(icmp, ip[:28]...)
+	binary.BigEndian.PutUint16(icmp[2:], csumFold(csumAdd(0, icmp)))
+	out := ethHdr(dstMAC, srcMAC, 0x0800)
+	out = append(out, ipv4Hdr(netip.AddrFrom4(src), netip.AddrFrom4(dst), 1, 0, 0, 0, nil, len(icmp))...)
+	return append(out, icmp...)
+}
