@@ -2,12 +2,13 @@
 
 // Package testbed builds throwaway network namespaces, veth pairs and bpffs
 // mounts for tests, and removes them in t.Cleanup even when the test fails.
-// It shells out to iproute2 (`ip`), sysctl and ethtool. Use only addresses
-// inside the namespaces it creates. Root only.
+// It shells out to iproute2 (`ip`); tests may also run ethtool through
+// NS.Run. Use only addresses inside the namespaces it creates. Root only.
 package testbed
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -99,10 +100,14 @@ func (n *NS) Run(args ...string) string {
 	return Cmd(n.t, "ip", append([]string{"netns", "exec", n.Name}, args...)...)
 }
 
-// Sysctl sets key=value inside the namespace.
+// Sysctl sets key=value (e.g. net.ipv4.ip_forward=1) inside the namespace
+// by writing /proc/sys from a thread in it (no sysctl binary needed).
 func (n *NS) Sysctl(key, value string) {
 	n.t.Helper()
-	n.Run("sysctl", "-q", "-w", key+"="+value)
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	if err := n.Do(func() error { return os.WriteFile(path, []byte(value), 0o644) }); err != nil {
+		n.t.Fatalf("sysctl %s=%s in %s: %v", key, value, n.Name, err)
+	}
 }
 
 // Do runs fn on an OS thread switched into the namespace. Sockets created
@@ -138,9 +143,16 @@ func (n *NS) Do(fn func() error) error {
 func (n *NS) Ifindex(dev string) int {
 	n.t.Helper()
 	var idx int
-	out := n.Run("cat", "/sys/class/net/"+dev+"/ifindex")
-	if _, err := fmt.Sscan(out, &idx); err != nil {
-		n.t.Fatalf("ifindex of %s: %v", dev, err)
+	err := n.Do(func() error {
+		iface, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		idx = iface.Index
+		return nil
+	})
+	if err != nil {
+		n.t.Fatalf("ifindex of %s in %s: %v", dev, n.Name, err)
 	}
 	return idx
 }
