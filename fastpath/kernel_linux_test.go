@@ -456,3 +456,39 @@ func TestNextHopCache(t *testing.T) {
 		})
 	}
 }
+
+// TestAffinityRefreshClock: the program refreshes last_used_ns on the clock
+// Go compares with (CLOCK_MONOTONIC), so ExpireIdle sees real idle times.
+func TestAffinityRefreshClock(t *testing.T) {
+	e := newEdgeEnv(t)
+	k := e.k
+	client := netip.MustParseAddr("10.1.0.2")
+	for _, err := range []error{
+		k.SetServices([]Service{vip}),
+		k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true}}),
+		k.SetAffinity(Affinity{Client: client, Service: vip, Backend: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := affinityKey(client, vip)
+	val := bpf.WarmpathAffVal{LastUsedNs: 1, Backend: 1}
+	if err := k.objs.Affinity.Put(&key, &val); err != nil { // idle since boot
+		t.Fatal(err)
+	}
+	before := monoNow()
+	if v, _ := e.run(t, k.objs.Steer, syn("10.1.0.2", clientPort).frame()); v != 4 {
+		t.Fatalf("verdict %s", xdpVerdicts[v])
+	}
+	after := monoNow()
+	if err := k.objs.Affinity.Lookup(&key, &val); err != nil {
+		t.Fatal(err)
+	}
+	if got := int64(val.LastUsedNs); got < before || got > after {
+		t.Fatalf("last_used_ns %d outside [%d, %d]: program and Go clocks differ", got, before, after)
+	}
+	if n, err := k.ExpireIdle(time.Hour); err != nil || n != 0 {
+		t.Fatalf("refreshed entry expired: %d %v", n, err)
+	}
+}
