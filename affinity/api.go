@@ -131,7 +131,8 @@ type Policy interface {
 // Router.PolicyName (router.go), PolicyNames, NewPolicy, BeginHook, RemoveHook
 // and the built-in policy types (policy.go), NewRouterWithPolicy (custom.go),
 // NewCollector (metrics.go), Seed, AppendHashes, SessionKey, CPUFeatures
-// (hash.go), Prompt.Fill (prompt.go).
+// (hash.go), Prompt.Fill (prompt.go), CacheOracle and Router.SetCacheOracle
+// (oracle.go).
 
 // Prompt is the routing-relevant part of one request body. Slices point into
 // the Parser's scratch buffers and are valid until the Parser's next call.

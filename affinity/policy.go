@@ -352,6 +352,10 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	t := float64(req.PromptTokens)
 	v.match()
 	m := v.ms.m
+	var otok []int32 // oracle-fed cached tokens (SetCacheOracle)
+	if v.oracle {
+		otok = v.otok
+	}
 	bt := float64(v.r.bt)
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	for i, id := range v.Candidates() {
@@ -370,7 +374,10 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			kv = loadF(&rp.sigKV)
 		}
 		unc := t
-		if int(id) < len(m) && m[id] > 0 {
+		switch {
+		case otok != nil:
+			unc = max(t-float64(otok[id]), 0)
+		case int(id) < len(m) && m[id] > 0:
 			unc = max(t-float64(m[id])*bt, 0)
 		}
 		inv := 1 / loadF(&rp.rate)

@@ -29,7 +29,8 @@ type Router struct {
 	idx    *index
 	gen    uint32
 
-	rnd atomic.Uint64
+	rnd    atomic.Uint64
+	oracle atomic.Pointer[oracleBox] // SetCacheOracle; nil = the index answers
 	// eligVersion changes whenever health, draining or membership changes;
 	// groups cache their eligible list per version.
 	eligVersion atomic.Uint64

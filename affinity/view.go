@@ -19,6 +19,8 @@ type View struct {
 	score   []float64
 	ms      matchSet
 	matched bool
+	oracle  bool    // this decision's cached prefixes came from a CacheOracle
+	otok    []int32 // oracle tokens by ReplicaID, valid when oracle
 	rnd     uint64
 	top     []rankItem
 }
@@ -68,6 +70,7 @@ func (v *View) reset(r *Router, req *Request, g *group) {
 	v.r, v.req, v.g = r, req, g
 	v.cands = nil
 	v.matched = false
+	v.oracle = false
 	v.rnd = r.random()
 	v.ms.reset(0)
 }
@@ -103,11 +106,15 @@ func (v *View) match() {
 	}
 	v.matched = true
 	v.ms.reset(len(v.r.reps))
+	if b := v.r.oracle.Load(); b != nil {
+		v.oracleMatch(b.o)
+		return
+	}
 	v.r.idx.longest(v.req.Hashes, &v.ms)
 }
 
 // CachedBlocks is the predicted number of leading request blocks cached on
-// replica id.
+// replica id (from the CacheOracle when one is set, for candidates).
 func (v *View) CachedBlocks(id ReplicaID) int {
 	v.match()
 	if int(id) < 0 || int(id) >= len(v.ms.m) {
@@ -116,9 +123,17 @@ func (v *View) CachedBlocks(id ReplicaID) int {
 	return int(v.ms.m[id])
 }
 
-// CachedTokens is CachedBlocks in tokens, capped at the prompt size.
+// CachedTokens is CachedBlocks in tokens, capped at the prompt size. With a
+// CacheOracle it is the oracle's answer (not rounded to blocks), capped.
 func (v *View) CachedTokens(id ReplicaID) int {
-	return min(v.CachedBlocks(id)*v.r.bt, v.req.PromptTokens)
+	b := v.CachedBlocks(id)
+	if v.oracle {
+		if int(id) < 0 || int(id) >= len(v.otok) {
+			return 0
+		}
+		return min(int(v.otok[id]), v.req.PromptTokens)
+	}
+	return min(b*v.r.bt, v.req.PromptTokens)
 }
 
 // Load reads replica id's load.

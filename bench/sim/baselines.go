@@ -167,6 +167,7 @@ func Policies() []PolicyInfo {
 		{"sglang-cache-aware", "SGLang model gateway cache_aware (threshold 0.3, abs 64, rel 1.5)"},
 		{"llm-d", "llm-d default scorers: prefix 3, queue 2, kv-utilization 2, max score"},
 		{"dynamo-kv", "NVIDIA Dynamo KV router: overlap_weight*prefill_blocks + decode_blocks"},
+		{"oracle", "warmpath cost fed the engines' true cache state (affinity.CacheOracle): the bound for an approximate index"},
 	}
 }
 
@@ -181,6 +182,14 @@ func newRouter(name string, cfg affinity.Config, st *simState, engineBlock int) 
 		p = LLMD{}
 	case "dynamo-kv":
 		p = &DynamoKV{OverlapWeight: 1, BlockTokens: engineBlock, st: st}
+	case "oracle":
+		cfg.Policy = "cost"
+		r, err := affinity.NewRouter(cfg)
+		if err != nil {
+			return nil, err
+		}
+		r.SetCacheOracle(engineOracle{st})
+		return r, nil
 	default:
 		for _, n := range affinity.PolicyNames() {
 			if n == name {
