@@ -144,19 +144,25 @@ func (k *Kernel) attach(ifname string, mode AttachMode) error {
 }
 
 func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachMode, pinName string) (link.Link, error) {
-	if l, err := link.LoadPinnedLink(pinName, nil); err == nil {
-		if err := l.Update(prog); err != nil {
-			_ = l.Close()
-			return nil, fmt.Errorf("update pinned xdp link %s: %w", pinName, err)
-		}
-		log.Info("adopted pinned xdp link", "interface", ifname, "pin", pinName)
-		return l, nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("load pinned xdp link %s: %w", pinName, err)
-	}
 	iface, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return nil, fmt.Errorf("attach xdp to %s: %w", ifname, err)
+	}
+	if l, err := link.LoadPinnedLink(pinName, nil); err == nil {
+		if pinnedOn(l) == iface.Index {
+			if err := l.Update(prog); err != nil {
+				_ = l.Close()
+				return nil, fmt.Errorf("update pinned xdp link %s: %w", pinName, err)
+			}
+			log.Info("adopted pinned xdp link", "interface", ifname, "pin", pinName)
+			return l, nil
+		}
+		// The interface was recreated (or the link detached): start afresh.
+		log.Warn("pinned xdp link no longer attached to the interface, re-attaching", "interface", ifname, "pin", pinName)
+		_ = l.Unpin()
+		_ = l.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("load pinned xdp link %s: %w", pinName, err)
 	}
 	var flags []link.XDPAttachFlags
 	switch mode {
@@ -187,6 +193,15 @@ func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachM
 		return nil, fmt.Errorf("pin xdp link of %s: %w", ifname, err)
 	}
 	return l, nil
+}
+
+// pinnedOn returns the ifindex an XDP link is attached to, 0 if none.
+func pinnedOn(l link.Link) int {
+	info, err := l.Info()
+	if err != nil || info.XDP() == nil {
+		return 0
+	}
+	return int(info.XDP().Ifindex)
 }
 
 // Mode returns ModeKernel.

@@ -273,3 +273,38 @@ func TestUninstall(t *testing.T) {
 		t.Errorf("second Uninstall: %v", err)
 	}
 }
+
+// TestReattachAfterInterfaceRecreated: the pinned link of an interface that
+// was deleted and created again is replaced by a fresh attachment.
+func TestReattachAfterInterfaceRecreated(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns := testbed.NewNS(t, "recreate")
+	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
+	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	open := func() {
+		t.Helper()
+		err := ns.Do(func() error {
+			k, err := OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachDriver})
+			if err != nil {
+				return err
+			}
+			return k.Close()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	open()
+	ns.Run("ip", "link", "del", "wpin")
+	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
+	if xdpAttached(ns, "wpin") {
+		t.Fatal("fresh interface already has a program")
+	}
+	open()
+	if !xdpAttached(ns, "wpin") {
+		t.Fatal("not re-attached to the recreated interface")
+	}
+	if err := Uninstall(pin); err != nil {
+		t.Fatal(err)
+	}
+}
