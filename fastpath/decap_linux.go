@@ -66,9 +66,11 @@ func OpenDecap(opts DecapOptions) (*Decap, error) {
 		}
 		cfg.DecapSrc = be32(opts.Source)
 	}
-	if err := d.objs.Settings.Put(uint32(0), &cfg); err != nil {
-		d.closeObjs()
-		return nil, fmt.Errorf("write decap settings: %w", err)
+	if opts.Interface != "" || opts.Source.IsValid() {
+		if err := d.objs.Settings.Put(uint32(0), &cfg); err != nil {
+			d.closeObjs()
+			return nil, fmt.Errorf("write decap settings: %w", err)
+		}
 	}
 	if opts.Interface != "" {
 		l, err := attachXDP(log, d.objs.Decap, opts.Interface, opts.Attach, decapPinName(pin, opts.Interface))

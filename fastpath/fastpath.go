@@ -185,6 +185,8 @@ type Options struct {
 	Mode Mode
 	// Interface is the client-facing interface to attach xdp_steer to.
 	// Empty: load and pin the maps but attach nothing (tests, map-only use).
+	// With Interface, EncapSource and NextHopTTL all zero, Open only adopts
+	// the pinned state and leaves the settings alone: `warmpath status`.
 	Interface string
 	// Attach: auto (driver, then generic; default), driver or generic.
 	Attach AttachMode

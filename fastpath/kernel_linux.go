@@ -82,16 +82,20 @@ func OpenKernel(opts Options) (*Kernel, error) {
 			return nil, err
 		}
 	}
-	ttl := opts.NextHopTTL
-	switch {
-	case ttl == 0:
-		ttl = DefaultNextHopTTL
-	case ttl < 0:
-		ttl = 0
-	}
-	if err := k.setSettings(opts.EncapSource, ttl); err != nil {
-		k.closeObjs()
-		return nil, err
+	// A process that only reads (warmpath status: no Interface, no
+	// settings) must not reset what the running instance configured.
+	if opts.Interface != "" || opts.EncapSource.IsValid() || opts.NextHopTTL != 0 {
+		ttl := opts.NextHopTTL
+		switch {
+		case ttl == 0:
+			ttl = DefaultNextHopTTL
+		case ttl < 0:
+			ttl = 0
+		}
+		if err := k.setSettings(opts.EncapSource, ttl); err != nil {
+			k.closeObjs()
+			return nil, err
+		}
 	}
 	if opts.Interface != "" {
 		if err := k.attach(opts.Interface, opts.Attach); err != nil {

@@ -83,6 +83,18 @@ func TestPinReload(t *testing.T) {
 		t.Fatal("program detached by Close; steered flows would stop")
 	}
 
+	// A read-only opener (warmpath status) must not touch the settings.
+	ro, err := OpenKernel(Options{PinPath: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg bpf.WarmpathConfig
+	must(ro.objs.Settings.Lookup(uint32(0), &cfg))
+	if cfg.EncapSrc != be32(encapSrc) || cfg.NhTtlNs != uint64(DefaultNextHopTTL) {
+		t.Errorf("settings after a read-only open: %+v", cfg)
+	}
+	must(ro.Close())
+
 	k = open()
 	t.Cleanup(func() { _ = k.Close() })
 	svcs, err := k.Services()
