@@ -3,6 +3,8 @@ package fastpath
 import (
 	"bytes"
 	"encoding/hex"
+	"fmt"
+	"strings"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -490,5 +492,30 @@ func TestAffinityRefreshClock(t *testing.T) {
 	}
 	if n, err := k.ExpireIdle(time.Hour); err != nil || n != 0 {
 		t.Fatalf("refreshed entry expired: %d %v", n, err)
+	}
+}
+
+// TestCollectorKernel: the collector reads the real per-CPU counters.
+func TestCollectorKernel(t *testing.T) {
+	e := newEdgeEnv(t)
+	if err := e.k.SetServices([]Service{vip}); err != nil {
+		t.Fatal(err)
+	}
+	nonVIP := syn("10.1.0.2", clientPort)
+	nonVIP.dst = netip.MustParseAddrPort("10.1.0.1:22")
+	frame := nonVIP.frame()
+	for range 3 {
+		e.run(t, e.k.objs.Steer, frame)
+	}
+	out := string(gatherText(t, NewCollector(e.k)))
+	for _, want := range []string{
+		"warmpath_fastpath_kernel_mode 1",
+		`warmpath_fastpath_packets_total{kind="pass_not_service"} 3`,
+		fmt.Sprintf(`warmpath_fastpath_bytes_total{kind="pass_not_service"} %d`, 3*len(frame)),
+		`warmpath_fastpath_packets_total{kind="steered"} 0`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
 	}
 }
