@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
-	"strings"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
