@@ -132,9 +132,43 @@ func TestOpenKernelErrors(t *testing.T) {
 	if _, err := OpenKernel(Options{PinPath: filepath.Join(t.TempDir(), "warmpath")}); err == nil || !strings.Contains(err.Error(), "not a bpffs") {
 		t.Errorf("pin path off bpffs: %v", err)
 	}
-	_, err := OpenKernel(Options{PinPath: filepath.Join(testbed.BPFFS(t), "warmpath"), Interface: "wp-no-such-if"})
+	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	_, err := OpenKernel(Options{PinPath: pin, Interface: "wp-no-such-if"})
 	if err == nil || !strings.Contains(err.Error(), "wp-no-such-if") {
 		t.Errorf("missing interface: %v", err)
+	}
+	ns := testbed.NewNS(t, "attach")
+	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
+	err = ns.Do(func() error {
+		_, err := OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: "bogus"})
+		return err
+	})
+	if !errors.Is(err, ErrInvalid) {
+		t.Errorf("bad attach mode: %v, want ErrInvalid", err)
+	}
+}
+
+// TestAttachGeneric: generic (skb) mode attaches where asked to.
+func TestAttachGeneric(t *testing.T) {
+	testbed.RequireRoot(t)
+	ns := testbed.NewNS(t, "generic")
+	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
+	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	var k *Kernel
+	if err := ns.Do(func() (err error) {
+		k, err = OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachGeneric})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out := ns.Run("ip", "link", "show", "dev", "wpin"); !strings.Contains(out, "xdpgeneric") {
+		t.Errorf("not attached in generic mode:\n%s", out)
+	}
+	if err := k.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if xdpAttached(ns, "wpin") || strings.Contains(ns.Run("ip", "link", "show", "dev", "wpin"), "xdp") {
+		t.Error("still attached after Detach")
 	}
 }
 
