@@ -17,7 +17,8 @@
  *
  * xdp_steer_bench: xdp_steer followed by an undo of the encapsulation, so
  * BPF_PROG_TEST_RUN with Repeat > 1 measures the steering path on the same
- * input every iteration. Never attached.
+ * input every iteration. Never attached; its input must be a steerable
+ * packet (an XDP_TX of an ICMP reply would be "undone" too).
  *
  * Rule: anything not understood is passed untouched (never steered, never
  * dropped). Every header access is preceded by a bounds check.
