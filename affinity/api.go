@@ -132,7 +132,8 @@ type Policy interface {
 // and the built-in policy types (policy.go), NewRouterWithPolicy (custom.go),
 // NewCollector (metrics.go), Seed, AppendHashes, SessionKey, CPUFeatures
 // (hash.go), Prompt.Fill (prompt.go), CacheOracle and Router.SetCacheOracle
-// (oracle.go).
+// (oracle.go), Promoter, PromoterConfig, Observation, Action, Entry,
+// ReplicaLoad, ReplicaLoadOf, Change, Reason (promote.go), Router.PrefillRate.
 
 // Prompt is the routing-relevant part of one request body. Slices point into
 // the Parser's scratch buffers and are valid until the Parser's next call.

@@ -3,7 +3,9 @@
 // probably holds which prefix in its KV cache (a bounded prefix index), keeps
 // each replica's load (router-local in-flight and pending prefill, plus
 // engine signals fed from outside), and ranks replicas for a request with a
-// pluggable Policy (Router.Decide).
+// pluggable Policy (Router.Decide). Promoter is the fast-path promotion
+// rule: which clients get an in-kernel affinity entry, and which entries the
+// rebalancer drops (the caller writes the BPF map).
 //
 // The package is pure: no sockets, no clocks. Every time is a caller-supplied
 // `now` in nanoseconds, so the proxy passes time.Now().UnixNano() and the
@@ -20,4 +22,8 @@
 //     once (End is idempotent). A Flight whose replica was removed, or whose
 //     ID was reused, Ends harmlessly.
 //   - A Decision carries per-caller scratch: use one per goroutine.
+//   - A CacheOracle (Router.SetCacheOracle) is called under the Router's
+//     read lock: it must not call back into the Router.
+//   - Promoter forgets the oldest clients past MaxClients, promoted ones
+//     included: their entries must age out through Rebalance (idle rule).
 package affinity

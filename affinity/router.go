@@ -549,6 +549,17 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 	f.Replica = NoReplica
 }
 
+// PrefillRate is replica id's current prefill-rate estimate in tokens/s
+// (0 for an unknown id). Cheap: for per-request callers (Observation.Capacity).
+func (r *Router) PrefillRate(id ReplicaID) float64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if p := r.rep(id); p != nil {
+		return loadF(&p.rate)
+	}
+	return 0
+}
+
 // Lookup finds a replica by name.
 func (r *Router) Lookup(name string) (ReplicaID, bool) {
 	r.mu.RLock()
