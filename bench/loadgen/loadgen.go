@@ -171,10 +171,16 @@ loop:
 		}(&outs[i])
 	}
 	wg.Wait()
-	res := &Result{Sent: sent, StatusCounts: map[int]int{}, Wall: time.Since(start)}
+	return summarize(outs[:sent], time.Since(start), cfg.TimeScale), nil
+}
+
+// summarize folds outcomes into a Result; latencies are divided by
+// timeScale (model seconds).
+func summarize(outs []outcome, wall time.Duration, timeScale float64) *Result {
+	res := &Result{Sent: len(outs), StatusCounts: map[int]int{}, Wall: wall}
 	var ttft, e2e []float64
 	seenErr := map[string]bool{}
-	for _, o := range outs[:sent] {
+	for _, o := range outs {
 		if o.delayed {
 			res.Delayed++
 		}
@@ -192,8 +198,8 @@ loop:
 			continue
 		}
 		res.OK++
-		ttft = append(ttft, o.ttft.Seconds()/cfg.TimeScale)
-		e2e = append(e2e, o.e2e.Seconds()/cfg.TimeScale)
+		ttft = append(ttft, o.ttft.Seconds()/timeScale)
+		e2e = append(e2e, o.e2e.Seconds()/timeScale)
 		res.PromptTokens += o.prompt
 		res.Cached += o.hit
 		res.OutputTokens += o.out
@@ -202,7 +208,7 @@ loop:
 	if res.Wall > 0 {
 		res.RPS = float64(res.OK) / res.Wall.Seconds()
 	}
-	return res, nil
+	return res
 }
 
 var (

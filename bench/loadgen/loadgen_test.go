@@ -2,9 +2,11 @@ package loadgen
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,4 +83,100 @@ func TestBoundedAndCountsFailures(t *testing.T) {
 	if _, err := Run(context.Background(), Config{}); err == nil {
 		t.Fatal("empty config accepted")
 	}
+}
+
+func TestClosedLoop(t *testing.T) {
+	tests := []struct {
+		name        string
+		concurrency int
+		requests    int
+		stream      bool
+	}{
+		{name: "one worker", concurrency: 1, requests: 7, stream: true},
+		{name: "four workers streaming", concurrency: 4, requests: 40, stream: true},
+		{name: "four workers buffered", concurrency: 4, requests: 40, stream: false},
+		{name: "more workers than requests", concurrency: 16, requests: 3, stream: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls, inflight, peak atomic.Int64
+			want := int64(min(tc.concurrency, tc.requests))
+			full := make(chan struct{})
+			var once sync.Once
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				n := inflight.Add(1)
+				defer inflight.Add(-1)
+				for {
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				if n == want {
+					once.Do(func() { close(full) })
+				}
+				select { // the first wave waits until every worker is in flight
+				case <-full:
+				case <-time.After(5 * time.Second):
+				}
+				if strings.Contains(readAll(r), `"stream":true`) {
+					w.Header().Set("Content-Type", "text/event-stream")
+					w.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n"))
+					return
+				}
+				w.Write([]byte(`{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}`))
+			}))
+			t.Cleanup(srv.Close)
+			ns := workload.DefaultNoSharing()
+			ns.Requests, ns.MinTokens, ns.MaxTokens = 5, 8, 16
+			w, _ := workload.NoSharing(ns)
+			res, err := RunClosed(context.Background(), ClosedConfig{URL: srv.URL, Workload: w, Concurrency: tc.concurrency, Requests: tc.requests, Stream: tc.stream, MaxDuration: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Sent != tc.requests || res.OK != tc.requests || calls.Load() != int64(tc.requests) {
+				t.Fatalf("sent %d ok %d calls %d, want %d; errors %v", res.Sent, res.OK, calls.Load(), tc.requests, res.Errors)
+			}
+			if peak.Load() != want {
+				t.Fatalf("peak concurrency %d, want %d", peak.Load(), want)
+			}
+			if res.Cached != int64(4*tc.requests) || res.PromptTokens != int64(10*tc.requests) || res.RPS <= 0 || res.E2E.P50 <= 0 {
+				t.Fatalf("usage %d/%d rps %g e2e %+v", res.Cached, res.PromptTokens, res.RPS, res.E2E)
+			}
+		})
+	}
+}
+
+func TestClosedLoopBounded(t *testing.T) {
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAll(r) // after the body, the server notices the client going away
+		select {   // hangs until the client gives up
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })
+	ns := workload.DefaultNoSharing()
+	ns.Requests, ns.MinTokens, ns.MaxTokens = 2, 8, 16
+	w, _ := workload.NoSharing(ns)
+	res, err := RunClosed(context.Background(), ClosedConfig{URL: srv.URL, Workload: w, Concurrency: 2, Requests: 1000, MaxDuration: 200 * time.Millisecond, Stream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Sent != 2 || res.Failed != 2 || res.OK != 0 {
+		t.Fatalf("sent %d failed %d ok %d, want 2 sent and failed at the deadline", res.Sent, res.Failed, res.OK)
+	}
+	for _, c := range []ClosedConfig{{}, {URL: srv.URL, Workload: w}} {
+		if _, err := RunClosed(context.Background(), c); err == nil {
+			t.Fatalf("config %+v accepted", c)
+		}
+	}
+}
+
+func readAll(r *http.Request) string {
+	b, _ := io.ReadAll(r.Body)
+	return string(b)
 }
