@@ -1,0 +1,530 @@
+package live
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warmpath/warmpath/bench/loadgen"
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// Options configures a live bench run. Zero fields take the defaults shown
+// (full / smoke).
+type Options struct {
+	// Out is the directory live.md and live.json are written to; "" writes
+	// nothing (Results is still returned).
+	Out string
+	// Smoke shrinks every size so a run finishes in well under a minute.
+	Smoke bool
+	// Engines is the number of enginesim processes behind each router
+	// (4 / 2).
+	Engines int
+	// TimeScale is the engines' --time-scale: wall time per model second
+	// (0.1 / 0.05). Routing latencies are reported in model seconds.
+	TimeScale float64
+	// Seed seeds the workloads, the engines (engine i gets Seed+i) and
+	// warmpath's tie-breaking (1).
+	Seed uint64
+	// Policies are the warmpath policies run in front of the engines
+	// (cost, prefix, least-request, round-robin).
+	Policies []string
+	// EngineKVBlocks is each engine's --num-gpu-blocks-override, 16 tokens
+	// per block (4096 = 65,536 tokens / 1024). Smaller than the workload's
+	// prefix working set, so where a prefix lands matters, as on a real
+	// cluster with many tenants.
+	EngineKVBlocks int
+	// Requests caps each routing workload's request count (512 / 48).
+	Requests int
+	// RPS is the routing workloads' mean arrival rate in model requests per
+	// second over the whole cluster (3 per engine / 3 per engine).
+	RPS float64
+	// SkipNginx leaves the nginx rows out (they are also left out, with a
+	// note, when nginx is not installed).
+	SkipNginx bool
+	// NginxBin, WarmpathBin and EnginesimBin are binary paths; "" finds
+	// nginx in PATH or /usr/sbin and builds warmpath and enginesim with the
+	// go tool (the working directory must be inside the warmpath module).
+	// `warmpath bench live` passes its own executable as WarmpathBin.
+	NginxBin, WarmpathBin, EnginesimBin string
+	// OverheadRequests is the request count of each closed-loop throughput
+	// phase of the router-overhead bench (20000 / 300); the unloaded-latency
+	// phase sends a quarter of it at concurrency 1.
+	OverheadRequests int
+	// OverheadConcurrency is the throughput phase's concurrency (32 / 4).
+	OverheadConcurrency int
+	// Rounds repeats the overhead bench, targets interleaved, and reports
+	// each figure's median over rounds (3 / 1).
+	Rounds int
+	// Progress gets one line per finished configuration; nil = none.
+	Progress io.Writer `json:"-"`
+	// Command is recorded in the report as the command that produced it.
+	Command string
+}
+
+func (o Options) withDefaults() Options {
+	pick := func(full, smoke int) int {
+		if o.Smoke {
+			return smoke
+		}
+		return full
+	}
+	if o.Engines <= 0 {
+		o.Engines = pick(4, 2)
+	}
+	if o.TimeScale <= 0 {
+		o.TimeScale = 0.1
+		if o.Smoke {
+			o.TimeScale = 0.05
+		}
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if len(o.Policies) == 0 {
+		o.Policies = []string{"cost", "prefix", "least-request", "round-robin"}
+	}
+	if o.EngineKVBlocks <= 0 {
+		o.EngineKVBlocks = pick(4096, 1024)
+	}
+	if o.Requests <= 0 {
+		o.Requests = pick(512, 48)
+	}
+	if o.RPS <= 0 {
+		o.RPS = 3 * float64(o.Engines)
+	}
+	if o.OverheadRequests <= 0 {
+		o.OverheadRequests = pick(20000, 300)
+	}
+	if o.OverheadConcurrency <= 0 {
+		o.OverheadConcurrency = pick(32, 4)
+	}
+	if o.Rounds <= 0 {
+		o.Rounds = pick(3, 1)
+	}
+	return o
+}
+
+// Results is one live bench run.
+type Results struct {
+	Command, Commit, Machine string
+	Started                  time.Time
+	Elapsed                  time.Duration
+	Options                  Options
+	// Nginx is "" when the nginx rows ran, else why they did not.
+	Nginx     string
+	Workloads []WorkloadResult
+	Overhead  []OverheadRow
+}
+
+// WorkloadResult is one workload through every configuration.
+type WorkloadResult struct {
+	Name, Params string
+	Requests     int
+	Rows         []RoutingRow
+}
+
+// RoutingRow is one configuration (router + fresh engines) on one workload.
+// Latencies are model seconds.
+type RoutingRow struct {
+	Config  string // "warmpath cost", "nginx round-robin", "direct (1 engine)"
+	Engines int
+	loadgen.Result
+	HitRate float64
+}
+
+// OverheadRow is one target of the router-overhead bench in one mode;
+// figures are medians over rounds. Latencies are wall seconds.
+type OverheadRow struct {
+	Target string // "direct", "warmpath cost", "warmpath round-robin", "nginx"
+	Stream bool
+	// P50, P99: end-to-end latency at concurrency 1; Added*: minus direct's.
+	P50, P99, AddedP50, AddedP99 float64
+	// RPS is completed requests per second at OverheadConcurrency.
+	RPS float64
+	// CPUPer1k is the router process tree's CPU seconds (utime+stime from
+	// /proc) per 1,000 requests over both phases; -1 for direct.
+	CPUPer1k       float64
+	Requests, Fail int
+}
+
+var errUnsupported = errors.New("live bench: needs Linux (/proc, process groups)")
+
+// Run runs the live bench: every routing configuration on every workload,
+// then the router-overhead bench; it writes live.md and live.json into
+// opts.Out when set. Every child process is stopped before Run returns,
+// on every path.
+func Run(ctx context.Context, opts Options) (*Results, error) {
+	if !supported {
+		return nil, errUnsupported
+	}
+	opts = opts.withDefaults()
+	res := &Results{Command: opts.Command, Commit: commit(), Machine: machine(), Started: time.Now().UTC(), Options: opts}
+	tmp, err := os.MkdirTemp("", "warmpath-live-")
+	if err != nil {
+		return nil, fmt.Errorf("live: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+
+	if opts.WarmpathBin == "" || opts.EnginesimBin == "" {
+		wp, es, err := buildBinaries(ctx, tmp)
+		if err != nil {
+			return nil, fmt.Errorf("live: %w", err)
+		}
+		if opts.WarmpathBin == "" {
+			opts.WarmpathBin = wp
+		}
+		if opts.EnginesimBin == "" {
+			opts.EnginesimBin = es
+		}
+	}
+	nginx := ""
+	switch {
+	case opts.SkipNginx:
+		res.Nginx = "skipped (Options.SkipNginx)"
+	default:
+		if nginx, err = findNginx(opts.NginxBin); err != nil {
+			res.Nginx = err.Error()
+			nginx = ""
+			progress(opts, "nginx rows left out: %v", err)
+		}
+	}
+
+	for _, w := range workloads(opts) {
+		wr, err := runWorkload(ctx, opts, tmp, nginx, w)
+		if err != nil {
+			return nil, fmt.Errorf("live: %s: %w", w.Name, err)
+		}
+		res.Workloads = append(res.Workloads, *wr)
+	}
+	if res.Overhead, err = runOverhead(ctx, opts, tmp, nginx); err != nil {
+		return nil, fmt.Errorf("live: overhead: %w", err)
+	}
+	res.Elapsed = time.Since(res.Started)
+	if opts.Out != "" {
+		if err := res.write(opts.Out); err != nil {
+			return nil, fmt.Errorf("live: %w", err)
+		}
+	}
+	return res, nil
+}
+
+func progress(o Options, format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "live: "+format+"\n", args...)
+	}
+}
+
+// workloads are the routing workloads: shared-prefix groups (where prefix
+// placement matters most) and multi-turn chat (full mode only).
+func workloads(o Options) []*workload.Workload {
+	sp := workload.DefaultSharedPrefix()
+	sp.Seed, sp.Groups, sp.PromptsPerGroup, sp.OutputTokens = o.Seed, 32, 16, 64
+	mt := workload.DefaultMultiTurn()
+	mt.Seed, mt.Conversations, mt.MinTurns, mt.MaxTurns, mt.AnswerTokens, mt.ThinkSeconds = o.Seed, 48, 8, 12, 64, 4
+	if o.Smoke {
+		sp.Groups, sp.PromptsPerGroup, sp.SystemTokens, sp.OutputTokens = 6, 8, 1024, 16
+	}
+	var out []*workload.Workload
+	if w, err := workload.SharedPrefix(sp); err == nil {
+		out = append(out, w)
+	}
+	if !o.Smoke {
+		if w, err := workload.MultiTurn(mt); err == nil {
+			out = append(out, w)
+		}
+	}
+	for _, w := range out {
+		if len(w.Requests) > o.Requests {
+			w.Requests = w.Requests[:o.Requests]
+		}
+		w.ScaleRate(o.RPS)
+	}
+	return out
+}
+
+// everyNth keeps the requests an engine behind an even split would get:
+// whole conversations (multi-turn) or every nth request, arrival times
+// kept, so one engine sees the per-engine load of the routed cluster.
+func everyNth(w *workload.Workload, n int) *workload.Workload {
+	out := &workload.Workload{Name: w.Name, Params: w.Params}
+	for i, r := range w.Requests {
+		k := i
+		if r.Conversation >= 0 {
+			k = r.Conversation
+		}
+		if k%n == 0 {
+			out.Requests = append(out.Requests, r)
+		}
+	}
+	return out
+}
+
+// config is one routing configuration.
+type config struct {
+	name    string
+	policy  string // warmpath policy; "" for nginx and direct
+	nginx   bool
+	engines int
+}
+
+func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.Workload) (*WorkloadResult, error) {
+	var cfgs []config
+	for _, p := range o.Policies {
+		cfgs = append(cfgs, config{name: "warmpath " + p, policy: p, engines: o.Engines})
+	}
+	if nginx != "" {
+		cfgs = append(cfgs, config{name: "nginx round-robin", nginx: true, engines: o.Engines})
+	}
+	cfgs = append(cfgs, config{name: "direct (1 engine, 1/" + strconv.Itoa(o.Engines) + " of the load)", engines: 1})
+	wr := &WorkloadResult{Name: w.Name, Params: w.Params, Requests: len(w.Requests)}
+	for _, c := range cfgs {
+		row, err := runConfig(ctx, o, tmp, nginx, c, w)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.name, err)
+		}
+		progress(o, "%s / %s: ok %d/%d failed %d, TTFT p50 %.3fs p99 %.3fs, hit %.1f%%",
+			w.Name, c.name, row.OK, row.Sent, row.Failed, row.TTFT.P50, row.TTFT.P99, 100*row.HitRate)
+		wr.Rows = append(wr.Rows, *row)
+	}
+	return wr, nil
+}
+
+// runConfig starts fresh engines (cold caches) and the router, sends the
+// workload, and stops everything it started.
+func runConfig(ctx context.Context, o Options, tmp, nginx string, c config, w *workload.Workload) (*RoutingRow, error) {
+	var g group
+	defer g.stop()
+	addrs := make([]string, c.engines)
+	for i := range addrs {
+		p, addr, err := startEngine(ctx, o, uint64(i))
+		if err != nil {
+			return nil, err
+		}
+		g.add(p)
+		addrs[i] = addr
+	}
+	url := "http://" + addrs[0]
+	switch {
+	case c.policy != "":
+		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
+			policy: c.policy, model: workload.DefaultModel, replicas: addrs,
+			kvTokens: 16 * o.EngineKVBlocks, timeScale: o.TimeScale, seed: o.Seed,
+		})
+		if err != nil {
+			return nil, err
+		}
+		g.add(p)
+		url = "http://" + listen
+	case c.nginx:
+		p, listen, err := startNginx(ctx, nginx, tmp, addrs)
+		if err != nil {
+			return nil, err
+		}
+		g.add(p)
+		url = "http://" + listen
+	default:
+		w = everyNth(w, o.Engines)
+	}
+	res, err := loadgen.Run(ctx, loadgen.Config{
+		URL: url, Workload: w, TimeScale: o.TimeScale, Stream: true,
+		MaxDuration: 3 * time.Minute, RequestTimeout: time.Minute,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range g.procs { // a crash during the run is a finding, not a row
+		if err := p.failure(); err != nil {
+			return nil, err
+		}
+	}
+	return &RoutingRow{Config: c.name, Engines: c.engines, Result: *res, HitRate: res.HitRate()}, nil
+}
+
+func startEngine(ctx context.Context, o Options, i uint64) (*proc, string, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	p, err := startProc("enginesim "+addr, o.EnginesimBin,
+		"--listen", addr, "--served-model-name", workload.DefaultModel,
+		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64),
+		"--seed", strconv.FormatUint(o.Seed+i, 10),
+		"--num-gpu-blocks-override", strconv.Itoa(o.EngineKVBlocks),
+		"--enable-admin=false", "--log-level", "warn")
+	if err != nil {
+		return nil, "", err
+	}
+	if err := waitReady(ctx, p, "http://"+addr+"/health", 10*time.Second); err != nil {
+		p.stop(time.Second)
+		return nil, "", err
+	}
+	return p, addr, nil
+}
+
+// overheadTarget is one front of the fast backend.
+type overheadTarget struct {
+	name string
+	url  string
+	pid  int // router process (tree) whose CPU is counted; 0 = none
+}
+
+// runOverhead measures the routers against the trivially fast backend:
+// per round, per mode (buffered, streamed), per target in turn: a warm-up,
+// an unloaded-latency phase (concurrency 1) and a throughput phase
+// (OverheadConcurrency), with the router's CPU read around both phases.
+func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadRow, error) {
+	fast, err := startFast(workload.DefaultModel)
+	if err != nil {
+		return nil, err
+	}
+	defer fast.close()
+	var g group
+	defer g.stop()
+	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
+	for _, pol := range []string{"cost", "round-robin"} {
+		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
+			policy: pol, model: workload.DefaultModel, replicas: []string{fast.addr()}, timeScale: 1, seed: o.Seed,
+		})
+		if err != nil {
+			return nil, err
+		}
+		g.add(p)
+		targets = append(targets, overheadTarget{name: "warmpath " + pol, url: "http://" + listen, pid: p.pid()})
+	}
+	if nginx != "" {
+		p, listen, err := startNginx(ctx, nginx, tmp, []string{fast.addr()})
+		if err != nil {
+			return nil, err
+		}
+		g.add(p)
+		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen, pid: p.pid()})
+	}
+
+	sp := workload.DefaultSharedPrefix()
+	sp.Seed, sp.Groups, sp.PromptsPerGroup, sp.SystemTokens, sp.QuestionTokens, sp.OutputTokens = o.Seed, 8, 8, 256, 32, 4
+	w, err := workload.SharedPrefix(sp)
+	if err != nil {
+		return nil, err
+	}
+	type sample struct{ p50, p99, rps, cpu1k float64 }
+	samples := map[string][]sample{} // key: target + mode
+	fails := map[string]int{}
+	reqs := map[string]int{}
+	latN := max(o.OverheadRequests/4, 20)
+	for round := range o.Rounds {
+		for _, stream := range []bool{false, true} {
+			for _, t := range targets {
+				key := t.name + "/" + strconv.FormatBool(stream)
+				run := func(conc, n int) (*loadgen.Result, error) {
+					return loadgen.RunClosed(ctx, loadgen.ClosedConfig{
+						URL: t.url, Workload: w, Concurrency: conc, Requests: n, Stream: stream,
+						MaxDuration: 2 * time.Minute, RequestTimeout: 10 * time.Second,
+					})
+				}
+				if _, err := run(o.OverheadConcurrency, min(200, o.OverheadRequests)); err != nil { // warm-up: connections, pools
+					return nil, err
+				}
+				var cpu0 time.Duration
+				if t.pid != 0 {
+					if cpu0, err = treeCPU(t.pid); err != nil {
+						return nil, err
+					}
+				}
+				lat, err := run(1, latN)
+				if err != nil {
+					return nil, err
+				}
+				thr, err := run(o.OverheadConcurrency, o.OverheadRequests)
+				if err != nil {
+					return nil, err
+				}
+				s := sample{p50: lat.E2E.P50, p99: lat.E2E.P99, rps: thr.RPS, cpu1k: -1}
+				if t.pid != 0 {
+					cpu1, err := treeCPU(t.pid)
+					if err != nil {
+						return nil, err
+					}
+					s.cpu1k = (cpu1 - cpu0).Seconds() / float64(lat.Sent+thr.Sent) * 1000
+				}
+				samples[key] = append(samples[key], s)
+				fails[key] += lat.Failed + thr.Failed
+				reqs[key] += lat.Sent + thr.Sent
+				progress(o, "overhead round %d %s stream=%v: p50 %.0fµs p99 %.0fµs, %.0f req/s, cpu %.3fs/1k, failed %d",
+					round+1, t.name, stream, 1e6*s.p50, 1e6*s.p99, s.rps, s.cpu1k, lat.Failed+thr.Failed)
+			}
+		}
+	}
+	for _, p := range g.procs {
+		if err := p.failure(); err != nil {
+			return nil, err
+		}
+	}
+	var rows []OverheadRow
+	for _, stream := range []bool{false, true} {
+		var direct OverheadRow
+		for _, t := range targets {
+			key := t.name + "/" + strconv.FormatBool(stream)
+			ss := samples[key]
+			med := func(f func(sample) float64) float64 {
+				v := make([]float64, len(ss))
+				for i, s := range ss {
+					v[i] = f(s)
+				}
+				slices.Sort(v)
+				return v[len(v)/2]
+			}
+			r := OverheadRow{Target: t.name, Stream: stream,
+				P50: med(func(s sample) float64 { return s.p50 }), P99: med(func(s sample) float64 { return s.p99 }),
+				RPS: med(func(s sample) float64 { return s.rps }), CPUPer1k: med(func(s sample) float64 { return s.cpu1k }),
+				Requests: reqs[key], Fail: fails[key]}
+			if t.name == "direct" {
+				direct = r
+			}
+			r.AddedP50, r.AddedP99 = r.P50-direct.P50, r.P99-direct.P99
+			rows = append(rows, r)
+		}
+	}
+	return rows, nil
+}
+
+// machine describes the host for the report.
+func machine() string {
+	cpu := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for l := range strings.SplitSeq(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	kernel := ""
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		kernel = strings.TrimSpace(string(b))
+	}
+	return fmt.Sprintf("%s, %d CPUs, %s/%s, kernel %s, %s", cpu, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, kernel, runtime.Version())
+}
+
+// commit is the checkout's commit (with "+dirty" for local changes), or
+// "unknown" outside a git checkout.
+func commit() string {
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
+		c += "+dirty"
+	}
+	return c
+}
+

@@ -1,0 +1,255 @@
+package live
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// trackChildren records every child the package starts and, at cleanup,
+// asserts that none of their process groups has a live member left and that
+// the run's temp directory (under a test-private TMPDIR) is gone.
+func trackChildren(t *testing.T) (pids func() []int) {
+	t.Helper()
+	if !supported {
+		t.Skip("live bench is Linux only")
+	}
+	var mu sync.Mutex
+	var started []int
+	onStart = func(pid int) { mu.Lock(); started = append(started, pid); mu.Unlock() }
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Cleanup(func() {
+		onStart = nil
+		mu.Lock()
+		defer mu.Unlock()
+		for _, pg := range started {
+			if left := liveInGroup(pg); len(left) > 0 {
+				t.Errorf("process group %d still has live processes %v", pg, left)
+			}
+		}
+		if ents, _ := os.ReadDir(tmp); len(ents) > 0 {
+			t.Errorf("temp files left in TMPDIR: %v", ents)
+		}
+	})
+	return func() []int { mu.Lock(); defer mu.Unlock(); return append([]int(nil), started...) }
+}
+
+// TestSmoke runs the whole live bench with tiny sizes: real enginesim and
+// warmpath processes (built here), nginx when installed, on loopback.
+func TestSmoke(t *testing.T) {
+	pids := trackChildren(t)
+	out := filepath.Join(t.TempDir(), "out")
+	_, nginxErr := findNginx("")
+	if _, err := exec.LookPath("nginx"); err == nil && nginxErr != nil {
+		t.Fatalf("nginx in PATH but not found: %v", nginxErr)
+	}
+	opts := Options{Smoke: true, Out: out, Progress: testWriter{t}, Command: "go test ./bench/live -run TestSmoke"}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := opts.withDefaults()
+
+	wantConfigs := []string{"warmpath cost", "warmpath prefix", "warmpath least-request", "warmpath round-robin"}
+	if nginxErr == nil {
+		wantConfigs = append(wantConfigs, "nginx round-robin")
+		if res.Nginx != "" {
+			t.Fatalf("nginx installed but rows left out: %s", res.Nginx)
+		}
+	} else if res.Nginx == "" {
+		t.Fatal("nginx missing but the report does not say so")
+	}
+	wantConfigs = append(wantConfigs, "direct (1 engine, 1/2 of the load)")
+	if len(res.Workloads) != 1 {
+		t.Fatalf("%d workloads, want 1 in smoke mode", len(res.Workloads))
+	}
+	wl := res.Workloads[0]
+	if len(wl.Rows) != len(wantConfigs) {
+		t.Fatalf("rows %d, want %d (%v)", len(wl.Rows), len(wantConfigs), wantConfigs)
+	}
+	for i, row := range wl.Rows {
+		if row.Config != wantConfigs[i] {
+			t.Fatalf("row %d is %q, want %q", i, row.Config, wantConfigs[i])
+		}
+		want := wl.Requests
+		if strings.HasPrefix(row.Config, "direct") {
+			want = (wl.Requests + o.Engines - 1) / o.Engines
+		}
+		if row.Sent != want || row.OK != want || row.Failed != 0 {
+			t.Fatalf("%s: sent %d ok %d failed %d, want %d all ok; errors %v", row.Config, row.Sent, row.OK, row.Failed, want, row.Errors)
+		}
+		// Shared-prefix groups of 8: whatever the router, later prompts of a
+		// group find its system prompt cached somewhere they land.
+		if row.HitRate <= 0 || row.HitRate >= 1 || row.TTFT.P50 <= 0 || row.E2E.P50 < row.TTFT.P50 {
+			t.Fatalf("%s: hit rate %.3f, TTFT %+v, E2E %+v", row.Config, row.HitRate, row.TTFT, row.E2E)
+		}
+	}
+
+	targets := []string{"direct", "warmpath cost", "warmpath round-robin"}
+	if nginxErr == nil {
+		targets = append(targets, "nginx")
+	}
+	if len(res.Overhead) != 2*len(targets) {
+		t.Fatalf("overhead rows %d, want %d", len(res.Overhead), 2*len(targets))
+	}
+	for i, row := range res.Overhead {
+		if row.Target != targets[i%len(targets)] || row.Stream != (i >= len(targets)) {
+			t.Fatalf("overhead row %d is %s stream=%v", i, row.Target, row.Stream)
+		}
+		if row.Fail != 0 || row.Requests == 0 || row.RPS <= 0 || row.P50 <= 0 || row.P99 < row.P50 {
+			t.Fatalf("overhead %+v", row)
+		}
+		if (row.Target == "direct") != (row.CPUPer1k < 0) {
+			t.Fatalf("%s: cpu per 1k %g (want -1 only for direct)", row.Target, row.CPUPer1k)
+		}
+	}
+
+	md, err := os.ReadFile(filepath.Join(out, "live.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |") {
+		if !strings.Contains(string(md), c) {
+			t.Fatalf("live.md lacks %q:\n%s", c, md)
+		}
+	}
+	var back Results
+	b, err := os.ReadFile(filepath.Join(out, "live.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Workloads) != 1 || len(back.Workloads[0].Rows) != len(wantConfigs) || len(back.Overhead) != len(res.Overhead) {
+		t.Fatalf("live.json does not round-trip: %d workloads", len(back.Workloads))
+	}
+	// 2 engines + a router per routing row (direct: 1 engine), 2 warmpath
+	// and nginx for the overhead part.
+	wantProcs := 3*(len(wantConfigs)-1) + 1 + 2
+	if nginxErr == nil {
+		wantProcs++
+	}
+	if n := len(pids()); n != wantProcs {
+		t.Fatalf("started %d child processes, want %d", n, wantProcs)
+	}
+}
+
+// TestFailureStopsEverything: a router that dies at start-up (after leaving
+// a grandchild behind) fails the run with its output in the error, and
+// every process the run started, grandchild included, is gone.
+func TestFailureStopsEverything(t *testing.T) {
+	pids := trackChildren(t)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad-warmpath")
+	if err := os.WriteFile(bad, []byte("#!/bin/sh\nsleep 300 &\necho bad router on purpose >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, es, err := buildBinaries(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(context.Background(), Options{Smoke: true, WarmpathBin: bad, EnginesimBin: es, SkipNginx: true})
+	if err == nil || !strings.Contains(err.Error(), "bad router on purpose") {
+		t.Fatalf("err = %v, want the router's exit with its output", err)
+	}
+	if n := len(pids()); n != 3 { // 2 engines + the bad router
+		t.Fatalf("started %d processes before failing, want 3", n)
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    procStat
+		wantErr bool
+	}{
+		{name: "plain", in: "42 (nginx) S 7 42 42 0 -1 4194560 1 0 0 0 150 25 3 4 20 0 1 0 1 1 1",
+			want: procStat{state: 'S', ppid: 7, pgrp: 42, cpuTicks: 175, childTicks: 7}},
+		{name: "command with spaces and parens", in: "9 (a (b) c) R 1 9 9 0 -1 0 0 0 0 0 10 5 0 0 20 0",
+			want: procStat{state: 'R', ppid: 1, pgrp: 9, cpuTicks: 15}},
+		{name: "truncated", in: "9 (x) R 1 9", wantErr: true},
+		{name: "no command", in: "9 x R 1", wantErr: true},
+		{name: "bad number", in: "9 (x) R 1 9 9 0 -1 0 0 0 0 0 zz 5 0 0 20 0", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStat([]byte(tc.in))
+			if (err != nil) != tc.wantErr || (err == nil && got != tc.want) {
+				t.Fatalf("parseStat = %+v, %v; want %+v, err %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestTreeCPUCountsChildren(t *testing.T) {
+	if !supported {
+		t.Skip("Linux only")
+	}
+	// A shell whose child burns CPU: the tree's time grows, the shell's alone
+	// does not.
+	p, err := startProc("burner", "/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done & wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.stop(time.Second) })
+	var tree time.Duration
+	deadline := time.Now().Add(20 * time.Second)
+	for tree < 50*time.Millisecond && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		if tree, err = treeCPU(p.pid()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, err := readStat(p.pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree < 50*time.Millisecond || time.Duration(own.cpuTicks)*time.Second/userHZ >= tree {
+		t.Fatalf("tree cpu %v, shell alone %d ticks", tree, own.cpuTicks)
+	}
+}
+
+func TestNginxConf(t *testing.T) {
+	c := nginxConf("/tmp/x", "127.0.0.1:9000", []string{"127.0.0.1:1", "127.0.0.1:2"}, 2)
+	for _, want := range []string{
+		"worker_processes 2;", "pid /tmp/x/nginx.pid;", "listen 127.0.0.1:9000;",
+		"server 127.0.0.1:1 max_fails=0;", "server 127.0.0.1:2 max_fails=0;",
+		"proxy_buffering off;", "proxy_http_version 1.1;", "keepalive 1024;", "proxy_temp_path /tmp/x/proxy_temp;",
+	} {
+		if !strings.Contains(c, want) {
+			t.Fatalf("config lacks %q:\n%s", want, c)
+		}
+	}
+	if strings.Contains(c, "least_conn") || strings.Contains(c, "hash ") {
+		t.Fatal("baseline must be nginx's default round-robin")
+	}
+}
+
+func TestWarmpathConfScalesWithTime(t *testing.T) {
+	s := routerSetup{policy: "cost", model: "m", replicas: []string{"127.0.0.1:1"}, kvTokens: 4096, timeScale: 0.1, seed: 3}
+	c := warmpathConf("127.0.0.1:2", "127.0.0.1:3", s)
+	for _, want := range []string{"policy: cost", "default_prefill_tokens_per_sec: 250000", "load_penalty_seconds: 0.0005",
+		"hot_queue_seconds: 0.05", "interval: 100ms", "kv_capacity_tokens: 4096", "seed: 3"} {
+		if !strings.Contains(c, want) {
+			t.Fatalf("config lacks %q:\n%s", want, c)
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}

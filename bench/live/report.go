@@ -1,0 +1,112 @@
+package live
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// write puts live.md and live.json into dir.
+func (r *Results) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	md, err := os.Create(filepath.Join(dir, "live.md"))
+	if err != nil {
+		return err
+	}
+	if err := r.WriteMarkdown(md); err != nil {
+		md.Close()
+		return err
+	}
+	if err := md.Close(); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "live.json"), append(js, '\n'), 0o644)
+}
+
+// WriteMarkdown writes the report: how it was made, one routing table per
+// workload, and the router-overhead table.
+func (r *Results) WriteMarkdown(w io.Writer) error {
+	b := bufio.NewWriter(w)
+	o := r.Options
+	fmt.Fprintf(b, "# warmpath live bench\n\n")
+	if r.Command != "" {
+		fmt.Fprintf(b, "- command: `%s`\n", r.Command)
+	}
+	fmt.Fprintf(b, "- commit: `%s`, seed %d, started %s, took %s\n", r.Commit, o.Seed, r.Started.Format("2006-01-02 15:04 UTC"), r.Elapsed.Round(1e9))
+	fmt.Fprintf(b, "- machine: %s\n", r.Machine)
+	mode := "full"
+	if o.Smoke {
+		mode = "smoke (tiny sizes: a wiring check, not a measurement)"
+	}
+	fmt.Fprintf(b, "- mode: %s\n", mode)
+	if r.Nginx != "" {
+		fmt.Fprintf(b, "- nginx rows left out: %s\n", r.Nginx)
+	}
+
+	fmt.Fprintf(b, "\n## Routing: real processes over loopback\n\n")
+	fmt.Fprintf(b, "%d `enginesim` processes (simulated vLLM, %d KV blocks = %d tokens each, `--time-scale %g`: %gx faster than life) "+
+		"behind each router, started fresh for every row so every cache starts cold. "+
+		"Open-loop streaming load from `bench/loadgen`; TTFT is measured at the client on the first content byte; "+
+		"latencies are in model seconds (wall / time scale). Hit rate = cached / prompt tokens from the engines' `usage`. "+
+		"The direct row sends one engine the share of the workload an even split would give it "+
+		"(every %dth request, or whole conversations), at the same arrival times.\n",
+		o.Engines, o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale, o.Engines)
+	for _, wl := range r.Workloads {
+		fmt.Fprintf(b, "\n### %s (%d requests at %g req/s)\n\n`%s`\n\n", wl.Name, wl.Requests, o.RPS, wl.Params)
+		fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate |\n")
+		fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, row := range wl.Rows {
+			fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% |\n",
+				row.Config, row.OK, row.Sent, row.Failed, sec(row.TTFT.P50), sec(row.TTFT.P90), sec(row.TTFT.P99), sec(row.TTFT.Mean),
+				sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate)
+		}
+		for _, row := range wl.Rows {
+			if len(row.Errors) > 0 {
+				fmt.Fprintf(b, "\n%s errors: %s\n", row.Config, strings.Join(row.Errors, "; "))
+			}
+		}
+	}
+
+	if len(r.Overhead) > 0 {
+		fmt.Fprintf(b, "\n## Router overhead against a trivially fast backend\n\n")
+		fmt.Fprintf(b, "One in-process backend answers every chat completion at once with a fixed 4-token answer "+
+			"(streamed as SSE when asked). Each target is measured in turn, %d round(s) interleaved, figures are medians over rounds: "+
+			"a warm-up, then %d requests at concurrency 1 (latency, wall time, end to end) and %d requests at concurrency %d (throughput). "+
+			"CPU is the router process tree's utime+stime from /proc over both phases, per 1,000 requests "+
+			"(10 ms resolution). warmpath runs `warmpath serve` with one replica; nginx is round-robin with keep-alive upstream connections "+
+			"and `proxy_buffering off`, worker_processes auto. The load generator and the backend share the same cores.\n\n",
+			o.Rounds, max(o.OverheadRequests/4, 20), o.OverheadRequests, o.OverheadConcurrency)
+		fmt.Fprintf(b, "| target | mode | latency p50 | p99 | added p50 | added p99 | req/s (C=%d) | router CPU s / 1k req | failed / sent |\n", o.OverheadConcurrency)
+		fmt.Fprintf(b, "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, row := range r.Overhead {
+			m := "buffered"
+			if row.Stream {
+				m = "stream"
+			}
+			added50, added99, cpu := "—", "—", "—"
+			if row.Target != "direct" {
+				added50, added99 = us(row.AddedP50), us(row.AddedP99)
+			}
+			if row.CPUPer1k >= 0 {
+				cpu = fmt.Sprintf("%.3f", row.CPUPer1k)
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.0f | %s | %d / %d |\n",
+				row.Target, m, us(row.P50), us(row.P99), added50, added99, row.RPS, cpu, row.Fail, row.Requests)
+		}
+	}
+	return b.Flush()
+}
+
+func sec(s float64) string { return fmt.Sprintf("%.3fs", s) }
+
+func us(s float64) string { return fmt.Sprintf("%.0fµs", s*1e6) }
