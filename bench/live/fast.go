@@ -32,7 +32,7 @@ var (
 		`{"id":"chatcmpl-fast","object":"chat.completion.chunk","created":0,"model":"M","choices":[{"index":0,"delta":{"content":"ten "},"finish_reason":"length"}]}`,
 		`{"id":"chatcmpl-fast","object":"chat.completion.chunk","created":0,"model":"M","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":4,"total_tokens":68,"prompt_tokens_details":{"cached_tokens":0}}}`,
 		`[DONE]`))
-	fastBody    = []byte(`{"id":"chatcmpl-fast","object":"chat.completion","created":0,"model":"M","choices":[{"index":0,"message":{"role":"assistant","content":"one two six ten "},"finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":4,"total_tokens":68,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	fastBody = []byte(`{"id":"chatcmpl-fast","object":"chat.completion","created":0,"model":"M","choices":[{"index":0,"message":{"role":"assistant","content":"one two six ten "},"finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":4,"total_tokens":68,"prompt_tokens_details":{"cached_tokens":0}}}`)
 )
 
 func sse(events ...string) string {
@@ -45,8 +45,14 @@ func sse(events ...string) string {
 	return b.String()
 }
 
-// startFast serves the fast backend on a loopback ephemeral port.
-func startFast(model string) (*fastBackend, error) {
+// startFast serves the fast backend on a loopback ephemeral port; it closes
+// keep-alive connections idle for idle (0 = 5 minutes).
+func startFast(model string, idle time.Duration) (*fastBackend, error) {
+	if idle <= 0 {
+		// Longer than any router's pooled-connection idle time (warmpath 60s,
+		// nginx 60s), so no router meets a connection the backend closed.
+		idle = 5 * time.Minute
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -81,7 +87,7 @@ func startFast(model string) (*fastBackend, error) {
 			}
 		},
 		ReadTimeout:           10 * time.Second,
-		IdleTimeout:           time.Second,
+		IdleTimeout:           idle,
 		MaxRequestBodySize:    64 << 20,
 		NoDefaultServerHeader: true,
 	}
@@ -94,6 +100,6 @@ func (f *fastBackend) addr() string { return f.ln.Addr().String() }
 func (f *fastBackend) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	_ = f.srv.ShutdownWithContext(ctx)
+	_ = f.srv.ShutdownWithContext(ctx) // the routers are gone by now: no idle keep-alives remain
 	<-f.done
 }

@@ -44,9 +44,10 @@ type Options struct {
 	EngineKVBlocks int
 	// Requests caps each routing workload's request count (512 / 48).
 	Requests int
-	// RPS is the routing workloads' mean arrival rate in model requests per
-	// second over the whole cluster (3 per engine / 3 per engine).
-	RPS float64
+	// RPS are the routing workloads' mean arrival rates in model requests
+	// per second over the whole cluster, one run of every configuration per
+	// rate (3 and 7 per engine / 3 per engine).
+	RPS []float64
 	// SkipNginx leaves the nginx rows out (they are also left out, with a
 	// note, when nginx is not installed).
 	SkipNginx bool
@@ -68,6 +69,8 @@ type Options struct {
 	Progress io.Writer `json:"-"`
 	// Command is recorded in the report as the command that produced it.
 	Command string
+
+	skipOverhead bool // calibration runs
 }
 
 func (o Options) withDefaults() Options {
@@ -98,8 +101,11 @@ func (o Options) withDefaults() Options {
 	if o.Requests <= 0 {
 		o.Requests = pick(512, 48)
 	}
-	if o.RPS <= 0 {
-		o.RPS = 3 * float64(o.Engines)
+	if len(o.RPS) == 0 {
+		o.RPS = []float64{3 * float64(o.Engines), 7 * float64(o.Engines)}
+		if o.Smoke {
+			o.RPS = o.RPS[:1]
+		}
 	}
 	if o.OverheadRequests <= 0 {
 		o.OverheadRequests = pick(20000, 300)
@@ -123,12 +129,25 @@ type Results struct {
 	Nginx     string
 	Workloads []WorkloadResult
 	Overhead  []OverheadRow
+	KeepAlive []KeepAliveRow
 }
 
-// WorkloadResult is one workload through every configuration.
+// KeepAliveRow is one target of the keep-alive check: requests sent after
+// the pool sat idle longer than the backend's keep-alive timeout (uvicorn,
+// vLLM's server, closes idle connections after 5s by default).
+type KeepAliveRow struct {
+	Target       string
+	Sent, Failed int
+	StatusCounts map[int]int
+	Errors       []string
+}
+
+// WorkloadResult is one workload at one arrival rate through every
+// configuration.
 type WorkloadResult struct {
 	Name, Params string
 	Requests     int
+	RPS          float64 // cluster arrival rate, model requests per second
 	Rows         []RoutingRow
 }
 
@@ -154,6 +173,7 @@ type OverheadRow struct {
 	// /proc) per 1,000 requests over both phases; -1 for direct.
 	CPUPer1k       float64
 	Requests, Fail int
+	Errors         []string // the first few distinct errors over rounds
 }
 
 var errUnsupported = errors.New("live bench: needs Linux (/proc, process groups)")
@@ -199,14 +219,23 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 	}
 
 	for _, w := range workloads(opts) {
-		wr, err := runWorkload(ctx, opts, tmp, nginx, w)
-		if err != nil {
-			return nil, fmt.Errorf("live: %s: %w", w.Name, err)
+		for _, rps := range opts.RPS {
+			wr, err := runWorkload(ctx, opts, tmp, nginx, atRate(w, rps), rps)
+			if err != nil {
+				return nil, fmt.Errorf("live: %s at %g req/s: %w", w.Name, rps, err)
+			}
+			res.Workloads = append(res.Workloads, *wr)
 		}
-		res.Workloads = append(res.Workloads, *wr)
 	}
-	if res.Overhead, err = runOverhead(ctx, opts, tmp, nginx); err != nil {
-		return nil, fmt.Errorf("live: overhead: %w", err)
+	if !opts.skipOverhead {
+		if res.Overhead, err = runOverhead(ctx, opts, tmp, nginx); err != nil {
+			return nil, fmt.Errorf("live: overhead: %w", err)
+		}
+	}
+	if !opts.skipOverhead {
+		if res.KeepAlive, err = runKeepAlive(ctx, opts, tmp, nginx); err != nil {
+			return nil, fmt.Errorf("live: keep-alive check: %w", err)
+		}
 	}
 	res.Elapsed = time.Since(res.Started)
 	if opts.Out != "" {
@@ -246,9 +275,15 @@ func workloads(o Options) []*workload.Workload {
 		if len(w.Requests) > o.Requests {
 			w.Requests = w.Requests[:o.Requests]
 		}
-		w.ScaleRate(o.RPS)
 	}
 	return out
+}
+
+// atRate returns a copy of w with arrivals rescaled to rps.
+func atRate(w *workload.Workload, rps float64) *workload.Workload {
+	c := &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)}
+	c.ScaleRate(rps)
+	return c
 }
 
 // everyNth keeps the requests an engine behind an even split would get:
@@ -276,7 +311,7 @@ type config struct {
 	engines int
 }
 
-func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.Workload) (*WorkloadResult, error) {
+func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.Workload, rps float64) (*WorkloadResult, error) {
 	var cfgs []config
 	for _, p := range o.Policies {
 		cfgs = append(cfgs, config{name: "warmpath " + p, policy: p, engines: o.Engines})
@@ -285,14 +320,14 @@ func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.
 		cfgs = append(cfgs, config{name: "nginx round-robin", nginx: true, engines: o.Engines})
 	}
 	cfgs = append(cfgs, config{name: "direct (1 engine, 1/" + strconv.Itoa(o.Engines) + " of the load)", engines: 1})
-	wr := &WorkloadResult{Name: w.Name, Params: w.Params, Requests: len(w.Requests)}
+	wr := &WorkloadResult{Name: w.Name, Params: w.Params, Requests: len(w.Requests), RPS: rps}
 	for _, c := range cfgs {
 		row, err := runConfig(ctx, o, tmp, nginx, c, w)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
-		progress(o, "%s / %s: ok %d/%d failed %d, TTFT p50 %.3fs p99 %.3fs, hit %.1f%%",
-			w.Name, c.name, row.OK, row.Sent, row.Failed, row.TTFT.P50, row.TTFT.P99, 100*row.HitRate)
+		progress(o, "%s at %g req/s / %s: ok %d/%d failed %d, TTFT p50 %.3fs p99 %.3fs, hit %.1f%%",
+			w.Name, rps, c.name, row.OK, row.Sent, row.Failed, row.TTFT.P50, row.TTFT.P99, 100*row.HitRate)
 		wr.Rows = append(wr.Rows, *row)
 	}
 	return wr, nil
@@ -382,7 +417,7 @@ type overheadTarget struct {
 // an unloaded-latency phase (concurrency 1) and a throughput phase
 // (OverheadConcurrency), with the router's CPU read around both phases.
 func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadRow, error) {
-	fast, err := startFast(workload.DefaultModel)
+	fast, err := startFast(workload.DefaultModel, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -418,6 +453,7 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 	type sample struct{ p50, p99, rps, cpu1k float64 }
 	samples := map[string][]sample{} // key: target + mode
 	fails := map[string]int{}
+	errs := map[string][]string{}
 	reqs := map[string]int{}
 	latN := max(o.OverheadRequests/4, 20)
 	for round := range o.Rounds {
@@ -457,6 +493,11 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 				}
 				samples[key] = append(samples[key], s)
 				fails[key] += lat.Failed + thr.Failed
+				for _, e := range append(lat.Errors, thr.Errors...) {
+					if len(errs[key]) < 4 && !slices.Contains(errs[key], e) {
+						errs[key] = append(errs[key], e)
+					}
+				}
 				reqs[key] += lat.Sent + thr.Sent
 				progress(o, "overhead round %d %s stream=%v: p50 %.0fµs p99 %.0fµs, %.0f req/s, cpu %.3fs/1k, failed %d",
 					round+1, t.name, stream, 1e6*s.p50, 1e6*s.p99, s.rps, s.cpu1k, lat.Failed+thr.Failed)
@@ -485,7 +526,7 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 			r := OverheadRow{Target: t.name, Stream: stream,
 				P50: med(func(s sample) float64 { return s.p50 }), P99: med(func(s sample) float64 { return s.p99 }),
 				RPS: med(func(s sample) float64 { return s.rps }), CPUPer1k: med(func(s sample) float64 { return s.cpu1k }),
-				Requests: reqs[key], Fail: fails[key]}
+				Requests: reqs[key], Fail: fails[key], Errors: errs[key]}
 			if t.name == "direct" {
 				direct = r
 			}
@@ -528,3 +569,65 @@ func commit() string {
 	return c
 }
 
+// runKeepAlive is the keep-alive check: a fast backend that closes idle
+// connections after a short timeout; per target, a burst fills the router's
+// upstream pool, the pool sits idle past the timeout, and a second burst
+// goes out. A router that reuses a connection the backend closed must retry
+// it on a fresh one, not fail the request or blame the replica.
+func runKeepAlive(ctx context.Context, o Options, tmp, nginx string) ([]KeepAliveRow, error) {
+	idle := keepAliveIdle(o)
+	fast, err := startFast(workload.DefaultModel, idle)
+	if err != nil {
+		return nil, err
+	}
+	defer fast.close()
+	var g group
+	defer g.stop()
+	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
+	p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
+		policy: "cost", model: workload.DefaultModel, replicas: []string{fast.addr()}, timeScale: 1, seed: o.Seed,
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.add(p)
+	targets = append(targets, overheadTarget{name: "warmpath cost", url: "http://" + listen})
+	if nginx != "" {
+		p, listen, err := startNginx(ctx, nginx, tmp, []string{fast.addr()})
+		if err != nil {
+			return nil, err
+		}
+		g.add(p)
+		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen})
+	}
+	sp := workload.DefaultSharedPrefix()
+	sp.Seed, sp.Groups, sp.PromptsPerGroup, sp.SystemTokens, sp.QuestionTokens, sp.OutputTokens = o.Seed, 4, 4, 64, 16, 4
+	w, err := workload.SharedPrefix(sp)
+	if err != nil {
+		return nil, err
+	}
+	var rows []KeepAliveRow
+	for _, t := range targets {
+		var last *loadgen.Result
+		for phase := range 2 {
+			if phase == 1 {
+				select {
+				case <-time.After(idle + idle/2):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			r, err := loadgen.RunClosed(ctx, loadgen.ClosedConfig{
+				URL: t.url, Workload: w, Concurrency: 8, Requests: 200, Stream: true,
+				MaxDuration: 30 * time.Second, RequestTimeout: 5 * time.Second,
+			})
+			if err != nil {
+				return nil, err
+			}
+			last = r
+		}
+		rows = append(rows, KeepAliveRow{Target: t.name, Sent: last.Sent, Failed: last.Failed, StatusCounts: last.StatusCounts, Errors: last.Errors})
+		progress(o, "keep-alive check %s: failed %d/%d after an idle gap %v", t.name, last.Failed, last.Sent, idle+idle/2)
+	}
+	return rows, nil
+}

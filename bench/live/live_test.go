@@ -113,11 +113,30 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 
+	// The keep-alive check: every target answers the second burst (a
+	// router's failures there are a finding the report shows, so only the
+	// baselines must be clean).
+	kaTargets := []string{"direct", "warmpath cost"}
+	if nginxErr == nil {
+		kaTargets = append(kaTargets, "nginx")
+	}
+	if len(res.KeepAlive) != len(kaTargets) {
+		t.Fatalf("keep-alive rows %d, want %d", len(res.KeepAlive), len(kaTargets))
+	}
+	for i, row := range res.KeepAlive {
+		if row.Target != kaTargets[i] || row.Sent != 200 {
+			t.Fatalf("keep-alive row %d: %+v", i, row)
+		}
+		if row.Target != "warmpath cost" && row.Failed != 0 {
+			t.Fatalf("keep-alive %s: %d failed: %v", row.Target, row.Failed, row.Errors)
+		}
+	}
+
 	md, err := os.ReadFile(filepath.Join(out, "live.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |") {
+	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |", "## Keep-alive check") {
 		if !strings.Contains(string(md), c) {
 			t.Fatalf("live.md lacks %q:\n%s", c, md)
 		}
@@ -134,10 +153,11 @@ func TestSmoke(t *testing.T) {
 		t.Fatalf("live.json does not round-trip: %d workloads", len(back.Workloads))
 	}
 	// 2 engines + a router per routing row (direct: 1 engine), 2 warmpath
-	// and nginx for the overhead part.
-	wantProcs := 3*(len(wantConfigs)-1) + 1 + 2
+	// and nginx for the overhead part, warmpath and nginx for the keep-alive
+	// check.
+	wantProcs := 3*(len(wantConfigs)-1) + 1 + 2 + 1
 	if nginxErr == nil {
-		wantProcs++
+		wantProcs += 2
 	}
 	if n := len(pids()); n != wantProcs {
 		t.Fatalf("started %d child processes, want %d", n, wantProcs)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // write puts live.md and live.json into dir.
@@ -62,7 +63,8 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 		"(every %dth request, or whole conversations), at the same arrival times.\n",
 		o.Engines, o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale, o.Engines)
 	for _, wl := range r.Workloads {
-		fmt.Fprintf(b, "\n### %s (%d requests at %g req/s)\n\n`%s`\n\n", wl.Name, wl.Requests, o.RPS, wl.Params)
+		fmt.Fprintf(b, "\n### %s at %g req/s (%g per engine)\n\n%d requests, arrivals rescaled to the rate: `%s`\n\n",
+			wl.Name, wl.RPS, wl.RPS/float64(o.Engines), wl.Requests, wl.Params)
 		fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate |\n")
 		fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, row := range wl.Rows {
@@ -103,8 +105,31 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.0f | %s | %d / %d |\n",
 				row.Target, m, us(row.P50), us(row.P99), added50, added99, row.RPS, cpu, row.Fail, row.Requests)
 		}
+		for _, row := range r.Overhead {
+			if len(row.Errors) > 0 {
+				fmt.Fprintf(b, "\n%s (stream %v) errors: %s\n", row.Target, row.Stream, strings.Join(row.Errors, "; "))
+			}
+		}
+	}
+	if len(r.KeepAlive) > 0 {
+		fmt.Fprintf(b, "\n## Keep-alive check\n\n"+
+			"The fast backend closes connections idle for %s (vLLM's uvicorn closes them after 5s by default). "+
+			"Per target: 200 streamed requests at concurrency 8 fill the router's upstream pool, the pool sits idle past the timeout, "+
+			"then 200 more go out. Counted: failures of the second burst.\n\n", keepAliveIdle(o))
+		fmt.Fprintf(b, "| target | failed / sent after the idle gap | statuses | errors |\n|---|---:|---|---|\n")
+		for _, row := range r.KeepAlive {
+			fmt.Fprintf(b, "| %s | %d / %d | %v | %s |\n", row.Target, row.Failed, row.Sent, row.StatusCounts, strings.Join(row.Errors, "; "))
+		}
 	}
 	return b.Flush()
+}
+
+// keepAliveIdle is the keep-alive check's backend idle timeout.
+func keepAliveIdle(o Options) time.Duration {
+	if o.Smoke {
+		return 200 * time.Millisecond
+	}
+	return time.Second
 }
 
 func sec(s float64) string { return fmt.Sprintf("%.3fs", s) }

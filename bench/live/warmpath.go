@@ -93,4 +93,3 @@ func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*proc, 
 	}
 	return p, listen, nil
 }
-

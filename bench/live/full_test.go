@@ -1,0 +1,46 @@
+//go:build livefull
+
+package live
+
+import (
+	"context"
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The full live bench is not a CI test; it runs only with the livefull tag:
+//
+//	go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live
+var (
+	fullOut = flag.String("live.out", "", "directory for live.md and live.json (relative to bench/live)")
+	fullRPS = flag.Float64("live.rps", 0, "routing workloads' cluster arrival rate (0 = default)")
+	noOver  = flag.Bool("live.skip-overhead", false, "calibration: routing part only")
+	fullPol = flag.String("live.policies", "", "comma-separated warmpath policies (\"\" = default)")
+	noNginx = flag.Bool("live.skip-nginx", false, "leave the nginx rows out")
+	fullTS  = flag.Float64("live.time-scale", 0, "engines' time scale (0 = default)")
+)
+
+func TestFull(t *testing.T) {
+	var rps []float64
+	if *fullRPS > 0 {
+		rps = []float64{*fullRPS}
+	}
+	var pols []string
+	if *fullPol != "" {
+		pols = strings.Split(*fullPol, ",")
+	}
+	opts := Options{Out: *fullOut, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.WriteMarkdown(os.Stdout); err != nil {
+		t.Fatal(err)
+	}
+}
