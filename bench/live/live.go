@@ -46,7 +46,7 @@ type Options struct {
 	Requests int
 	// RPS are the routing workloads' mean arrival rates in model requests
 	// per second over the whole cluster, one run of every configuration per
-	// rate (3 and 7 per engine / 3 per engine).
+	// rate (3, 7 and 12 per engine / 3 per engine).
 	RPS []float64
 	// SkipNginx leaves the nginx rows out (they are also left out, with a
 	// note, when nginx is not installed).
@@ -102,7 +102,7 @@ func (o Options) withDefaults() Options {
 		o.Requests = pick(512, 48)
 	}
 	if len(o.RPS) == 0 {
-		o.RPS = []float64{3 * float64(o.Engines), 7 * float64(o.Engines)}
+		o.RPS = []float64{3 * float64(o.Engines), 7 * float64(o.Engines), 12 * float64(o.Engines)}
 		if o.Smoke {
 			o.RPS = o.RPS[:1]
 		}
