@@ -21,6 +21,10 @@ var (
 	fullPol = flag.String("live.policies", "", "comma-separated warmpath policies (\"\" = default)")
 	noNginx = flag.Bool("live.skip-nginx", false, "leave the nginx rows out")
 	fullTS  = flag.Float64("live.time-scale", 0, "engines' time scale (0 = default)")
+	fullWP  = flag.String("live.warmpath", "", "warmpath binary (\"\" = go build)")
+	fullES  = flag.String("live.enginesim", "", "enginesim binary (\"\" = go build)")
+	fullC   = flag.String("live.commit", "", "commit the binaries were built from (\"\" = git in the working directory)")
+	fullCmd = flag.String("live.command", "", "command recorded in the report (\"\" = this test's)")
 )
 
 func TestFull(t *testing.T) {
@@ -33,7 +37,11 @@ func TestFull(t *testing.T) {
 		pols = strings.Split(*fullPol, ",")
 	}
 	opts := Options{Out: *fullOut, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
+	if *fullCmd != "" {
+		opts.Command = *fullCmd
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts)

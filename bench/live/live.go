@@ -69,6 +69,10 @@ type Options struct {
 	Progress io.Writer `json:"-"`
 	// Command is recorded in the report as the command that produced it.
 	Command string
+	// Commit is recorded as the code's commit; "" asks git in the working
+	// directory (with "+dirty" for uncommitted changes). Set it when the
+	// binaries were built elsewhere (e.g. from a clean export of a commit).
+	Commit string
 
 	skipOverhead bool // calibration runs
 }
@@ -187,7 +191,10 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		return nil, errUnsupported
 	}
 	opts = opts.withDefaults()
-	res := &Results{Command: opts.Command, Commit: commit(), Machine: machine(), Started: time.Now().UTC(), Options: opts}
+	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: machine(), Started: time.Now().UTC(), Options: opts}
+	if res.Commit == "" {
+		res.Commit = commit()
+	}
 	tmp, err := os.MkdirTemp("", "warmpath-live-")
 	if err != nil {
 		return nil, fmt.Errorf("live: %w", err)
