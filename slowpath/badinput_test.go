@@ -97,7 +97,7 @@ func TestBadInputs(t *testing.T) {
 	if n := e.requests.Load(); n != 1 {
 		t.Errorf("engine saw %d requests, want only the stream; bad input must stop at the router", n)
 	}
-	close(e.Gate)
+	e.open()
 	n := 1
 	for readEvent(t, sbr) != "[DONE]" {
 		n++

@@ -244,13 +244,17 @@ func TestE2ESharedPrefixSameReplicaAndCached(t *testing.T) {
 }
 
 func TestE2EOverloadedHomeSpreads(t *testing.T) {
-	// A small batch makes queueing real: the home of the hot prefix fills up.
+	// A small batch makes queueing real: the home of the shared prefix
+	// fills up. Each request's own uncached part (a long unique question)
+	// outweighs the shared prefix, so once the home's queue is long, waiting
+	// there costs more than recomputing the prefix elsewhere.
 	engines := startEngines(t, 3, func(c *enginesim.Config) {
 		c.MaxNumSeqs = 2
 		c.OutputLen = enginesim.OutputLen{Median: 64, Sigma: 0.1, Min: 48, Max: 80}
+		c.TimeScale = 0.1 // ~50 ms per request: the burst outpaces the home even under -race
 	})
 	_, c, obs := startE2E(t, engines, nil)
-	sys := longSystem(80)
+	sys := longSystem(20)
 	if _, err := c.Chat.Completions.New(ctxT(t), ask(sys, "warm up")); err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +265,7 @@ func TestE2EOverloadedHomeSpreads(t *testing.T) {
 	var failed atomic.Int64
 	for i := range 24 {
 		wg.Go(func() {
-			p := ask(sys, fmt.Sprintf("burst %d: %s", i, longSystem(20)))
+			p := ask(sys, fmt.Sprintf("burst %d: %s", i, longSystem(100)))
 			p.MaxTokens = openai.Int(64)
 			if _, err := c.Chat.Completions.New(ctxT(t), p); err != nil {
 				failed.Add(1)
@@ -277,11 +281,11 @@ func TestE2EOverloadedHomeSpreads(t *testing.T) {
 	if len(counts) < 2 {
 		t.Fatalf("an overloaded home (%s) kept every request: %v", home, counts)
 	}
-	for r, n := range counts {
-		if r != home && n >= counts[home] {
-			t.Errorf("home %s served %d, %s served %d: the prefix home should still take the most", home, counts[home], r, n)
-		}
+	if counts[home] == 0 {
+		t.Fatalf("the prefix home %s got nothing of the burst: %v", home, counts)
 	}
+	// How much stays home is the policy's trade-off (affinity tests it);
+	// slowpath's job is that the ranking is followed under load.
 	t.Logf("spread under overload: %v (home %s)", counts, home)
 }
 

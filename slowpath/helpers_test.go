@@ -36,6 +36,7 @@ type fakeEngine struct {
 	// Unhealthy makes /health answer 503; MetricsDown makes /metrics 500.
 	Unhealthy, MetricsDown atomic.Bool
 
+	gateOnce sync.Once
 	mu       sync.Mutex
 	bodies   [][]byte
 	headers  []http.Header
@@ -56,7 +57,15 @@ func startFakeEngine(t testing.TB) *fakeEngine {
 	return e
 }
 
+// open releases a gated stream (idempotent).
+func (e *fakeEngine) open() {
+	if e.Gate != nil {
+		e.gateOnce.Do(func() { close(e.Gate) })
+	}
+}
+
 func (e *fakeEngine) Close() {
+	e.open() // never leave a handler blocked on the gate
 	_ = e.srv.Shutdown()
 	_ = e.ln.Close()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -85,23 +86,44 @@ func TestProxyPassthrough(t *testing.T) {
 	}
 }
 
-// readEvent reads one SSE event ("data: ...\n\n") and returns its data.
+// readEvent reads one SSE event ("data: ...\n\n") and returns its data. It
+// fails the test if none arrives within 10s: a router that buffered a stream
+// would otherwise hang gated tests instead of failing them.
 func readEvent(t testing.TB, br *bufio.Reader) string {
 	t.Helper()
-	var data string
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("read event: %v (partial %q)", err, line)
-		}
-		line = strings.TrimRight(line, "\n")
-		if line == "" {
-			if data != "" {
-				return data
+	type res struct {
+		data string
+		err  error
+	}
+	c := make(chan res, 1)
+	go func() {
+		var data string
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				c <- res{"", fmt.Errorf("%w (partial %q)", err, line)}
+				return
 			}
-			continue
+			line = strings.TrimRight(line, "\n")
+			if line == "" {
+				if data != "" {
+					c <- res{data, nil}
+					return
+				}
+				continue
+			}
+			data = strings.TrimPrefix(line, "data: ")
 		}
-		data = strings.TrimPrefix(line, "data: ")
+	}()
+	select {
+	case r := <-c:
+		if r.err != nil {
+			t.Fatalf("read event: %v", r.err)
+		}
+		return r.data
+	case <-time.After(10 * time.Second):
+		t.Fatal("no SSE event within 10s: the stream is not relayed incrementally")
+		return ""
 	}
 }
 
@@ -128,7 +150,7 @@ func TestStreamingIsIncremental(t *testing.T) {
 	if !strings.Contains(first, `"t0 "`) {
 		t.Fatalf("first event %q", first)
 	}
-	close(e.Gate)
+	e.open()
 	var events []string
 	for {
 		ev := readEvent(t, br)
@@ -247,7 +269,7 @@ func TestReplicaLimitRejectAndQueue(t *testing.T) {
 				if st != 429 || body != want {
 					t.Fatalf("got %d %s\nwant 429 %s", st, body, want)
 				}
-				close(e.Gate)
+				e.open()
 				return
 			}
 			type result struct {
@@ -272,7 +294,7 @@ func TestReplicaLimitRejectAndQueue(t *testing.T) {
 				t.Fatalf("queued request finished while the slot was held: %d %s", r.st, r.body)
 			default:
 			}
-			close(e.Gate)
+			e.open()
 			io.Copy(io.Discard, resp.Body) //nolint:errcheck
 			if r := <-done; r.st != 200 {
 				t.Fatalf("queued request: %d %s", r.st, r.body)
@@ -364,7 +386,7 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 		t.Fatalf("shutdown returned while a stream was in flight: %v", err)
 	default:
 	}
-	close(e.Gate)
+	e.open()
 	n := 1
 	for readEvent(t, br) != "[DONE]" {
 		n++
@@ -383,7 +405,7 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 func TestShutdownDeadlineClosesStuckStreams(t *testing.T) {
 	e := startFakeEngine(t)
 	e.Gate = make(chan struct{})
-	defer close(e.Gate)
+	defer e.open()
 	s, err := New(testConfig(e.addr), testLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -510,8 +532,8 @@ func TestClientGoneMidStreamReleasesEverything(t *testing.T) {
 			break
 		}
 	}
-	conn.Close()  // client goes away mid-stream
-	close(e.Gate) // the engine keeps generating; the next write fails
+	conn.Close() // client goes away mid-stream
+	e.open()     // the engine keeps generating; the next write fails
 	waitFor(t, "slots released", func() bool {
 		return s.inflight.Load() == 0 && replicaStatus(t, s, e.addr).InFlight == 0
 	})

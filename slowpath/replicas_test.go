@@ -195,7 +195,7 @@ func TestRemovedReplicaFinishesItsStream(t *testing.T) {
 	if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 || !strings.Contains(body, b.addr) {
 		t.Fatalf("new request after removal: %d %s", st, body)
 	}
-	close(a.Gate)
+	a.open()
 	n := 1
 	for readEvent(t, br) != "[DONE]" {
 		n++
