@@ -136,7 +136,7 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |", "## Keep-alive check") {
+	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |", "## Keep-alive check", "## Headline") {
 		if !strings.Contains(string(md), c) {
 			t.Fatalf("live.md lacks %q:\n%s", c, md)
 		}
@@ -272,4 +272,31 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
+}
+
+func TestWriteMarkdownHeadline(t *testing.T) {
+	r := &Results{Options: Options{Engines: 2, TimeScale: 0.1, EngineKVBlocks: 8}, Workloads: []WorkloadResult{{
+		Name: "w", RPS: 6, Requests: 2, Rows: []RoutingRow{
+			{Config: "warmpath cost", HitRate: 0.5},
+			{Config: "warmpath prefix", HitRate: 0.9},
+			{Config: "nginx round-robin", HitRate: 0.1},
+			{Config: "direct (1 engine, 1/2 of the load)"},
+		},
+	}}, KeepAlive: []KeepAliveRow{{Target: "warmpath cost", Sent: 3, Failed: 2, StatusCounts: map[int]int{503: 2, 200: 1}}}}
+	r.Workloads[0].Rows[0].OK, r.Workloads[0].Rows[0].TTFT.Mean = 1, 0.2
+	r.Workloads[0].Rows[1].OK, r.Workloads[0].Rows[1].TTFT.Mean = 1, 0.1
+	r.Workloads[0].Rows[2].OK, r.Workloads[0].Rows[2].TTFT.Mean = 1, 0.3
+	r.Workloads[0].Rows[3].OK, r.Workloads[0].Rows[3].TTFT.Mean = 1, 0.01 // direct never counts as best
+	var b strings.Builder
+	if err := r.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| w | 6 | 0.200s / 0.000s, 50.0% | warmpath prefix: 0.100s / 0.000s, 90.0% | 0.300s / 0.000s, 10.0% |",
+		"| warmpath cost | 2 / 3 | 200 × 1, 503 × 2 |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("report lacks %q:\n%s", want, b.String())
+		}
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -53,6 +55,8 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 	if r.Nginx != "" {
 		fmt.Fprintf(b, "- nginx rows left out: %s\n", r.Nginx)
 	}
+
+	r.writeHeadline(b)
 
 	fmt.Fprintf(b, "\n## Routing: real processes over loopback\n\n")
 	fmt.Fprintf(b, "%d `enginesim` processes (simulated vLLM, %d KV blocks = %d tokens each, `--time-scale %g`: %gx faster than life) "+
@@ -118,7 +122,7 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 			"then 200 more go out. Counted: failures of the second burst.\n\n", keepAliveIdle(o))
 		fmt.Fprintf(b, "| target | failed / sent after the idle gap | statuses | errors |\n|---|---:|---|---|\n")
 		for _, row := range r.KeepAlive {
-			fmt.Fprintf(b, "| %s | %d / %d | %v | %s |\n", row.Target, row.Failed, row.Sent, row.StatusCounts, strings.Join(row.Errors, "; "))
+			fmt.Fprintf(b, "| %s | %d / %d | %s | %s |\n", row.Target, row.Failed, row.Sent, statuses(row.StatusCounts), strings.Join(row.Errors, "; "))
 		}
 	}
 	return b.Flush()
@@ -135,3 +139,53 @@ func keepAliveIdle(o Options) time.Duration {
 func sec(s float64) string { return fmt.Sprintf("%.3fs", s) }
 
 func us(s float64) string { return fmt.Sprintf("%.0fµs", s*1e6) }
+
+// statuses renders status counts as "200 x 196, 503 x 4", by status.
+func statuses(m map[int]int) string {
+	keys := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d × %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// writeHeadline writes one line per workload and rate: warmpath's default
+// (cost) policy, the best configuration by mean TTFT, and nginx.
+func (r *Results) writeHeadline(b *bufio.Writer) {
+	if len(r.Workloads) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## Headline\n\nTTFT mean / p99 (model seconds) and prompt-cache hit rate; "+
+		"best = the routed configuration (not direct) with the lowest mean TTFT.\n\n")
+	fmt.Fprintf(b, "| workload | req/s | warmpath cost | best | nginx round-robin |\n|---|---:|---|---|---|\n")
+	cell := func(row *RoutingRow) string {
+		if row == nil {
+			return "—"
+		}
+		return fmt.Sprintf("%s / %s, %.1f%%", sec(row.TTFT.Mean), sec(row.TTFT.P99), 100*row.HitRate)
+	}
+	for _, wl := range r.Workloads {
+		var cost, best, ngx *RoutingRow
+		for i := range wl.Rows {
+			row := &wl.Rows[i]
+			switch {
+			case row.Config == "warmpath cost":
+				cost = row
+			case row.Config == "nginx round-robin":
+				ngx = row
+			}
+			if strings.HasPrefix(row.Config, "direct") || row.OK == 0 {
+				continue
+			}
+			if best == nil || row.TTFT.Mean < best.TTFT.Mean {
+				best = row
+			}
+		}
+		bestCell := "—"
+		if best != nil {
+			bestCell = best.Config + ": " + cell(best)
+		}
+		fmt.Fprintf(b, "| %s | %g | %s | %s | %s |\n", wl.Name, wl.RPS, cell(cost), bestCell, cell(ngx))
+	}
+}
