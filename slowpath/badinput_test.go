@@ -15,7 +15,7 @@ func TestBadInputs(t *testing.T) {
 	e.Gate = make(chan struct{})
 	s, url := newTestServer(t, cfg)
 	// Another client's stream is open the whole time and must be untouched.
-	stream, err := http.Post(url+"/v1/chat/completions", "application/json",
+	stream, err := testClient.Post(url+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func TestBadInputs(t *testing.T) {
 			if tc.ct != "" {
 				req.Header.Set("Content-Type", tc.ct)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := testClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -225,7 +225,7 @@ func post(t testing.TB, url, ct, body string) (int, string) {
 	if ct != "" {
 		req.Header.Set("Content-Type", ct)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,3 +250,8 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 }
 
 const chatBody = `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}]}`
+
+// testClient bounds every test request, so a regression that stalls a
+// response (e.g. buffering a gated stream) fails the test instead of hanging
+// it. A hang guard, not a latency assertion.
+var testClient = &http.Client{Timeout: 20 * time.Second}

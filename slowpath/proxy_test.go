@@ -54,7 +54,7 @@ func TestProxyPassthrough(t *testing.T) {
 	req.Header.Set("OpenAI-Organization", "org-1")
 	req.Header.Set("Accept-Encoding", "gzip")
 	req.Header.Set("X-Forwarded-For", "10.9.8.7")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestStreamingIsIncremental(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	s, url := newTestServer(t, cfg)
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestReplicaLimitRejectAndQueue(t *testing.T) {
 			cfg.Limits.QueueTimeout = 10 * time.Second
 			s, url := newTestServer(t, cfg)
 			// Hold the only slot with a gated stream.
-			resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+			resp, err := testClient.Post(url+"/v1/chat/completions", "application/json",
 				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 			if err != nil {
 				t.Fatal(err)
@@ -279,7 +279,7 @@ func TestReplicaLimitRejectAndQueue(t *testing.T) {
 			done := make(chan result, 1)
 			go func() {
 				req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody))
-				r, err := http.DefaultClient.Do(req)
+				r, err := testClient.Do(req)
 				if err != nil {
 					done <- result{0, err.Error()}
 					return
@@ -311,7 +311,7 @@ func TestModelsEndpoint(t *testing.T) {
 		{Address: b.addr, Models: []string{"qwen", "llama"}},
 	}
 	_, url := newTestServer(t, cfg)
-	resp, err := http.Get(url + "/v1/models")
+	resp, err := testClient.Get(url + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
 	url := "http://" + ln.Addr().String()
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+	resp, err := testClient.Post(url+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +415,7 @@ func TestShutdownDeadlineClosesStuckStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	go s.Serve(ln) //nolint:errcheck
-	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+	resp, err := testClient.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package slowpath
 
 import (
 	"bufio"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -180,7 +179,7 @@ func TestRemovedReplicaFinishesItsStream(t *testing.T) {
 	a.Gate = make(chan struct{})
 	cfg := testConfig(a.addr)
 	s, url := newTestServer(t, cfg)
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+	resp, err := testClient.Post(url+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)

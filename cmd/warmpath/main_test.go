@@ -128,7 +128,7 @@ func startServe(t *testing.T, args ...string) *started {
 
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := testClient.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestServeDemo(t *testing.T) {
 	// Run the printed command's request (curl-level: plain HTTP).
 	cmd := demoCurl(st.api)
 	body := cmd[strings.Index(cmd, "-d '")+4 : len(cmd)-1]
-	resp, err := http.Post("http://"+st.api+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, err := testClient.Post("http://"+st.api+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestServeDemo(t *testing.T) {
 	if len(dr.Replicas) != demoEngines {
 		t.Fatalf("debug replicas: %+v", dr)
 	}
-	mresp, err := http.Get("http://" + st.admin + "/metrics")
+	mresp, err := testClient.Get("http://" + st.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,3 +316,7 @@ func TestServeSIGHUPReloadAndSIGTERM(t *testing.T) {
 		t.Fatal("serve did not exit on SIGTERM")
 	}
 }
+
+// testClient bounds every request: a stalled response fails the test
+// instead of hanging it (a hang guard, not a latency assertion).
+var testClient = &http.Client{Timeout: 20 * time.Second}
