@@ -16,16 +16,31 @@ type Observer interface {
 	ObserveRouted(ev *RoutedEvent)
 }
 
-// RoutedEvent describes one proxied request.
+// RoutedEvent describes one proxied request. It carries what
+// affinity.Observation needs (client, replica, first block, session, prompt
+// and predicted cached tokens, time), so a promotion rule can be fed from it
+// directly. Slices are valid during the call only.
 type RoutedEvent struct {
-	Client                netip.AddrPort // the client's address as the router saw it
-	Model                 []byte         // requested model; valid during the call only
+	Client                netip.AddrPort // the client's address as the router saw it (IPv4 unmapped)
+	Model                 []byte         // requested model
 	Replica               string         // replica name (its host:port)
 	ReplicaID             affinity.ReplicaID
-	PredictedCachedTokens int  // what the router predicted was cached there
-	CachedTokens          int  // what the engine reported; -1 = not reported
-	Status                int  // upstream HTTP status
-	OK                    bool // the response completed without error
+	Hashes                []uint64 // chained block hashes of the canonical prompt (Hashes[0] is the first block)
+	SessionKey            uint64   // affinity.Request.SessionKey; 0 = none
+	PromptTokens          int      // estimated prompt tokens
+	PredictedCachedTokens int      // what the router predicted was cached there
+	CachedTokens          int      // what the engine reported; -1 = not reported
+	Status                int      // upstream HTTP status
+	OK                    bool     // the response completed without error
+	Start, End            int64    // decision and completion, ns on the router's clock (the one given to affinity)
+}
+
+// FirstBlock is Hashes[0], or 0 without a prompt (embeddings).
+func (ev *RoutedEvent) FirstBlock() uint64 {
+	if len(ev.Hashes) == 0 {
+		return 0
+	}
+	return ev.Hashes[0]
 }
 
 // ObserverFunc adapts a function to Observer.

@@ -591,10 +591,15 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			Model:                 ex.model,
 			Replica:               r.name,
 			ReplicaID:             r.id,
+			Hashes:                ex.req.Hashes,
+			SessionKey:            ex.req.SessionKey,
+			PromptTokens:          ex.req.PromptTokens,
 			PredictedCachedTokens: ex.pred,
 			CachedTokens:          ex.cached,
 			Status:                ex.status,
 			OK:                    ok && werr == nil,
+			Start:                 ex.decided,
+			End:                   now,
 		}
 		obs.ObserveRouted(&ex.ev)
 	}

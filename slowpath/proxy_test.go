@@ -442,6 +442,7 @@ func (o *recordingObserver) ObserveRouted(ev *RoutedEvent) {
 	defer o.mu.Unlock()
 	c := *ev
 	c.Model = append([]byte(nil), ev.Model...)
+	c.Hashes = append([]uint64(nil), ev.Hashes...)
 	o.evs = append(o.evs, c)
 }
 
@@ -454,8 +455,9 @@ func TestObserverSeam(t *testing.T) {
 	obs := &recordingObserver{}
 	s.Observer = obs
 	url := startRouter(t, s)
+	long := `{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("You answer in French. ", 40) + `"},{"role":"user","content":"hello"}]}`
 	for range 2 {
-		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", long); st != 200 {
 			t.Fatalf("%d %s", st, body)
 		}
 	}
@@ -465,9 +467,14 @@ func TestObserverSeam(t *testing.T) {
 		t.Fatalf("observer saw %d events, want 2", len(obs.evs))
 	}
 	ev := obs.evs[1]
-	if !ev.Client.Addr().IsLoopback() || ev.Client.Port() == 0 || string(ev.Model) != "m" ||
-		ev.Replica != e.addr || ev.CachedTokens != 7 || ev.Status != 200 || !ev.OK {
+	if !ev.Client.Addr().IsLoopback() || !ev.Client.Addr().Is4() || ev.Client.Port() == 0 || string(ev.Model) != "m" ||
+		ev.Replica != e.addr || ev.CachedTokens != 7 || ev.Status != 200 || !ev.OK ||
+		ev.PromptTokens == 0 || ev.FirstBlock() == 0 || ev.Start <= 0 || ev.End < ev.Start {
 		t.Fatalf("event %+v", ev)
+	}
+	// The second request repeats the first's prompt: predicted cached.
+	if ev.PredictedCachedTokens <= 0 {
+		t.Fatalf("second identical request: predicted %d cached tokens, want > 0", ev.PredictedCachedTokens)
 	}
 }
 
