@@ -273,4 +273,11 @@ func TestHandlerAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("%v allocations per proxied request, want 0", allocs)
 	}
+	// The fast-path seam costs nothing either.
+	var seen int
+	h.s.Observer = ObserverFunc(func(ev *RoutedEvent) { seen += ev.PromptTokens })
+	allocs = testing.AllocsPerRun(200, func() { h.once(t) })
+	if allocs != 0 || seen == 0 {
+		t.Fatalf("with an Observer: %v allocations per request (want 0), observer saw %d tokens", allocs, seen)
+	}
 }
