@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -263,13 +264,13 @@ func (c *Config) Validate() error {
 				return fmt.Errorf("%s.models[%d]: must not be empty", f, j)
 			}
 		}
-		if r.Weight < 0 || r.Weight > 1000 {
+		if !(r.Weight >= 0 && r.Weight <= 1000) { // also rejects NaN
 			return fmt.Errorf("%s.weight: must be in [0, 1000] (0 means 1), got %g", f, r.Weight)
 		}
 		if r.KVCapacityTokens < 0 {
 			return fmt.Errorf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)
 		}
-		if r.PrefillTokensPerSec < 0 {
+		if !(r.PrefillTokensPerSec >= 0) || math.IsInf(r.PrefillTokensPerSec, 0) {
 			return fmt.Errorf("%s.prefill_tokens_per_sec: must be >= 0 (0 = routing default), got %g", f, r.PrefillTokensPerSec)
 		}
 		if r.MaxInFlight < 0 {

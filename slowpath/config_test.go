@@ -58,6 +58,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"replica empty model", "replicas:\n  - address: 127.0.0.1:1\n    models: [\"\"]", "replicas[0].models[0]: must not be empty"},
 		{"duplicate replica", "replicas:\n  - {address: 127.0.0.1:1, models: [m]}\n  - {address: 127.0.0.1:1, models: [m]}", `replicas[1].address: "127.0.0.1:1" duplicates replicas[0]`},
 		{"negative weight", "replicas:\n  - {address: 127.0.0.1:1, models: [m], weight: -1}", "replicas[0].weight: must be in [0, 1000] (0 means 1), got -1"},
+		{"NaN weight", "replicas:\n  - {address: 127.0.0.1:1, models: [m], weight: .nan}", "replicas[0].weight: must be in [0, 1000] (0 means 1), got NaN"},
+		{"negative prefill rate", "replicas:\n  - {address: 127.0.0.1:1, models: [m], prefill_tokens_per_sec: -5}", "replicas[0].prefill_tokens_per_sec: must be >= 0 (0 = routing default), got -5"},
 		{"tiny body limit", "limits:\n  max_body_bytes: 10", "limits.max_body_bytes: must be in [1024, 1073741824], got 10"},
 		{"bad on_limit", "limits:\n  on_limit: drop", `limits.on_limit: must be "reject" or "queue", got "drop"`},
 		{"max attempts", "upstream:\n  max_attempts: 0", "upstream.max_attempts: must be in [1, 16], got 0"},
