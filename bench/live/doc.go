@@ -6,7 +6,9 @@
 // workload through bench/loadgen, measuring TTFT, end-to-end latency and the
 // prompt-cache hit rate. A second part measures the routers' own overhead
 // against a trivially fast in-process backend: unloaded latency added over
-// direct, closed-loop throughput, and router CPU per 1,000 requests.
+// direct, closed-loop throughput, and router CPU per 1,000 requests. A
+// third, the keep-alive check, sends a burst after the routers' upstream
+// pools sat idle past the backend's keep-alive timeout.
 //
 // Entry point: Run(ctx, Options) -> *Results, then Results.WriteMarkdown;
 // with Options.Out set Run writes live.md and live.json there itself.
