@@ -84,3 +84,20 @@ func TestParseConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("listen: :8080\nreplicas:\n  - {address: 127.0.0.1:1, models: [m]}\n"))
+	f.Add([]byte("health: {interval: 1s, timeout: 1s}\nrouting: {policy: cost, hash: {block_tokens: 16}}"))
+	f.Add([]byte("limits: {on_limit: queue, queue_timeout: 1s}"))
+	f.Add([]byte("replicas: [{address: '[::1]:80', models: [a, b], weight: 1e308}]"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg, err := ParseConfig(b)
+		if err != nil {
+			return
+		}
+		// Whatever parses must validate again identically.
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("parsed config fails Validate: %v", err)
+		}
+	})
+}
