@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests:      prometheus.NewCounterVec(prometheus.CounterOpts(o("requests_total", "Requests answered, by model, replica (\"none\" if not routed) and HTTP status code.")), []string{"model", "replica", "code"}),
 		decision:      prometheus.NewHistogram(h("decision_seconds", "Routing decision latency (parse excluded).", decisionBuckets)),
-		predicted:     prometheus.NewCounterVec(prometheus.CounterOpts(o("cached_tokens_predicted_total", "Prompt tokens the router predicted were cached on the chosen replica.")), []string{"replica"}),
+		predicted:     prometheus.NewCounterVec(prometheus.CounterOpts(o("cached_tokens_predicted_total", "Prompt tokens the router predicted were cached on the chosen replica, for requests whose response reported cached_tokens (comparable with cached_tokens_actual_total).")), []string{"replica"}),
 		actual:        prometheus.NewCounterVec(prometheus.CounterOpts(o("cached_tokens_actual_total", "Prompt tokens the engine reported cached (usage.prompt_tokens_details.cached_tokens), for requests that reported it.")), []string{"replica"}),
 		predictionErr: prometheus.NewHistogram(h("cached_tokens_prediction_error_tokens", "Absolute difference between predicted and reported cached tokens.", prometheus.ExponentialBuckets(1, 4, 10))),
 		ttft:          prometheus.NewHistogramVec(h("ttft_seconds", "Time from request arrival to the first upstream response byte of a stream (whole response for non-streaming).", latencyBuckets), []string{"model"}),

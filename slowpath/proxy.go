@@ -425,7 +425,6 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		ex.pred = pred
 		ex.mm = r.modelMetrics(ex.model)
 		ex.status = status
-		r.m.predicted.Add(float64(pred))
 		if bs := uresp.BodyStream(); ex.prompt.Stream && bs != nil {
 			s.startStream(ctx, ex, uresp, bs)
 			return // exchange finishes in CloseWithError
@@ -578,6 +577,8 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))
 	if ex.cached >= 0 {
+		// Both only for requests that reported usage: the two are comparable.
+		r.m.predicted.Add(float64(ex.pred))
 		r.m.actual.Add(float64(ex.cached))
 		d := ex.cached - ex.pred
 		if d < 0 {
