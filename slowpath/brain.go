@@ -2,10 +2,11 @@ package slowpath
 
 import "github.com/warmpath/warmpath/affinity"
 
-// Brain is the subset of *affinity.Router the proxy drives. It exists so the
-// proxy can be tested against a small fake; production uses affinity.Router.
-// Implementations must be safe for concurrent use.
-type Brain interface {
+// brain is the subset of *affinity.Router the proxy drives: it keeps the
+// proxy's dependency on affinity to these calls, and a fake could stand in
+// (the tests use the real Router). Implementations must be safe for
+// concurrent use.
+type brain interface {
 	AddReplica(spec affinity.ReplicaSpec) (affinity.ReplicaID, error)
 	UpdateReplica(id affinity.ReplicaID, spec affinity.ReplicaSpec) error
 	RemoveReplica(id affinity.ReplicaID)
@@ -18,10 +19,15 @@ type Brain interface {
 	End(f *affinity.Flight, now int64, cachedTokens int, ok bool)
 }
 
-// PromptParser extracts the routing-relevant part of a request body. It need
+// promptParser extracts the routing-relevant part of a request body. It need
 // not be goroutine-safe: the server pools one per concurrent request.
-type PromptParser interface {
+type promptParser interface {
 	ParseChat(body []byte, out *affinity.Prompt) error
 	ParseCompletion(body []byte, out *affinity.Prompt) error
 	ParseEmbedding(body []byte, out *affinity.Prompt) error
 }
+
+var (
+	_ brain        = (*affinity.Router)(nil)
+	_ promptParser = (*affinity.Parser)(nil)
+)

@@ -62,7 +62,7 @@ const maxPooledPrompt = 1 << 20
 // fasthttp has written the body and calls CloseWithError.
 type exchange struct {
 	s      *Server
-	parser PromptParser
+	parser promptParser
 	prompt affinity.Prompt
 	req    affinity.Request
 	dec    affinity.Decision

@@ -37,9 +37,9 @@ type Server struct {
 	cfg           Config
 	cfgPath       string
 	log           *slog.Logger
-	brain         Brain
-	router        *affinity.Router // nil when a fake Brain is injected
-	newParser     func() PromptParser
+	brain         brain
+	router        *affinity.Router // nil when a fake brain is injected
+	newParser     func() promptParser
 	reg           *prometheus.Registry
 	m             *metrics
 	sessionHeader []byte
@@ -86,7 +86,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	hc := rt.HashConfig()
-	s, err := newServer(cfg, log, rt, func() PromptParser { return affinity.NewParser(hc) })
+	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewParser(hc) })
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +142,8 @@ func (s *Server) WatchConfigFile(path string, loaded []byte) error {
 	return nil
 }
 
-// newServer builds a Server around any Brain (tests inject fakes).
-func newServer(cfg Config, log *slog.Logger, b Brain, newParser func() PromptParser) (*Server, error) {
+// newServer builds a Server around any brain (tests inject fakes).
+func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptParser) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -210,7 +210,7 @@ func (s *Server) Config() Config { return s.cfg }
 // Registry is the Prometheus registry served on the admin address.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
-// Router is the affinity router (nil in tests that inject a fake brain).
+// Router is the affinity router.
 func (s *Server) Router() *affinity.Router { return s.router }
 
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
