@@ -22,7 +22,7 @@ const (
 	DefaultRingVnodes          = 64
 	DefaultLoadPenaltySeconds  = 0.005
 	DefaultHotQueueSeconds     = 0.5
-	DefaultHotGain             = 2.0
+	DefaultHotGain             = 0 // guard off: the cost policy's externality term keeps hot prefixes home
 	DefaultKVHighWater         = 0.9
 	DefaultKVPenaltySeconds    = 0.5
 	DefaultMaxScan             = 128
@@ -122,7 +122,8 @@ type Config struct {
 	HotQueueSeconds float64 `yaml:"hot_queue_seconds"`
 	// HotGain (cost policy) multiplies the queue time above HotQueueSeconds,
 	// so a saturated home of a hot prefix hands the prefix to a second replica
-	// before greedy break-even. 0 means 2; negative disables the guard.
+	// sooner. 0 or negative disables the guard (the default: the externality
+	// term prices recomputation under load instead; 2 was the old default).
 	HotGain float64 `yaml:"hot_gain"`
 	// KVHighWater and KVPenaltySeconds (cost policy): above this KV usage an
 	// engine starts evicting or preempting; the penalty grows linearly to
@@ -173,9 +174,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.HotQueueSeconds == 0 {
 		c.HotQueueSeconds = DefaultHotQueueSeconds
-	}
-	if c.HotGain == 0 {
-		c.HotGain = DefaultHotGain
 	}
 	if c.KVHighWater == 0 {
 		c.KVHighWater = DefaultKVHighWater

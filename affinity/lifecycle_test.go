@@ -99,6 +99,27 @@ func TestFlightAccounting(t *testing.T) {
 				t.Fatalf("rate %.0f, want ~20000", rate)
 			}
 		}},
+		{"a fixed overhead is fitted apart from the prefill rate", func(t *testing.T, r *Router, id ReplicaID, req *Request) {
+			// ttft = 30 ms + tokens / 20000 for prompts of 0..8191 uncached
+			// tokens; a ratio estimator would see 9000-18000 tokens/s.
+			for i := range 200 {
+				var f Flight
+				q := *req
+				q.Hashes = nil
+				q.PromptTokens = (i * 2741) % 8192
+				q.Now = int64(i) * int64(time.Second)
+				r.Begin(id, &q, nil, &f)
+				r.FirstToken(&f, q.Now+int64((0.030+float64(q.PromptTokens)/20000)*1e9))
+				r.End(&f, q.Now+int64(time.Millisecond*500), -1, true)
+			}
+			st := r.Replicas()[id]
+			if st.PrefillTokensPerSec < 19000 || st.PrefillTokensPerSec > 21000 {
+				t.Fatalf("rate %.0f, want ~20000", st.PrefillTokensPerSec)
+			}
+			if st.OverheadSeconds < 0.028 || st.OverheadSeconds > 0.032 {
+				t.Fatalf("overhead %.4f s, want ~0.030", st.OverheadSeconds)
+			}
+		}},
 		{"buffered responses take no rate sample", func(t *testing.T, r *Router, id ReplicaID, req *Request) {
 			q := *req
 			q.Buffered = true

@@ -325,20 +325,23 @@ func (s *Session) Sessions() int {
 	return len(s.m)
 }
 
-// CostPolicy (the default) ranks by estimated time to first token:
+// CostPolicy (the default) ranks by estimated time to first token plus the
+// delay the request's own prefill imposes on the requests queued behind it:
 //
 //	wait_r = Q_r / P_r
-//	est_r  = wait_r + (T - C_r) / P_r                      queued prefill + own uncached prefill
-//	       + LoadPenaltySeconds * B_r / W_r                 decode work sharing the batch
-//	       + HotGain * max(0, wait_r - HotQueueSeconds)     saturation guard
+//	est_r  = O_r + wait_r + (T - C_r) / P_r               overhead + queued prefill + own uncached prefill
+//	       + N * (T - C_r) / P_r                          externality: the queue it delays
+//	       + LoadPenaltySeconds * B_r / W_r                decode work sharing the batch
+//	       + HotGain * max(0, wait_r - HotQueueSeconds)    optional saturation guard (off by default)
 //	       + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
 //
-// Q_r queued prefill tokens (Load.QueuedTokens), P_r measured prefill rate,
-// T the request's prompt tokens, C_r its predicted cached prefix on r, B_r
-// busy requests (Load.Busy), W_r weight, U_r fresh KV usage. Ties break at
-// random. Above Config.MaxScan candidates it scores a random window of them
-// plus every prefix holder (View.Sample). See README.md for intent and the
-// guards.
+// Q_r queued prefill tokens (Load.QueuedTokens), P_r and O_r the replica's
+// fitted prefill rate and overhead (see rateFit), T the request's prompt
+// tokens, C_r its predicted cached prefix on r, N the mean number of requests
+// queued for prefill per scored candidate (Load.QueuedRequests), B_r busy
+// requests (Load.Busy), W_r weight, U_r fresh KV usage. Ties break at random.
+// Above Config.MaxScan candidates it scores a random window of them plus
+// every prefix holder (View.Sample). See README.md for intent and the guards.
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
@@ -358,7 +361,19 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	}
 	bt := float64(v.r.bt)
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
-	for i, id := range v.Candidates() {
+	cands := v.Candidates()
+	// N: requests queued for prefill, mean over the scored candidates.
+	var queuedReqs int64
+	for _, id := range cands {
+		rp := v.r.reps[id]
+		n := max(rp.pendingReqs.Load(), 0)
+		if at := rp.sigAt.Load(); at != 0 && now-at <= maxAge {
+			n = max(n, rp.sigWaiting.Load())
+		}
+		queuedReqs += n
+	}
+	ext := 1 + float64(queuedReqs)/float64(len(cands))
+	for i, id := range cands {
 		// Inlined View.Load, QueuedTokens and Busy: this loop runs for every
 		// candidate of every request.
 		rp := v.r.reps[id]
@@ -382,7 +397,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		}
 		inv := 1 / loadF(&rp.rate)
 		wait := queued * inv
-		est := wait + unc*inv + cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
+		est := loadF(&rp.overhead) + wait + ext*unc*inv + cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
 		if cfg.HotGain > 0 && wait > cfg.HotQueueSeconds {
 			est += cfg.HotGain * (wait - cfg.HotQueueSeconds)
 		}

@@ -105,18 +105,30 @@ func TestPolicyChoices(t *testing.T) {
 			state: state{n: 2, inFlight: []int{0, 2}, pending: []int{1, 0}}, system: "cold", want: 1, not: -1},
 		{name: "cost: faster replica wins a long cold prompt", cfg: Config{},
 			state: state{n: 2, rates: []float64{5000, 20000}}, system: sys8k, want: 1, not: -1},
-		{name: "cost: saturated home of a hot prefix is replicated", cfg: Config{},
-			// home r0 holds 16384 tokens (1.64 s to recompute elsewhere) and has
-			// 1.23 s of prefill queued: greedy keeps the home (1.23 < 1.64), the
-			// hot guard adds 2*(1.23-0.5) s and hands the prefix to r1.
-			state: state{n: 2, pending: []int{3, 0}}, warm: map[int]string{0: sys16k},
-			system: sys16k, want: 1, not: -1},
-		{name: "cost without hot guard keeps the home", cfg: Config{HotGain: -1},
+		{name: "cost: a loaded home keeps its prefix (recomputing it would delay the queue)", cfg: Config{},
+			// home r0 holds 16384 tokens (1.64 s to recompute) with 1.23 s of
+			// prefill queued (3 requests): greedy TTFT alone keeps the home too;
+			// the externality (1 + 3/2 queued per replica) x 1.64 s makes
+			// recomputing on r1 cost 4.1 s.
 			state: state{n: 2, pending: []int{3, 0}}, warm: map[int]string{0: sys16k},
 			system: sys16k, want: 0, not: -1},
-		{name: "cost: greedy replicates past break-even even without the guard", cfg: Config{HotGain: -1},
-			state: state{n: 2, pending: []int{5, 0}}, warm: map[int]string{0: sys16k},
-			system: sys16k, want: 1, not: -1},
+		{name: "cost: a home queued past break-even with the externality hands the prefix over", cfg: Config{},
+			// 8 replicas, 12 requests (4.9 s) queued on the home: recomputing
+			// elsewhere costs 1.64 s x (1 + 12/8) = 4.1 s.
+			state: state{n: 8, pending: []int{12}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: -1, not: 0},
+		{name: "cost: below that the home keeps it", cfg: Config{},
+			// 7 queued (2.87 s + 35 ms busy) vs 1.64 s x (1 + 7/8) = 3.07 s.
+			state: state{n: 8, pending: []int{7}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: 0, not: -1},
+		{name: "cost: the optional hot guard hands a hot prefix over sooner", cfg: Config{HotGain: 2},
+			// 3 queued on the home (1.23 s) vs 1.64 s x (1 + 3/8) = 2.25 s:
+			// kept without the guard; the guard adds 2 x (1.23 - 0.5) s.
+			state: state{n: 8, pending: []int{3}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: -1, not: 0},
+		{name: "cost: the same state without the guard keeps the home", cfg: Config{},
+			state: state{n: 8, pending: []int{3}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: 0, not: -1},
 		{name: "power-of-two never picks the most loaded first", cfg: Config{Policy: "power-of-two"},
 			state: state{n: 4, inFlight: []int{1, 2, 9, 3}}, system: "x", want: -1, not: 2},
 	}

@@ -99,6 +99,7 @@ type replica struct {
 	sigWaiting  atomic.Int64
 	sigRunning  atomic.Int64
 	sigKV       atomic.Uint64 // float64 bits
+	overhead    atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
 
 	id       ReplicaID
 	gen      uint32
@@ -109,6 +110,9 @@ type replica struct {
 	sigKVCap atomic.Int64
 
 	mispredicts atomic.Uint64
+
+	fitMu sync.Mutex // FirstToken's rate fit
+	fit   rateFit
 }
 
 func (p *replica) eligible() bool {
@@ -474,9 +478,9 @@ func (r *Router) live(f *Flight) *replica {
 }
 
 // FirstToken records the end of prefill: the replica's pending prefill drops
-// by f.UncachedTokens and, unless the request was Buffered, the prefill-rate
-// estimate takes a sample of (tokens queued ahead at Begin +
-// f.UncachedTokens) / (now - f.Start).
+// by f.UncachedTokens and, unless the request was Buffered, the replica's
+// rate fit takes the sample (tokens queued ahead at Begin + f.UncachedTokens,
+// now - f.Start) (see rateFit).
 func (r *Router) FirstToken(f *Flight, now int64) {
 	if f.Replica == NoReplica || f.FirstTokenAt != 0 {
 		return
@@ -491,12 +495,57 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
 	dt := float64(now-f.Start) / 1e9
-	if dt > 0 && f.UncachedTokens >= r.bt && !f.buffered {
-		sample := float64(f.queued+int64(f.UncachedTokens)) / dt
-		cur := loadF(&p.rate)
-		sample = min(max(sample, cur/8), cur*8)
-		ewma(&p.rate, sample, 0.2)
+	if dt > 0 && !f.buffered {
+		p.fitMu.Lock()
+		rate, over := p.fit.add(float64(f.queued+int64(f.UncachedTokens)), dt, loadF(&p.rate), loadF(&p.overhead))
+		storeF(&p.rate, rate)
+		storeF(&p.overhead, over)
+		p.fitMu.Unlock()
 	}
+}
+
+// rateFit estimates a replica's time to first token as
+//
+//	ttft = overhead + tokens / rate
+//
+// from samples (tokens = prefill queued ahead at Begin + own uncached tokens,
+// seconds to the first token): an exponentially weighted least-squares line
+// (weight fitWeight per sample once warm, about 20 samples of memory). The
+// intercept is what a request waits besides prefill (the engine step in
+// progress, each step's base cost, decode work sharing the steps), so it is
+// not mistaken for slow prefill, and a fully cached request (tokens near 0)
+// is a useful sample. Without enough spread in tokens (std < fitSpread x
+// mean) the slope is not identifiable: the sample then gives a rate through
+// the current intercept. The published rate moves 20% of the way to the new
+// estimate, at most 8x per sample; the intercept is clamped to [0, mean ttft].
+type rateFit struct {
+	n, mx, my, mxx, mxy float64
+}
+
+const (
+	fitWeight     = 0.05
+	fitSpread     = 0.25
+	fitMinSamples = 8
+)
+
+func (f *rateFit) add(x, y, rate, over float64) (newRate, newOver float64) {
+	f.n++
+	w := max(1/f.n, fitWeight)
+	f.mx += w * (x - f.mx)
+	f.my += w * (y - f.my)
+	f.mxx += w * (x*x - f.mxx)
+	f.mxy += w * (x*y - f.mxy)
+	varx := f.mxx - f.mx*f.mx
+	next := rate
+	if f.n >= fitMinSamples && varx > fitSpread*fitSpread*f.mx*f.mx {
+		if b := (f.mxy - f.mx*f.my) / varx; b > 0 {
+			next = 1 / b
+		}
+	} else if x > 0 {
+		next = x / max(y-over, y/2)
+	}
+	rate += 0.2 * (min(max(next, rate/8), rate*8) - rate)
+	return rate, min(max(f.my-f.mx/rate, 0), f.my)
 }
 
 // End closes a Flight. cachedTokens is the engine's
@@ -598,6 +647,7 @@ type ReplicaStatus struct {
 	InFlight             int
 	PendingPrefillTokens int
 	PrefillTokensPerSec  float64 // current estimate
+	OverheadSeconds      float64 // current estimate of time to first token besides prefill
 	CachedBlocks         int     // blocks the index attributes to it
 	CapacityBlocks       int     // its index bound (effective)
 	Signals              EngineSignals
@@ -624,6 +674,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			InFlight:             int(p.inFlight.Load()),
 			PendingPrefillTokens: int(p.pending.Load()),
 			PrefillTokensPerSec:  loadF(&p.rate),
+			OverheadSeconds:      loadF(&p.overhead),
 			CachedBlocks:         r.idx.blocksOf(p.id),
 			CapacityBlocks:       p.capEff,
 			Signals: EngineSignals{

@@ -40,6 +40,7 @@ type Load struct {
 	KVUsage              float64 // engine signal, 0..1; 0 when stale
 	Fresh                bool    // engine signals younger than Config.SignalMaxAge
 	PrefillTokensPerSec  float64 // measured (seeded by spec / config)
+	OverheadSeconds      float64 // measured time to first token besides prefill
 	UncachedAvg          float64 // EWMA of uncached prompt tokens per routed request
 	Weight               float64 // spec weight, 0 means 1
 	MaxInFlight          int     // 0 = unlimited
@@ -55,6 +56,16 @@ func (l *Load) QueuedTokens() float64 {
 		q += float64(l.Waiting-l.PendingRequests) * l.UncachedAvg
 	}
 	return q
+}
+
+// QueuedRequests is the number of requests waiting for prefill ahead of a
+// new one: the router's own, or the engine's waiting count when fresh and
+// larger.
+func (l *Load) QueuedRequests() int {
+	if l.Fresh {
+		return max(l.PendingRequests, l.Waiting)
+	}
+	return l.PendingRequests
 }
 
 // Busy is the number of requests occupying the replica: the router's
@@ -144,6 +155,7 @@ func (v *View) Load(id ReplicaID) Load {
 		PendingPrefillTokens: int(max(p.pending.Load(), 0)),
 		PendingRequests:      int(max(p.pendingReqs.Load(), 0)),
 		PrefillTokensPerSec:  loadF(&p.rate),
+		OverheadSeconds:      loadF(&p.overhead),
 		UncachedAvg:          loadF(&p.uncachedAvg),
 		Weight:               p.weight,
 		MaxInFlight:          int(p.maxInFlight),

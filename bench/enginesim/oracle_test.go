@@ -98,3 +98,28 @@ func TestCachedPrefixTokensZeroAllocs(t *testing.T) {
 		t.Fatalf("%v allocs per query", n)
 	}
 }
+
+// TestCachedPrefixTokensInFlight: blocks of a request already submitted
+// (waiting or running) count, as the engine computes them first.
+func TestCachedPrefixTokensInFlight(t *testing.T) {
+	e := newTestEngine(t, nil)
+	shared := prompt("sys", 160)
+	longer := append(append([]byte(nil), shared...), prompt("more", 64)...) // 14 blocks
+	submit(t, e, &Request{ID: 1, Prompt: longer, MaxTokens: 4}, 0)
+	if got := e.CachedPrefixTokens(shared, "", ""); got != 144 {
+		t.Fatalf("waiting request's blocks: %d, want 144", got)
+	}
+	if got := e.CachedPrefixTokens(longer, "lora-a", ""); got != 0 {
+		t.Fatalf("other adapter: %d, want 0", got)
+	}
+	e.Advance(e.NextEventTime(), nil) // first step: running
+	if got := e.CachedPrefixTokens(longer, "", ""); got != 208 {
+		t.Fatalf("running request's blocks: %d, want 208", got)
+	}
+	b := &Request{ID: 2, Prompt: longer, MaxTokens: 1}
+	submit(t, e, b, e.NextEventTime())
+	drain(t, e, nil)
+	if b.CachedTokens != 208 {
+		t.Fatalf("engine reported %d", b.CachedTokens)
+	}
+}
