@@ -100,7 +100,9 @@ type UpstreamConfig struct {
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
 	// MaxConnsPerReplica caps pooled connections per replica. Default 1024.
 	MaxConnsPerReplica int `yaml:"max_conns_per_replica"`
-	// MaxIdleConnDuration closes pooled idle connections. Default 60s.
+	// MaxIdleConnDuration closes pooled idle connections. Default 4s: below
+	// the 5s keep-alive timeout of uvicorn (vLLM's and SGLang's HTTP server),
+	// so the router closes an idle connection before the engine does.
 	MaxIdleConnDuration time.Duration `yaml:"max_idle_conn_duration"`
 	// MaxAttempts is how many ranked replicas one request may try (1 = no
 	// retry). Retries happen only before any byte reached the client.
@@ -169,7 +171,7 @@ func Default() Config {
 			DialTimeout:         2 * time.Second,
 			ResponseTimeout:     10 * time.Minute,
 			MaxConnsPerReplica:  1024,
-			MaxIdleConnDuration: 60 * time.Second,
+			MaxIdleConnDuration: 4 * time.Second,
 			MaxAttempts:         3,
 			RetryStatuses:       []int{502, 503, 504},
 		},

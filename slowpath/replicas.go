@@ -2,12 +2,15 @@ package slowpath
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -213,6 +216,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			DisablePathNormalizing:        true,
 			NoDefaultUserAgentHeader:      true,
 			RetryIfErr:                    retryStaleConn,
+			MaxIdemponentCallAttempts:     staleRetries,
 			Dial:                          s.dialer(u.DialTimeout),
 		},
 		ctl: &fasthttp.HostClient{
@@ -235,10 +239,24 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 	return r
 }
 
-// retryStaleConn retries once when a pooled keep-alive connection turned
-// out closed by the engine; everything else goes to the next replica.
+// retryStaleConn retries on a fresh connection when a pooled keep-alive
+// connection turned out closed by the engine before any response byte (the
+// engine's idle timeout fired while the connection sat in the pool: uvicorn,
+// under vLLM and SGLang, closes idle connections after 5s). After a quiet
+// period every pooled connection may be stale, so a burst can meet several in
+// a row: up to staleRetries attempts (also set as the HostClient's
+// MaxIdemponentCallAttempts, which caps them). A stale connection fails at
+// once, so the bound costs nothing but is needed. Everything else goes to the
+// next replica.
 func retryStaleConn(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
-	return false, attempts < 2 && (err == fasthttp.ErrConnectionClosed)
+	return false, attempts < staleRetries && isStaleConn(err)
+}
+
+const staleRetries = 16
+
+func isStaleConn(err error) bool {
+	return errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // dialer dials with a plain net.Dialer: fasthttp.TCPDialer would start a
