@@ -37,6 +37,8 @@ type command struct {
 var commands = []command{
 	{"serve", "run the router (--demo: in front of 3 simulated engines)", runServe},
 	{"version", "print version, Go version and the prefix-hash code path", runVersion},
+	{"bench", "run a bench suite: sim (cluster simulator) or live (real processes)", runBench},
+	{"analyze", "should this workload use prefix-aware routing? (trace or request log)", runAnalyze},
 }
 
 var errUsage = errors.New("usage")

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/warmpath/warmpath/bench/analyze"
+	"github.com/warmpath/warmpath/bench/live"
+	"github.com/warmpath/warmpath/bench/suite"
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// runBench runs a bench suite: `warmpath bench sim` (the cluster simulator,
+// every workload x load x policy) or `warmpath bench live` (real processes:
+// warmpath vs nginx vs direct).
+func runBench(ctx context.Context, args []string, e env) error {
+	if len(args) == 0 || (args[0] != "sim" && args[0] != "live") {
+		fmt.Fprintln(e.stderr, "usage: warmpath bench sim|live [flags]   (-h lists the flags)")
+		return errUsage
+	}
+	mode := args[0]
+	fs := flag.NewFlagSet("bench "+mode, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	out := fs.String("out", "bench/results/"+mode, "results folder (report, plots, JSON)")
+	smoke := fs.Bool("smoke", false, "tiny sizes: a wiring check in seconds, not a measurement")
+	seed := fs.Uint64("seed", 1, "seed of the workloads and the routers")
+	replicas := fs.Int("replicas", 0, "sim: replicas per load ladder (0 = 8); live: engines (0 = 4)")
+	trace := fs.String("trace", "", "sim: Mooncake trace (default: ../shared/workloads/mooncake-synthetic.jsonl if present)")
+	parallel := fs.Int("parallel", 0, "sim: simulations at once (0 = GOMAXPROCS)")
+	skipNginx := fs.Bool("skip-nginx", false, "live: leave the nginx baseline out")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench %s: unexpected argument %q", mode, fs.Arg(0))
+	}
+	cmdline := "warmpath " + strings.Join(append([]string{"bench"}, args...), " ")
+	if mode == "sim" {
+		res, err := suite.Run(suite.Options{Out: *out, Smoke: *smoke, Seed: *seed, Replicas: *replicas, Trace: *trace,
+			Parallel: *parallel, Progress: e.stderr, Command: cmdline})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "%d simulations in %.0fs; report: %s/report.md\n", len(res.Points), res.Elapsed, *out)
+		return nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench live: find own executable: %w", err)
+	}
+	res, err := live.Run(ctx, live.Options{Out: *out, Smoke: *smoke, Seed: *seed, Engines: *replicas, SkipNginx: *skipNginx,
+		WarmpathBin: self, Progress: e.stderr, Command: cmdline})
+	if err != nil {
+		return err
+	}
+	if err := res.WriteMarkdown(e.stdout); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "\nreport: %s/live.md\n", *out)
+	return nil
+}
+
+// runAnalyze answers "should this workload use prefix-aware routing at all?"
+func runAnalyze(_ context.Context, args []string, e env) error {
+	fs := flag.NewFlagSet("analyze", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	trace := fs.String("trace", "", "a Mooncake-format trace (JSON lines: timestamp, input_length, output_length, hash_ids)")
+	requests := fs.String("requests", "", "a JSONL file of OpenAI request bodies (chat or completions; optional timestamp in ms)")
+	replicas := fs.Int("replicas", 8, "your replica count")
+	rps := fs.Float64("rps", 0, "request rate to simulate (0 = the workload's own)")
+	fast := fs.Bool("fast", false, "skip the simulated TTFT estimate")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var (
+		w   *workload.Workload
+		err error
+	)
+	switch {
+	case (*trace == "") == (*requests == ""):
+		return errors.New("analyze: give exactly one of --trace or --requests")
+	case *trace != "":
+		w, err = workload.LoadMooncake(*trace, "", 1)
+	default:
+		f, ferr := os.Open(*requests)
+		if ferr != nil {
+			return fmt.Errorf("analyze: %w", ferr)
+		}
+		defer f.Close()
+		w, err = analyze.ReadRequests(f)
+	}
+	if err != nil {
+		return err
+	}
+	if *replicas < 1 {
+		return fmt.Errorf("analyze: --replicas must be >= 1, got %d", *replicas)
+	}
+	rep, err := analyze.Analyze(w, analyze.Options{Replicas: *replicas, RPS: *rps, SkipSimulation: *fast, Seed: 1})
+	if err != nil {
+		return err
+	}
+	rep.WriteText(e.stdout)
+	return nil
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+func TestBenchSimSmoke(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"bench", "sim", "--smoke", "--replicas", "2", "--out", dir}, env{stdout: &out, stderr: &errb})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "report.md")); err != nil || !strings.Contains(out.String(), "report.md") {
+		t.Fatalf("no report: %v, stdout %q", err, out.String())
+	}
+}
+
+func TestAnalyze(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "t.jsonl")
+	var b strings.Builder
+	for i := 0; i < 40; i++ {
+		// every request shares the first two blocks
+		b.WriteString(`{"timestamp": ` + itoa(i*100) + `, "input_length": 1500, "output_length": 20, "hash_ids": [1, 2, ` + itoa(100+i) + `]}` + "\n")
+	}
+	if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"analyze", "--trace", trace, "--replicas", "2"}, env{stdout: &out, stderr: &errb}); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"reusable prompt tokens", "recommendation:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	// request-body input
+	reqs := filepath.Join(dir, "r.jsonl")
+	w, _ := workload.SharedPrefix(workload.SharedPrefixConfig{Groups: 2, PromptsPerGroup: 3, SystemTokens: 300, QuestionTokens: 10, OutputTokens: 5, RPS: 1})
+	var rb []byte
+	for i := range w.Requests {
+		rb = append(workload.AppendChatBody(rb, &w.Requests[i], false), '\n')
+	}
+	os.WriteFile(reqs, rb, 0o644)
+	out.Reset()
+	if err := run(context.Background(), []string{"analyze", "--requests", reqs, "--fast"}, env{stdout: &out, stderr: &errb}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{{"analyze"}, {"analyze", "--trace", trace, "--requests", reqs}, {"analyze", "--trace", filepath.Join(dir, "missing")}, {"bench", "nope"}} {
+		if err := run(context.Background(), bad, env{stdout: &out, stderr: &errb}); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
