@@ -7,7 +7,7 @@ export BPF2GO_CC := $(CLANG)
 export BPF2GO_STRIP := llvm-strip
 TESTFLAGS ?= -race -shuffle=on -timeout 12m
 
-.PHONY: help build test test-short bench bench-once generate generate-check lint demo clean
+.PHONY: help build test test-short bench bench-micro bench-once generate generate-check lint demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -28,7 +28,13 @@ test-short: ## quick tests, no race detector
 bench-once: ## run every benchmark once so none rots
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
 
-bench: ## Go micro-benchmarks with allocations, 5 counts (compare with benchstat)
+bench: ## the bench suites: simulator report into bench/results/sim, live (real processes) into bench/results/live
+	$(GO) run ./cmd/warmpath bench sim --out bench/results/sim
+	$(GO) build -o bin/ ./cmd/...
+	./bin/warmpath bench live --out bench/results/live
+
+bench-micro: ## Go micro-benchmarks with allocations, 5 counts (compare with benchstat)
+	@mkdir -p bench/results
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./... | tee bench/results/micro.txt
 
 generate: ## regenerate bpf2go output (needs clang 14, llvm, libbpf-dev)
