@@ -335,7 +335,11 @@ func (p *Promoter) Config() PromoterConfig { return p.cfg }
 // it (the returned replica is the one it pointed to), or nothing. For a
 // client the Promoter believes promoted, every observation re-validates the
 // entry (its requests only reach the slowpath through sampled connections).
+// An observation without a replica (NoReplica) is ignored.
 func (p *Promoter) Observe(o *Observation) (Action, ReplicaID) {
+	if o.Replica < 0 { // the request was not begun anywhere
+		return ActionNone, NoReplica
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.st.Observed++

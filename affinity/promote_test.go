@@ -118,6 +118,11 @@ func TestPromoterObserve(t *testing.T) {
 			{chat(1, 6, 6*sec, 4000), ActionNone, NoReplica},
 			{chat(1, 6, 7*sec, 4000), ActionPromote, 6},
 		}},
+		{"an observation without a replica is ignored", PromoterConfig{Window: 2}, []step{
+			{chat(1, 2, 1*sec, 4000), ActionNone, NoReplica},
+			{chat(1, NoReplica, 2*sec, 4000), ActionNone, NoReplica},
+			{chat(1, 2, 3*sec, 4000), ActionPromote, 2},
+		}},
 		{"clients are independent", PromoterConfig{}, []step{
 			{chat(1, 2, 1*sec, 4000), ActionNone, NoReplica},
 			{chat(2, 3, 1*sec, 4000), ActionNone, NoReplica},
