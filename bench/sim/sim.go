@@ -43,6 +43,9 @@ type Outcome struct {
 	TTFT, E2E    float64 // seconds
 	CachedTokens int     // engine-reported prefix hit
 	Predicted    int     // router-predicted cached tokens
+	PromptTokens int     // as the engine counted them
+	Arrival      float64 // seconds of virtual time
+	Finish       float64
 	OK           bool
 }
 
@@ -104,6 +107,7 @@ type flight struct {
 	req       enginesim.Request
 	fl        affinity.Flight
 	replica   int
+	idx       int // index in the workload
 	predicted int
 	wreq      *workload.Request
 }
@@ -116,6 +120,10 @@ type cluster struct {
 	heap    engineHeap
 	res     *Result
 	hooks   *simState
+
+	w        *workload.Workload
+	conv     *conversations
+	arrivals arrivalHeap
 
 	ttft, e2e []float64
 	itlSum    float64
@@ -194,10 +202,64 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 		c.heap.at[i] = enginesim.NoEvent
 	}
 	heap.Init(&c.heap)
+	c.w = w
 	if err := c.loop(w); err != nil {
 		return nil, err
 	}
 	return c.finish(w), nil
+}
+
+// conversations drives multi-turn chats closed loop: turn k+1 of a
+// conversation arrives its think time after turn k finished (not at its
+// pre-scheduled time), and its prompt carries the engine's real answers to
+// the earlier turns, as a chat client sends them. So the engines' cached
+// answer blocks are reusable, exactly as in a real chat.
+type conversations struct {
+	next    []int      // request index -> the same conversation's next turn, -1 if none
+	think   []int64    // request index -> its think time after the previous turn
+	answers [][][]byte // conversation -> the engine's answer of each finished turn
+}
+
+func newConversations(w *workload.Workload) *conversations {
+	cv := &conversations{next: make([]int, len(w.Requests)), think: make([]int64, len(w.Requests))}
+	last := map[int]int{}
+	maxConv := -1
+	for i := range w.Requests {
+		cv.next[i] = -1
+		r := &w.Requests[i]
+		if r.Conversation < 0 {
+			continue
+		}
+		maxConv = max(maxConv, r.Conversation)
+		if j, ok := last[r.Conversation]; ok && r.Turn == w.Requests[j].Turn+1 {
+			cv.next[j] = i
+			cv.think[i] = max(0, r.Arrival-w.Requests[j].Arrival)
+		}
+		last[r.Conversation] = i
+	}
+	cv.answers = make([][][]byte, maxConv+1)
+	return cv
+}
+
+// arrival is a pending request arrival.
+type arrival struct {
+	at  int64
+	idx int
+}
+
+type arrivalHeap []arrival
+
+func (h arrivalHeap) Len() int { return len(h) }
+func (h arrivalHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].idx < h[j].idx)
+}
+func (h arrivalHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *arrivalHeap) Push(x any)   { *h = append(*h, x.(arrival)) }
+func (h *arrivalHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 func (c *cluster) loop(w *workload.Workload) error {
@@ -210,13 +272,27 @@ func (c *cluster) loop(w *workload.Workload) error {
 		msgs   []enginesim.Message
 		text   []byte
 	)
-	next := 0
+	cv := newConversations(w)
+	c.conv = cv
+	followers := make([]bool, len(w.Requests))
+	for _, n := range cv.next {
+		if n >= 0 {
+			followers[n] = true
+		}
+	}
+	c.arrivals = make(arrivalHeap, 0, len(w.Requests))
+	for i := range w.Requests {
+		if !followers[i] {
+			c.arrivals = append(c.arrivals, arrival{w.Requests[i].Arrival, i})
+		}
+	}
+	heap.Init(&c.arrivals)
 	scrape := w.Requests[0].Arrival
 	obs := observer{c}
 	for {
 		tArr := int64(math.MaxInt64)
-		if next < len(w.Requests) {
-			tArr = w.Requests[next].Arrival
+		if len(c.arrivals) > 0 {
+			tArr = c.arrivals[0].at
 		}
 		tEng := c.heap.min()
 		if tArr == math.MaxInt64 && tEng == enginesim.NoEvent {
@@ -234,19 +310,43 @@ func (c *cluster) loop(w *workload.Workload) error {
 			c.heap.update(i, c.engines[i].NextEventTime())
 			continue
 		}
-		wr := &w.Requests[next]
-		next++
+		a := heap.Pop(&c.arrivals).(arrival)
+		wr := &w.Requests[a.idx]
 		start := time.Now()
-		body = workload.AppendChatBody(body[:0], wr, true)
+		// earlier answers of a conversation are the engine's real ones
+		var answers [][]byte
+		if wr.Conversation >= 0 {
+			answers = cv.answers[wr.Conversation]
+		}
+		content := func(mi int) ([]byte, bool) {
+			if wr.Messages[mi].Role != workload.Assistant {
+				return nil, false
+			}
+			k := 0
+			for j := 0; j < mi; j++ {
+				if wr.Messages[j].Role == workload.Assistant {
+					k++
+				}
+			}
+			if k < len(answers) {
+				return answers[k], true
+			}
+			return nil, false
+		}
+		body = workload.AppendChatBodyWith(body[:0], wr, true, content)
 		if err := p.ParseChat(body, &prompt); err != nil {
 			return fmt.Errorf("sim: request %d: %w", wr.ID, err)
 		}
 		req = affinity.Request{Model: prompt.Model, Hashes: prompt.Hashes, PromptTokens: prompt.Tokens,
-			SessionKey: uint64(wr.Client) + 1, Now: tArr}
+			SessionKey: uint64(wr.Client) + 1, Now: a.at}
 		// what the engines will see: their own chat template
 		msgs = msgs[:0]
 		for mi := range wr.Messages {
-			text = workload.AppendMessageText(text[:0], &wr.Messages[mi])
+			if t, ok := content(mi); ok {
+				text = append(text[:0], t...)
+			} else {
+				text = workload.AppendMessageText(text[:0], &wr.Messages[mi])
+			}
 			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: string(text)})
 		}
 		ep := enginesim.AppendChatPrompt(nil, msgs, nil)
@@ -256,21 +356,37 @@ func (c *cluster) loop(w *workload.Workload) error {
 		c.res.Decisions++
 		if err != nil || len(d.Ranked) == 0 {
 			c.res.Failed++
+			c.followUp(a.idx, a.at, nil)
 			continue
 		}
-		f := &flight{replica: int(d.Ranked[0]), wreq: wr, predicted: d.CachedTokens[0]}
+		f := &flight{replica: int(d.Ranked[0]), wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
 		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f}
 		c.router.Begin(d.Ranked[0], &req, &d, &f.fl)
 		e := c.engines[f.replica]
-		if err := e.Submit(&f.req, tArr); err != nil {
-			c.router.End(&f.fl, tArr, -1, false)
+		if err := e.Submit(&f.req, a.at); err != nil {
+			c.router.End(&f.fl, a.at, -1, false)
 			c.res.Failed++
+			c.followUp(a.idx, a.at, nil)
 			continue
 		}
 		c.hooks.activeTokens[f.replica] += f.req.PromptTokens + wr.OutputTokens
 		c.hooks.treeTokens[f.replica] += f.req.PromptTokens
 		c.perRep[f.replica]++
 		c.heap.update(f.replica, e.NextEventTime())
+	}
+}
+
+// followUp records request i's answer and schedules its conversation's next
+// turn its think time after now. A failed turn leaves an empty answer: the
+// user asks again regardless.
+func (c *cluster) followUp(i int, now int64, answer []byte) {
+	cv := c.conv
+	r := &c.w.Requests[i]
+	if r.Conversation >= 0 {
+		cv.answers[r.Conversation] = append(cv.answers[r.Conversation], answer)
+	}
+	if n := cv.next[i]; n >= 0 {
+		heap.Push(&c.arrivals, arrival{now + cv.think[n], n})
 	}
 }
 
@@ -298,11 +414,17 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	f := r.Data.(*flight)
 	ok := r.Finish == enginesim.FinishStop || r.Finish == enginesim.FinishLength
 	c.router.End(&f.fl, at, r.CachedTokens, ok)
+	var answer []byte
+	if ok && f.wreq.Conversation >= 0 {
+		answer = r.AppendOutput(nil, 0, r.OutputTokens)
+	}
+	c.followUp(f.idx, at, answer)
 	c.hooks.activeTokens[f.replica] -= r.PromptTokens + f.wreq.OutputTokens
 	if c.cfg.KeepOutcomes {
 		c.res.Outcomes = append(c.res.Outcomes, Outcome{ID: f.wreq.ID, Replica: f.replica, OK: ok,
 			TTFT: float64(r.FirstTokenAt-r.Arrival) / 1e9, E2E: float64(r.FinishedAt-r.Arrival) / 1e9,
-			CachedTokens: r.CachedTokens, Predicted: f.predicted})
+			CachedTokens: r.CachedTokens, Predicted: f.predicted, PromptTokens: r.PromptTokens,
+			Arrival: float64(r.Arrival) / 1e9, Finish: float64(r.FinishedAt) / 1e9})
 	}
 	if !ok {
 		c.res.Failed++

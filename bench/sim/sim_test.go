@@ -126,3 +126,32 @@ func TestBadConfig(t *testing.T) {
 		t.Fatal("empty workload accepted")
 	}
 }
+
+// Multi-turn chats run closed loop: a turn arrives after the previous one
+// finished, and carries the engine's real answer, whose cached blocks the
+// next turn reuses.
+func TestMultiTurnClosedLoop(t *testing.T) {
+	c := workload.MultiTurnConfig{Conversations: 1, MinTurns: 4, MaxTurns: 4, SharedTokens: 512, QuestionTokens: 64,
+		AnswerTokens: 200, ThinkSeconds: 0.001, ConversationRPS: 1, Seed: 5}
+	w, err := workload.MultiTurn(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(Config{Replicas: 1, KeepOutcomes: true}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Outcomes) != 4 {
+		t.Fatalf("%d outcomes", len(r.Outcomes))
+	}
+	for k := 1; k < 4; k++ {
+		prev, cur := r.Outcomes[k-1], r.Outcomes[k]
+		if cur.Arrival < prev.Finish {
+			t.Fatalf("turn %d arrived at %.4f before turn %d finished at %.4f", k, cur.Arrival, k-1, prev.Finish)
+		}
+		// the previous prompt and most of the previous answer are cached
+		if cur.CachedTokens <= prev.PromptTokens+200-32 {
+			t.Fatalf("turn %d: %d cached tokens, previous prompt %d + answer 200", k, cur.CachedTokens, prev.PromptTokens)
+		}
+	}
+}

@@ -34,6 +34,14 @@ func AppendMessageText(dst []byte, m *Message) []byte {
 // AppendChatBody appends an OpenAI /v1/chat/completions JSON body for r.
 // With stream set it asks for usage in the final chunk.
 func AppendChatBody(dst []byte, r *Request, stream bool) []byte {
+	return AppendChatBodyWith(dst, r, stream, nil)
+}
+
+// AppendChatBodyWith is AppendChatBody with the text of some messages
+// replaced: content(mi) returning ok uses its text (JSON-escaped here) for
+// message mi instead of the message's segments. A closed-loop chat uses it to
+// send the engine's real earlier answers.
+func AppendChatBodyWith(dst []byte, r *Request, stream bool, content func(mi int) (text []byte, ok bool)) []byte {
 	dst = append(dst, `{"model":`...)
 	dst = strconv.AppendQuote(dst, r.Model)
 	dst = append(dst, `,"messages":[`...)
@@ -44,7 +52,11 @@ func AppendChatBody(dst []byte, r *Request, stream bool) []byte {
 		dst = append(dst, `{"role":"`...)
 		dst = append(dst, r.Messages[i].Role.String()...)
 		dst = append(dst, `","content":"`...)
-		dst = AppendMessageText(dst, &r.Messages[i])
+		if text, ok := contentOf(content, i); ok {
+			dst = appendJSONText(dst, text)
+		} else {
+			dst = AppendMessageText(dst, &r.Messages[i])
+		}
 		dst = append(dst, `"}`...)
 	}
 	dst = append(dst, `],"max_tokens":`...)
@@ -53,4 +65,27 @@ func AppendChatBody(dst []byte, r *Request, stream bool) []byte {
 		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
 	}
 	return append(dst, '}')
+}
+
+func contentOf(f func(int) ([]byte, bool), i int) ([]byte, bool) {
+	if f == nil {
+		return nil, false
+	}
+	return f(i)
+}
+
+// appendJSONText appends text escaped for a JSON string (no quotes).
+func appendJSONText(dst, text []byte) []byte {
+	const hex = "0123456789abcdef"
+	for _, c := range text {
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
 }
