@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"time"
@@ -45,6 +46,10 @@ type Config struct {
 	// DrainTimeout bounds graceful shutdown: in-flight streams get this long
 	// to finish before their connections are closed. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// Fastpath configures in-kernel steering of promoted clients (XDP on
+	// the edge, package fastpath, glue in slowpath/steer). Off unless
+	// Fastpath.Services lists a VIP. Not reloaded.
+	Fastpath FastpathConfig `yaml:"fastpath"`
 }
 
 // ReplicaConfig is one engine replica.
@@ -65,6 +70,11 @@ type ReplicaConfig struct {
 	// PrefillTokensPerSec seeds the replica's prefill-rate estimate (measured
 	// rates replace it); 0 = routing.default_prefill_tokens_per_sec.
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
+	// Host is the IPv4 address of the GPU host the fast path steers this
+	// replica's promoted clients to (the engine listens there on the VIP
+	// port). Empty: Address's host when it is an IPv4 literal; otherwise
+	// the replica is never a fast-path target.
+	Host string `yaml:"host"`
 }
 
 // LimitsConfig bounds what clients can make the router do.
@@ -194,6 +204,7 @@ func Default() Config {
 			StaleAfter: 5 * time.Second,
 		},
 		SessionHeader: "X-Session-ID",
+		Fastpath:      DefaultFastpath(),
 	}
 }
 
@@ -278,6 +289,11 @@ func (c *Config) Validate() error {
 		if r.MaxInFlight < 0 {
 			return fmt.Errorf("%s.max_in_flight: must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", f, r.MaxInFlight)
 		}
+		if r.Host != "" {
+			if a, err := netip.ParseAddr(r.Host); err != nil || !a.Is4() {
+				return fmt.Errorf("%s.host: must be an IPv4 address (the GPU host), got %q", f, r.Host)
+			}
+		}
 	}
 	l := &c.Limits
 	switch {
@@ -361,7 +377,7 @@ func (c *Config) Validate() error {
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("drain_timeout: must be >= 0, got %s", c.DrainTimeout)
 	}
-	return nil
+	return c.Fastpath.Validate()
 }
 
 func checkAddr(field, addr string) error {

@@ -44,6 +44,52 @@ routing:
 	}
 }
 
+func TestParseFastpathConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+replicas:
+  - {address: 10.2.1.2:8000, models: [m]}
+  - {address: gpu2.internal:8000, models: [m], host: 10.2.2.2}
+  - {address: gpu3.internal:8000, models: [m]}
+fastpath:
+  mode: kernel
+  interface: eth0
+  attach: driver
+  services: [10.100.0.1:8000, 10.100.0.2:443]
+  encap_source: 10.2.0.1
+  sample_every: 50
+  rebalance_interval: 250ms
+  promoter: {window: 4, max_prefixes: 2, idle_ttl: 2m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cfg.Fastpath
+	if !f.Enabled() || f.Mode != "kernel" || f.Interface != "eth0" || f.Attach != "driver" || f.EncapSource != "10.2.0.1" ||
+		f.SampleEvery != 50 || f.RebalanceInterval != 250*time.Millisecond || f.PinPath != "/sys/fs/bpf/warmpath" ||
+		f.Promoter.Window != 4 || f.Promoter.MaxPrefixes != 2 || f.Promoter.IdleTTL != 2*time.Minute {
+		t.Fatalf("fastpath = %+v", f)
+	}
+	if got := f.ServiceAddrs(); len(got) != 2 || got[1].String() != "10.100.0.2:443" {
+		t.Fatalf("services = %v", got)
+	}
+	for i, want := range []string{"10.2.1.2", "10.2.2.2", "invalid IP"} {
+		if got := replicaHost(&cfg.Replicas[i]); got.String() != want {
+			t.Errorf("replicas[%d] host = %s, want %s", i, got, want)
+		}
+	}
+	def, err := ParseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Fastpath.Enabled() || def.Fastpath.SampleEvery != 16 || def.Fastpath.Mode != "auto" {
+		t.Fatalf("default fastpath = %+v", def.Fastpath)
+	}
+	// Userspace mode needs no interface.
+	if _, err := ParseConfig([]byte("fastpath: {mode: userspace, services: [10.100.0.1:8000]}")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestParseConfigErrors(t *testing.T) {
 	tests := []struct {
 		name, yaml, want string
@@ -71,6 +117,18 @@ func TestParseConfigErrors(t *testing.T) {
 		{"routing policy", "routing:\n  policy: magic", `routing.policy "magic": want one of`},
 		{"routing hash", "routing:\n  hash:\n    block_tokens: 99999", "routing.hash.block_tokens 99999: want 1..4096"},
 		{"session header", `session_header: ""`, "session_header: must be a header name, got empty"},
+		{"replica host not IPv4", "replicas:\n  - {address: gpu1:8000, models: [m], host: gpu1}", `replicas[0].host: must be an IPv4 address (the GPU host), got "gpu1"`},
+		{"fastpath mode", "fastpath:\n  mode: turbo", `fastpath.mode: must be "auto", "kernel" or "userspace", got "turbo"`},
+		{"fastpath attach", "fastpath:\n  attach: offload", `fastpath.attach: must be "auto", "driver" or "generic", got "offload"`},
+		{"fastpath service not IPv4", "fastpath:\n  services: [\"[::1]:8000\"]", `fastpath.services[0]: must be an IPv4 VIP:port with port > 0, got "[::1]:8000"`},
+		{"fastpath service port 0", "fastpath:\n  services: [10.100.0.1:0]", `fastpath.services[0]: must be an IPv4 VIP:port with port > 0, got "10.100.0.1:0"`},
+		{"fastpath duplicate service", "fastpath:\n  interface: eth0\n  services: [10.100.0.1:8000, 10.100.0.1:8000]", `fastpath.services[1]: "10.100.0.1:8000" duplicates fastpath.services[0]`},
+		{"fastpath interface required", "fastpath:\n  services: [10.100.0.1:8000]", `fastpath.interface: required (the client-facing interface for XDP) when fastpath.services is set and mode is "auto"`},
+		{"fastpath encap source", "fastpath:\n  encap_source: edge", `fastpath.encap_source: must be an IPv4 address of the edge, got "edge"`},
+		{"fastpath pin path", "fastpath:\n  pin_path: bpf/warmpath", `fastpath.pin_path: must be an absolute path on bpffs, got "bpf/warmpath"`},
+		{"fastpath rebalance interval", "fastpath:\n  rebalance_interval: 1ms", "fastpath.rebalance_interval: must be in [10ms, 1m], got 1ms"},
+		{"fastpath promoter window", "fastpath:\n  promoter:\n    window: 9", "fastpath.promoter.window 9: want 1..8"},
+		{"fastpath promoter unknown field", "fastpath:\n  promoter:\n    windw: 3", "field windw not found"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

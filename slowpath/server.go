@@ -203,6 +203,10 @@ func (s *Server) newExchange() *exchange {
 // now is the monotonic clock handed to the brain, in nanoseconds.
 func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
 
+// Now is the router's clock (monotonic nanoseconds, the one given to
+// affinity and in RoutedEvent.Start/End), for the fast-path control loop.
+func (s *Server) Now() int64 { return s.now() }
+
 // Config returns the configuration the server runs with (replicas as last
 // applied are in Replicas()).
 func (s *Server) Config() Config { return s.cfg }
@@ -411,9 +415,12 @@ func (s *Server) watchFile() {
 
 // ReplicaStatus is one replica as GET /debug/replicas shows it.
 type ReplicaStatus struct {
-	Name                string    `json:"name"`
-	ID                  int       `json:"id"`
-	Models              []string  `json:"models"`
+	Name   string   `json:"name"`
+	ID     int      `json:"id"`
+	Models []string `json:"models"`
+	// Host is the replica's fast-path GPU host (ReplicaConfig.Host or the
+	// IPv4 host of its address); empty when it has none.
+	Host                string    `json:"host,omitempty"`
 	Healthy             bool      `json:"healthy"`
 	InFlight            int64     `json:"in_flight"`
 	MaxInFlight         int64     `json:"max_in_flight"`
@@ -463,7 +470,11 @@ func (s *Server) Replicas() []ReplicaStatus {
 		var st ReplicaStatus
 		st.Name = r.name
 		st.ID = int(r.id)
-		st.Models = r.cfg.Load().Models
+		rc := r.cfg.Load()
+		st.Models = rc.Models
+		if h := replicaHost(rc); h.IsValid() {
+			st.Host = h.String()
+		}
 		st.InFlight = r.inflight.Load()
 		st.MaxInFlight = r.maxInFlight.Load()
 		st.ConsecutiveFailures = r.consecFail.Load()
