@@ -99,6 +99,29 @@ func TestFlightAccounting(t *testing.T) {
 				t.Fatalf("rate %.0f, want ~20000", rate)
 			}
 		}},
+		{"an unpredicted cache hit does not inflate the rate", func(t *testing.T, r *Router, id ReplicaID, req *Request) {
+			// The index predicts a cold prompt every time, but the engine
+			// had it cached (another router sent it, say): first tokens come
+			// after 2 ms. Timed against the predicted tokens this reads as
+			// a prefill rate of PromptTokens/0.002 tokens/s.
+			for i := range 60 {
+				var f Flight
+				q := *req
+				q.Hashes = nil
+				q.Now = int64(i) * int64(time.Second)
+				r.Begin(id, &q, nil, &f)
+				if i < 30 { // cold: 20000 tokens/s
+					r.FirstToken(&f, q.Now+int64(float64(q.PromptTokens)/20000*1e9))
+					r.End(&f, q.Now+int64(time.Millisecond*500), 0, true)
+					continue
+				}
+				r.FirstToken(&f, q.Now+int64(2*time.Millisecond))
+				r.End(&f, q.Now+int64(time.Millisecond*500), q.PromptTokens, true)
+			}
+			if rate := r.Replicas()[id].PrefillTokensPerSec; rate < 15000 || rate > 30000 {
+				t.Fatalf("rate %.0f after unpredicted hits, want ~20000", rate)
+			}
+		}},
 		{"a fixed overhead is fitted apart from the prefill rate", func(t *testing.T, r *Router, id ReplicaID, req *Request) {
 			// ttft = 30 ms + tokens / 20000 for prompts of 0..8191 uncached
 			// tokens; a ratio estimator would see 9000-18000 tokens/s.

@@ -478,9 +478,10 @@ func (r *Router) live(f *Flight) *replica {
 }
 
 // FirstToken records the end of prefill: the replica's pending prefill drops
-// by f.UncachedTokens and, unless the request was Buffered, the replica's
-// rate fit takes the sample (tokens queued ahead at Begin + f.UncachedTokens,
-// now - f.Start) (see rateFit).
+// by f.UncachedTokens. Its time is kept in f: End, once the engine's real
+// cached tokens are known, gives the replica's rate fit the sample (tokens
+// queued ahead at Begin + the real uncached tokens, FirstTokenAt - Start),
+// unless the request was Buffered (see rateFit and sampleRate).
 func (r *Router) FirstToken(f *Flight, now int64) {
 	if f.Replica == NoReplica || f.FirstTokenAt != 0 {
 		return
@@ -494,14 +495,28 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	}
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
-	dt := float64(now-f.Start) / 1e9
-	if dt > 0 && !f.buffered {
-		p.fitMu.Lock()
-		rate, over := p.fit.add(float64(f.queued+int64(f.UncachedTokens)), dt, loadF(&p.rate), loadF(&p.overhead))
-		storeF(&p.rate, rate)
-		storeF(&p.overhead, over)
-		p.fitMu.Unlock()
+}
+
+// sampleRate feeds the prefill-rate fit with f's time to first token. It runs
+// at End, when the engine's real cached tokens are known: timing a prefill
+// with the predicted uncached tokens would read an unpredicted cache hit (a
+// prefix another router sent, or one our index evicted too early) as a
+// very fast prefill of the whole prompt and inflate the rate without bound.
+// cachedTokens < 0 (unknown) falls back to the prediction.
+func (r *Router) sampleRate(p *replica, f *Flight, cachedTokens int) {
+	dt := float64(f.FirstTokenAt-f.Start) / 1e9
+	if f.FirstTokenAt == 0 || dt <= 0 || f.buffered {
+		return
 	}
+	uncached := f.UncachedTokens
+	if cachedTokens >= 0 {
+		uncached = max(0, f.PromptTokens-cachedTokens)
+	}
+	p.fitMu.Lock()
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), dt, loadF(&p.rate), loadF(&p.overhead))
+	storeF(&p.rate, rate)
+	storeF(&p.overhead, over)
+	p.fitMu.Unlock()
 }
 
 // rateFit estimates a replica's time to first token as
@@ -579,6 +594,8 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 	if f.FirstTokenAt == 0 {
 		p.pending.Add(-int64(f.UncachedTokens))
 		p.pendingReqs.Add(-1)
+	} else if ok {
+		r.sampleRate(p, f, cachedTokens)
 	}
 	switch {
 	case rollback:
