@@ -94,10 +94,16 @@ type started struct {
 // startServe runs `warmpath serve args...` in-process until the test ends.
 func startServe(t *testing.T, args ...string) *started {
 	t.Helper()
+	return startServeProbe(t, nil, args...)
+}
+
+// startServeProbe is startServe with an injected fast-path probe.
+func startServeProbe(t *testing.T, probe func() error, args ...string) *started {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	st := &started{done: make(chan error, 1), cancel: cancel, stderr: &syncBuf{}, stdout: &syncBuf{}}
 	ready := make(chan struct{})
-	e := env{stdout: st.stdout, stderr: st.stderr, ready: func(api, admin net.Addr) {
+	e := env{stdout: st.stdout, stderr: st.stderr, probe: probe, ready: func(api, admin net.Addr) {
 		st.api = hostPort(api)
 		if admin != nil {
 			st.admin = admin.String()

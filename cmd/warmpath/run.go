@@ -23,6 +23,8 @@ type env struct {
 	stdout, stderr io.Writer
 	// ready, if set, is called once the listeners are bound.
 	ready func(api, admin net.Addr)
+	// probe, if set, replaces the fast path's capability probe (tests).
+	probe func() error
 }
 
 func stdEnv() env { return env{stdout: os.Stdout, stderr: os.Stderr} }
@@ -33,9 +35,10 @@ type command struct {
 	run           func(ctx context.Context, args []string, e env) error
 }
 
-// commands: `status` (fast-path state) is added here when fastpath/ wires it.
 var commands = []command{
 	{"serve", "run the router (--demo: in front of 3 simulated engines)", runServe},
+	{"status", "show the pinned fast-path state (services, backends, affinity, counters)", runStatus},
+	{"detach", "remove the XDP program and the pinned fast-path state", runDetach},
 	{"version", "print version, Go version and the prefix-hash code path", runVersion},
 	{"bench", "run a bench suite: sim (cluster simulator) or live (real processes)", runBench},
 	{"analyze", "should this workload use prefix-aware routing? (trace or request log)", runAnalyze},

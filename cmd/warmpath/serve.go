@@ -31,6 +31,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	cfgPath := fs.String("config", "", "YAML config `file` (see slowpath/README.md); reloaded on SIGHUP and on change")
 	demo := fs.Bool("demo", false, "start 3 in-process simulated engines serving \""+demoModel+"\" and route to them")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	ff := addFastpathFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,6 +65,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 			cfg.Admin = *admin
 		}
 	})
+	ff.apply(fs, &cfg.Fastpath)
 
 	if *demo {
 		engines, err := startDemoEngines(log)
@@ -86,10 +88,30 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 
-	srv, err := slowpath.New(cfg, log)
+	dp, err := openFastpath(&cfg.Fastpath, e.probe, log)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	srv, err := slowpath.New(cfg, log)
+	if err != nil {
+		if dp != nil {
+			_ = dp.Close()
+		}
+		return fmt.Errorf("serve: %w", err)
+	}
+	var fr *fastpathRun
+	if dp != nil {
+		if fr, err = startFastpath(dp, &cfg.Fastpath, srv, log); err != nil {
+			_ = dp.Close()
+			_ = srv.Shutdown(context.Background())
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	defer func() {
+		if err := fr.stop(); err != nil {
+			log.Warn("close fast path", "err", err)
+		}
+	}()
 	// Reloads apply the file's replica list; demo engines are not in the
 	// file, so a demo run only reloads when it has no config file.
 	if *cfgPath != "" && !*demo {
