@@ -223,6 +223,11 @@ func writeReport(opts Options, res *Results) error {
 		}
 	}
 
+	p("## Reading these numbers fairly\n\n")
+	p("- Every policy sees the same router-side state: warmpath's speculative prefix index (the anchors keep similar approximate trees), router-local in-flight counts, and engine metrics scraped every 500 ms. Policies that lean on scraped queue lengths (llm-d's queue and KV scorers) herd onto the same replica between scrapes; llm-d's endpoint picker refreshes its metrics far more often by default, so its rows, above all at hundreds of replicas, are pessimistic for it.\n")
+	p("- The session key is the workload's client: one per prefix group in shared-prefix and b2b-saas, one per conversation in multi-turn. That is the best case for `session` (a perfect grouping hint that real traffic often lacks); warmpath's `cost` policy does not use it.\n")
+	p("- Multi-turn conversations run closed loop with the engine's real answers (a turn arrives its think time after the previous one finished), so engine-cached answer blocks are reused; the router's index only learns prompt blocks it routed.\n")
+	p("- Capacity, and so every load level, is measured per workload with least-request; a policy that reuses more cache has more headroom than the level says.\n\n")
 	p("## Policies\n\n| policy | source |\n|---|---|\n")
 	for _, pi := range sim.Policies() {
 		p("| %s | %s |\n", pi.Name, pi.Source)
