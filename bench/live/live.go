@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/warmpath/warmpath/bench/suite"
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -191,7 +191,7 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		return nil, errUnsupported
 	}
 	opts = opts.withDefaults()
-	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: machine(), Started: time.Now().UTC(), Options: opts}
+	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: suite.Machine(), Started: time.Now().UTC(), Options: opts}
 	if res.Commit == "" {
 		res.Commit = commit()
 	}
@@ -542,24 +542,6 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 		}
 	}
 	return rows, nil
-}
-
-// machine describes the host for the report.
-func machine() string {
-	cpu := ""
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for l := range strings.SplitSeq(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
-				break
-			}
-		}
-	}
-	kernel := ""
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		kernel = strings.TrimSpace(string(b))
-	}
-	return fmt.Sprintf("%s, %d CPUs, %s/%s, kernel %s, %s", cpu, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, kernel, runtime.Version())
 }
 
 // commit is the checkout's commit (with "+dirty" for local changes), or

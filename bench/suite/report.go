@@ -29,7 +29,7 @@ func writeReport(opts Options, res *Results) error {
 	p("# warmpath bench report: cluster simulator\n\n")
 	p("Reproduce with:\n\n```\n%s\n```\n\n", opts.Command)
 	p("| | |\n|---|---|\n")
-	p("| seed | %d |\n| commit | %s |\n| machine | %s |\n| elapsed | %.0f s |\n", res.Seed, commit(), machine(), res.Elapsed)
+	p("| seed | %d |\n| commit | %s |\n| machine | %s |\n| elapsed | %.0f s |\n", res.Seed, commit(), Machine(), res.Elapsed)
 	e := enginesim.DefaultConfig()
 	p("| engines | %d per ladder; enginesim virtual time, Llama-3.1-8B on one H100 model: %d KV blocks of %d tokens, max %d seqs, %d batched tokens, step = %v + %v/prefill token + %v/decode seq + %v/context token |\n",
 		res.Replicas, e.NumGPUBlocks, e.BlockSize, e.MaxNumSeqs, e.MaxNumBatchedTokens, e.Timing.StepBase, e.Timing.PerPrefillToken, e.Timing.PerDecodeSeq, e.Timing.PerContextToken)
@@ -307,7 +307,9 @@ func writePlot(path string, pl *Plot) error {
 	return f.Close()
 }
 
-func machine() string {
+// Machine describes the host for reports: CPU model, CPU count, OS/arch,
+// kernel and Go version.
+func Machine() string {
 	cpu := ""
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
