@@ -1,0 +1,670 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/bench/enginesim"
+	"github.com/warmpath/warmpath/fastpath"
+	"github.com/warmpath/warmpath/fastpath/testbed"
+)
+
+var (
+	e2eVIP    = netip.MustParseAddrPort("10.100.0.1:8000")
+	e2eClient = netip.MustParseAddr("10.1.0.2")
+	e2eNAT    = netip.MustParseAddr("10.1.0.3")
+)
+
+// gpuHost is one GPU host namespace running enginesim on 0.0.0.0:8000
+// (its own address for the slowpath, the VIP on lo for steered clients).
+type gpuHost struct {
+	ns   *testbed.NS
+	addr netip.Addr
+	eng  *enginesim.Server
+
+	mu   sync.Mutex
+	seen []string // remote addresses of /v1 requests that arrived on the VIP
+}
+
+func (g *gpuHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && strings.HasPrefix(la.String(), e2eVIP.Addr().String()+":") {
+			g.mu.Lock()
+			g.seen = append(g.seen, r.RemoteAddr)
+			g.mu.Unlock()
+		}
+	}
+	g.eng.ServeHTTP(w, r)
+}
+
+func (g *gpuHost) vipClients() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.seen...)
+}
+
+// nsClient is an HTTP client whose connections are made inside ns, from
+// local (if valid), one connection per request unless keepAlive.
+func nsClient(ns *testbed.NS, local netip.Addr, keepAlive bool) *http.Client {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if local.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: local.AsSlice()}
+	}
+	tr := &http.Transport{
+		DisableKeepAlives: !keepAlive,
+		MaxConnsPerHost:   1,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := ns.Do(func() (err error) { c, err = d.DialContext(ctx, network, addr); return err })
+			return c, err
+		},
+	}
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+// e2eBed is the whole testbed: client, edge, 3 GPU hosts.
+type e2eBed struct {
+	t     *testing.T
+	cli   *testbed.NS
+	edge  *testbed.NS
+	gpus  []*gpuHost
+	bpffs string
+	admin *http.Client
+}
+
+func newE2EBed(t *testing.T) *e2eBed {
+	t.Helper()
+	b := &e2eBed{t: t, cli: testbed.NewNS(t, "cli"), edge: testbed.NewNS(t, "edge"), bpffs: testbed.BPFFS(t)}
+	cli, edge := b.cli, b.edge
+	testbed.Veth(t, cli, "c0", "", edge, "e0", "")
+	cli.Run("ip", "addr", "add", "10.1.0.2/24", "dev", "c0")
+	cli.Run("ip", "addr", "add", "10.1.0.3/24", "dev", "c0") // the NAT gateway of many users
+	cli.Run("ip", "route", "add", "default", "via", "10.1.0.1")
+	cli.Run("ethtool", "-K", "c0", "tx", "off") // veth partial checksums die in a redirect
+
+	edge.Run("ip", "addr", "add", "10.1.0.1/24", "dev", "e0")
+	edge.Run("ip", "addr", "add", e2eVIP.Addr().String()+"/32", "dev", "lo")
+	edge.Sysctl("net.ipv4.ip_forward", "1")
+	edge.Sysctl("net.ipv4.conf.all.rp_filter", "0")
+	for i := 1; i <= 3; i++ {
+		g := &gpuHost{ns: testbed.NewNS(t, fmt.Sprintf("gpu%d", i)), addr: netip.MustParseAddr(fmt.Sprintf("10.2.%d.2", i))}
+		ed, mac := fmt.Sprintf("e%d", i), fmt.Sprintf("02:00:00:00:0%d:02", i)
+		testbed.Veth(t, edge, ed, "", g.ns, "b0", mac)
+		edge.Run("ip", "addr", "add", fmt.Sprintf("10.2.%d.1/24", i), "dev", ed)
+		edge.Run("ip", "link", "set", ed, "mtu", "1520") // IPIP adds 20 bytes
+		edge.Run("ip", "neigh", "replace", g.addr.String(), "dev", ed, "lladdr", mac, "nud", "permanent")
+		edge.Sysctl("net.ipv4.conf."+ed+".rp_filter", "2")
+		edge.Sysctl("net.ipv4.conf."+ed+".accept_local", "1") // replies come from the VIP, local here
+
+		g.ns.Run("ip", "link", "set", "b0", "mtu", "1520")
+		g.ns.Run("ip", "addr", "add", g.addr.String()+"/24", "dev", "b0")
+		g.ns.Run("ip", "addr", "add", e2eVIP.Addr().String()+"/32", "dev", "lo")
+		g.ns.Run("ip", "route", "add", "default", "via", fmt.Sprintf("10.2.%d.1", i))
+		g.ns.Sysctl("net.ipv4.conf.all.arp_ignore", "1")
+		g.ns.Sysctl("net.ipv4.conf.all.arp_announce", "2")
+		g.ns.Sysctl("net.ipv4.conf.all.rp_filter", "0")
+		g.ns.Sysctl("net.ipv4.conf.b0.rp_filter", "0")
+		var d *fastpath.Decap
+		if err := g.ns.Do(func() (err error) {
+			d, err = fastpath.OpenDecap(fastpath.DecapOptions{PinPath: filepath.Join(b.bpffs, fmt.Sprintf("decap%d", i)),
+				Interface: "b0", Attach: fastpath.AttachDriver, Source: netip.MustParseAddr("10.2.1.1"),
+				Logger: slog.New(slog.DiscardHandler)})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Detach() })
+		if err := d.SetServices([]fastpath.Service{e2eVIP}); err != nil {
+			t.Fatal(err)
+		}
+		c := enginesim.DefaultConfig()
+		c.ServedModelNames = []string{"m"}
+		c.TimeScale = 0.02
+		c.MaxNumSeqs = 2
+		c.Seed = uint64(i)
+		c.Logger = slog.New(slog.DiscardHandler)
+		eng, err := enginesim.NewServer(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.eng = eng
+		var ln net.Listener
+		if err := g.ns.Do(func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:8000"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		hs := &http.Server{Handler: g}
+		go func() { _ = hs.Serve(ln) }()
+		t.Cleanup(func() { _ = hs.Close(); _ = eng.Close() })
+		b.gpus = append(b.gpus, g)
+	}
+	b.admin = nsClient(edge, netip.Addr{}, false)
+	return b
+}
+
+func (b *e2eBed) config(mode string) string {
+	b.t.Helper()
+	var sb strings.Builder
+	sb.WriteString("listen: \":8000\"\nadmin: 127.0.0.1:9090\nreload_interval: 0s\ndrain_timeout: 1s\nreplicas:\n")
+	for _, g := range b.gpus {
+		fmt.Fprintf(&sb, "  - {address: \"%s:8000\", models: [m]}\n", g.addr)
+	}
+	fmt.Fprintf(&sb, `health: {interval: 200ms, timeout: 100ms, healthy_threshold: 1, unhealthy_threshold: 1}
+scrape: {interval: 100ms, timeout: 100ms, stale_after: 1s}
+fastpath:
+  mode: %s
+  interface: e0
+  attach: driver
+  services: ["%s"]
+  encap_source: 10.2.1.1
+  pin_path: %s
+  sample_every: 0
+  rebalance_interval: 100ms
+  promoter: {window: 4, max_prefixes: 3, idle_ttl: 1m}
+`, mode, e2eVIP, filepath.Join(b.bpffs, "edge"))
+	f := filepath.Join(b.t.TempDir(), "warmpath.yaml")
+	if err := os.WriteFile(f, []byte(sb.String()), 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	return f
+}
+
+// edgeProc is warmpath running in the edge namespace (the test binary in
+// child mode, under `ip netns exec`).
+type edgeProc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+}
+
+func (b *e2eBed) startEdge(cfg string) *edgeProc {
+	b.t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	logf := filepath.Join(b.t.TempDir(), "warmpath.log")
+	f, err := os.Create(logf)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("ip", "netns", "exec", b.edge.Name, exe, "serve", "--config", cfg, "--log-level", "debug")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	p := &edgeProc{cmd: cmd, log: logf, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	b.t.Cleanup(func() { p.kill(); b.dumpLogOnFailure(p) })
+	for range 100 { // bounded: 10 s
+		resp, err := b.admin.Get("http://127.0.0.1:9090/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p
+			}
+		}
+		select {
+		case <-p.done:
+			b.dumpLogOnFailure(p)
+			b.t.Fatalf("warmpath exited at start")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	b.t.Fatal("warmpath not ready in 10s")
+	return nil
+}
+
+func (p *edgeProc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+func (b *e2eBed) dumpLogOnFailure(p *edgeProc) {
+	if b.t.Failed() {
+		out, _ := os.ReadFile(p.log)
+		b.t.Logf("warmpath log:\n%s", out)
+	}
+}
+
+func (b *e2eBed) metrics() string {
+	b.t.Helper()
+	resp, err := b.admin.Get("http://127.0.0.1:9090/metrics")
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return string(out)
+}
+
+// sumMetric adds every sample of a metric family whose line starts with
+// prefix (e.g. `warmpath_slowpath_requests_total{`).
+func sumMetric(text, prefix string) float64 {
+	var s float64
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			if i := strings.LastIndexByte(line, ' '); i > 0 {
+				v, _ := strconv.ParseFloat(line[i+1:], 64)
+				s += v
+			}
+		}
+	}
+	return s
+}
+
+func (b *e2eBed) slowpathRequests() float64 {
+	return sumMetric(b.metrics(), "warmpath_slowpath_requests_total{")
+}
+
+// chat sends one streamed chat completion through c to the VIP and checks
+// it is a well-formed stream with content and [DONE].
+func chat(t *testing.T, c *http.Client, system, user string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":12,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, user)
+	resp, err := c.Post("http://"+e2eVIP.String()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("chat: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("chat: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	chunks, done := 0, false
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data: "))
+		if !ok {
+			continue
+		}
+		if string(data) == "[DONE]" {
+			done = true
+			continue
+		}
+		var ev struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(data, &ev); err != nil || ev.Object != "chat.completion.chunk" {
+			t.Fatalf("bad SSE event %q: %v", data, err)
+		}
+		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
+			chunks++
+		}
+	}
+	if err := sc.Err(); err != nil || !done || chunks < 2 {
+		t.Fatalf("stream: %d content chunks, [DONE] %v, err %v", chunks, done, err)
+	}
+}
+
+// waitFor polls cond every 50ms for at most limit.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for n := 0; n < int(limit/(50*time.Millisecond)); n++ {
+		if cond() {
+			return time.Since(start)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", limit, what)
+	return 0
+}
+
+var e2eSystem = strings.Repeat("You are the support assistant of a bakery; answer briefly. ", 40) // ~600 tokens
+
+// TestE2EFastPath: the whole design in network namespaces, warmpath as a
+// real process on the edge with XDP on its client-facing veth, three GPU
+// hosts with decap and enginesim on the VIP. Subtests run in order on one
+// testbed.
+func TestE2EFastPath(t *testing.T) {
+	testbed.RequireRoot(t)
+	b := newE2EBed(t)
+	cfg := b.config("kernel")
+	proc := b.startEdge(cfg)
+	pin := filepath.Join(b.bpffs, "edge")
+	k, err := fastpath.OpenKernel(fastpath.Options{PinPath: pin, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Close() })
+	gpuOf := func(id fastpath.BackendID) *gpuHost {
+		bs, err := k.Backends()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, be := range bs {
+			if be.ID == id {
+				for _, g := range b.gpus {
+					if g.addr == be.Addr {
+						return g
+					}
+				}
+			}
+		}
+		t.Fatalf("backend %d not found", id)
+		return nil
+	}
+	entry := func(c netip.Addr) (fastpath.AffinityEntry, bool) {
+		e, ok, err := k.LookupAffinity(c, e2eVIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, ok
+	}
+	served := func() (n [3]int64) {
+		for i, g := range b.gpus {
+			n[i] = g.eng.Served("m")
+		}
+		return n
+	}
+	idx := func(g *gpuHost) int {
+		for i := range b.gpus {
+			if b.gpus[i] == g {
+				return i
+			}
+		}
+		return -1
+	}
+	newConn := nsClient(b.cli, e2eClient, false)
+	var warm *gpuHost
+
+	// A keep-alive connection opened before promotion stays on the slowpath.
+	early := nsClient(b.cli, e2eClient, true)
+	chat(t, early, e2eSystem, "hello")
+
+	t.Run("promotion", func(t *testing.T) {
+		for i := range 4 {
+			chat(t, newConn, e2eSystem, fmt.Sprint("question ", i))
+		}
+		var e fastpath.AffinityEntry
+		waitFor(t, 5*time.Second, "the client's affinity entry", func() bool {
+			var ok bool
+			e, ok = entry(e2eClient)
+			return ok
+		})
+		warm = gpuOf(e.Backend)
+		t.Logf("client promoted to %s (backend %d, generation %d)", warm.addr, e.Backend, e.Generation)
+	})
+	if warm == nil {
+		t.FailNow()
+	}
+
+	t.Run("steered without the slowpath", func(t *testing.T) {
+		slow0, served0, vip0 := b.slowpathRequests(), served(), len(warm.vipClients())
+		c0, err := k.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			chat(t, newConn, e2eSystem, fmt.Sprint("follow-up ", i))
+		}
+		c1, err := k.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := b.slowpathRequests() - slow0; d != 0 {
+			t.Errorf("the slowpath saw %v of the steered requests", d)
+		}
+		served1 := served()
+		for i := range 3 {
+			want := served0[i]
+			if b.gpus[i] == warm {
+				want += 3
+			}
+			if served1[i] != want {
+				t.Errorf("engine %d served %d -> %d, want %d", i, served0[i], served1[i], want)
+			}
+		}
+		if d := c1.Global[fastpath.FlowNewSteer].Packets - c0.Global[fastpath.FlowNewSteer].Packets; d != 3 {
+			t.Errorf("steered new connections +%d, want 3", d)
+		}
+		if c1.Global[fastpath.Steered].Packets <= c0.Global[fastpath.Steered].Packets {
+			t.Error("steered packet counter did not rise")
+		}
+		seen := warm.vipClients()[vip0:]
+		if len(seen) != 3 {
+			t.Fatalf("warm engine saw %d requests on the VIP, want 3", len(seen))
+		}
+		for _, ra := range seen {
+			if ap := netip.MustParseAddrPort(ra); ap.Addr() != e2eClient {
+				t.Errorf("engine saw client %s, want %s", ra, e2eClient)
+			}
+		}
+	})
+
+	t.Run("connection open across promotion", func(t *testing.T) {
+		slow0 := b.slowpathRequests()
+		chat(t, early, e2eSystem, "still here")
+		if d := b.slowpathRequests() - slow0; d != 1 {
+			t.Errorf("pre-promotion connection: slowpath saw %v requests, want 1", d)
+		}
+	})
+
+	t.Run("NAT client stays on the slowpath", func(t *testing.T) {
+		nat := nsClient(b.cli, e2eNAT, false)
+		slow0 := b.slowpathRequests()
+		for i := range 10 {
+			// One application, many end users: same system prompt, a
+			// different `user` each time.
+			body := fmt.Sprintf(`{"model":"m","max_tokens":8,"user":"user-%d","messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, i, e2eSystem)
+			resp, err := nat.Post("http://"+e2eVIP.String()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("NAT request %d: %d", i, resp.StatusCode)
+			}
+			time.Sleep(120 * time.Millisecond) // a control-loop tick: a write would be visible
+			if _, ok := entry(e2eNAT); ok {
+				t.Fatalf("NAT client promoted after %d requests", i+1)
+			}
+		}
+		if d := b.slowpathRequests() - slow0; d != 10 {
+			t.Errorf("slowpath saw %v NAT requests, want 10", d)
+		}
+	})
+
+	t.Run("hitless restart", func(t *testing.T) {
+		steered := nsClient(b.cli, e2eClient, true)
+		chat(t, steered, e2eSystem, "before the crash")
+		before, _ := entry(e2eClient)
+		n0 := warm.eng.Served("m")
+		// A stream in flight on a steered connection when warmpath dies.
+		inflight := nsClient(b.cli, e2eClient, false)
+		body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":2000,"messages":[{"role":"system","content":%q},{"role":"user","content":"long"}]}`, e2eSystem)
+		resp, err := inflight.Post("http://"+e2eVIP.String()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		rd := bufio.NewReader(resp.Body)
+		if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+			t.Fatalf("first event %q: %v", line, err)
+		}
+		proc.kill() // SIGKILL: no cleanup at all
+		if proc.cmd.ProcessState == nil || proc.cmd.ProcessState.Success() {
+			t.Fatalf("warmpath not killed: %v", proc.cmd.ProcessState)
+		}
+		rest, err := io.ReadAll(rd)
+		if err != nil || !bytes.HasSuffix(bytes.TrimSpace(rest), []byte("data: [DONE]")) {
+			t.Fatalf("stream across the crash: %v, ends %q", err, rest[max(0, len(rest)-40):])
+		}
+		n0++ // that stream was served by the warm engine
+		chat(t, steered, e2eSystem, "while warmpath is down")  // established steered connection
+		chat(t, newConn, e2eSystem, "new connection while down") // new connection, pinned affinity
+		if d := warm.eng.Served("m") - n0; d != 2 {
+			t.Fatalf("warm engine served %d requests while warmpath was down, want 2", d)
+		}
+		proc = b.startEdge(cfg)
+		after, ok := entry(e2eClient)
+		if !ok || after.Backend != before.Backend || after.Generation != before.Generation {
+			t.Fatalf("entry after restart %+v (present %v), before %+v", after, ok, before)
+		}
+		chat(t, steered, e2eSystem, "after restart")
+		chat(t, newConn, e2eSystem, "new connection after restart")
+		if d := warm.eng.Served("m") - n0; d != 4 {
+			t.Fatalf("warm engine served %d, want 4", d)
+		}
+		if _, ok := entry(e2eClient); !ok {
+			t.Fatal("adopted entry dropped by the new process")
+		}
+		var st strings.Builder
+		if err := b.edge.Do(func() error { return run(context.Background(), []string{"status", "--pin-path", pin}, env{stdout: &st, stderr: io.Discard}) }); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(st.String(), e2eClient.String()) {
+			t.Errorf("warmpath status does not show the client:\n%s", st.String())
+		}
+	})
+
+	t.Run("overload moves the client", func(t *testing.T) {
+		// 12 long requests straight to the warm engine: 2 running, 10
+		// waiting, while the others are idle.
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		hog := nsClient(warm.ns, netip.Addr{}, false)
+		hog.Transport.(*http.Transport).MaxConnsPerHost = 0 // all 12 at once
+		for i := range 12 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				body := fmt.Sprintf(`{"model":"m","max_tokens":40000,"stream":true,"messages":[{"role":"user","content":"hog %d"}]}`, i)
+				req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+warm.addr.String()+":8000/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				if resp, err := hog.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+		}
+		defer func() {
+			if t.Failed() {
+				resp, err := b.admin.Get("http://127.0.0.1:9090/debug/replicas")
+				if err == nil {
+					out, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					t.Logf("debug/replicas: %s", out)
+				}
+			}
+		}()
+		took := waitFor(t, 5*time.Second, "the rebalancer to drop the client's entry", func() bool {
+			_, ok := entry(e2eClient)
+			return !ok
+		})
+		if sumMetric(b.metrics(), `warmpath_steer_rebalance_drops_total{reason="saturated"}`) < 1 {
+			t.Error("no saturated drop counted")
+		}
+		t.Logf("entry dropped %s after the overload started", took)
+		// Its next requests are routed by the slowpath, with load in view,
+		// and it is promoted again, elsewhere.
+		for i := range 6 {
+			chat(t, newConn, e2eSystem, fmt.Sprint("after overload ", i))
+			if e, ok := entry(e2eClient); ok {
+				if g := gpuOf(e.Backend); g != warm {
+					t.Logf("client re-promoted to %s", g.addr)
+					warm = g
+					return
+				}
+			}
+		}
+		e, ok := entry(e2eClient)
+		t.Fatalf("client not re-promoted away from the overloaded replica: entry %+v present %v", e, ok)
+	})
+
+	t.Run("unhealthy replica stops steering", func(t *testing.T) {
+		e, ok := entry(e2eClient)
+		if !ok {
+			t.Skip("client not promoted (previous step failed)")
+		}
+		warm.eng.SetFaults(enginesim.Faults{Unhealthy: true})
+		defer warm.eng.SetFaults(enginesim.Faults{})
+		// Bound: health.interval + health.timeout (one failed probe) +
+		// fastpath.rebalance_interval = 400 ms here.
+		took := waitFor(t, 5*time.Second, "the backend to be marked unhealthy", func() bool {
+			bs, _ := k.Backends()
+			for _, be := range bs {
+				if be.ID == e.Backend {
+					return !be.Healthy && be.Generation > e.Generation
+				}
+			}
+			return false
+		})
+		t.Logf("backend out and generation bumped %s after the engine turned unhealthy (bound 400ms + a probe round trip)", took)
+		n0, slow0 := warm.eng.Served("m"), b.slowpathRequests()
+		chat(t, newConn, e2eSystem, "after the replica went out")
+		if d := warm.eng.Served("m") - n0; d != 0 {
+			t.Errorf("unhealthy replica served %d new requests", d)
+		}
+		if d := b.slowpathRequests() - slow0; d != 1 {
+			t.Errorf("slowpath saw %v requests, want 1", d)
+		}
+		_ = idx
+	})
+
+	t.Run("detach and userspace mode", func(t *testing.T) {
+		proc.kill()
+		if err := b.edge.Do(func() error {
+			return run(context.Background(), []string{"detach", "--pin-path", pin}, env{stdout: io.Discard, stderr: io.Discard})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(pin); !os.IsNotExist(err) {
+			t.Fatalf("pin path after detach: %v", err)
+		}
+		if out := b.edge.Run("ip", "link", "show", "e0"); strings.Contains(out, "xdp") {
+			t.Fatalf("XDP still attached after detach: %s", out)
+		}
+		proc = b.startEdge(b.config("userspace"))
+		served0, slow0 := served(), b.slowpathRequests()
+		for i := range 6 {
+			chat(t, newConn, e2eSystem, fmt.Sprint("userspace ", i))
+		}
+		if d := b.slowpathRequests() - slow0; d != 6 {
+			t.Errorf("slowpath saw %v of 6 requests in userspace mode", d)
+		}
+		var total int64
+		for i, n := range served() {
+			total += n - served0[i]
+		}
+		if total != 6 {
+			t.Errorf("engines served %d, want 6", total)
+		}
+		m := b.metrics()
+		if !strings.Contains(m, "warmpath_fastpath_kernel_mode 0") || sumMetric(m, `warmpath_steer_actions_total{action="promote"}`) != 1 {
+			t.Errorf("userspace mode: kernel_mode gauge or promotion missing")
+		}
+	})
+}
