@@ -123,19 +123,23 @@ func newE2EBed(t *testing.T) *e2eBed {
 		g.ns.Sysctl("net.ipv4.conf.all.arp_announce", "2")
 		g.ns.Sysctl("net.ipv4.conf.all.rp_filter", "0")
 		g.ns.Sysctl("net.ipv4.conf.b0.rp_filter", "0")
-		var d *fastpath.Decap
-		if err := g.ns.Do(func() (err error) {
-			d, err = fastpath.OpenDecap(fastpath.DecapOptions{PinPath: filepath.Join(b.bpffs, fmt.Sprintf("decap%d", i)),
-				Interface: "b0", Attach: fastpath.AttachDriver, Source: netip.MustParseAddr("10.2.1.1"),
-				Logger: slog.New(slog.DiscardHandler)})
-			return err
+		// The GPU host's decap: `warmpath decap`, which attaches and exits.
+		decapPin := filepath.Join(b.bpffs, fmt.Sprintf("decap%d", i))
+		var out strings.Builder
+		if err := g.ns.Do(func() error {
+			return run(context.Background(), []string{"decap", "--interface", "b0", "--attach", "driver", "--vip", e2eVIP.String(),
+				"--source", "10.2.1.1", "--pin-path", decapPin}, env{stdout: &out, stderr: io.Discard})
 		}); err != nil {
-			t.Fatal(err)
+			t.Fatalf("warmpath decap: %v", err)
 		}
-		t.Cleanup(func() { _ = d.Detach() })
-		if err := d.SetServices([]fastpath.Service{e2eVIP}); err != nil {
-			t.Fatal(err)
+		if !strings.Contains(out.String(), "xdp_decap attached to b0") {
+			t.Fatalf("warmpath decap said %q", out.String())
 		}
+		t.Cleanup(func() {
+			if err := run(context.Background(), []string{"decap", "--detach", "--pin-path", decapPin}, env{stdout: io.Discard, stderr: io.Discard}); err != nil {
+				t.Errorf("warmpath decap --detach: %v", err)
+			}
+		})
 		c := enginesim.DefaultConfig()
 		c.ServedModelNames = []string{"m"}
 		c.TimeScale = 0.02

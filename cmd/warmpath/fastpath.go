@@ -177,3 +177,55 @@ func runDetach(_ context.Context, args []string, e env) error {
 	fmt.Fprintf(e.stdout, "fast path detached, %s removed\n", *pin)
 	return nil
 }
+
+// runDecap installs xdp_decap on a GPU host's edge-facing interface (or,
+// with --detach, removes it) and exits: the program stays attached and its
+// state pinned, no process needs to stay running.
+func runDecap(_ context.Context, args []string, e env) error {
+	fs := flag.NewFlagSet("decap", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	iface := fs.String("interface", "", "edge-facing `interface` (required unless --detach)")
+	vips := fs.String("vip", "", "comma-separated VIP:port services to decapsulate (required unless --detach)")
+	source := fs.String("source", "", "only decapsulate packets from this edge encap source (IPv4); empty: any")
+	attach := fs.String("attach", "auto", "XDP attach mode: auto, driver, generic")
+	pin := fs.String("pin-path", fastpath.DefaultDecapPinPath, "bpffs `dir` for the decap program's state")
+	detach := fs.Bool("detach", false, "detach xdp_decap and remove the pinned state")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *detach {
+		if err := fastpath.Uninstall(*pin); err != nil {
+			return fmt.Errorf("decap: %w", err)
+		}
+		fmt.Fprintf(e.stdout, "decap detached, %s removed\n", *pin)
+		return nil
+	}
+	fc := slowpath.FastpathConfig{Mode: "kernel", Attach: *attach, PinPath: *pin, Interface: *iface,
+		RebalanceInterval: time.Second, EncapSource: *source}
+	for _, s := range strings.Split(*vips, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			fc.Services = append(fc.Services, s)
+		}
+	}
+	if *iface == "" || len(fc.Services) == 0 {
+		return errors.New("decap: --interface and --vip are required")
+	}
+	if err := fc.Validate(); err != nil {
+		return fmt.Errorf("decap: %s", strings.ReplaceAll(strings.ReplaceAll(err.Error(), "fastpath.services", "--vip"), "fastpath.encap_source", "--source"))
+	}
+	opts := fastpath.DecapOptions{Interface: *iface, Attach: fastpath.AttachMode(*attach), PinPath: *pin,
+		Logger: slog.New(slog.NewTextHandler(e.stderr, nil))}
+	if *source != "" {
+		opts.Source = netip.MustParseAddr(*source)
+	}
+	d, err := fastpath.OpenDecap(opts)
+	if err != nil {
+		return fmt.Errorf("decap: %w", err)
+	}
+	defer d.Close()
+	if err := d.SetServices(fc.ServiceAddrs()); err != nil {
+		return fmt.Errorf("decap: %w", err)
+	}
+	fmt.Fprintf(e.stdout, "xdp_decap attached to %s for %s (state pinned in %s)\n", *iface, strings.Join(fc.Services, ","), *pin)
+	return nil
+}

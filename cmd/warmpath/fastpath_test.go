@@ -139,3 +139,24 @@ func startEngine(t *testing.T) *enginesim.Server {
 	t.Cleanup(func() { en.Close() })
 	return en
 }
+
+func TestDecapUsage(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no interface", []string{"decap", "--vip", "10.100.0.1:8000"}, "decap: --interface and --vip are required"},
+		{"no vip", []string{"decap", "--interface", "eth1"}, "decap: --interface and --vip are required"},
+		{"bad vip", []string{"decap", "--interface", "eth1", "--vip", "10.100.0.1"}, `decap: --vip[0]: must be an IPv4 VIP:port with port > 0, got "10.100.0.1"`},
+		{"bad source", []string{"decap", "--interface", "eth1", "--vip", "10.100.0.1:8000", "--source", "edge"}, `decap: --source: must be an IPv4 address of the edge, got "edge"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(context.Background(), tc.args, env{stdout: io.Discard, stderr: io.Discard})
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
