@@ -525,8 +525,8 @@ func TestE2EFastPath(t *testing.T) {
 		if err != nil || !bytes.HasSuffix(bytes.TrimSpace(rest), []byte("data: [DONE]")) {
 			t.Fatalf("stream across the crash: %v, ends %q", err, rest[max(0, len(rest)-40):])
 		}
-		n0++ // that stream was served by the warm engine
-		chat(t, steered, e2eSystem, "while warmpath is down")  // established steered connection
+		n0++                                                     // that stream was served by the warm engine
+		chat(t, steered, e2eSystem, "while warmpath is down")    // established steered connection
 		chat(t, newConn, e2eSystem, "new connection while down") // new connection, pinned affinity
 		if d := warm.eng.Served("m") - n0; d != 2 {
 			t.Fatalf("warm engine served %d requests while warmpath was down, want 2", d)
@@ -545,7 +545,9 @@ func TestE2EFastPath(t *testing.T) {
 			t.Fatal("adopted entry dropped by the new process")
 		}
 		var st strings.Builder
-		if err := b.edge.Do(func() error { return run(context.Background(), []string{"status", "--pin-path", pin}, env{stdout: &st, stderr: io.Discard}) }); err != nil {
+		if err := b.edge.Do(func() error {
+			return run(context.Background(), []string{"status", "--pin-path", pin}, env{stdout: &st, stderr: io.Discard})
+		}); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.Contains(st.String(), e2eClient.String()) {
