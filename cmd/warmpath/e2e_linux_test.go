@@ -83,7 +83,7 @@ func nsClient(ns *testbed.NS, local netip.Addr, keepAlive bool) *http.Client {
 
 // e2eBed is the whole testbed: client, edge, 3 GPU hosts.
 type e2eBed struct {
-	t     *testing.T
+	t     testing.TB
 	cli   *testbed.NS
 	edge  *testbed.NS
 	gpus  []*gpuHost
@@ -91,7 +91,9 @@ type e2eBed struct {
 	admin *http.Client
 }
 
-func newE2EBed(t *testing.T) *e2eBed {
+// newE2EBed builds the testbed; engines run at most maxSeqs requests at
+// once (the overload scenario wants a small batch).
+func newE2EBed(t testing.TB, maxSeqs int) *e2eBed {
 	t.Helper()
 	b := &e2eBed{t: t, cli: testbed.NewNS(t, "cli"), edge: testbed.NewNS(t, "edge"), bpffs: testbed.BPFFS(t)}
 	cli, edge := b.cli, b.edge
@@ -143,7 +145,7 @@ func newE2EBed(t *testing.T) *e2eBed {
 		c := enginesim.DefaultConfig()
 		c.ServedModelNames = []string{"m"}
 		c.TimeScale = 0.02
-		c.MaxNumSeqs = 2
+		c.MaxNumSeqs = maxSeqs
 		c.Seed = uint64(i)
 		c.Logger = slog.New(slog.DiscardHandler)
 		eng, err := enginesim.NewServer(c)
@@ -352,7 +354,7 @@ var e2eSystem = strings.Repeat("You are the support assistant of a bakery; answe
 // testbed.
 func TestE2EFastPath(t *testing.T) {
 	testbed.RequireRoot(t)
-	b := newE2EBed(t)
+	b := newE2EBed(t, 2)
 	cfg := b.config("kernel")
 	proc := b.startEdge(cfg)
 	pin := filepath.Join(b.bpffs, "edge")
