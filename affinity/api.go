@@ -91,6 +91,7 @@ type Flight struct {
 	queued    int64  // replica's pending prefill tokens at Begin
 	tail      uint64 // deepest block hash inserted at Begin
 	buffered  bool   // Request.Buffered: no rate sample at FirstToken
+	cont      bool   // the replica's held prefix ended at a finished request's tail
 }
 
 // Policy ranks eligible replicas for a request. Implementations read the
@@ -133,7 +134,8 @@ type Policy interface {
 // NewCollector (metrics.go), Seed, AppendHashes, SessionKey, CPUFeatures
 // (hash.go), Prompt.Fill (prompt.go), CacheOracle and Router.SetCacheOracle
 // (oracle.go), Promoter, PromoterConfig, Observation, Action, Entry,
-// ReplicaLoad, ReplicaLoadOf, Change, Reason (promote.go), Router.PrefillRate.
+// ReplicaLoad, ReplicaLoadOf, Change, Reason (promote.go), Router.PrefillRate,
+// Router.ContinuationCredit.
 
 // Prompt is the routing-relevant part of one request body. Slices point into
 // the Parser's scratch buffers and are valid until the Parser's next call.

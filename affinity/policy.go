@@ -337,7 +337,9 @@ func (s *Session) Sessions() int {
 //
 // Q_r queued prefill tokens (Load.QueuedTokens), P_r and O_r the replica's
 // fitted prefill rate and overhead (see rateFit), T the request's prompt
-// tokens, C_r its predicted cached prefix on r, N the mean number of requests
+// tokens, C_r its predicted cached prefix on r (the index's match, plus the
+// measured continuation credit when that match ends where a request finished
+// on r: see Router.ContinuationCredit), N the mean number of requests
 // queued for prefill per scored candidate (Load.QueuedRequests), B_r busy
 // requests (Load.Busy), W_r weight, U_r fresh KV usage. Ties break at random.
 // Above Config.MaxScan candidates it scores a random window of them plus
@@ -360,6 +362,10 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		otok = v.otok
 	}
 	bt := float64(v.r.bt)
+	credit := 0.0 // continuation credit: see Router.ContinuationCredit
+	if otok == nil {
+		credit = loadF(&v.r.contCredit)
+	}
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
 	// N: requests queued for prefill, mean over the scored candidates.
@@ -394,6 +400,9 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			unc = max(t-float64(otok[id]), 0)
 		case int(id) < len(m) && m[id] > 0:
 			unc = max(t-float64(m[id])*bt, 0)
+			if credit > 0 && int(m[id]) < len(req.Hashes) && v.r.finishedTail(req.Hashes[m[id]-1], id) {
+				unc = max(unc-credit, 0)
+			}
 		}
 		inv := 1 / loadF(&rp.rate)
 		wait := queued * inv

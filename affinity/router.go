@@ -42,7 +42,22 @@ type Router struct {
 	rollbacks     atomic.Uint64
 	promptTokens  atomic.Uint64
 	cachedTokens  atomic.Uint64
+
+	// tails remembers (block, replica) pairs that ended a finished request's
+	// prompt: the engine's cache continues past such a block with the rest
+	// of that prompt and its generated answer (see contCredit). A lossy
+	// direct-mapped table of pairKey values (0 = empty): a collision only
+	// forgets a credit.
+	tails [tailSlots]atomic.Uint64
+	// contCredit (float64 bits) is the EWMA of the cached tokens the engines
+	// reported beyond the index's prediction on requests whose held prefix
+	// ended at such a tail: what a continuation is worth (a chat's previous
+	// answer), measured, so 0 where continuations do not pay.
+	contCredit atomic.Uint64
 }
+
+// tailSlots sizes Router.tails: 64K pairs, 512 KiB per Router.
+const tailSlots = 1 << 16
 
 // group is the set of replicas serving one model name.
 type group struct {
@@ -457,6 +472,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]
 	}
+	f.cont = held > 0 && held < len(hs) && r.finishedTail(hs[held-1], id)
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
@@ -597,6 +613,15 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 	} else if ok {
 		r.sampleRate(p, f, cachedTokens)
 	}
+	if ok {
+		if f.tail != 0 {
+			k := tailKey(f.tail, f.Replica)
+			r.tails[k%tailSlots].Store(k)
+		}
+		if f.cont && cachedTokens >= 0 {
+			ewma(&r.contCredit, float64(max(cachedTokens-predicted, 0)), 0.1)
+		}
+	}
 	switch {
 	case rollback:
 		r.idx.rollback(f.Replica, f.tail, int(f.newBlocks))
@@ -614,6 +639,24 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 	}
 	f.Replica = NoReplica
 }
+
+func tailKey(h uint64, id ReplicaID) uint64 { return pairKey(h, id) | 1 }
+
+// finishedTail reports whether block h was the deepest block of a request
+// that finished successfully on replica id (lossy: may forget, never
+// invents a pair that was not recorded, up to hash collisions).
+func (r *Router) finishedTail(h uint64, id ReplicaID) bool {
+	k := tailKey(h, id)
+	return r.tails[k%tailSlots].Load() == k
+}
+
+// ContinuationCredit is the measured number of tokens a replica caches
+// beyond the index's prediction when the request's held prefix there ends
+// exactly where a finished request's prompt ended (a chat's next turn: the
+// engine also cached the previous answer, which the router never hashes).
+// The cost policy subtracts it (up to the unmatched rest) from that
+// replica's uncached tokens.
+func (r *Router) ContinuationCredit() float64 { return loadF(&r.contCredit) }
 
 // PrefillRate is replica id's current prefill-rate estimate in tokens/s
 // (0 for an unknown id). Cheap: for per-request callers (Observation.Capacity).
