@@ -83,12 +83,13 @@ func nsClient(ns *testbed.NS, local netip.Addr, keepAlive bool) *http.Client {
 
 // e2eBed is the whole testbed: client, edge, 3 GPU hosts.
 type e2eBed struct {
-	t     testing.TB
-	cli   *testbed.NS
-	edge  *testbed.NS
-	gpus  []*gpuHost
-	bpffs string
-	admin *http.Client
+	t           testing.TB
+	sampleEvery int // fastpath.sample_every of the next config
+	cli         *testbed.NS
+	edge        *testbed.NS
+	gpus        []*gpuHost
+	bpffs       string
+	admin       *http.Client
 }
 
 // newE2EBed builds the testbed; engines run at most maxSeqs requests at
@@ -170,8 +171,13 @@ func (b *e2eBed) config(mode string) string {
 	b.t.Helper()
 	var sb strings.Builder
 	sb.WriteString("listen: \":8000\"\nadmin: 127.0.0.1:9090\nreload_interval: 0s\ndrain_timeout: 1s\nreplicas:\n")
+	// The prefill rate is seeded near what the simulated engines measure
+	// (~70k tokens/s at this time scale): a replica whose rate was never
+	// measured otherwise looks 7x slower than the warm one to the cost
+	// policy, and re-routing away from an overloaded replica tests that
+	// default rather than the load.
 	for _, g := range b.gpus {
-		fmt.Fprintf(&sb, "  - {address: \"%s:8000\", models: [m]}\n", g.addr)
+		fmt.Fprintf(&sb, "  - {address: \"%s:8000\", models: [m], prefill_tokens_per_sec: 70000}\n", g.addr)
 	}
 	fmt.Fprintf(&sb, `health: {interval: 200ms, timeout: 100ms, healthy_threshold: 1, unhealthy_threshold: 1}
 scrape: {interval: 100ms, timeout: 100ms, stale_after: 1s}
@@ -182,10 +188,10 @@ fastpath:
   services: ["%s"]
   encap_source: 10.2.1.1
   pin_path: %s
-  sample_every: 0
+  sample_every: %d
   rebalance_interval: 100ms
   promoter: {window: 4, max_prefixes: 3, idle_ttl: 1m}
-`, mode, e2eVIP, filepath.Join(b.bpffs, "edge"))
+`, mode, e2eVIP, filepath.Join(b.bpffs, "edge"), b.sampleEvery)
 	f := filepath.Join(b.t.TempDir(), "warmpath.yaml")
 	if err := os.WriteFile(f, []byte(sb.String()), 0o644); err != nil {
 		b.t.Fatal(err)
@@ -533,7 +539,9 @@ func TestE2EFastPath(t *testing.T) {
 		if d := warm.eng.Served("m") - n0; d != 2 {
 			t.Fatalf("warm engine served %d requests while warmpath was down, want 2", d)
 		}
-		proc = b.startEdge(cfg)
+		// The new process also samples every 4th steered SYN per CPU.
+		b.sampleEvery = 4
+		proc = b.startEdge(b.config("kernel"))
 		after, ok := entry(e2eClient)
 		if !ok || after.Backend != before.Backend || after.Generation != before.Generation {
 			t.Fatalf("entry after restart %+v (present %v), before %+v", after, ok, before)
@@ -555,6 +563,35 @@ func TestE2EFastPath(t *testing.T) {
 		if !strings.Contains(st.String(), e2eClient.String()) {
 			t.Errorf("warmpath status does not show the client:\n%s", st.String())
 		}
+	})
+
+	t.Run("sampled connections re-validate", func(t *testing.T) {
+		e0, _ := entry(e2eClient)
+		c0, err := k.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow0 := b.slowpathRequests()
+		for i := range 8 { // 2 CPUs: one of them sees >= 4 SYNs, so >= 1 is sampled
+			chat(t, newConn, e2eSystem, fmt.Sprint("sampled? ", i))
+		}
+		c1, err := k.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sampled := c1.Global[fastpath.Sampled].Packets - c0.Global[fastpath.Sampled].Packets
+		through := b.slowpathRequests() - slow0
+		if sampled < 1 || through != float64(sampled) {
+			t.Fatalf("sampled %d SYNs, slowpath saw %v requests", sampled, through)
+		}
+		// Re-validated on the replica holding its cache: kept.
+		if e1, ok := entry(e2eClient); !ok || e1.Backend != e0.Backend {
+			t.Fatalf("entry after re-validation %+v (present %v), before %+v", e1, ok, e0)
+		}
+		if n := sumMetric(b.metrics(), `warmpath_steer_actions_total{action="drop"}`); n != 0 {
+			t.Errorf("re-validation dropped %v entries", n)
+		}
+		t.Logf("%d of 8 new connections sampled to the slowpath, entry kept", sampled)
 	})
 
 	t.Run("overload moves the client", func(t *testing.T) {

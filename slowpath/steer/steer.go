@@ -77,6 +77,7 @@ type Controller struct {
 	byHost    map[netip.Addr]*backend
 	byID      [fastpath.MaxBackends]*backend
 	byReplica []*backend // ReplicaID -> backend, nil = not steerable
+	saturated []bool     // ReplicaID -> saturated at the last Sync: no promotion into it
 	nextID    int
 
 	conns connTable // recent source ports per client (sample scaling)
@@ -209,7 +210,7 @@ func (c *Controller) write(a netip.Addr, r affinity.ReplicaID) bool {
 	}
 	var id fastpath.BackendID
 	var gen uint32
-	ok := b != nil && b.healthy
+	ok := b != nil && b.healthy && !(int(r) < len(c.saturated) && c.saturated[r])
 	if ok {
 		id, gen = b.id, b.gen
 	}
@@ -466,6 +467,7 @@ func (c *Controller) rebalance() error {
 		}
 		c.lbuf = append(c.lbuf, l)
 	}
+	c.markSaturated()
 	c.cbuf = c.prom.Rebalance(now, c.lbuf, entries, c.cbuf[:0])
 	for _, ch := range c.cbuf {
 		d := seen[ch.Client]
@@ -476,6 +478,46 @@ func (c *Controller) rebalance() error {
 	}
 	c.m.entries.Set(float64(len(seen) - len(c.cbuf)))
 	return nil
+}
+
+// markSaturated records which replicas Rebalance's saturation test (same
+// formula and thresholds) finds saturated in c.lbuf. Until the next Sync
+// no client is promoted or moved into them: a client dropped for
+// saturation whose next requests the slowpath still routes there (its
+// cache outweighs the queue in the routing cost) would otherwise be
+// re-promoted into the same replica and dropped again at the next Sync,
+// and while promoted its requests would bypass the slowpath's load view.
+func (c *Controller) markSaturated() {
+	cfg := c.prom.Config()
+	util := func(l *affinity.ReplicaLoad) float64 {
+		if l.Weight > 0 {
+			return l.Busy / l.Weight
+		}
+		return l.Busy
+	}
+	var sum float64
+	n := 0
+	maxID := -1
+	for i := range c.lbuf {
+		maxID = max(maxID, int(c.lbuf[i].Replica))
+		if c.lbuf[i].Eligible {
+			sum += util(&c.lbuf[i])
+			n++
+		}
+	}
+	sat := make([]bool, maxID+1)
+	if n > 0 {
+		mean := sum / float64(n)
+		for i := range c.lbuf {
+			l := &c.lbuf[i]
+			if u := util(l); l.Eligible && l.Replica >= 0 && u > cfg.SaturationRatio*mean && u-mean > cfg.SaturationExcess {
+				sat[l.Replica] = true
+			}
+		}
+	}
+	c.mu.Lock()
+	c.saturated = sat
+	c.mu.Unlock()
 }
 
 // connTable remembers, per client, the source ports of its recent

@@ -352,6 +352,14 @@ func TestRebalanceDropsEntriesOfSaturatedReplica(t *testing.T) {
 	if got := value(r.c.m.sat); got != 1 {
 		t.Errorf("saturated drops %v", got)
 	}
+	// While replica 0 stays saturated, a full window of requests the
+	// slowpath still sends there does not re-promote the client into it.
+	for range 3 {
+		r.send("10.1.0.2", 40001, 0, 7, 900)
+	}
+	if _, ok := r.entry("10.1.0.2"); ok {
+		t.Fatal("client re-promoted into the saturated replica")
+	}
 	// Re-decided through the slowpath, the client lands on replica 2 and
 	// is promoted there: moved.
 	for range 3 {
