@@ -57,6 +57,10 @@ func TestCostKeepsChatHome(t *testing.T) {
 			if tc.answerKept && (credit < 150 || credit > 250) || !tc.answerKept && credit != 0 {
 				t.Fatalf("continuation credit %.0f tokens", credit)
 			}
+			gauge := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_continuation_credit_tokens"})
+			if !strings.Contains(gauge, fmt.Sprintf("warmpath_affinity_continuation_credit_tokens %g\n", credit)) {
+				t.Fatalf("metric:\n%s\nwant %g", gauge, credit)
+			}
 			// The other replica holds the system prompt; home holds
 			// conversation 9's first turn and two more busy requests.
 			end(other, turn0(8), predicted)

@@ -10,7 +10,7 @@ type Collector struct {
 
 	decisions, errors, mispredicts, rollbacks, evictions *prometheus.Desc
 	promptTokens, cachedTokens                           *prometheus.Desc
-	blocks, pairs, info                                  *prometheus.Desc
+	blocks, pairs, info, credit                          *prometheus.Desc
 	inFlight, pending, rate, cached, capacity, up, drain *prometheus.Desc
 }
 
@@ -31,6 +31,7 @@ func NewCollector(r *Router) *Collector {
 		blocks:       d("index_blocks", "Distinct block hashes tracked."),
 		pairs:        d("index_pairs", "(block, replica) pairs tracked."),
 		info:         d("info", "Active policy and hash path.", "policy", "hash_path"),
+		credit:       d("continuation_credit_tokens", "Measured cached tokens beyond the index on requests continuing a finished prompt (a chat's previous answer)."),
 		inFlight:     d("replica_in_flight", "Router-local requests in flight.", "replica"),
 		pending:      d("replica_pending_prefill_tokens", "Router-local uncached prompt tokens awaiting prefill.", "replica"),
 		rate:         d("replica_prefill_tokens_per_second", "Measured prefill rate estimate.", "replica"),
@@ -44,7 +45,7 @@ func NewCollector(r *Router) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions,
-		c.promptTokens, c.cachedTokens, c.blocks, c.pairs, c.info,
+		c.promptTokens, c.cachedTokens, c.blocks, c.pairs, c.info, c.credit,
 		c.inFlight, c.pending, c.rate, c.cached, c.capacity, c.up, c.drain} {
 		ch <- d
 	}
@@ -70,6 +71,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.blocks, float64(s.TrackedBlocks))
 	gauge(c.pairs, float64(s.TrackedPairs))
 	gauge(c.info, 1, c.r.PolicyName(), c.r.cfg.Hash.HashPath())
+	gauge(c.credit, c.r.ContinuationCredit())
 	b2f := func(b bool) float64 {
 		if b {
 			return 1
