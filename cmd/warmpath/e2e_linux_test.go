@@ -508,8 +508,8 @@ func TestE2EFastPath(t *testing.T) {
 		}
 	})
 
+	steered := nsClient(b.cli, e2eClient, true) // a steered keep-alive connection
 	t.Run("hitless restart", func(t *testing.T) {
-		steered := nsClient(b.cli, e2eClient, true)
 		chat(t, steered, e2eSystem, "before the crash")
 		before, _ := entry(e2eClient)
 		n0 := warm.eng.Served("m")
@@ -594,6 +594,7 @@ func TestE2EFastPath(t *testing.T) {
 		t.Logf("%d of 8 new connections sampled to the slowpath, entry kept", sampled)
 	})
 
+	firstWarm := warm
 	t.Run("overload moves the client", func(t *testing.T) {
 		// 12 long requests straight to the warm engine: 2 running, 10
 		// waiting, while the others are idle.
@@ -647,6 +648,27 @@ func TestE2EFastPath(t *testing.T) {
 		}
 		e, ok := entry(e2eClient)
 		t.Fatalf("client not re-promoted away from the overloaded replica: entry %+v present %v", e, ok)
+	})
+
+	t.Run("steered connection survives the move", func(t *testing.T) {
+		// The keep-alive connection steered to the first warm host before
+		// the move still reaches it (a flow keeps its host when the entry
+		// changes); the hogs are gone, so it answers at once.
+		if firstWarm == warm {
+			t.Skip("the client did not move")
+		}
+		before := served()
+		chat(t, steered, e2eSystem, "after the move")
+		after := served()
+		for i, g := range b.gpus {
+			want := before[i]
+			if g == firstWarm {
+				want++
+			}
+			if after[i] != want {
+				t.Errorf("engine %s served %d -> %d, want %d", g.addr, before[i], after[i], want)
+			}
+		}
 	})
 
 	t.Run("unhealthy replica stops steering", func(t *testing.T) {

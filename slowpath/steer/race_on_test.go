@@ -1,0 +1,6 @@
+//go:build race
+
+package steer
+
+// raceEnabled: the race detector allocates on its own.
+const raceEnabled = true
