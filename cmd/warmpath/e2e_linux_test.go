@@ -542,6 +542,10 @@ func TestE2EFastPath(t *testing.T) {
 		// The new process also samples every 4th steered SYN per CPU.
 		b.sampleEvery = 4
 		proc = b.startEdge(b.config("kernel"))
+		if log, _ := os.ReadFile(proc.log); !bytes.Contains(log, []byte("adopted pinned xdp link")) ||
+			!bytes.Contains(log, []byte("adopted pinned fast-path backends")) {
+			t.Errorf("restarted warmpath did not adopt the pinned link and backends:\n%s", log)
+		}
 		after, ok := entry(e2eClient)
 		if !ok || after.Backend != before.Backend || after.Generation != before.Generation {
 			t.Fatalf("entry after restart %+v (present %v), before %+v", after, ok, before)
