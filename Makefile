@@ -18,8 +18,10 @@ build: ## build every binary into ./bin
 demo: ## run the router in front of built-in simulated engines
 	$(GO) run ./cmd/warmpath serve --demo
 
-test: lint ## vet, race-tested suite (as root: BPF and netns tests too), every benchmark once
+test: lint ## vet, race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once
 	$(GO) test $(TESTFLAGS) ./...
+	# zero-allocation guarantees: the race detector allocates, so these also run without it
+	$(GO) test -count=1 -run 'Alloc' ./...
 	$(MAKE) bench-once
 
 test-short: ## quick tests, no race detector
