@@ -576,18 +576,7 @@ func (p *Promoter) Stats() PromoterStats {
 // promotion. Each entry appears at most once.
 func (p *Promoter) Rebalance(now int64, loads []ReplicaLoad, entries []Entry, dst []Change) []Change {
 	cfg := &p.cfg
-	var sum float64
-	n := 0
-	for i := range loads {
-		if loads[i].Eligible {
-			sum += util(&loads[i])
-			n++
-		}
-	}
-	mean := 0.0
-	if n > 0 {
-		mean = sum / float64(n)
-	}
+	mean := meanUtil(loads)
 	var byID []int32 // ReplicaID -> index in loads + 1
 	for i := range loads {
 		if id := int(loads[i].Replica); id >= 0 {
@@ -616,7 +605,7 @@ func (p *Promoter) Rebalance(now int64, loads []ReplicaLoad, entries []Entry, ds
 		case l == nil || !l.Eligible:
 			dst = append(dst, Change{Client: e.Client, Action: ActionDrop, From: e.Replica, To: NoReplica, Reason: ReasonIneligible})
 		default:
-			if u := util(l); u > cfg.SaturationRatio*mean && u-mean > cfg.SaturationExcess {
+			if cfg.saturated(util(l), mean) {
 				sat = append(sat, i)
 			}
 		}
@@ -664,6 +653,49 @@ func (p *Promoter) Rebalance(now int64, loads []ReplicaLoad, entries []Entry, ds
 }
 
 // util is busy requests per unit of weight.
+// Saturated appends to dst[:0], indexed by ReplicaID, whether Rebalance's
+// saturation test finds each eligible replica in loads saturated (the
+// control loop uses it to keep promotions out of saturated replicas between
+// rebalances). Ids absent from loads read false.
+func (p *Promoter) Saturated(loads []ReplicaLoad, dst []bool) []bool {
+	dst = dst[:0]
+	mean := meanUtil(loads)
+	for i := range loads {
+		l := &loads[i]
+		if l.Replica < 0 {
+			continue
+		}
+		for int(l.Replica) >= len(dst) {
+			dst = append(dst, false)
+		}
+		dst[l.Replica] = l.Eligible && p.cfg.saturated(util(l), mean)
+	}
+	return dst
+}
+
+// saturated is the saturation test on one replica's utilisation u against
+// the mean over eligible replicas.
+func (c *PromoterConfig) saturated(u, mean float64) bool {
+	return u > c.SaturationRatio*mean && u-mean > c.SaturationExcess
+}
+
+// meanUtil is the mean utilisation (Busy per unit weight) over the eligible
+// replicas in loads, 0 when none is.
+func meanUtil(loads []ReplicaLoad) float64 {
+	var sum float64
+	n := 0
+	for i := range loads {
+		if loads[i].Eligible {
+			sum += util(&loads[i])
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
 func util(l *ReplicaLoad) float64 {
 	w := l.Weight
 	if w <= 0 {

@@ -436,3 +436,33 @@ func BenchmarkPromoterRebalance(b *testing.B) {
 		ch = p.Rebalance(int64(time.Hour), loads, entries, ch[:0])
 	}
 }
+
+func TestPromoterSaturated(t *testing.T) {
+	p, err := NewPromoter(PromoterConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loads := []ReplicaLoad{
+		{Replica: 0, Eligible: true, Busy: 2, Weight: 1},
+		{Replica: 2, Eligible: true, Busy: 30, Weight: 1}, // mean 34/3=11.3: 30 > 1.5x and > mean+4
+		{Replica: 1, Eligible: true, Busy: 2, Weight: 1},
+		{Replica: 3, Eligible: false, Busy: 90, Weight: 1}, // not eligible: never saturated
+	}
+	got := p.Saturated(loads, nil)
+	want := []bool{false, false, true, false}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	// Rebalance drops entries of exactly that replica for saturation.
+	entries := []Entry{{Client: 1, Replica: 2, LastUsed: 0}, {Client: 2, Replica: 0, LastUsed: 0}}
+	for _, c := range p.Rebalance(0, loads, entries, nil) {
+		if c.Reason == ReasonSaturated && c.From != 2 {
+			t.Fatalf("saturation drop from replica %d", c.From)
+		}
+	}
+}

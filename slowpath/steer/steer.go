@@ -480,41 +480,16 @@ func (c *Controller) rebalance() error {
 	return nil
 }
 
-// markSaturated records which replicas Rebalance's saturation test (same
-// formula and thresholds) finds saturated in c.lbuf. Until the next Sync
-// no client is promoted or moved into them: a client dropped for
-// saturation whose next requests the slowpath still routes there (its
-// cache outweighs the queue in the routing cost) would otherwise be
-// re-promoted into the same replica and dropped again at the next Sync,
-// and while promoted its requests would bypass the slowpath's load view.
+// markSaturated records which replicas Rebalance's saturation test finds
+// saturated in c.lbuf (affinity.Promoter.Saturated: the same formula and
+// thresholds). Until the next Sync no client is promoted or moved into them:
+// a client dropped for saturation whose next requests the slowpath still
+// routes there (its cache outweighs the queue in the routing cost) would
+// otherwise be re-promoted into the same replica and dropped again at the
+// next Sync, and while promoted its requests would bypass the slowpath's
+// load view.
 func (c *Controller) markSaturated() {
-	cfg := c.prom.Config()
-	util := func(l *affinity.ReplicaLoad) float64 {
-		if l.Weight > 0 {
-			return l.Busy / l.Weight
-		}
-		return l.Busy
-	}
-	var sum float64
-	n := 0
-	maxID := -1
-	for i := range c.lbuf {
-		maxID = max(maxID, int(c.lbuf[i].Replica))
-		if c.lbuf[i].Eligible {
-			sum += util(&c.lbuf[i])
-			n++
-		}
-	}
-	sat := make([]bool, maxID+1)
-	if n > 0 {
-		mean := sum / float64(n)
-		for i := range c.lbuf {
-			l := &c.lbuf[i]
-			if u := util(l); l.Eligible && l.Replica >= 0 && u > cfg.SaturationRatio*mean && u-mean > cfg.SaturationExcess {
-				sat[l.Replica] = true
-			}
-		}
-	}
+	sat := c.prom.Saturated(c.lbuf, nil)
 	c.mu.Lock()
 	c.saturated = sat
 	c.mu.Unlock()
