@@ -32,6 +32,7 @@ func runBench(ctx context.Context, args []string, e env) error {
 	trace := fs.String("trace", "", "sim: Mooncake trace (default: ../shared/workloads/mooncake-synthetic.jsonl if present)")
 	parallel := fs.Int("parallel", 0, "sim: simulations at once (0 = GOMAXPROCS)")
 	skipNginx := fs.Bool("skip-nginx", false, "live: leave the nginx baseline out")
+	commit := fs.String("commit", "", "live: commit recorded in the report (default: ask git)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func runBench(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("bench live: find own executable: %w", err)
 	}
 	res, err := live.Run(ctx, live.Options{Out: *out, Smoke: *smoke, Seed: *seed, Engines: *replicas, SkipNginx: *skipNginx,
-		WarmpathBin: self, Progress: e.stderr, Command: cmdline})
+		WarmpathBin: self, Progress: e.stderr, Command: cmdline, Commit: *commit})
 	if err != nil {
 		return err
 	}
