@@ -16,11 +16,14 @@ type mooncakeLine struct {
 	InputLength  *int     `json:"input_length"`
 	OutputLength *int     `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	BlockTokens  int      `json:"block_tokens"` // optional; 0 means 512 (warmpath's own samples say 64)
+	Model        string   `json:"model"`        // optional; overrides the model argument
 }
 
 // ReadMooncake parses a Mooncake-format trace (JSON lines with timestamp in
 // milliseconds, input_length, output_length, and hash_ids, one per 512-token
-// block). Each hash id becomes a Segment, so equal ids give equal bytes; the
+// block; optional block_tokens and model, as warmpath's recorded samples
+// carry). Each hash id becomes a Segment, so equal ids give equal bytes; the
 // last block is cut to the input length. timeScale multiplies the arrival
 // times (0.5 replays twice as fast); 0 means 1.
 func ReadMooncake(r io.Reader, model string, timeScale float64) (*Workload, error) {
@@ -54,19 +57,30 @@ func ReadMooncake(r io.Reader, model string, timeScale float64) (*Workload, erro
 			return nil, fmt.Errorf("mooncake line %d: input_length must be > 0", line)
 		case m.OutputLength == nil || *m.OutputLength <= 0:
 			return nil, fmt.Errorf("mooncake line %d: output_length must be > 0", line)
-		case len(m.HashIDs) != (*m.InputLength+MooncakeBlockTokens-1)/MooncakeBlockTokens:
+		case m.BlockTokens < 0:
+			return nil, fmt.Errorf("mooncake line %d: block_tokens must be > 0", line)
+		}
+		bt := m.BlockTokens
+		if bt == 0 {
+			bt = MooncakeBlockTokens
+		}
+		if len(m.HashIDs) != (*m.InputLength+bt-1)/bt {
 			return nil, fmt.Errorf("mooncake line %d: hash_ids has %d ids, input_length %d needs %d", line,
-				len(m.HashIDs), *m.InputLength, (*m.InputLength+MooncakeBlockTokens-1)/MooncakeBlockTokens)
+				len(m.HashIDs), *m.InputLength, (*m.InputLength+bt-1)/bt)
 		}
 		segs := make([]Segment, len(m.HashIDs))
 		left := *m.InputLength
 		for i, id := range m.HashIDs {
-			n := min(left, MooncakeBlockTokens)
+			n := min(left, bt)
 			segs[i] = Segment{ID: segID("mooncake", 0, int(id>>32), int(id)), Tokens: n}
 			left -= n
 		}
+		rm := model
+		if m.Model != "" {
+			rm = m.Model
+		}
 		w.Requests = append(w.Requests, Request{
-			Arrival: int64(*m.Timestamp * 1e6 * timeScale), Model: model, OutputTokens: *m.OutputLength,
+			Arrival: int64(*m.Timestamp * 1e6 * timeScale), Model: rm, OutputTokens: *m.OutputLength,
 			Messages: []Message{{Role: User, Segments: segs}},
 			Group:    int(m.HashIDs[0]), Conversation: -1, Client: int(m.HashIDs[0] % 64),
 		})

@@ -31,6 +31,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	cfgPath := fs.String("config", "", "YAML config `file` (see slowpath/README.md); reloaded on SIGHUP and on change")
 	demo := fs.Bool("demo", false, "start 3 in-process simulated engines serving \""+demoModel+"\" and route to them")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath analyze` (hashed prompts only, never text)")
+	recordN := fs.Int("record-requests", 10000, "with --record: stop after this many requests")
 	ff := addFastpathFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -112,6 +114,20 @@ func runServe(ctx context.Context, args []string, e env) error {
 			log.Warn("close fast path", "err", err)
 		}
 	}()
+	if *record != "" {
+		rec, err := slowpath.NewRecorder(*record, *recordN, srv.Router().HashConfig().BlockTokens, log)
+		if err != nil {
+			_ = srv.Shutdown(context.Background())
+			return fmt.Errorf("serve: --record: %w", err)
+		}
+		srv.Observer = slowpath.Observers{srv.Observer, rec}
+		defer func() {
+			if err := rec.Close(); err != nil {
+				log.Warn("request sample", "err", err)
+			}
+		}()
+		log.Info("recording a request sample", "file", *record, "requests", *recordN)
+	}
 	// Reloads apply the file's replica list; demo engines are not in the
 	// file, so a demo run only reloads when it has no config file.
 	if *cfgPath != "" && !*demo {
