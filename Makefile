@@ -5,7 +5,7 @@ GO ?= go
 CLANG ?= clang-14
 export BPF2GO_CC := $(CLANG)
 export BPF2GO_STRIP := llvm-strip
-TESTFLAGS ?= -race -shuffle=on -timeout 12m
+TESTFLAGS ?= -race -shuffle=on -count=1 -timeout 12m
 
 .PHONY: help build test test-short bench bench-micro bench-once generate generate-check lint demo clean
 
