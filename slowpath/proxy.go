@@ -42,6 +42,8 @@ var (
 	strDataPrefix   = []byte("data:")
 	strDone         = []byte("[DONE]")
 	strCachedTokens = []byte(`"cached_tokens"`)
+	strRole         = []byte(`"role"`)
+	strContent      = []byte(`"content"`)
 	strAppJSON      = []byte("application/json")
 )
 
@@ -81,7 +83,8 @@ type exchange struct {
 	// streaming state
 	uresp     *fasthttp.Response
 	stream    io.Reader
-	gotFirst  bool
+	gotFirst  bool // FirstToken was called
+	output    bool // an SSE event with output was seen (see rolePreamble)
 	closed    bool
 	upErr     error
 	line      []byte
@@ -102,6 +105,7 @@ func (s *Server) getExchange() *exchange {
 	ex.cached = -1
 	ex.closed = false
 	ex.gotFirst = false
+	ex.output = false
 	ex.upErr = nil
 	ex.line = ex.line[:0]
 	ex.lineDrop = false
@@ -525,14 +529,13 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fast
 func (ex *exchange) Read(p []byte) (int, error) {
 	n, err := ex.stream.Read(p)
 	if n > 0 {
-		if !ex.gotFirst {
-			ex.gotFirst = true
-			now := ex.s.now()
-			ex.s.brain.FirstToken(&ex.flight, now)
-			ex.mm.ttft.Observe(seconds(now - ex.start))
-		}
 		if ex.status == fasthttp.StatusOK {
-			ex.scan(p[:n])
+			ex.scan(p[:n]) // the first token is the first SSE event with output
+		} else {
+			ex.output = true
+		}
+		if ex.output && !ex.gotFirst {
+			ex.firstToken()
 		}
 	}
 	if err != nil && err != io.EOF {
@@ -554,6 +557,9 @@ func (ex *exchange) CloseWithError(werr error) error {
 	ex.uresp = nil
 	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {
 		ex.sseLine(ex.line)
+		if ex.output && !ex.gotFirst {
+			ex.firstToken()
+		}
 	}
 	ok := ex.upErr == nil
 	if !ok {
@@ -641,16 +647,58 @@ func (ex *exchange) scan(b []byte) {
 	}
 }
 
+// firstToken marks the exchange's first token: the replica's prefill ends
+// and the TTFT histogram gets its sample.
+func (ex *exchange) firstToken() {
+	ex.gotFirst = true
+	now := ex.s.now()
+	ex.s.brain.FirstToken(&ex.flight, now)
+	ex.mm.ttft.Observe(seconds(now - ex.start))
+}
+
 func (ex *exchange) sseLine(line []byte) {
 	if !bytes.HasPrefix(line, strDataPrefix) {
 		return
 	}
 	data := bytes.TrimSpace(line[len(strDataPrefix):])
-	if len(data) == 0 || bytes.Equal(data, strDone) || !bytes.Contains(data, strCachedTokens) {
+	if len(data) == 0 {
+		return
+	}
+	if !ex.output && !rolePreamble(data) {
+		ex.output = true
+	}
+	if bytes.Equal(data, strDone) || !bytes.Contains(data, strCachedTokens) {
 		return
 	}
 	if c := cachedTokensJSON(&ex.fjParser, data); c >= 0 {
 		ex.cached = c
+	}
+}
+
+// rolePreamble reports whether an SSE event is a chat stream's role chunk
+// without output (`"delta":{"role":"assistant","content":""}`): servers may
+// send it before prefill (enginesim does; vLLM sends it with the first
+// token), so the first token is the first event that is not one. Timing
+// prefill at the preamble made every prefill look instantaneous: the live
+// bench fitted prefill rates of 1e8 tokens/s (250,000 real), cache hits
+// were worth nothing to the cost policy, and it spread every shared prefix
+// over all replicas.
+func rolePreamble(data []byte) bool {
+	if !bytes.Contains(data, strRole) {
+		return false
+	}
+	for rest := data; ; {
+		i := bytes.Index(rest, strContent)
+		if i < 0 {
+			return true
+		}
+		rest = bytes.TrimLeft(rest[i+len(strContent):], " \t")
+		if len(rest) > 0 && rest[0] == ':' {
+			rest = bytes.TrimLeft(rest[1:], " \t")
+			if len(rest) > 1 && rest[0] == '"' && rest[1] != '"' {
+				return false // non-empty content
+			}
+		}
 	}
 }
 
