@@ -81,6 +81,7 @@ type fastpathRun struct {
 // fastpath.Open has logged one line with the reason.
 func openFastpath(f *slowpath.FastpathConfig, probe func() error, log *slog.Logger) (fastpath.Datapath, error) {
 	if !f.Enabled() {
+		log.Info("fast path off: no fastpath.services configured, every connection goes through the slowpath (docs/deploy.md)")
 		return nil, nil
 	}
 	mode, err := fastpath.ParseMode(f.Mode)
