@@ -274,3 +274,136 @@ func TestFaultsUpstream(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultsSlowDrip: an engine that emits one token every ~50 ms (wall)
+// streams to completion through the router; the response timeout, far
+// above the stream's length, does not misfire and nothing is retried.
+func TestFaultsSlowDrip(t *testing.T) {
+	engines := startEngines(t, 2, func(c *enginesim.Config) {
+		c.Timing.StepBase = 5 * time.Second // x TimeScale 0.01 = 50 ms per decode step
+	})
+	s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+		c.Upstream.ResponseTimeout = 5 * time.Second
+	})
+	const tokens = 8
+	for i := range 2 {
+		start := time.Now()
+		r := doChat(t, url, chatJSON(fmt.Sprintf("drip %d", i), true, tokens))
+		if !r.complete() {
+			t.Fatalf("slow stream %d: %+v", i, r)
+		}
+		// role chunk + one chunk per token (EOS carries no text) + usage.
+		if len(r.events) < tokens {
+			t.Fatalf("slow stream %d: %d events, want >= %d", i, len(r.events), tokens)
+		}
+		t.Logf("slow drip %d: %d events in %v", i, len(r.events), time.Since(start))
+	}
+	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+		t.Fatalf("retries_total = %v on a slow but healthy stream", n)
+	}
+	if n := metricSum(t, s, "warmpath_slowpath_broken_streams_total", "", ""); n != 0 {
+		t.Fatalf("broken_streams_total = %v on a slow but healthy stream", n)
+	}
+}
+
+// TestFaultsMetricsGarbageAndStall: engines whose /metrics answers garbage,
+// then hangs: their signals go stale and are withdrawn (affinity sees At 0),
+// routing continues on router-local counts, and fresh signals return when
+// the endpoint recovers.
+func TestFaultsMetricsGarbageAndStall(t *testing.T) {
+	engines := startEngines(t, 3, nil)
+	s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+		c.Routing.Policy = "cost"
+	})
+	fresh := func(want bool) func() bool {
+		return func() bool {
+			for _, st := range s.Replicas() {
+				if st.Affinity == nil {
+					return false
+				}
+				isFresh := !st.Engine.Stale && st.Affinity.Signals.At != 0
+				isStale := st.Engine.Stale && st.Affinity.Signals.At == 0 && st.Engine.Error != ""
+				if (want && !isFresh) || (!want && !isStale) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitCond(t, "fresh signals", fresh(true))
+	for _, f := range []enginesim.Faults{{MetricsGarbage: true}, {MetricsStall: true}} {
+		for _, en := range engines {
+			en.SetFaults(f)
+		}
+		waitCond(t, fmt.Sprintf("signals withdrawn (%+v)", f), fresh(false))
+		for i := range 6 {
+			if r := doChat(t, url, chatJSON(fmt.Sprintf("q%d", i), i%2 == 0, 4)); !r.complete() {
+				t.Fatalf("request %d with stale signals (%+v): %+v", i, f, r)
+			}
+		}
+		for _, st := range s.Replicas() {
+			if !st.Healthy {
+				t.Fatalf("metrics fault took a replica out of routing: %+v", st)
+			}
+		}
+		t.Logf("%+v: %v scrape errors, signals withdrawn, 6/6 requests served", f,
+			metricSum(t, s, "warmpath_slowpath_scrape_errors_total", "", ""))
+		for _, en := range engines {
+			en.SetFaults(enginesim.Faults{})
+		}
+		waitCond(t, "fresh signals after recovery", fresh(true))
+	}
+}
+
+// TestFaultsAllReplicasDown: with every engine gone the client gets an
+// OpenAI error (502 while the router still believes in them, then 503
+// no_replica_available), and service returns when one engine comes back on
+// its address.
+func TestFaultsAllReplicasDown(t *testing.T) {
+	engines := startEngines(t, 2, nil)
+	s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+		c.Passive.EjectTime, c.Passive.MaxEjectTime = 50*time.Millisecond, 200*time.Millisecond
+	})
+	if r := doChat(t, url, chatJSON("warm", false, 4)); !r.complete() {
+		t.Fatalf("before: %+v", r)
+	}
+	addr := engines[0].Addr()
+	cfg := engines[0].Config()
+	for _, en := range engines {
+		en.Close()
+	}
+	var got503 bool
+	for i := 0; i < 200 && !got503; i++ {
+		r := doChat(t, url, chatJSON(fmt.Sprintf("down %d", i), i%2 == 0, 4))
+		var e struct {
+			Error struct {
+				Message, Type, Code string
+			} `json:"error"`
+		}
+		if r.err != nil || json.Unmarshal([]byte(r.body), &e) != nil || e.Error.Message == "" {
+			t.Fatalf("request %d with all replicas down: not an OpenAI error: %+v", i, r)
+		}
+		switch {
+		case r.status == 503 && e.Error.Code == "no_replica_available" && e.Error.Type == "service_unavailable":
+			got503 = true
+		case r.status == 502 && e.Error.Code == "upstream_error":
+		default:
+			t.Fatalf("request %d: status %d body %s", i, r.status, r.body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !got503 {
+		t.Fatal("never answered 503 no_replica_available with every replica down")
+	}
+	back, err := enginesim.Start(cfg, addr)
+	if err != nil {
+		t.Fatalf("restart engine on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { back.Close() })
+	waitCond(t, "replica re-admitted", func() bool { return replicaStatus(t, s, addr).Healthy })
+	for i := range 4 {
+		if r := doChat(t, url, chatJSON(fmt.Sprintf("back %d", i), i%2 == 0, 4)); !r.complete() {
+			t.Fatalf("after recovery %d: %+v", i, r)
+		}
+	}
+}
