@@ -139,6 +139,10 @@ func TestHTTPAbuse(t *testing.T) {
 				if !strings.HasPrefix(body, `{"id":"x"`) || e.requests.Load() != before+1 {
 					t.Fatalf("not proxied exactly once: %s", body)
 				}
+				// Known gap (reported to the proxy's owner): an absolute-form
+				// request line is forwarded as is, so the engine takes the
+				// client's authority as Host although the router connected
+				// to the replica; fixed by forwarding the origin form.
 				if h := e.lastHeader().Get("Host"); h != e.addr && !strings.HasPrefix(tc.name, "absolute URI") {
 					t.Errorf("engine saw Host %q, want the replica's %q", h, e.addr)
 				}
@@ -156,47 +160,54 @@ func TestHTTPAbuse(t *testing.T) {
 		})
 	}
 
-	t.Run("slowloris", func(t *testing.T) {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second)) // hang guard
-		if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		stop := make(chan struct{})
-		trickled := make(chan int)
-		go func() { // one header byte every 20 ms, never finishing: bounded to 500 bytes
-			n := 0
-			defer func() { trickled <- n }()
-			for ; n < 500; n++ {
-				select {
-				case <-stop:
-					return
-				case <-time.After(20 * time.Millisecond):
-				}
-				if _, err := c.Write([]byte{"X-Slow: aaaaaaaa"[n%16]}); err != nil {
-					return
-				}
+	// Slowloris: a request trickled one byte every 20 ms, never finished.
+	// read_timeout (500 ms here) answers 408 and closes; bounded at 500 bytes.
+	for _, sl := range []struct{ name, head, drip string }{
+		{"slowloris headers", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "X-Slow: aaaaaaaa"},
+		{"slowloris body", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n", `{"model":"m",   `},
+	} {
+		t.Run(sl.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}()
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		close(stop)
-		n := <-trickled
-		if err != nil {
-			t.Fatalf("no answer to a trickled request (after %d bytes): %v", n, err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 408 || string(b) != `{"error":{"message":"Timed out reading the request.","type":"invalid_request_error","param":null,"code":null}}` {
-			t.Fatalf("got %d %s", resp.StatusCode, b)
-		}
-		if n >= 500 {
-			t.Fatalf("the router kept reading the trickle for all %d bytes", n)
-		}
-	})
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second)) // hang guard
+			if _, err := io.WriteString(c, sl.head); err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			trickled := make(chan int)
+			go func() {
+				n := 0
+				defer func() { trickled <- n }()
+				for ; n < 500; n++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					if _, err := c.Write([]byte{sl.drip[n%len(sl.drip)]}); err != nil {
+						return
+					}
+				}
+			}()
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			close(stop)
+			n := <-trickled
+			if err != nil {
+				t.Fatalf("no answer to a trickled request (after %d bytes): %v", n, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 408 || string(b) != `{"error":{"message":"Timed out reading the request.","type":"invalid_request_error","param":null,"code":null}}` {
+				t.Fatalf("got %d %s", resp.StatusCode, b)
+			}
+			if n >= 500 {
+				t.Fatalf("the router kept reading the trickle for all %d bytes", n)
+			}
+		})
+	}
 
 	if n := d.accepted.Load(); n != 0 {
 		t.Fatalf("the decoy accepted %d connections: the router connected somewhere that is not a replica", n)
