@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -214,8 +215,34 @@ const (
 	OnLimitQueue  = "queue"
 )
 
-// LoadConfig reads, strictly decodes and validates the YAML file at path.
+// CheckConfigPerms refuses a config file that anyone could rewrite: one that
+// is world-writable, or whose directory is world-writable without the sticky
+// bit (anyone could replace it). The error names the file and the fix.
+func CheckConfigPerms(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("config permissions: %w", err)
+	}
+	if fi.Mode().Perm()&0o002 != 0 {
+		return fmt.Errorf("config %s is world-writable (mode %v): anyone could rewrite the replica list; fix: chmod o-w %s", path, fi.Mode().Perm(), path)
+	}
+	dir := filepath.Dir(path)
+	di, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("config permissions: %w", err)
+	}
+	if di.Mode().Perm()&0o002 != 0 && di.Mode()&os.ModeSticky == 0 {
+		return fmt.Errorf("config %s is in world-writable directory %s (mode %v, no sticky bit): anyone could replace it; fix: chmod o-w %s", path, dir, di.Mode().Perm(), dir)
+	}
+	return nil
+}
+
+// LoadConfig checks the file's permissions (CheckConfigPerms), reads,
+// strictly decodes and validates the YAML file at path.
 func LoadConfig(path string) (Config, error) {
+	if err := CheckConfigPerms(path); err != nil {
+		return Config{}, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("read config: %w", err)

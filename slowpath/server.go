@@ -98,6 +98,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 // NewFromFile loads the config file at path, calls New and watches the
 // file (see WatchConfigFile).
 func NewFromFile(path string, log *slog.Logger) (*Server, error) {
+	if err := CheckConfigPerms(path); err != nil {
+		return nil, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
@@ -340,6 +343,10 @@ func (s *Server) Reload() error {
 	s.reloadMu.Unlock()
 	if path == "" {
 		return errors.New("reload: no config file (started without --config)")
+	}
+	if err := CheckConfigPerms(path); err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return fmt.Errorf("reload: %w", err)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -49,6 +49,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	cfg := slowpath.Default()
 	var fileBytes []byte
 	if *cfgPath != "" {
+		if err := slowpath.CheckConfigPerms(*cfgPath); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
 		b, err := os.ReadFile(*cfgPath)
 		if err != nil {
 			return fmt.Errorf("serve: %w", err)
