@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -143,5 +144,41 @@ func TestNoSecretsInLogsOrMetrics(t *testing.T) {
 		if strings.Contains(metrics, leak) {
 			t.Errorf("/metrics contains %q", leak)
 		}
+	}
+}
+
+// TestAdminLocalhostAndReadOnly: the admin listener defaults to loopback, and
+// every admin endpoint is read-only: GET works, anything else is 405, so no
+// admin call mutates state (hence no admin token exists).
+func TestAdminLocalhostAndReadOnly(t *testing.T) {
+	host, _, err := net.SplitHostPort(Default().Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		t.Fatalf("default admin address %q is not loopback", Default().Admin)
+	}
+	e := startFakeEngine(t)
+	s, _ := newTestServer(t, testConfig(e.addr))
+	h := s.AdminHandler()
+	for _, path := range []string{"/metrics", "/debug/replicas", "/health"} {
+		for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+			t.Run(method+" "+path, func(t *testing.T) {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader("{}")))
+				want := http.StatusMethodNotAllowed
+				if method == http.MethodGet {
+					want = http.StatusOK
+				}
+				if rec.Code != want {
+					t.Fatalf("%s %s: %d, want %d", method, path, rec.Code, want)
+				}
+			})
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/anything", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Fatalf("POST /debug/anything: %d, want 404", rec.Code)
 	}
 }
