@@ -51,7 +51,28 @@ type Config struct {
 	// the edge, package fastpath, glue in slowpath/steer). Off unless
 	// Fastpath.Services lists a VIP. Not reloaded.
 	Fastpath FastpathConfig `yaml:"fastpath"`
+	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.
+	Tenancy TenancyConfig `yaml:"tenancy"`
 }
+
+// TenancyConfig derives a per-tenant cache salt: with SaltFrom "api_key" the
+// salt is a hash of the Authorization header value, with "header" of the
+// Header's value. The salt seeds the prefix hashes (tenants never share
+// index entries) and, when the body has no cache_salt, is injected into it as
+// vLLM's `cache_salt` (the body is then not forwarded byte for byte).
+type TenancyConfig struct {
+	// SaltFrom: "none" (default), "api_key" or "header".
+	SaltFrom string `yaml:"salt_from"`
+	// Header names the tenant header for SaltFrom "header". Default "X-Tenant".
+	Header string `yaml:"header"`
+}
+
+// Tenancy SaltFrom values.
+const (
+	SaltFromNone   = "none"
+	SaltFromAPIKey = "api_key"
+	SaltFromHeader = "header"
+)
 
 // ReplicaConfig is one engine replica.
 type ReplicaConfig struct {
@@ -206,6 +227,7 @@ func Default() Config {
 		},
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
+		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
 	}
 }
 
@@ -403,6 +425,15 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("drain_timeout: must be >= 0, got %s", c.DrainTimeout)
+	}
+	switch c.Tenancy.SaltFrom {
+	case SaltFromNone, SaltFromAPIKey:
+	case SaltFromHeader:
+		if c.Tenancy.Header == "" {
+			return errors.New("tenancy.header: must be set when salt_from is header")
+		}
+	default:
+		return fmt.Errorf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
 	}
 	return c.Fastpath.Validate()
 }

@@ -2,6 +2,8 @@ package slowpath
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -71,6 +73,7 @@ type exchange struct {
 	flight affinity.Flight
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
+	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
 	scratch []byte
 	rep     *replica
 	mm      *modelMetrics
@@ -217,6 +220,24 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
 		return
 	}
+	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 {
+		if b, ok := s.saltBody(ctx, ex, body); ok {
+			body = b
+			switch ep {
+			case epChat:
+				err = ex.parser.ParseChat(body, &ex.prompt)
+			case epCompletion:
+				err = ex.parser.ParseCompletion(body, &ex.prompt)
+			default:
+				err = ex.parser.ParseEmbedding(body, &ex.prompt)
+			}
+			if err != nil || len(ex.prompt.CacheSalt) == 0 {
+				s.putExchange(ex)
+				s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt must be a non-empty string", errTypeInvalid, "cache_salt", "")
+				return
+			}
+		}
+	}
 	ex.model = append(ex.model[:0], ex.prompt.Model...)
 	if !s.admit(ex) {
 		s.putExchange(ex)
@@ -239,6 +260,33 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		ex.client = netip.AddrPort{}
 	}
 	s.forward(ctx, ex, body)
+}
+
+// saltBody returns body with `"cache_salt":"<hex>"` appended, the hex being
+// the first 16 bytes of SHA-256 over the tenant key (the Authorization value
+// or the tenant header; the key itself is never kept or logged). ok is false
+// when the request names no tenant (it stays unsalted).
+func (s *Server) saltBody(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) ([]byte, bool) {
+	var key []byte
+	if s.cfg.Tenancy.SaltFrom == SaltFromAPIKey {
+		key = ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	} else {
+		key = ctx.Request.Header.Peek(s.cfg.Tenancy.Header)
+	}
+	if len(key) == 0 {
+		return nil, false
+	}
+	end := len(bytes.TrimRight(body, " \t\r\n")) - 1 // the object's closing '}'
+	if end < 1 || body[end] != '}' {
+		return nil, false
+	}
+	sum := sha256.Sum256(key)
+	b := append(ex.salted[:0], body[:end]...)
+	b = append(b, `,"cache_salt":"`...)
+	b = hex.AppendEncode(b, sum[:16])
+	b = append(b, `"}`...)
+	ex.salted = b
+	return b, true
 }
 
 // badRequest turns a parse error (affinity wraps ErrBadRequest and names the
@@ -419,12 +467,17 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			r.log.Debug("attempt failed", "err", err, "status", status)
 			continue
 		}
-		if badStatus {
+		streamed := ex.prompt.Stream && uresp.BodyStream() != nil
+		switch {
+		case badStatus:
 			// Last chance: pass the engine's answer on, but count it.
 			s.proxyFailed(r, errRetryStatus)
-		} else {
+		case !streamed:
 			r.proxyOK()
 		}
+		// A stream counts as a success for passive ejection only when it
+		// ends well (CloseWithError): headers alone would reset the failure
+		// count that a replica breaking every stream mid-way keeps raising.
 		ex.rep = r
 		ex.pred = pred
 		ex.mm = r.modelMetrics(ex.model)
@@ -566,7 +619,10 @@ func (ex *exchange) CloseWithError(werr error) error {
 		ex.rep.m.broken.Inc()
 		ex.rep.log.Warn("stream broken after bytes reached the client", "err", ex.upErr)
 		s.proxyFailed(ex.rep, ex.upErr)
-	} else if werr != nil {
+	} else if !s.retryStatus(ex.status) {
+		ex.rep.proxyOK()
+	}
+	if ok && werr != nil {
 		ex.rep.log.Debug("client went away mid-stream", "err", werr)
 	}
 	s.completeAt(ex, ok, werr, s.now())

@@ -3,17 +3,21 @@ package slowpath
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/bench/enginesim"
 )
 
 // TestConfigPermsRefused: NewFromFile and Reload refuse a world-writable
@@ -180,5 +184,182 @@ func TestAdminLocalhostAndReadOnly(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/debug/anything", nil))
 	if rec.Code != http.StatusNotFound {
 		t.Fatalf("POST /debug/anything: %d, want 404", rec.Code)
+	}
+}
+
+// tenantPost sends a chat body with the given headers and returns the
+// status and the engine-reported cached_tokens.
+func tenantPost(t *testing.T, base, body string, hdr map[string]string) (int, int) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == 200 {
+		if err := json.Unmarshal(b, &out); err != nil {
+			t.Fatalf("decode %s: %v", b, err)
+		}
+	}
+	return resp.StatusCode, out.Usage.Details.Cached
+}
+
+// TestTenancySaltInjected: with tenancy on, each tenant's requests carry a
+// per-tenant cache_salt (same tenant, same salt; never the key itself) that
+// seeds different block hashes; a request without a tenant or with its own
+// cache_salt is forwarded byte for byte.
+func TestTenancySaltInjected(t *testing.T) {
+	for _, from := range []string{SaltFromAPIKey, SaltFromHeader} {
+		t.Run(from, func(t *testing.T) {
+			e := startFakeEngine(t)
+			cfg := testConfig(e.addr)
+			cfg.Tenancy.SaltFrom = from
+			_, base := newTestServer(t, cfg)
+			hdr := func(tenant string) map[string]string {
+				if from == SaltFromAPIKey {
+					return map[string]string{"Authorization": "Bearer " + tenant}
+				}
+				return map[string]string{"X-Tenant": tenant}
+			}
+			body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("the same long shared prompt ", 40) + `"}]}`
+			forwarded := func(h map[string]string) []byte {
+				t.Helper()
+				if st, _ := tenantPost(t, base, body, h); st != 200 {
+					t.Fatalf("status %d", st)
+				}
+				return e.lastBody()
+			}
+			a1, a2, b1 := forwarded(hdr("sk-tenant-a")), forwarded(hdr("sk-tenant-a")), forwarded(hdr("sk-tenant-b"))
+			if !bytes.Equal(a1, a2) {
+				t.Fatalf("same tenant, different bodies:\n%s\n%s", a1, a2)
+			}
+			if bytes.Equal(a1, b1) || !bytes.Contains(a1, []byte(`"cache_salt":"`)) {
+				t.Fatalf("tenants not salted apart:\n%s\n%s", a1, b1)
+			}
+			if bytes.Contains(a1, []byte("sk-tenant-a")) {
+				t.Fatalf("tenant key in the body: %s", a1)
+			}
+			p := affinity.NewParser(affinity.HashConfig{})
+			var pa, pb, plain affinity.Prompt
+			for _, c := range []struct {
+				b []byte
+				p *affinity.Prompt
+			}{{a1, &pa}, {b1, &pb}, {[]byte(body), &plain}} {
+				if err := p.ParseChat(c.b, c.p); err != nil {
+					t.Fatal(err)
+				}
+				c.p.Hashes = append([]uint64(nil), c.p.Hashes...)
+			}
+			if len(pa.Hashes) < 2 || len(pa.Hashes) != len(pb.Hashes) {
+				t.Fatalf("hashes %d vs %d blocks", len(pa.Hashes), len(pb.Hashes))
+			}
+			for i := range pa.Hashes {
+				if pa.Hashes[i] == pb.Hashes[i] || pa.Hashes[i] == plain.Hashes[i] {
+					t.Fatalf("block %d hash shared across tenants", i)
+				}
+			}
+			if got := forwarded(nil); !bytes.Equal(got, []byte(body)) {
+				t.Fatalf("no tenant: body changed:\n%s", got)
+			}
+			own := `{"model":"m","cache_salt":"mine","messages":[{"role":"user","content":"x"}]}`
+			if st, _ := tenantPost(t, base, own, hdr("sk-tenant-a")); st != 200 || string(e.lastBody()) != own {
+				t.Fatalf("own cache_salt: status %d, body %s", st, e.lastBody())
+			}
+		})
+	}
+}
+
+// TestTenancyEngineCache: against simulated engines (which honour
+// cache_salt) the same long prompt is a cache hit within a tenant and never
+// across tenants; without tenancy the second tenant hits the first's cache.
+func TestTenancyEngineCache(t *testing.T) {
+	prompt := strings.Repeat("a long shared system prompt that fills many blocks ", 60)
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+	for _, tc := range []struct {
+		name, from string
+		wantCross  bool // tenant B sees A's cached tokens
+	}{
+		{name: "none", from: SaltFromNone, wantCross: true},
+		{name: "api_key", from: SaltFromAPIKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var addrs []string
+			for i := range 2 {
+				c := enginesim.DefaultConfig()
+				c.ServedModelNames = []string{"m"}
+				c.TimeScale = 0.01
+				c.Seed = uint64(i + 1)
+				c.Logger = slog.New(slog.DiscardHandler)
+				en, err := enginesim.Start(c, "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { en.Close() })
+				addrs = append(addrs, en.Addr())
+			}
+			cfg := testConfig(addrs...)
+			cfg.Tenancy.SaltFrom = tc.from
+			_, base := newTestServer(t, cfg)
+			a := map[string]string{"Authorization": "Bearer sk-a"}
+			b := map[string]string{"Authorization": "Bearer sk-b"}
+			if st, _ := tenantPost(t, base, body, a); st != 200 {
+				t.Fatalf("status %d", st)
+			}
+			if st, cached := tenantPost(t, base, body, a); st != 200 || cached == 0 {
+				t.Fatalf("tenant a again: status %d cached %d, want a hit", st, cached)
+			}
+			st, cached := tenantPost(t, base, body, b)
+			if st != 200 || (cached > 0) != tc.wantCross {
+				t.Fatalf("tenant b: status %d cached %d, want cross-tenant hit %v", st, cached, tc.wantCross)
+			}
+			if st, cached := tenantPost(t, base, body, b); st != 200 || cached == 0 {
+				t.Fatalf("tenant b again: status %d cached %d, want a hit", st, cached)
+			}
+		})
+	}
+}
+
+func TestTenancyConfig(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{name: "default none", yaml: "", want: ""},
+		{name: "api_key", yaml: "tenancy: {salt_from: api_key}\n", want: ""},
+		{name: "header", yaml: "tenancy: {salt_from: header, header: X-Org}\n", want: ""},
+		{name: "bad mode", yaml: "tenancy: {salt_from: ip}\n", want: "tenancy.salt_from: must be none, api_key or header"},
+		{name: "empty header", yaml: "tenancy: {salt_from: header, header: \"\"}\n", want: "tenancy.header: must be set"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := ParseConfig([]byte(tc.yaml + "replicas:\n  - {address: 127.0.0.1:1, models: [m]}\n"))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.yaml == "" && (cfg.Tenancy.SaltFrom != SaltFromNone || cfg.Tenancy.Header != "X-Tenant") {
+					t.Fatalf("defaults %+v", cfg.Tenancy)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
