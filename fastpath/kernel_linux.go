@@ -106,8 +106,9 @@ func OpenKernel(opts Options) (*Kernel, error) {
 	return k, nil
 }
 
-// ensurePinDir creates dir on a bpffs mount, mounting bpffs on its parent
-// first if asked to.
+// ensurePinDir creates dir (mode 0700) on a bpffs mount, mounting bpffs on
+// its parent first if asked to; an existing dir open to group or others is
+// chmod'ed to 0700, a symlink or non-directory is refused.
 func ensurePinDir(dir string, mount bool) error {
 	parent := filepath.Dir(dir)
 	if !isBPFFS(parent) {
@@ -123,6 +124,20 @@ func ensurePinDir(dir string, mount bool) error {
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create pin path: %w", err)
+	}
+	// The pinned maps steer traffic: an existing directory that others
+	// could write (or that is not a directory) is tightened or refused.
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("pin path: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("pin path %s is not a directory (mode %v)", dir, fi.Mode())
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("pin path %s is accessible to others (mode %v) and chmod 0700 failed: %w", dir, fi.Mode().Perm(), err)
+		}
 	}
 	return nil
 }
