@@ -126,7 +126,7 @@ func (s *Server) putExchange(ex *exchange) {
 	ex.upErr = nil
 	ex.req.Model = nil
 	ex.req.Hashes = nil
-	if cap(ex.prompt.Canonical) > maxPooledPrompt {
+	if cap(ex.prompt.Canonical) > maxPooledPrompt || cap(ex.salted) > maxPooledPrompt {
 		return // a huge prompt grew this parser's scratch: let it go
 	}
 	select {

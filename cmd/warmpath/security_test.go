@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,5 +64,29 @@ func TestServeRefusesWritableConfig(t *testing.T) {
 				t.Fatalf("err %q does not name the file and the fix %q", err, fix)
 			}
 		})
+	}
+}
+
+// TestServeAdminDefaultLoopback: the --admin flag's default is a loopback
+// address (the metrics and debug listener is never public by default).
+func TestServeAdminDefaultLoopback(t *testing.T) {
+	var out, errb syncBuf
+	_ = run(context.Background(), []string{"serve", "-h"}, env{stdout: &out, stderr: &errb})
+	usage := errb.String() + out.String()
+	i := strings.Index(usage, "-admin")
+	if i < 0 {
+		t.Fatalf("no -admin flag in usage:\n%s", usage)
+	}
+	_, rest, ok := strings.Cut(usage[i:], `(default "`)
+	if !ok {
+		t.Fatalf("-admin has no default:\n%s", usage[i:])
+	}
+	def, _, _ := strings.Cut(rest, `"`)
+	host, _, err := net.SplitHostPort(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		t.Fatalf("--admin default %q is not loopback", def)
 	}
 }
