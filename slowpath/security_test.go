@@ -3,6 +3,8 @@ package slowpath
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -315,7 +317,7 @@ func TestTenancyEngineCache(t *testing.T) {
 			}
 			cfg := testConfig(addrs...)
 			cfg.Tenancy.SaltFrom = tc.from
-			_, base := newTestServer(t, cfg)
+			s, base := newTestServer(t, cfg)
 			a := map[string]string{"Authorization": "Bearer sk-a"}
 			b := map[string]string{"Authorization": "Bearer sk-b"}
 			if st, _ := tenantPost(t, base, body, a); st != 200 {
@@ -323,6 +325,35 @@ func TestTenancyEngineCache(t *testing.T) {
 			}
 			if st, cached := tenantPost(t, base, body, a); st != 200 || cached == 0 {
 				t.Fatalf("tenant a again: status %d cached %d, want a hit", st, cached)
+			}
+			// The router's own prediction: tenant B's prompt (as the router
+			// hashes it) matches nothing of A's on any replica.
+			predicted := func(authz string) int {
+				t.Helper()
+				bb := []byte(body)
+				if tc.from != SaltFromNone {
+					sum := sha256.Sum256([]byte(authz))
+					bb = []byte(strings.TrimSuffix(body, "}") + `,"cache_salt":"` + hex.EncodeToString(sum[:16]) + `"}`)
+				}
+				var p affinity.Prompt
+				if err := affinity.NewParser(s.Router().HashConfig()).ParseChat(bb, &p); err != nil {
+					t.Fatal(err)
+				}
+				var d affinity.Decision
+				if err := s.Router().Decide(&affinity.Request{Model: p.Model, Hashes: p.Hashes, PromptTokens: p.Tokens, Now: s.Now()}, &d); err != nil {
+					t.Fatal(err)
+				}
+				best := 0
+				for _, c := range d.CachedTokens {
+					best = max(best, c)
+				}
+				return best
+			}
+			if got := predicted("Bearer sk-a"); got == 0 {
+				t.Fatal("router predicts no cached prefix for tenant a's own prompt")
+			}
+			if got := predicted("Bearer sk-b"); (got > 0) != tc.wantCross {
+				t.Fatalf("router predicts %d cached tokens for tenant b, want cross-tenant %v", got, tc.wantCross)
 			}
 			st, cached := tenantPost(t, base, body, b)
 			if st != 200 || (cached > 0) != tc.wantCross {
