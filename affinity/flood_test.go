@@ -89,3 +89,49 @@ func TestCacheBustingFlood(t *testing.T) {
 	}
 	t.Logf("flood %d requests: %d pairs (bound %d), %d evictions, hot prefix %d tokens cached", floodN, st.TrackedPairs, bound, st.Evictions, best)
 }
+
+// TestSessionFlood: with the session policy, a flood of unique session keys
+// (a fresh `user` or session header per request) keeps the session table
+// within max_sessions, and a tenant's session pinned before the flood stays
+// pinned to its replica throughout.
+func TestSessionFlood(t *testing.T) {
+	const maxSessions = 1000
+	r, _ := newTestRouter(t, Config{Policy: "session", MaxSessions: maxSessions}, 3)
+	sp, ok := r.policy.(*Session)
+	if !ok {
+		t.Fatalf("policy %T, want *Session", r.policy)
+	}
+	body := chatBody("m", "sys", "hello")
+	var now int64
+	run := func(key uint64) ReplicaID {
+		t.Helper()
+		now += 1_000_000
+		req := request(t, body, now)
+		req.SessionKey = key
+		var d Decision
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatalf("Decide: %v", err)
+		}
+		var f Flight
+		r.Begin(d.Ranked[0], req, &d, &f)
+		r.FirstToken(&f, now+100_000)
+		r.End(&f, now+200_000, -1, true)
+		if n := sp.Sessions(); n > maxSessions {
+			t.Fatalf("session table at %d, bound %d", n, maxSessions)
+		}
+		return d.Ranked[0]
+	}
+	const tenant = 0xC0FFEE | 1
+	home := run(tenant)
+	for i := range 20 * maxSessions {
+		run(uint64(i)<<1 | 1 + 2) // odd, never the tenant's key
+		if i%50 == 0 {
+			if got := run(tenant); got != home {
+				t.Fatalf("after %d flood sessions the tenant moved from replica %d to %d", i, home, got)
+			}
+		}
+	}
+	if n := sp.Sessions(); n != maxSessions {
+		t.Fatalf("session table at %d after the flood, want it full at %d (the flood really filled it)", n, maxSessions)
+	}
+}
