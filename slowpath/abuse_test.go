@@ -139,11 +139,9 @@ func TestHTTPAbuse(t *testing.T) {
 				if !strings.HasPrefix(body, `{"id":"x"`) || e.requests.Load() != before+1 {
 					t.Fatalf("not proxied exactly once: %s", body)
 				}
-				// Known gap (reported to the proxy's owner): an absolute-form
-				// request line is forwarded as is, so the engine takes the
-				// client's authority as Host although the router connected
-				// to the replica; fixed by forwarding the origin form.
-				if h := e.lastHeader().Get("Host"); h != e.addr && !strings.HasPrefix(tc.name, "absolute URI") {
+				// The replica always sees its own address as Host, also for
+				// an absolute-form request line naming another authority.
+				if h := e.lastHeader().Get("Host"); h != e.addr {
 					t.Errorf("engine saw Host %q, want the replica's %q", h, e.addr)
 				}
 			} else {

@@ -520,6 +520,10 @@ func (s *Server) retryStatus(st int) bool {
 // appended.
 func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, body []byte, ex *exchange) {
 	ctx.Request.Header.CopyTo(&ureq.Header)
+	// Always the origin form (path?query): an absolute-form request line
+	// (`POST http://elsewhere/...`) must not carry the client's authority to
+	// the replica, which would take it as Host.
+	ureq.SetRequestURIBytes(ctx.URI().RequestURI())
 	h := &ureq.Header
 	h.DelBytes(hdrConnection)
 	h.DelBytes(hdrKeepAlive)
