@@ -110,6 +110,12 @@ type LimitsConfig struct {
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// IdleTimeout closes keep-alive connections idle this long. Default 120s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// StallTimeout closes a client connection when one write to it makes no
+	// progress for this long: a client that stops reading its stream would
+	// otherwise hold a replica slot and the engine's generation for as long
+	// as the stream lasts. Every write that moves bytes restarts the clock,
+	// so long streams read at any pace are unaffected. Default 60s; > 0.
+	StallTimeout time.Duration `yaml:"stall_timeout"`
 	// MaxInFlight caps concurrent proxied requests in total; 0 = unlimited
 	// (default).
 	MaxInFlight int `yaml:"max_in_flight"`
@@ -196,6 +202,7 @@ func Default() Config {
 			MaxBodyBytes: 8 << 20,
 			ReadTimeout:  30 * time.Second,
 			IdleTimeout:  120 * time.Second,
+			StallTimeout: 60 * time.Second,
 			OnLimit:      OnLimitReject,
 			QueueTimeout: 5 * time.Second,
 		},
@@ -352,6 +359,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
 	case l.WriteTimeout < 0:
 		return fmt.Errorf("limits.write_timeout: must be >= 0 (0 = none), got %s", l.WriteTimeout)
+	case l.StallTimeout <= 0:
+		return fmt.Errorf("limits.stall_timeout: must be > 0, got %s", l.StallTimeout)
 	case l.IdleTimeout <= 0:
 		return fmt.Errorf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
 	case l.MaxInFlight < 0:

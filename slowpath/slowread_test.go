@@ -65,19 +65,23 @@ func startFirehose(t *testing.T) *firehose {
 // must not buffer the stream (it pulls from the engine only as fast as the
 // client drains: TCP back-pressure all the way), other clients keep being
 // served, and the slow reader's slots are freed when its connection goes:
-// by the client closing it, or by the router at limits.write_timeout.
+// by the client closing it, or by the router at limits.write_timeout, or,
+// with neither, at limits.stall_timeout (the default protection).
 func TestSlowReader(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		writeTimeout time.Duration
+		stallTimeout time.Duration
 	}{
-		{"client closes", 0},
-		{"write_timeout closes", 500 * time.Millisecond},
+		{"client closes", 0, time.Minute},
+		{"write_timeout closes", 500 * time.Millisecond, time.Minute},
+		{"stall_timeout closes, client never does", 0, 500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := startFirehose(t)
 			cfg := testConfig(f.addr)
 			cfg.Limits.WriteTimeout = tc.writeTimeout
+			cfg.Limits.StallTimeout = tc.stallTimeout
 			s, url := newTestServer(t, cfg)
 			c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 			if err != nil {
@@ -116,7 +120,8 @@ func TestSlowReader(t *testing.T) {
 					t.Fatalf("request %d beside the slow reader: %d %s", i, st, b)
 				}
 			}
-			if tc.writeTimeout == 0 {
+			cut := tc.writeTimeout > 0 || tc.stallTimeout < time.Minute
+			if !cut {
 				c.Close()
 			}
 			// The slow reader's stream ends: the engine's write fails and the
@@ -126,7 +131,7 @@ func TestSlowReader(t *testing.T) {
 			if f.written.Load() >= firehoseMax {
 				t.Fatalf("the engine wrote the whole stream: nothing stopped it")
 			}
-			if tc.writeTimeout > 0 {
+			if cut {
 				// The router closed the connection: reading drains what the
 				// buffers held and ends without the final chunk.
 				_, err := io.Copy(io.Discard, resp.Body)
