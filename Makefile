@@ -7,7 +7,7 @@ export BPF2GO_CC := $(CLANG)
 export BPF2GO_STRIP := llvm-strip
 TESTFLAGS ?= -race -shuffle=on -count=1 -timeout 12m
 
-.PHONY: help build test test-short bench bench-micro bench-once generate generate-check lint demo clean
+.PHONY: help build test test-short bench bench-micro bench-once fuzz generate generate-check lint demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -18,14 +18,26 @@ build: ## build every binary into ./bin
 demo: ## run the router in front of built-in simulated engines
 	$(GO) run ./cmd/warmpath serve --demo
 
-test: lint ## vet, race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once
+test: lint ## vet, race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once, every fuzz target 5s
 	$(GO) test $(TESTFLAGS) ./...
 	# zero-allocation guarantees: the race detector allocates, so these also run without it
 	$(GO) test -count=1 -run 'Alloc' ./...
 	$(MAKE) bench-once
+	$(MAKE) fuzz FUZZTIME=5s
 
 test-short: ## quick tests, no race detector
 	$(GO) test -short ./...
+
+# Every fuzz target, as package:Target. `make fuzz` runs each for FUZZTIME.
+FUZZ_TARGETS := ./affinity:FuzzCanonicalize ./bench/enginesim:FuzzAPIRequest ./bench/enginesim:FuzzEngine \
+	./fastpath:FuzzSteer ./fastpath:FuzzDecap ./slowpath:FuzzParseConfig ./slowpath:FuzzSSEScan \
+	./slowpath:FuzzSSERelay ./slowpath:FuzzHandler ./slowpath:FuzzParseEngineMetrics
+FUZZTIME ?= 5s
+
+fuzz: ## run every fuzz target for FUZZTIME (default 5s; crashers land in testdata/fuzz/)
+	@set -eo pipefail; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg | tail -1; done
 
 bench-once: ## run every benchmark once so none rots
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
