@@ -65,12 +65,13 @@ const maxPooledPrompt = 1 << 20
 // exchange is one proxied request's state. Pooled; for streams it lives until
 // fasthttp has written the body and calls CloseWithError.
 type exchange struct {
-	s      *Server
-	parser promptParser
-	prompt affinity.Prompt
-	req    affinity.Request
-	dec    affinity.Decision
-	flight affinity.Flight
+	errSent int // bytes of sseBroken already relayed
+	s       *Server
+	parser  promptParser
+	prompt  affinity.Prompt
+	req     affinity.Request
+	dec     affinity.Decision
+	flight  affinity.Flight
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
@@ -109,7 +110,7 @@ func (s *Server) getExchange() *exchange {
 	ex.closed = false
 	ex.gotFirst = false
 	ex.output = false
-	ex.upErr = nil
+	ex.upErr, ex.errSent = nil, 0
 	ex.line = ex.line[:0]
 	ex.lineDrop = false
 	ex.rep = nil
@@ -123,7 +124,7 @@ func (s *Server) putExchange(ex *exchange) {
 	ex.mm = nil
 	ex.stream = nil
 	ex.uresp = nil
-	ex.upErr = nil
+	ex.upErr, ex.errSent = nil, 0
 	ex.req.Model = nil
 	ex.req.Hashes = nil
 	if cap(ex.prompt.Canonical) > maxPooledPrompt || cap(ex.salted) > maxPooledPrompt {
@@ -584,6 +585,17 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fast
 
 // Read implements io.Reader for fasthttp's chunked writer.
 func (ex *exchange) Read(p []byte) (int, error) {
+	if ex.upErr != nil {
+		// The upstream failed after bytes reached the client: end the
+		// stream with an OpenAI-style SSE error event (and no [DONE]), as
+		// vLLM does when generation fails mid-stream.
+		n := copy(p, sseBroken[ex.errSent:])
+		ex.errSent += n
+		if ex.errSent < len(sseBroken) {
+			return n, nil
+		}
+		return n, io.EOF
+	}
 	n, err := ex.stream.Read(p)
 	if n > 0 {
 		if ex.status == fasthttp.StatusOK {
@@ -597,9 +609,14 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	}
 	if err != nil && err != io.EOF {
 		ex.upErr = err
+		return n, nil // the error event follows on the next Read
 	}
 	return n, err
 }
+
+// sseBroken ends a stream whose upstream failed mid-way. The leading blank
+// line terminates an event the upstream left half-written.
+var sseBroken = []byte("\n\ndata: {\"error\":{\"message\":\"The upstream replica failed mid-stream.\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"upstream_error\"}}\n\n")
 
 // CloseWithError is called by fasthttp once the body is written (werr is
 // the client-side write error, if any). It finishes the exchange.

@@ -185,11 +185,15 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	}
 	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if err == nil {
-		t.Fatalf("want a broken stream, got a complete body %q", b)
+	if err != nil {
+		t.Fatalf("want the stream ended by an error event, got a read error %v after %q", err, b)
 	}
 	if !strings.Contains(string(b), `"t0 "`) {
 		t.Fatalf("first event did not reach the client: %q", b)
+	}
+	if !strings.HasSuffix(string(b), `data: {"error":{"message":"The upstream replica failed mid-stream.","type":"upstream_error","param":null,"code":"upstream_error"}}`+"\n\n") ||
+		strings.Contains(string(b), "[DONE]") {
+		t.Fatalf("broken stream must end with an SSE error event and no [DONE]: %q", b)
 	}
 	waitFor(t, "broken stream metric", func() bool { return value(t, s.m.broken) == 1 })
 	if n := e.requests.Load(); n != 1 {
