@@ -249,7 +249,7 @@ var testChains = [][]uint64{
 // per tracked (block, replica) pair stated in README.md.
 func TestIndexMemoryBound(t *testing.T) {
 	if testing.Short() {
-		t.Skip("allocates ~100 MB of churn")
+		t.Skip("-short: allocates ~100 MB of churn (runs in make test)")
 	}
 	const reps, capBlocks = 8, 1 << 14 // 131072 pairs
 	x := newIndex()

@@ -495,7 +495,7 @@ func value(c prometheus.Counter) float64 {
 // promoted client being re-validated or an unpromoted one being watched.
 func TestObserveRoutedAllocs(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector allocates")
+		t.Skip("the race detector allocates; make test runs this without -race")
 	}
 	r := newRig(t, true, 16)
 	r.promote("10.1.0.2", 0)
