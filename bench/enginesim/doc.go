@@ -27,6 +27,7 @@
 //   - NewServer starts a scheduler goroutine: always Close the Server (Close
 //     also fails in-flight requests and waits for handlers).
 //   - Each Server has a private Prometheus registry, so many can run in one
-//     process; metrics are in model time, not wall time, and counters
-//     survive Restart (only the KV cache and in-flight requests are lost).
+//     process; metrics are in model time, not wall time. Restart resets the
+//     engine counters /metrics exposes, as a real process restart would;
+//     Stats and Served keep cumulative totals.
 package enginesim

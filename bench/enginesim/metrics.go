@@ -44,8 +44,16 @@ func newMetrics(s *Server) *metrics {
 	gauge := func(name, help string, f func(EngineStats) float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: model}, stats(f)))
 	}
+	// Engine counters restart from zero with the engine, as a real vLLM
+	// process's do: the router detects a restart by a counter going
+	// backwards (Stats keeps the cumulative totals for tests).
 	counter := func(name, help string, f func(EngineStats) float64) {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: model}, stats(f)))
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: model}, func() float64 {
+			s.mu.Lock()
+			st, base := s.eng.Stats(), s.metBase
+			s.mu.Unlock()
+			return f(st) - f(base)
+		}))
 	}
 	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
 		func(st EngineStats) float64 { return float64(st.Waiting) })

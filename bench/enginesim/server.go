@@ -34,6 +34,7 @@ type Server struct {
 
 	mu      sync.Mutex // guards eng, flights, nextID
 	eng     *Engine
+	metBase EngineStats // engine counters at the last Restart: /metrics counts from there
 	epoch   time.Time
 	flights map[*flight]struct{}
 	nextID  uint64
@@ -233,11 +234,14 @@ func (s *Server) SetFaults(f Faults) {
 func (s *Server) Faults() Faults { return *s.faults.Load() }
 
 // Restart simulates an engine restart: in-flight requests lose their
-// connection and the KV cache is wiped. Counters survive.
+// connection and the KV cache is wiped. The engine counters on /metrics
+// start again from zero (a router sees them go backwards); Stats and Served
+// keep their cumulative totals.
 func (s *Server) Restart() {
 	s.mu.Lock()
 	s.failFlightsLocked(errRestart)
 	s.eng.Reset()
+	s.metBase = s.eng.Stats() // Prometheus counters start again from zero
 	s.mu.Unlock()
 	s.restarts.Add(1)
 	s.met.restarts.Inc()

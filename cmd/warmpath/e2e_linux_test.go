@@ -513,6 +513,7 @@ func TestE2EFastPath(t *testing.T) {
 		chat(t, steered, e2eSystem, "before the crash")
 		before, _ := entry(e2eClient)
 		n0 := warm.eng.Served("m")
+		all0 := served()
 		// A stream in flight on a steered connection when warmpath dies.
 		inflight := nsClient(b.cli, e2eClient, false)
 		body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":2000,"messages":[{"role":"system","content":%q},{"role":"user","content":"long"}]}`, e2eSystem)
@@ -536,8 +537,18 @@ func TestE2EFastPath(t *testing.T) {
 		n0++                                                     // that stream was served by the warm engine
 		chat(t, steered, e2eSystem, "while warmpath is down")    // established steered connection
 		chat(t, newConn, e2eSystem, "new connection while down") // new connection, pinned affinity
+		// All three (the stream across the crash and both requests while
+		// warmpath is down) were answered by engines, none by a router:
+		// warmpath is dead. Normally all by the warm engine; a control loop
+		// that moved the entry just before the kill (seen under -race on
+		// 2 loaded cores) sends the new connection to the new host.
+		all1 := served()
+		total := (all1[0] - all0[0]) + (all1[1] - all0[1]) + (all1[2] - all0[2])
+		if total != 3 {
+			t.Fatalf("engines served %d requests across the crash, want 3 (%v -> %v)", total, all0, all1)
+		}
 		if d := warm.eng.Served("m") - n0; d != 2 {
-			t.Fatalf("warm engine served %d requests while warmpath was down, want 2", d)
+			t.Logf("warm engine served %d of the requests while warmpath was down (entry moved before the kill)", d)
 		}
 		// The new process also samples every 4th steered SYN per CPU.
 		b.sampleEvery = 4
