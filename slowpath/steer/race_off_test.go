@@ -1,5 +1,0 @@
-//go:build !race
-
-package steer
-
-const raceEnabled = false

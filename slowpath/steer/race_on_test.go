@@ -1,6 +1,0 @@
-//go:build race
-
-package steer
-
-// raceEnabled: the race detector allocates on its own.
-const raceEnabled = true
