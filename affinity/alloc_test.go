@@ -26,16 +26,20 @@ func TestZeroAllocs(t *testing.T) {
 	type variant struct {
 		name string
 		cfg  Config
+		sink bool // a PeerSink is set (scale-out)
 	}
 	var variants []variant
 	for _, pol := range PolicyNames() {
-		variants = append(variants, variant{pol, Config{Policy: pol}})
+		variants = append(variants, variant{pol, Config{Policy: pol}, false})
 	}
-	variants = append(variants, variant{"cost-sampled", Config{MaxScan: 4}})
+	variants = append(variants, variant{"cost-sampled", Config{MaxScan: 4}, false}, variant{"cost-peer-sink", Config{}, true})
 	for _, vr := range variants {
 		for _, b := range bodies {
 			t.Run(vr.name+"/"+b.name, func(t *testing.T) {
 				r, _ := newTestRouter(t, vr.cfg, 16)
+				if vr.sink {
+					r.SetPeerSink(nopSink{})
+				}
 				p := NewParser(r.HashConfig())
 				var (
 					pr  Prompt
@@ -160,3 +164,12 @@ func TestConcurrentRouting(t *testing.T) {
 	}
 	checkIndex(t, r.idx)
 }
+
+// nopSink is a PeerSink that keeps nothing: what the Router itself costs
+// to feed one.
+type nopSink struct{}
+
+func (nopSink) PeerInsert(ReplicaID, []uint64)      {}
+func (nopSink) PeerTruncate(ReplicaID, uint64, int) {}
+func (nopSink) PeerReset(ReplicaID)                 {}
+func (nopSink) PeerLoad(ReplicaID, PeerLoad)        {}

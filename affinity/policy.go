@@ -372,7 +372,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	var queuedReqs int64
 	for _, id := range cands {
 		rp := v.r.reps[id]
-		n := max(rp.pendingReqs.Load(), 0)
+		n := max(rp.totalPendingReqs(), 0)
 		if at := rp.sigAt.Load(); at != 0 && now-at <= maxAge {
 			n = max(n, rp.sigWaiting.Load())
 		}
@@ -383,12 +383,12 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		// Inlined View.Load, QueuedTokens and Busy: this loop runs for every
 		// candidate of every request.
 		rp := v.r.reps[id]
-		queued := float64(max(rp.pending.Load(), 0))
-		busy := rp.inFlight.Load()
+		queued := float64(max(rp.totalPending(), 0))
+		busy := rp.totalInFlight()
 		var kv float64
 		if at := rp.sigAt.Load(); at != 0 && now-at <= maxAge {
 			waiting := rp.sigWaiting.Load()
-			if pr := rp.pendingReqs.Load(); waiting > pr {
+			if pr := rp.totalPendingReqs(); waiting > pr {
 				queued += float64(waiting-pr) * loadF(&rp.uncachedAvg)
 			}
 			busy = max(busy, waiting+rp.sigRunning.Load())

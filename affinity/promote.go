@@ -246,10 +246,10 @@ type ReplicaLoad struct {
 }
 
 // ReplicaLoadOf reads s's eligibility, weight and busy requests (engine
-// signals count when younger than maxAge at now). The caller adds the
-// datapath's Steered and Routed counts.
+// signals count when younger than maxAge at now; peers' in-flight requests
+// count too). The caller adds the datapath's Steered and Routed counts.
 func ReplicaLoadOf(s *ReplicaStatus, now int64, maxAge time.Duration) ReplicaLoad {
-	busy := s.InFlight
+	busy := s.InFlight + s.PeerInFlight
 	if s.Signals.At != 0 && now-s.Signals.At <= int64(maxAge) {
 		busy = max(busy, s.Signals.Waiting+s.Signals.Running)
 	}

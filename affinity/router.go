@@ -20,6 +20,7 @@ type Router struct {
 	policy   Policy
 	onBegin  BeginHook
 	onRemove RemoveHook
+	sink     PeerSink // SetPeerSink; nil = single router
 
 	mu     sync.RWMutex
 	reps   []*replica // by ReplicaID; nil = free slot
@@ -128,6 +129,13 @@ type replica struct {
 
 	fitMu sync.Mutex // FirstToken's rate fit
 	fit   rateFit
+
+	// Peers' load (peer.go): the sums over peer slots of peers[i], kept
+	// apart from this router's own counters, which stay authoritative.
+	peerInFlight    atomic.Int64
+	peerPending     atomic.Int64
+	peerPendingReqs atomic.Int64
+	peers           []PeerLoad // by peer slot; written under Router.mu
 }
 
 func (p *replica) eligible() bool {
@@ -398,6 +406,9 @@ func (r *Router) ResetCache(id ReplicaID) {
 	defer r.mu.Unlock()
 	if r.rep(id) != nil {
 		r.idx.dropReplica(id)
+		if r.sink != nil {
+			r.sink.PeerReset(id)
+		}
 	}
 }
 
@@ -465,7 +476,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 		PromptTokens:   req.PromptTokens,
 		Start:          req.Now,
 		gen:            p.gen,
-		queued:         p.pending.Load(),
+		queued:         p.totalPending(),
 		newBlocks:      int32(len(hs) - held),
 		buffered:       req.Buffered,
 	}
@@ -481,6 +492,12 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 	ewma(&p.uncachedAvg, float64(unc), 0.1)
 	if r.onBegin != nil {
 		r.onBegin.OnBegin(id, req)
+	}
+	if r.sink != nil {
+		if len(hs) > 0 {
+			r.sink.PeerInsert(id, hs)
+		}
+		r.sink.PeerLoad(id, p.localLoad())
 	}
 }
 
@@ -511,6 +528,9 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	}
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
+	if r.sink != nil {
+		r.sink.PeerLoad(f.Replica, p.localLoad())
+	}
 }
 
 // sampleRate feeds the prefill-rate fit with f's time to first token. It runs
@@ -622,6 +642,12 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 			ewma(&r.contCredit, float64(max(cachedTokens-predicted, 0)), 0.1)
 		}
 	}
+	if r.sink != nil {
+		r.sink.PeerLoad(f.Replica, p.localLoad())
+		if rollback {
+			r.sink.PeerTruncate(f.Replica, f.tail, int(f.newBlocks))
+		}
+	}
 	switch {
 	case rollback:
 		r.idx.rollback(f.Replica, f.tail, int(f.newBlocks))
@@ -704,8 +730,10 @@ type ReplicaStatus struct {
 	Draining             bool
 	Weight               float64
 	MaxInFlight          int
-	InFlight             int
-	PendingPrefillTokens int
+	InFlight             int     // this router's requests in flight
+	PendingPrefillTokens int     // this router's uncached tokens awaiting prefill
+	PeerInFlight         int     // peers' requests in flight (ApplyPeer)
+	PeerPendingTokens    int     // peers' uncached tokens awaiting prefill
 	PrefillTokensPerSec  float64 // current estimate
 	OverheadSeconds      float64 // current estimate of time to first token besides prefill
 	CachedBlocks         int     // blocks the index attributes to it
@@ -733,6 +761,8 @@ func (r *Router) Replicas() []ReplicaStatus {
 			MaxInFlight:          p.spec.MaxInFlight,
 			InFlight:             int(p.inFlight.Load()),
 			PendingPrefillTokens: int(p.pending.Load()),
+			PeerInFlight:         int(p.peerInFlight.Load()),
+			PeerPendingTokens:    int(p.peerPending.Load()),
 			PrefillTokensPerSec:  loadF(&p.rate),
 			OverheadSeconds:      loadF(&p.overhead),
 			CachedBlocks:         r.idx.blocksOf(p.id),

@@ -33,9 +33,10 @@ type rankItem struct {
 
 // Load is a replica's load as a policy sees it.
 type Load struct {
-	InFlight             int     // router-local requests in flight
-	PendingPrefillTokens int     // router-local uncached prompt tokens not yet prefilled
-	PendingRequests      int     // router-local requests without a first token yet
+	InFlight             int     // requests in flight: this router's plus its peers' (ApplyPeer)
+	PendingPrefillTokens int     // uncached prompt tokens not yet prefilled: this router's plus peers'
+	PendingRequests      int     // requests without a first token yet: this router's plus peers'
+	PeerInFlight         int     // of InFlight, the peers' share (0 for a single router)
 	Waiting, Running     int     // engine signals; 0 when stale
 	KVUsage              float64 // engine signal, 0..1; 0 when stale
 	Fresh                bool    // engine signals younger than Config.SignalMaxAge
@@ -151,9 +152,10 @@ func (v *View) CachedTokens(id ReplicaID) int {
 func (v *View) Load(id ReplicaID) Load {
 	p := v.r.reps[id]
 	l := Load{
-		InFlight:             int(p.inFlight.Load()),
-		PendingPrefillTokens: int(max(p.pending.Load(), 0)),
-		PendingRequests:      int(max(p.pendingReqs.Load(), 0)),
+		InFlight:             int(p.totalInFlight()),
+		PendingPrefillTokens: int(max(p.totalPending(), 0)),
+		PendingRequests:      int(max(p.totalPendingReqs(), 0)),
+		PeerInFlight:         int(p.peerInFlight.Load()),
 		PrefillTokensPerSec:  loadF(&p.rate),
 		OverheadSeconds:      loadF(&p.overhead),
 		UncachedAvg:          loadF(&p.uncachedAvg),
