@@ -39,8 +39,12 @@ import (
 // the chain is right again; only the sender's capacity estimate learns).
 
 // PeerSink receives what a Router learns, for its peers. Methods are called
-// with the Router's lock held, on request goroutines: they must not block,
-// must not call the Router, and must copy slices they keep.
+// with the Router's lock held (read or write), concurrently from request
+// goroutines: they must be safe for concurrent use, must not block, must
+// not call the Router, and must copy slices they keep. Two PeerLoad calls
+// for one replica from concurrent requests may arrive in either order, so
+// the latest call can carry a value one change old: a transport should
+// resend LocalLoads now and then (a heartbeat) to heal that.
 type PeerSink interface {
 	// PeerInsert: hashes (a chain from its first block) were inserted for
 	// replica id when a request was sent there.
@@ -183,6 +187,19 @@ func (p *replica) localLoad() PeerLoad {
 		InFlight:             int32(p.inFlight.Load()),
 		PendingPrefillTokens: int32(min(p.pending.Load(), 1<<31-1)),
 		PendingRequests:      int32(p.pendingReqs.Load()),
+	}
+}
+
+// LocalLoads calls fn with this router's own load on every replica (what
+// PeerLoad reports), under the read lock: for a transport's periodic
+// refresh. fn must not call the Router.
+func (r *Router) LocalLoads(fn func(id ReplicaID, name string, l PeerLoad)) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, p := range r.reps {
+		if p != nil {
+			fn(p.id, p.spec.Name, p.localLoad())
+		}
 	}
 }
 

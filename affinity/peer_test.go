@@ -190,6 +190,11 @@ func TestPeerLoadSteersAway(t *testing.T) {
 	if l := d.view.r.reps[idOf(t, b, "r0")]; l.totalInFlight() != 4 || l.inFlight.Load() != 0 {
 		t.Fatalf("b's r0: total %d own %d, want 4 and 0", l.totalInFlight(), l.inFlight.Load())
 	}
+	loads := map[string]PeerLoad{}
+	a.LocalLoads(func(_ ReplicaID, name string, l PeerLoad) { loads[name] = l })
+	if want := (PeerLoad{InFlight: 4, PendingPrefillTokens: 400, PendingRequests: 4}); loads["r0"] != want || loads["r1"] != (PeerLoad{}) {
+		t.Fatalf("LocalLoads: %v, want r0 %v and r1 idle", loads, want)
+	}
 	for i := range fs {
 		a.End(&fs[i], 5, -1, true)
 	}
