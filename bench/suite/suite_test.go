@@ -27,7 +27,8 @@ func TestSmokeSuite(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"## Headline", "shared-prefix", "b2b-saas", "multi-turn", "no-sharing", "mixed",
-		"Replica sweep", "KV cache size sweep", "sglang-cache-aware", "llm-d", "dynamo-kv", "Where warmpath stands"} {
+		"Replica sweep", "KV cache size sweep", "sglang-cache-aware", "llm-d", "dynamo-kv", "Where warmpath stands",
+		"## Scale-out", "cost, synced (5ms)", "cost, unsynced", "### Propagation delay (4 routers"} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q", want)
 		}
