@@ -217,6 +217,13 @@ func writeScaleOut(w *bufio.Writer, opts Options, res *Results) error {
 			}
 			p("\n")
 		}
+		if nmax := routers[len(routers)-1]; nmax > 1 {
+			if x := scalePoint(res, wl, ours, nmax, true, delay, sweepScaleOut); x != nil && x.Decisions > 0 && x.PeerMessages > 0 {
+				p("\nPeer traffic at %d synced routers: %.1f messages per request, each to %d peers, %.1f updates per message; applying them took %.1f µs of router CPU per request over the fleet.\n",
+					nmax, float64(x.PeerMessages)/float64(x.Decisions), nmax-1, float64(x.PeerUpdates)/float64(x.PeerMessages*(nmax-1)),
+					float64(x.ApplyNanos)/float64(x.Decisions)/1e3)
+			}
+		}
 		for _, pl := range []struct {
 			plot *Plot
 			file string
@@ -248,6 +255,8 @@ func writeScaleOut(w *bufio.Writer, opts Options, res *Results) error {
 	for _, d := range so.Delays {
 		pl.XTicks = append(pl.XTicks, Tick{At: float64(len(pl.XTicks)), Label: d.String()})
 	}
+	// unsynced is the limit of an infinite delay: the right end
+	pl.XTicks = append(pl.XTicks, Tick{At: float64(len(pl.XTicks)), Label: "∞ (unsynced)"})
 	for _, wl := range so.Workloads {
 		one := scalePoint(res, wl, ours, 1, false, 0, sweepDelay)
 		if one == nil {
@@ -259,7 +268,8 @@ func writeScaleOut(w *bufio.Writer, opts Options, res *Results) error {
 			}
 			return fmt.Sprintf("%.1f%% · %.3f · %.3f", 100*r.HitRate, r.TTFT.Mean, r.TTFT.P99)
 		}
-		p("| %s | %s | %s |", wl, cell(one), cell(scalePoint(res, wl, ours, n, false, 0, sweepDelay)))
+		alone := scalePoint(res, wl, ours, n, false, 0, sweepDelay)
+		p("| %s | %s | %s |", wl, cell(one), cell(alone))
 		s := Series{Name: wl}
 		for i, d := range so.Delays {
 			r := scalePoint(res, wl, ours, n, true, d.Seconds(), sweepDelay)
@@ -268,6 +278,10 @@ func writeScaleOut(w *bufio.Writer, opts Options, res *Results) error {
 				s.X = append(s.X, float64(i))
 				s.Y = append(s.Y, r.HitRate/one.HitRate)
 			}
+		}
+		if alone != nil && one.HitRate > 0 {
+			s.X = append(s.X, float64(len(so.Delays)))
+			s.Y = append(s.Y, alone.HitRate/one.HitRate)
 		}
 		p("\n")
 		pl.Series = append(pl.Series, s)
