@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The smoke suite runs every bench mode of the simulator at tiny sizes and
@@ -47,5 +48,60 @@ func TestSmokeSuite(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(dir, "results.json"))
 	if err := json.Unmarshal(b, &back); err != nil || len(back.Points) != len(res.Points) {
 		t.Fatalf("results.json: %v (%d points)", err, len(back.Points))
+	}
+}
+
+// The scale-out section runs every router count synced and not, the delay
+// sweep and the strongest anchor, and reuses the ladder's single router.
+func TestScaleOutPoints(t *testing.T) {
+	so := ScaleOut{Routers: []int{1, 2, 4}, SyncDelay: 3 * time.Millisecond, Delays: []time.Duration{0, time.Second},
+		SweepRouters: 3, Workloads: []string{"shared-prefix", "multi-turn"}}
+	res, err := Run(Options{Out: t.TempDir(), Smoke: true, Replicas: 3, Parallel: 2, ScaleOut: &so})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct {
+		wl, policy string
+		routers    int
+		sync       bool
+		delay      float64
+	}
+	got := map[key]*Point{}
+	for i := range res.Points {
+		pt := &res.Points[i]
+		if pt.Routers == 0 {
+			continue
+		}
+		if pt.Load != scaleLoad {
+			t.Fatalf("scale-out point at load %v", pt.Load)
+		}
+		got[key{pt.Workload, pt.Result.Policy, pt.Routers, pt.Sync, pt.SyncDelay}] = pt
+	}
+	for _, wl := range so.Workloads {
+		anchor := best(ladder(res, wl), scaleLoad).Result.Policy
+		want := []key{{wl, ours, 2, true, 0.003}, {wl, ours, 4, true, 0.003}, {wl, ours, 2, false, 0}, {wl, ours, 4, false, 0},
+			{wl, ours, 3, false, 0}, {wl, ours, 3, true, 0}, {wl, ours, 3, true, 1}, {wl, anchor, 2, false, 0}, {wl, anchor, 4, false, 0}}
+		for _, k := range want {
+			if got[k] == nil {
+				t.Errorf("no point %+v", k)
+			}
+		}
+		if one := scalePoint(res, wl, ours, 1, false, 0, sweepScaleOut); one != at(ladder(res, wl)[ours], scaleLoad).Result {
+			t.Errorf("%s: one router is not the ladder's 80%% point", wl)
+		}
+		synced, alone := got[key{wl, ours, 4, true, 0.003}], got[key{wl, ours, 4, false, 0}]
+		if synced != nil && alone != nil && synced.Result.HitRate <= alone.Result.HitRate {
+			t.Errorf("%s: 4 synced routers hit %.3f, unsynced %.3f", wl, synced.Result.HitRate, alone.Result.HitRate)
+		}
+	}
+	if n := len(got); n != 2*9 {
+		t.Errorf("%d scale-out points, want 18", n)
+	}
+	for _, shared := range []string{"no-sharing", "mixed", "b2b-saas"} {
+		for k := range got {
+			if k.wl == shared {
+				t.Fatalf("%s is not in the section but has point %+v", shared, k)
+			}
+		}
 	}
 }
