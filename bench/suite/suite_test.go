@@ -1,6 +1,7 @@
 package suite
 
 import (
+	"bufio"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -10,10 +11,14 @@ import (
 )
 
 // The smoke suite runs every bench mode of the simulator at tiny sizes and
-// writes a complete report.
+// writes a complete report. The scale-out section runs every router count
+// synced and not, the delay sweep and the strongest anchor, and reuses the
+// ladder's single router. (One run: tens of seconds under -race.)
 func TestSmokeSuite(t *testing.T) {
 	dir := t.TempDir()
-	res, err := Run(Options{Out: dir, Smoke: true, Replicas: 3, Parallel: 2, Command: "go test ./bench/suite"})
+	so := ScaleOut{Routers: []int{1, 2, 4}, SyncDelay: 3 * time.Millisecond, Delays: []time.Duration{0, time.Second},
+		SweepRouters: 3, Workloads: []string{"shared-prefix", "multi-turn"}}
+	res, err := Run(Options{Out: dir, Smoke: true, Replicas: 3, Parallel: 2, Command: "go test ./bench/suite", ScaleOut: &so})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,13 +34,13 @@ func TestSmokeSuite(t *testing.T) {
 	}
 	for _, want := range []string{"## Headline", "shared-prefix", "b2b-saas", "multi-turn", "no-sharing", "mixed",
 		"Replica sweep", "KV cache size sweep", "sglang-cache-aware", "llm-d", "dynamo-kv", "Where warmpath stands",
-		"## Scale-out", "cost, synced (5ms)", "cost, unsynced", "### Propagation delay (4 routers"} {
+		"## Scale-out", "cost, synced (3ms)", "cost, unsynced", "### Propagation delay (3 routers", "Peer traffic at 4 synced routers"} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
 	svgs, _ := filepath.Glob(filepath.Join(dir, "*.svg"))
-	if len(svgs) < 3*5+2 {
+	if len(svgs) < 3*5+2+2*2+1 {
 		t.Errorf("only %d plots", len(svgs))
 	}
 	for _, s := range svgs {
@@ -43,22 +48,6 @@ func TestSmokeSuite(t *testing.T) {
 		if !strings.HasPrefix(string(b), "<svg") || !strings.Contains(string(b), "polyline") {
 			t.Errorf("%s is not a line plot", s)
 		}
-	}
-	var back Results
-	b, _ := os.ReadFile(filepath.Join(dir, "results.json"))
-	if err := json.Unmarshal(b, &back); err != nil || len(back.Points) != len(res.Points) {
-		t.Fatalf("results.json: %v (%d points)", err, len(back.Points))
-	}
-}
-
-// The scale-out section runs every router count synced and not, the delay
-// sweep and the strongest anchor, and reuses the ladder's single router.
-func TestScaleOutPoints(t *testing.T) {
-	so := ScaleOut{Routers: []int{1, 2, 4}, SyncDelay: 3 * time.Millisecond, Delays: []time.Duration{0, time.Second},
-		SweepRouters: 3, Workloads: []string{"shared-prefix", "multi-turn"}}
-	res, err := Run(Options{Out: t.TempDir(), Smoke: true, Replicas: 3, Parallel: 2, ScaleOut: &so})
-	if err != nil {
-		t.Fatal(err)
 	}
 	type key struct {
 		wl, policy string
@@ -97,11 +86,31 @@ func TestScaleOutPoints(t *testing.T) {
 	if n := len(got); n != 2*9 {
 		t.Errorf("%d scale-out points, want 18", n)
 	}
-	for _, shared := range []string{"no-sharing", "mixed", "b2b-saas"} {
+	for _, other := range []string{"no-sharing", "mixed", "b2b-saas"} {
 		for k := range got {
-			if k.wl == shared {
-				t.Fatalf("%s is not in the section but has point %+v", shared, k)
+			if k.wl == other {
+				t.Fatalf("%s is not in the section but has point %+v", other, k)
 			}
+		}
+	}
+	var back Results
+	b, _ := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err := json.Unmarshal(b, &back); err != nil || len(back.Points) != len(res.Points) {
+		t.Fatalf("results.json: %v (%d points)", err, len(back.Points))
+	}
+}
+
+// A router list without a count above 1 writes no section.
+func TestScaleOutOff(t *testing.T) {
+	for _, routers := range [][]int{nil, {1}, {1, 1}} {
+		var b strings.Builder
+		w := bufio.NewWriter(&b)
+		if err := writeScaleOut(w, Options{Out: t.TempDir(), ScaleOut: &ScaleOut{Routers: routers}}, &Results{}); err != nil {
+			t.Fatal(err)
+		}
+		w.Flush()
+		if b.Len() != 0 {
+			t.Errorf("routers %v: wrote %q", routers, b.String())
 		}
 	}
 }
