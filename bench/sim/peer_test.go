@@ -171,3 +171,43 @@ func TestSyncSharesLoad(t *testing.T) {
 		t.Fatal("unsynced routers split every burst evenly: their load is not their own")
 	}
 }
+
+// Every policy runs behind several synced routers, deterministically for a
+// seed, and every request finishes exactly once.
+func TestScaleOutDeterministicAndConserving(t *testing.T) {
+	mt := workload.DefaultMultiTurn()
+	mt.Conversations, mt.Seed = 6, 3
+	multi, err := workload.MultiTurn(mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []*workload.Workload{smallShared(t, 80), multi} {
+		for _, p := range Policies() {
+			t.Run(w.Name+"/"+p.Name, func(t *testing.T) {
+				cfg := Config{Replicas: 3, Policy: p.Name, Seed: 6, KeepOutcomes: true, Routers: 3, Sync: true, SyncDelay: 2 * time.Millisecond}
+				a, err := Run(cfg, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := Run(cfg, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.DecideNanos, b.DecideNanos, a.ApplyNanos, b.ApplyNanos = 0, 0, 0, 0
+				if !reflect.DeepEqual(a, b) {
+					t.Fatalf("same seed, different results:\n%+v\n%+v", a, b)
+				}
+				seen := map[int]bool{}
+				for _, o := range a.Outcomes {
+					if seen[o.ID] {
+						t.Fatalf("request %d finished twice", o.ID)
+					}
+					seen[o.ID] = true
+				}
+				if len(seen) != len(w.Requests) || a.Completed != len(w.Requests) || a.PeerMessages == 0 {
+					t.Fatalf("%d of %d requests finished, %d completed, %d peer messages", len(seen), len(w.Requests), a.Completed, a.PeerMessages)
+				}
+			})
+		}
+	}
+}
