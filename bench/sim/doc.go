@@ -13,6 +13,14 @@
 // KV cost, KubeAI's CHWBL, production-stack's prefixaware) run on the same
 // View: see baselines.go for each formula and its source.
 //
+// Scale-out (Config.Routers, Sync, SyncDelay; peer.go): several router
+// instances over the same engines, each request to one at random, each with
+// its own affinity.Router; with Sync their affinity.PeerSink updates reach
+// the other routers through a virtual-time delay queue, delivered before
+// any later event. Hazard: Routers=1 must stay exactly the single-router
+// simulator (same router seed, no extra random draws, no sink), which
+// TestOneRouterUnchanged guards.
+//
 // Everything is deterministic for a seed; a run is single-threaded, so
 // sweeps parallelise across runs.
 package sim

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -34,6 +35,25 @@ type Config struct {
 	Seed uint64
 	// KeepOutcomes records every request's outcome in Result.Outcomes.
 	KeepOutcomes bool
+
+	// Routers is the number of router instances (warmpath instances behind
+	// ECMP or DNS) in front of the same engines. Each request goes to one
+	// of them chosen uniformly at random (seeded; a conversation's turns
+	// land on random routers too). Each is its own affinity.Router with its
+	// own index, load counters and policy state; all scrape the engines'
+	// signals. 0 means 1: a single router, exactly the behaviour and the
+	// numbers without this field. At most affinity.MaxPeers.
+	Routers int
+	// Sync makes the routers share what they learn: each router's
+	// affinity.PeerSink updates (index inserts, truncations, absolute
+	// per-replica load) are applied to every other router (ApplyPeer)
+	// SyncDelay after the event that produced them. false: each router
+	// learns only its own traffic. Ignored with one router.
+	Sync bool
+	// SyncDelay is the propagation delay of a peer update, in virtual time
+	// (publish, transport, apply; a batch interval adds its mean to it). 0
+	// delivers an update before the next decision at the same instant.
+	SyncDelay time.Duration
 }
 
 // Outcome is one request's fate, kept when Config.KeepOutcomes is set.
@@ -47,6 +67,7 @@ type Outcome struct {
 	Arrival      float64 // seconds of virtual time
 	Finish       float64
 	OK           bool
+	Router       int `json:",omitempty"` // the router instance that decided (Config.Routers > 1)
 }
 
 func (c Config) withDefaults() Config {
@@ -61,6 +82,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ScrapeInterval == 0 {
 		c.ScrapeInterval = 500 * time.Millisecond
+	}
+	if c.Routers == 0 {
+		c.Routers = 1
 	}
 	return c
 }
@@ -83,7 +107,13 @@ type Result struct {
 	Preemptions      uint64
 	Decisions        int
 	DecideNanos      int64 // wall time spent in parse+hash+decide (router CPU)
-	Outcomes         []Outcome
+	// Scale-out (Config.Routers > 1 with Sync): peer messages (one per
+	// router call that produced updates) and updates applied, summed over
+	// receiving routers, and the wall time spent applying them.
+	PeerMessages int   `json:",omitempty"`
+	PeerUpdates  int   `json:",omitempty"`
+	ApplyNanos   int64 `json:",omitempty"`
+	Outcomes     []Outcome
 }
 
 // Dist is a latency distribution summary, in seconds.
@@ -107,6 +137,7 @@ type flight struct {
 	req       enginesim.Request
 	fl        affinity.Flight
 	replica   int
+	router    int // index in cluster.routers
 	idx       int // index in the workload
 	predicted int
 	wreq      *workload.Request
@@ -114,12 +145,14 @@ type flight struct {
 
 type cluster struct {
 	cfg     Config
-	router  *affinity.Router
+	routers []instance // one per Config.Routers
 	engines []*enginesim.Engine
 	ids     []affinity.ReplicaID
 	heap    engineHeap
 	res     *Result
-	hooks   *simState
+	pick    *rand.Rand // the router of each arrival (Routers > 1)
+	mail    mailHeap   // peer messages in flight (Sync)
+	mailSeq uint64
 
 	w        *workload.Workload
 	conv     *conversations
@@ -165,36 +198,60 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 	if err := ecfg.Validate(); err != nil {
 		return nil, fmt.Errorf("sim: engine: %w", err)
 	}
-	st := &simState{activeTokens: make([]int, cfg.Replicas), treeTokens: make([]int, cfg.Replicas)}
-	rcfg := cfg.Router
-	rcfg.Seed = cfg.Seed + 1
-	router, err := newRouter(cfg.Policy, rcfg, st, ecfg.BlockSize)
-	if err != nil {
-		return nil, err
+	if cfg.Routers < 1 || cfg.Routers > affinity.MaxPeers {
+		return nil, fmt.Errorf("sim: routers must be in [1, %d], got %d", affinity.MaxPeers, cfg.Routers)
 	}
-	c := &cluster{cfg: cfg, router: router, hooks: st, perRep: make([]int, cfg.Replicas),
+	if cfg.SyncDelay < 0 {
+		return nil, fmt.Errorf("sim: sync delay must be >= 0, got %v", cfg.SyncDelay)
+	}
+	c := &cluster{cfg: cfg, perRep: make([]int, cfg.Replicas),
 		res: &Result{Policy: cfg.Policy, Workload: w.Name, Replicas: cfg.Replicas, Requests: len(w.Requests)}}
+	sync := cfg.Sync && cfg.Routers > 1
+	for k := range cfg.Routers {
+		st := &simState{activeTokens: make([]int, cfg.Replicas), treeTokens: make([]int, cfg.Replicas)}
+		rcfg := cfg.Router
+		rcfg.Seed = cfg.Seed + 1 + uint64(k)
+		router, err := newRouter(cfg.Policy, rcfg, st, ecfg.BlockSize)
+		if err != nil {
+			return nil, err
+		}
+		in := instance{router: router, st: st}
+		if sync {
+			in.out = &outbox{}
+			router.SetPeerSink(in.out)
+		}
+		c.routers = append(c.routers, in)
+	}
+	if cfg.Routers > 1 {
+		c.pick = rand.New(rand.NewPCG(cfg.Seed, 0x5ca1e0))
+	}
 	prefillRate := 1 / ecfg.Timing.PerPrefillToken.Seconds()
 	for i := 0; i < cfg.Replicas; i++ {
 		e, err := enginesim.NewEngine(ecfg)
 		if err != nil {
 			return nil, fmt.Errorf("sim: engine: %w", err)
 		}
-		id, err := router.AddReplica(affinity.ReplicaSpec{
-			Name: fmt.Sprintf("engine-%d", i), Models: models,
-			KVCapacityTokens:    ecfg.NumGPUBlocks * ecfg.BlockSize,
-			PrefillTokensPerSec: prefillRate,
-		})
-		if err != nil {
-			return nil, err
-		}
-		if int(id) != i {
-			return nil, fmt.Errorf("sim: router gave replica %d id %d", i, id)
+		// every router knows the replicas in the same order, so replica IDs
+		// agree and peer updates need no translation
+		for _, in := range c.routers {
+			id, err := in.router.AddReplica(affinity.ReplicaSpec{
+				Name: fmt.Sprintf("engine-%d", i), Models: models,
+				KVCapacityTokens:    ecfg.NumGPUBlocks * ecfg.BlockSize,
+				PrefillTokensPerSec: prefillRate,
+			})
+			if err != nil {
+				return nil, err
+			}
+			if int(id) != i {
+				return nil, fmt.Errorf("sim: router gave replica %d id %d", i, id)
+			}
 		}
 		c.engines = append(c.engines, e)
-		c.ids = append(c.ids, id)
+		c.ids = append(c.ids, affinity.ReplicaID(i))
 	}
-	st.engines = c.engines
+	for _, in := range c.routers {
+		in.st.engines = c.engines
+	}
 	c.heap = engineHeap{at: make([]int64, cfg.Replicas), pos: make([]int, cfg.Replicas)}
 	for i := range c.engines {
 		c.heap.items = append(c.heap.items, i)
@@ -263,7 +320,7 @@ func (h *arrivalHeap) Pop() any {
 }
 
 func (c *cluster) loop(w *workload.Workload) error {
-	p := affinity.NewParser(c.router.HashConfig())
+	p := affinity.NewParser(c.routers[0].router.HashConfig())
 	var (
 		prompt affinity.Prompt
 		req    affinity.Request
@@ -297,6 +354,13 @@ func (c *cluster) loop(w *workload.Workload) error {
 		tEng := c.heap.min()
 		if tArr == math.MaxInt64 && tEng == enginesim.NoEvent {
 			return nil
+		}
+		// peer updates due now or earlier reach their routers first
+		if len(c.mail) > 0 {
+			if tMail := c.mail[0].at; tMail <= tArr && tMail <= tEng && tMail <= scrape {
+				c.deliver()
+				continue
+			}
 		}
 		// scrape ticks only while something is happening
 		if scrape <= tArr && scrape <= tEng {
@@ -350,8 +414,13 @@ func (c *cluster) loop(w *workload.Workload) error {
 			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: string(text)})
 		}
 		ep := enginesim.AppendChatPrompt(nil, msgs, nil)
-		c.hooks.enginePrompt = ep
-		err := c.router.Decide(&req, &d)
+		k := 0
+		if c.pick != nil {
+			k = c.pick.IntN(len(c.routers))
+		}
+		in := &c.routers[k]
+		in.st.enginePrompt = ep
+		err := in.router.Decide(&req, &d)
 		c.res.DecideNanos += time.Since(start).Nanoseconds()
 		c.res.Decisions++
 		if err != nil || len(d.Ranked) == 0 {
@@ -359,18 +428,20 @@ func (c *cluster) loop(w *workload.Workload) error {
 			c.followUp(a.idx, a.at, nil)
 			continue
 		}
-		f := &flight{replica: int(d.Ranked[0]), wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
+		f := &flight{replica: int(d.Ranked[0]), router: k, wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
 		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f}
-		c.router.Begin(d.Ranked[0], &req, &d, &f.fl)
+		in.router.Begin(d.Ranked[0], &req, &d, &f.fl)
+		c.post(k, a.at)
 		e := c.engines[f.replica]
 		if err := e.Submit(&f.req, a.at); err != nil {
-			c.router.End(&f.fl, a.at, -1, false)
+			in.router.End(&f.fl, a.at, -1, false)
+			c.post(k, a.at)
 			c.res.Failed++
 			c.followUp(a.idx, a.at, nil)
 			continue
 		}
-		c.hooks.activeTokens[f.replica] += f.req.PromptTokens + wr.OutputTokens
-		c.hooks.treeTokens[f.replica] += f.req.PromptTokens
+		in.st.activeTokens[f.replica] += f.req.PromptTokens + wr.OutputTokens
+		in.st.treeTokens[f.replica] += f.req.PromptTokens
 		c.perRep[f.replica]++
 		c.heap.update(f.replica, e.NextEventTime())
 	}
@@ -393,10 +464,13 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 func (c *cluster) scrape(now int64) {
 	for i, e := range c.engines {
 		s := e.Stats()
-		c.router.SetSignals(c.ids[i], affinity.EngineSignals{
+		sig := affinity.EngineSignals{
 			Waiting: s.Waiting, Running: s.Running, KVUsage: s.KVUsage(),
 			KVCapacityTokens: s.TotalBlocks * e.BlockSize(), At: now,
-		})
+		}
+		for _, in := range c.routers {
+			in.router.SetSignals(c.ids[i], sig)
+		}
 	}
 }
 
@@ -405,7 +479,8 @@ type observer struct{ c *cluster }
 func (o observer) OnToken(r *enginesim.Request, at int64) {
 	if r.OutputTokens == 1 {
 		f := r.Data.(*flight)
-		o.c.router.FirstToken(&f.fl, at)
+		o.c.routers[f.router].router.FirstToken(&f.fl, at)
+		o.c.post(f.router, at)
 	}
 }
 
@@ -413,18 +488,20 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	c := o.c
 	f := r.Data.(*flight)
 	ok := r.Finish == enginesim.FinishStop || r.Finish == enginesim.FinishLength
-	c.router.End(&f.fl, at, r.CachedTokens, ok)
+	in := &c.routers[f.router]
+	in.router.End(&f.fl, at, r.CachedTokens, ok)
+	c.post(f.router, at)
 	var answer []byte
 	if ok && f.wreq.Conversation >= 0 {
 		answer = r.AppendOutput(nil, 0, r.OutputTokens)
 	}
 	c.followUp(f.idx, at, answer)
-	c.hooks.activeTokens[f.replica] -= r.PromptTokens + f.wreq.OutputTokens
+	in.st.activeTokens[f.replica] -= r.PromptTokens + f.wreq.OutputTokens
 	if c.cfg.KeepOutcomes {
 		c.res.Outcomes = append(c.res.Outcomes, Outcome{ID: f.wreq.ID, Replica: f.replica, OK: ok,
 			TTFT: float64(r.FirstTokenAt-r.Arrival) / 1e9, E2E: float64(r.FinishedAt-r.Arrival) / 1e9,
 			CachedTokens: r.CachedTokens, Predicted: f.predicted, PromptTokens: r.PromptTokens,
-			Arrival: float64(r.Arrival) / 1e9, Finish: float64(r.FinishedAt) / 1e9})
+			Arrival: float64(r.Arrival) / 1e9, Finish: float64(r.FinishedAt) / 1e9, Router: f.router})
 	}
 	if !ok {
 		c.res.Failed++

@@ -125,6 +125,11 @@ func TestBadConfig(t *testing.T) {
 	if _, err := Run(Config{}, &workload.Workload{}); err == nil {
 		t.Fatal("empty workload accepted")
 	}
+	for _, c := range []Config{{Routers: -1}, {Routers: 257}, {Routers: 2, Sync: true, SyncDelay: -time.Millisecond}} {
+		if _, err := Run(c, w); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
 }
 
 // Multi-turn chats run closed loop: a turn arrives after the previous one

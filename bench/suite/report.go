@@ -235,6 +235,10 @@ func writeReport(opts Options, res *Results) error {
 		}
 	}
 
+	if err := writeScaleOut(w, opts, res); err != nil {
+		return err
+	}
+
 	p("## Reading these numbers fairly\n\n")
 	p("- Every policy sees the same router-side state: warmpath's speculative prefix index (the anchors keep similar approximate trees), router-local in-flight counts, and engine metrics scraped every 500 ms. Policies that lean on scraped queue lengths (llm-d's queue and KV scorers) herd onto the same replica between scrapes; llm-d's endpoint picker refreshes its metrics far more often by default, so its rows, above all at hundreds of replicas, are pessimistic for it.\n")
 	p("- The session key is the workload's client: one per prefix group in shared-prefix and b2b-saas, one per conversation in multi-turn. That is the best case for `session` (a perfect grouping hint that real traffic often lacks); warmpath's `cost` policy does not use it.\n")
@@ -258,14 +262,15 @@ func at(ps []Point, load float64) *Point {
 	return nil
 }
 
-// best is the non-warmpath, non-oracle policy with the lowest mean TTFT at load.
+// best is the non-warmpath, non-oracle policy with the lowest mean TTFT at
+// load; a tie goes to the first in Policies order, so the choice is stable.
 func best(lad map[string][]Point, load float64) *Point {
 	var b *Point
-	for name, ps := range lad {
+	for _, name := range policyOrder(lad) {
 		if name == ours || name == "oracle" {
 			continue
 		}
-		pt := at(ps, load)
+		pt := at(lad[name], load)
 		if pt != nil && (b == nil || pt.Result.TTFT.Mean < b.Result.TTFT.Mean) {
 			b = pt
 		}
@@ -340,20 +345,50 @@ func Machine() string {
 }
 
 func commit() string {
-	// read .git/HEAD without running git
+	// read .git/HEAD without running git; in a worktree .git is a file
+	// naming the git dir, whose commondir holds the branch refs
 	for _, dir := range []string{".", "..", "../.."} {
-		b, err := os.ReadFile(filepath.Join(dir, ".git", "HEAD"))
+		gitDir := filepath.Join(dir, ".git")
+		if b, err := os.ReadFile(gitDir); err == nil {
+			g, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "gitdir: ")
+			if !ok {
+				continue
+			}
+			if !filepath.IsAbs(g) {
+				g = filepath.Join(dir, g)
+			}
+			gitDir = g
+		}
+		b, err := os.ReadFile(filepath.Join(gitDir, "HEAD"))
 		if err != nil {
 			continue
 		}
 		ref := strings.TrimSpace(string(b))
-		if strings.HasPrefix(ref, "ref: ") {
-			if h, err := os.ReadFile(filepath.Join(dir, ".git", strings.TrimPrefix(ref, "ref: "))); err == nil {
+		name, isRef := strings.CutPrefix(ref, "ref: ")
+		if !isRef {
+			return ref[:min(12, len(ref))]
+		}
+		dirs := []string{gitDir}
+		if c, err := os.ReadFile(filepath.Join(gitDir, "commondir")); err == nil {
+			cd := strings.TrimSpace(string(c))
+			if !filepath.IsAbs(cd) {
+				cd = filepath.Join(gitDir, cd)
+			}
+			dirs = append(dirs, cd)
+		}
+		for _, d := range dirs {
+			if h, err := os.ReadFile(filepath.Join(d, name)); err == nil {
 				return strings.TrimSpace(string(h))[:12]
 			}
-			return ref
+			if packed, err := os.ReadFile(filepath.Join(d, "packed-refs")); err == nil {
+				for _, l := range strings.Split(string(packed), "\n") {
+					if h, ok := strings.CutSuffix(l, " "+name); ok && len(h) >= 12 {
+						return h[:12]
+					}
+				}
+			}
 		}
-		return ref[:min(12, len(ref))]
+		return ref
 	}
 	return "unknown"
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -36,6 +37,9 @@ type Options struct {
 	Progress io.Writer
 	// Command is recorded in the report so anyone can reproduce it.
 	Command string
+	// ScaleOut configures the scale-out section (several routers). nil
+	// means DefaultScaleOut().
+	ScaleOut *ScaleOut
 }
 
 // Loads are the load levels of the ladder, as fractions of the cluster's
@@ -47,12 +51,17 @@ var headlineLoads = []float64{0.5, 0.8, 0.95}
 
 // Point is one simulated run in the results.
 type Point struct {
-	Workload string      `json:"workload"`
-	Load     float64     `json:"load"` // fraction of capacity (ladder) or 0.8 (sweeps)
-	RPS      float64     `json:"rps"`
-	Sweep    string      `json:"sweep,omitempty"` // "", "replicas", "cache"
-	Param    int         `json:"param,omitempty"` // the swept value
-	Result   *sim.Result `json:"result"`
+	Workload string  `json:"workload"`
+	Load     float64 `json:"load"` // fraction of capacity (ladder) or 0.8 (sweeps)
+	RPS      float64 `json:"rps"`
+	Sweep    string  `json:"sweep,omitempty"` // "", "replicas", "cache"
+	Param    int     `json:"param,omitempty"` // the swept value
+	// Scale-out points ("scaleout", "scaleout-delay"): router count, sync,
+	// propagation delay.
+	Routers   int         `json:"routers,omitempty"`
+	Sync      bool        `json:"sync,omitempty"`
+	SyncDelay float64     `json:"sync_delay_seconds,omitempty"`
+	Result    *sim.Result `json:"result"`
 }
 
 // Results is everything a suite run produced.
@@ -94,6 +103,15 @@ func Run(opts Options) (*Results, error) {
 	if opts.Out == "" {
 		return nil, errors.New("suite: no output folder")
 	}
+	so := DefaultScaleOut()
+	if opts.ScaleOut != nil {
+		so = *opts.ScaleOut
+	}
+	so.withDefaults()
+	if err := so.Validate(); err != nil {
+		return nil, err
+	}
+	opts.ScaleOut = &so
 	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("suite: %w", err)
 	}
@@ -120,11 +138,16 @@ func Run(opts Options) (*Results, error) {
 
 	// 2. the load ladder: every workload x load x policy
 	var jobs []job
+	scaleBase := map[string]job{} // the cost policy's 80% point of each scale-out workload
 	for _, w := range ws {
 		for _, f := range Loads {
 			for _, p := range policies {
-				jobs = append(jobs, job{w: w, fraction: f, cfg: sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engine: engine},
-					point: Point{Workload: w.Name, Load: f, RPS: f * res.Capacity[w.Name]}})
+				j := job{w: w, fraction: f, cfg: sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engine: engine},
+					point: Point{Workload: w.Name, Load: f, RPS: f * res.Capacity[w.Name]}}
+				jobs = append(jobs, j)
+				if p.Name == ours && f == scaleLoad && so.enabled() && slices.Contains(so.Workloads, w.Name) {
+					scaleBase[w.Name] = j
+				}
 			}
 		}
 	}
@@ -162,8 +185,40 @@ func Run(opts Options) (*Results, error) {
 		}
 	}
 
+	// 3b. scale-out: the cost policy with several routers, synced or not
+	for _, w := range ws {
+		if j, ok := scaleBase[w.Name]; ok {
+			jobs = append(jobs, scaleOutJobs(opts, j)...)
+		}
+	}
+
 	bar = newBar(opts.Progress, len(jobs))
-	res.Points = make([]Point, len(jobs))
+	points, err := runJobs(opts, jobs, bar)
+	if err != nil {
+		return nil, err
+	}
+	res.Points = points
+	// 4. the strongest anchor of each scale-out workload, unsynced (needs the ladder)
+	if jobs := anchorJobs(opts, res, scaleBase); len(jobs) > 0 {
+		points, err := runJobs(opts, jobs, newBar(opts.Progress, len(jobs)))
+		if err != nil {
+			return nil, err
+		}
+		res.Points = append(res.Points, points...)
+	}
+	res.Elapsed = time.Since(res.Started).Seconds()
+	if err := writeJSON(filepath.Join(opts.Out, "results.json"), res); err != nil {
+		return nil, err
+	}
+	if err := writeReport(opts, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// runJobs runs jobs on opts.Parallel workers; points come back in job order.
+func runJobs(opts Options, jobs []job, bar *bar) ([]Point, error) {
+	points := make([]Point, len(jobs))
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -180,11 +235,15 @@ func Run(opts Options) (*Results, error) {
 				r, err := sim.Run(j.cfg, w)
 				mu.Lock()
 				if err != nil && first == nil {
-					first = fmt.Errorf("suite: %s %s load %.2f: %w", j.w.Name, j.cfg.Policy, j.fraction, err)
+					first = fmt.Errorf("suite: %s %s load %.2f routers %d: %w", j.w.Name, j.cfg.Policy, j.fraction, max(j.cfg.Routers, 1), err)
 				}
 				j.point.Result = r
-				res.Points[i] = j.point
-				bar.step(fmt.Sprintf("%s %s %.0f%%", j.w.Name, j.cfg.Policy, j.fraction*100))
+				points[i] = j.point
+				label := fmt.Sprintf("%s %s %.0f%%", j.w.Name, j.cfg.Policy, j.fraction*100)
+				if j.cfg.Routers > 1 {
+					label += fmt.Sprintf(" x%d", j.cfg.Routers)
+				}
+				bar.step(label)
 				mu.Unlock()
 			}
 		}()
@@ -194,17 +253,7 @@ func Run(opts Options) (*Results, error) {
 	}
 	close(next)
 	wg.Wait()
-	if first != nil {
-		return nil, first
-	}
-	res.Elapsed = time.Since(res.Started).Seconds()
-	if err := writeJSON(filepath.Join(opts.Out, "results.json"), res); err != nil {
-		return nil, err
-	}
-	if err := writeReport(opts, res); err != nil {
-		return nil, err
-	}
-	return res, nil
+	return points, first
 }
 
 // rescaled returns a copy of w whose arrivals run at rps.

@@ -19,6 +19,15 @@ type Plot struct {
 	Title, XLabel, YLabel string
 	LogY                  bool
 	Series                []Series
+	// XTicks, when set, label the x axis at these positions (categories or
+	// a log scale) instead of six evenly spaced numbers.
+	XTicks []Tick
+}
+
+// Tick is a labelled position on an axis.
+type Tick struct {
+	At    float64
+	Label string
 }
 
 var palette = []string{"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
@@ -46,6 +55,9 @@ func (p *Plot) WriteSVG(w io.Writer) error {
 	if math.IsInf(xmin, 0) {
 		xmin, xmax, ymin, ymax = 0, 1, 0, 1
 	}
+	for _, t := range p.XTicks {
+		xmin, xmax = math.Min(xmin, t.At), math.Max(xmax, t.At)
+	}
 	if !p.LogY {
 		ymin = math.Min(ymin, 0)
 	}
@@ -63,9 +75,14 @@ func (p *Plot) WriteSVG(w io.Writer) error {
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%.0f" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, esc(p.Title))
 	fmt.Fprintf(&b, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#888"/>`+"\n", left, top, pw, ph)
+	for _, t := range p.XTicks {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", px(t.At), top+ph+16, esc(t.Label))
+	}
 	for i := 0; i <= 5; i++ {
-		fx := xmin + (xmax-xmin)*float64(i)/5
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", px(fx), top+ph+16, num(fx))
+		if len(p.XTicks) == 0 {
+			fx := xmin + (xmax-xmin)*float64(i)/5
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", px(fx), top+ph+16, num(fx))
+		}
 		fy := ymin + (ymax-ymin)*float64(i)/5
 		yv := fy
 		if p.LogY {

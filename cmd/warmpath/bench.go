@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/warmpath/warmpath/bench/analyze"
 	"github.com/warmpath/warmpath/bench/live"
@@ -33,6 +35,11 @@ func runBench(ctx context.Context, args []string, e env) error {
 	parallel := fs.Int("parallel", 0, "sim: simulations at once (0 = GOMAXPROCS)")
 	skipNginx := fs.Bool("skip-nginx", false, "live: leave the nginx baseline out")
 	commit := fs.String("commit", "", "live: commit recorded in the report (default: ask git)")
+	so := suite.DefaultScaleOut()
+	routers := fs.String("routers", joinInts(so.Routers), "sim: scale-out section's router counts (none above 1: no section)")
+	syncDelay := fs.Duration("sync-delay", so.SyncDelay, "sim: scale-out peer update propagation delay (virtual time)")
+	syncDelays := fs.String("sync-delays", joinDurations(so.Delays), "sim: scale-out delay sweep (\"\": none)")
+	delayRouters := fs.Int("delay-routers", 4, "sim: router count of the delay sweep")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -41,8 +48,22 @@ func runBench(ctx context.Context, args []string, e env) error {
 	}
 	cmdline := "warmpath " + strings.Join(append([]string{"bench"}, args...), " ")
 	if mode == "sim" {
+		var err error
+		if so.Routers, err = parseInts(*routers); err != nil {
+			return fmt.Errorf("bench sim: --routers: %w", err)
+		}
+		if so.Delays, err = parseDurations(*syncDelays); err != nil {
+			return fmt.Errorf("bench sim: --sync-delays: %w", err)
+		}
+		so.SyncDelay, so.SweepRouters = *syncDelay, *delayRouters
+		if *delayRouters < 2 {
+			return fmt.Errorf("bench sim: --delay-routers must be >= 2, got %d", *delayRouters)
+		}
+		if err := so.Validate(); err != nil {
+			return fmt.Errorf("bench sim: %w", err)
+		}
 		res, err := suite.Run(suite.Options{Out: *out, Smoke: *smoke, Seed: *seed, Replicas: *replicas, Trace: *trace,
-			Parallel: *parallel, Progress: e.stderr, Command: cmdline})
+			Parallel: *parallel, Progress: e.stderr, Command: cmdline, ScaleOut: &so})
 		if err != nil {
 			return err
 		}
@@ -106,4 +127,52 @@ func runAnalyze(_ context.Context, args []string, e env) error {
 	}
 	rep.WriteText(e.stdout)
 	return nil
+}
+
+// parseInts reads "1,2,4,8".
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q: not an integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseDurations reads "0,1ms,10ms"; a bare 0 is zero.
+func parseDurations(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		d, err := time.ParseDuration(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", f, err)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func joinInts(xs []int) string {
+	var b []string
+	for _, x := range xs {
+		b = append(b, strconv.Itoa(x))
+	}
+	return strings.Join(b, ",")
+}
+
+func joinDurations(ds []time.Duration) string {
+	var b []string
+	for _, d := range ds {
+		b = append(b, d.String())
+	}
+	return strings.Join(b, ",")
 }

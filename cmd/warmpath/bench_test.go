@@ -12,15 +12,37 @@ import (
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
+// One smoke run (the suite is seconds, but tens of seconds under -race)
+// with the scale-out flags set; bad flags fail before anything runs.
 func TestBenchSimSmoke(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"bench", "sim", "--smoke", "--replicas", "2", "--out", dir}, env{stdout: &out, stderr: &errb})
+	err := run(context.Background(), []string{"bench", "sim", "--smoke", "--replicas", "2", "--out", dir,
+		"--routers", "1,3", "--sync-delay", "2ms", "--sync-delays", "0,50ms", "--delay-routers", "2"}, env{stdout: &out, stderr: &errb})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "report.md")); err != nil || !strings.Contains(out.String(), "report.md") {
 		t.Fatalf("no report: %v, stdout %q", err, out.String())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"## Scale-out", "cost, synced (2ms)", "\n| 3 |", "### Propagation delay (2 routers", " 50ms |", "scaleout-delay.svg"} {
+		if !strings.Contains(string(b), w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
+	if strings.Contains(string(b), "\n| 4 |") {
+		t.Error("report has 4 routers; --routers asked for 1,3")
+	}
+	for _, bad := range [][]string{{"--routers", "two"}, {"--routers", "0"}, {"--routers", "300"}, {"--sync-delay", "-1s"},
+		{"--sync-delays", "soon"}, {"--sync-delays", "-5ms"}, {"--delay-routers", "1"}} {
+		args := append([]string{"bench", "sim", "--smoke", "--out", t.TempDir()}, bad...)
+		if err := run(context.Background(), args, env{stdout: &out, stderr: &errb}); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
 	}
 }
 
