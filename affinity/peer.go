@@ -24,6 +24,11 @@ import (
 //     skipped); the late insert then claims blocks the engine does not hold,
 //     which the receiving router's own End corrects like any misprediction.
 //   - Cache resets (ResetCache: the engine restarted).
+//   - Finished tails (End of a successful request, for sinks that also
+//     implement PeerTailSink): the deepest block of the request's prompt on
+//     its replica, so every router gives the next turn of that chat the
+//     continuation credit (the engine also cached the answer), whichever
+//     instance the next turn lands on. Lossy like the local table.
 //   - Load: the sender's absolute router-local load per replica (requests
 //     in flight, uncached prefill tokens and requests awaiting their first
 //     token), not deltas, so a lost message is healed by the next and a
@@ -58,6 +63,13 @@ type PeerSink interface {
 	PeerLoad(id ReplicaID, l PeerLoad)
 }
 
+// PeerTailSink is optionally implemented by a PeerSink: PeerTail(id, tail)
+// reports that a request whose prompt's deepest block was tail finished
+// successfully on replica id (see Router.ContinuationCredit).
+type PeerTailSink interface {
+	PeerTail(id ReplicaID, tail uint64)
+}
+
 // PeerLoad is one router's local load on one replica (absolute values).
 type PeerLoad struct {
 	InFlight             int32 // requests in flight
@@ -74,6 +86,7 @@ const (
 	PeerKindTruncate                     // Tail, N
 	PeerKindReset                        // nothing else
 	PeerKindLoad                         // Load
+	PeerKindTail                         // Tail: a finished request's deepest block
 )
 
 func (k PeerKind) String() string {
@@ -86,6 +99,8 @@ func (k PeerKind) String() string {
 		return "reset"
 	case PeerKindLoad:
 		return "load"
+	case PeerKindTail:
+		return "tail"
 	}
 	return fmt.Sprintf("PeerKind(%d)", uint8(k))
 }
@@ -96,7 +111,7 @@ type PeerUpdate struct {
 	Kind    PeerKind
 	Replica ReplicaID
 	Hashes  []uint64 // PeerKindInsert: the chain, first block first
-	Tail    uint64   // PeerKindTruncate
+	Tail    uint64   // PeerKindTruncate, PeerKindTail
 	N       int      // PeerKindTruncate
 	Load    PeerLoad // PeerKindLoad
 }
@@ -112,6 +127,7 @@ var ErrPeerSlot = errors.New("peer slot out of range")
 func (r *Router) SetPeerSink(s PeerSink) {
 	r.mu.Lock()
 	r.sink = s
+	r.tailSink, _ = s.(PeerTailSink)
 	r.mu.Unlock()
 }
 
@@ -144,6 +160,11 @@ func (r *Router) ApplyPeer(peer int, ups []PeerUpdate) error {
 			r.idx.dropReplica(u.Replica)
 		case PeerKindLoad:
 			p.setPeerLoad(peer, u.Load)
+		case PeerKindTail:
+			if u.Tail != 0 {
+				k := tailKey(u.Tail, u.Replica)
+				r.tails[k%tailSlots].Store(k)
+			}
 		}
 	}
 	return nil

@@ -24,6 +24,9 @@ func (q *queueSink) PeerTruncate(id ReplicaID, tail uint64, n int) {
 func (q *queueSink) PeerReset(id ReplicaID) {
 	q.ups = append(q.ups, PeerUpdate{Kind: PeerKindReset, Replica: id})
 }
+func (q *queueSink) PeerTail(id ReplicaID, tail uint64) {
+	q.ups = append(q.ups, PeerUpdate{Kind: PeerKindTail, Replica: id, Tail: tail})
+}
 func (q *queueSink) PeerLoad(id ReplicaID, l PeerLoad) {
 	q.ups = append(q.ups, PeerUpdate{Kind: PeerKindLoad, Replica: id, Load: l})
 }
@@ -327,5 +330,29 @@ func TestExportImportIndex(t *testing.T) {
 	}
 	if err := c.ImportIndex(0, []uint64{1}, nil); err == nil {
 		t.Fatal("mismatched slices accepted")
+	}
+}
+
+func TestPeerTailShared(t *testing.T) {
+	a, b, sink, deliver := peerPair(t, "cost")
+	sys := strings.Repeat("Chat rules. ", 600)
+	q1, ans, q2 := strings.Repeat("first question ", 40), strings.Repeat("an answer ", 60), strings.Repeat("second question ", 40)
+	turn1 := request(t, chatBody("m", sys, q1), 1)
+	turn2 := request(t, chatBody("m", sys, q1, ans, q2), 2)
+	r1a, r1b := idOf(t, a, "r1"), idOf(t, b, "r1")
+	var f Flight
+	a.Begin(r1a, turn1, nil, &f)
+	a.FirstToken(&f, 10)
+	a.End(&f, 20, -1, true)
+	deliver(sink.take())
+	held := cachedOn(t, b, turn2, r1b) / b.bt
+	if held == 0 || held >= len(turn2.Hashes) {
+		t.Fatalf("turn 2 holds %d of %d blocks on r1", held, len(turn2.Hashes))
+	}
+	if !b.finishedTail(turn2.Hashes[held-1], r1b) {
+		t.Fatal("b does not know that turn 1 finished on r1: no continuation credit for turn 2 there")
+	}
+	if b.finishedTail(turn2.Hashes[held-1], idOf(t, b, "r0")) {
+		t.Fatal("tail recorded for the wrong replica")
 	}
 }

@@ -20,7 +20,8 @@ type Router struct {
 	policy   Policy
 	onBegin  BeginHook
 	onRemove RemoveHook
-	sink     PeerSink // SetPeerSink; nil = single router
+	sink     PeerSink     // SetPeerSink; nil = single router
+	tailSink PeerTailSink // sink, when it also takes finished tails
 
 	mu     sync.RWMutex
 	reps   []*replica // by ReplicaID; nil = free slot
@@ -637,6 +638,9 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 		if f.tail != 0 {
 			k := tailKey(f.tail, f.Replica)
 			r.tails[k%tailSlots].Store(k)
+			if r.tailSink != nil {
+				r.tailSink.PeerTail(f.Replica, f.tail)
+			}
 		}
 		if f.cont && cachedTokens >= 0 {
 			ewma(&r.contCredit, float64(max(cachedTokens-predicted, 0)), 0.1)

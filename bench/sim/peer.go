@@ -14,7 +14,8 @@ import (
 // simulator's stand-in for the NATS transport of slowpath/cluster.
 //
 // Modelled: which router sees which request (uniform, seeded: ECMP by
-// connection), each router's own index, load and policy state, and a fixed
+// connection), each router's own index, load and policy state, finished
+// tails (continuation credit), and a fixed
 // propagation delay per update. Not modelled: message loss or reordering,
 // clock skew between instances, the staleness bound that withdraws a quiet
 // peer's load (ClearPeer), and batching other than as extra delay.
@@ -41,6 +42,12 @@ func (o *outbox) PeerTruncate(id affinity.ReplicaID, tail uint64, n int) {
 
 func (o *outbox) PeerReset(id affinity.ReplicaID) {
 	o.ups = append(o.ups, affinity.PeerUpdate{Kind: affinity.PeerKindReset, Replica: id})
+}
+
+// PeerTail: a finished request's deepest block (continuation credit on
+// every router, affinity.PeerTailSink).
+func (o *outbox) PeerTail(id affinity.ReplicaID, tail uint64) {
+	o.ups = append(o.ups, affinity.PeerUpdate{Kind: affinity.PeerKindTail, Replica: id, Tail: tail})
 }
 
 // PeerLoad coalesces: loads are absolute, so only a replica's latest value
