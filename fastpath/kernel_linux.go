@@ -32,7 +32,10 @@ type edgeObjects struct {
 // process adopts the state; the XDP link is pinned too, so steering keeps
 // running while no process holds it.
 type Kernel struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// use is held (read) by RangeAffinity while it iterates outside mu,
+	// and (write) by Close and Detach, so the maps are not closed under it.
+	use     sync.RWMutex
 	log     *slog.Logger
 	objs    edgeObjects
 	link    link.Link
@@ -532,8 +535,11 @@ func (k *Kernel) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry, 
 }
 
 // RangeAffinity calls fn for each entry until fn returns false. Entries
-// changed concurrently may be seen or not.
+// changed concurrently may be seen or not. fn may call other methods, but
+// not RangeAffinity, Close or Detach.
 func (k *Kernel) RangeAffinity(fn func(AffinityEntry) bool) error {
+	k.use.RLock()
+	defer k.use.RUnlock()
 	if err := k.lock(); err != nil {
 		return err
 	}
@@ -597,9 +603,10 @@ func (k *Kernel) Counters() (Counters, error) {
 	if err := k.lock(); err != nil {
 		return Counters{}, err
 	}
-	m, ncpu := k.objs.Counters, k.ncpu
-	k.mu.Unlock()
-	return readCounters(m, ncpu)
+	// Under the lock: a concurrent Close or Detach (a Fallback giving the
+	// kernel up mid-run) closes the map.
+	defer k.mu.Unlock()
+	return readCounters(k.objs.Counters, k.ncpu)
 }
 
 func readCounters(m *ebpf.Map, ncpu int) (Counters, error) {
@@ -659,6 +666,8 @@ func (k *Kernel) closeObjs() {
 // Close releases this process's handles; the pinned link keeps the program
 // attached and the pinned maps keep the state.
 func (k *Kernel) Close() error {
+	k.use.Lock()
+	defer k.use.Unlock()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
@@ -673,6 +682,8 @@ func (k *Kernel) Close() error {
 // interface), unpins the maps and removes PinPath. Established steered flows
 // stop being steered.
 func (k *Kernel) Detach() error {
+	k.use.Lock()
+	defer k.use.Unlock()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
