@@ -32,10 +32,15 @@ var _ net.Error = idleError{}
 // fasthttp sets the read deadline once per request, after writing it, from
 // the goroutine that then reads the response; the body stream is read by
 // one goroutine at a time (handed over through fasthttp's pool). No locks.
+//
+// The deadline is moved only when it would move by more than idle/16, so
+// most reads of a steady stream cost a clock read and no timer update; the
+// timeout then fires after between 15/16 and all of idle without a byte.
 type idleConn struct {
 	net.Conn
 	idle     time.Duration
 	deadline time.Time // the caller's read deadline (zero: none)
+	set      time.Time // the read deadline in force
 	armed    bool      // a byte of the current response arrived
 	byIdle   bool      // the deadline in force is the idle one
 }
@@ -43,25 +48,28 @@ type idleConn struct {
 // SetReadDeadline records the caller's deadline; fasthttp calls it for every
 // request, so it also marks the start of a new response.
 func (c *idleConn) SetReadDeadline(t time.Time) error {
-	c.deadline, c.armed, c.byIdle = t, false, false
+	c.deadline, c.set, c.armed, c.byIdle = t, t, false, false
 	return c.Conn.SetReadDeadline(t)
 }
 
 // SetDeadline is SetReadDeadline and the write deadline at once.
 func (c *idleConn) SetDeadline(t time.Time) error {
-	c.deadline, c.armed, c.byIdle = t, false, false
+	c.deadline, c.set, c.armed, c.byIdle = t, t, false, false
 	return c.Conn.SetDeadline(t)
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
 	if c.armed {
 		d := time.Now().Add(c.idle)
-		c.byIdle = c.deadline.IsZero() || d.Before(c.deadline)
-		if !c.byIdle {
+		byIdle := c.deadline.IsZero() || d.Before(c.deadline)
+		if !byIdle {
 			d = c.deadline
 		}
-		if err := c.Conn.SetReadDeadline(d); err != nil {
-			return 0, err
+		if byIdle != c.byIdle || d.Sub(c.set) > c.idle>>4 {
+			if err := c.Conn.SetReadDeadline(d); err != nil {
+				return 0, err
+			}
+			c.set, c.byIdle = d, byIdle
 		}
 	}
 	n, err := c.Conn.Read(p)
