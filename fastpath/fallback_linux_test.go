@@ -16,8 +16,9 @@ import (
 // TestKernelLostMidRun: the XDP side torn down from under a running
 // datapath. Detaching it (`warmpath detach` = Uninstall, which now detaches
 // even a link another process holds) or deleting its interface makes Check
-// report ErrLost and the datapath Open returned switch to userspace mode
-// with one ERROR line; unmounting bpffs is not a loss (the program and maps
+// report ErrLost, map writes that keep failing do it too, and the datapath
+// Open returned switches to userspace mode with one ERROR line, the
+// program detached; unmounting bpffs is not a loss (the program and maps
 // live on through the process's handles and keep steering).
 func TestKernelLostMidRun(t *testing.T) {
 	testbed.RequireRoot(t)
@@ -34,6 +35,7 @@ func TestKernelLostMidRun(t *testing.T) {
 		{name: "interface deleted", lost: true, teardown: func(t *testing.T, ns *testbed.NS, _ string) {
 			ns.Run("ip", "link", "del", "wlost")
 		}},
+		{name: "map writes failing", lost: true, teardown: func(t *testing.T, _ *testbed.NS, _ string) {}},
 		{name: "bpffs unmounted", teardown: func(t *testing.T, _ *testbed.NS, pin string) {
 			if err := unix.Unmount(filepath.Dir(pin), unix.MNT_DETACH); err != nil {
 				t.Fatal(err)
@@ -72,6 +74,20 @@ func TestKernelLostMidRun(t *testing.T) {
 			}
 
 			tc.teardown(t, ns, pin)
+			if tc.name == "map writes failing" {
+				// The affinity map's handle breaks under the datapath (as
+				// a kernel refusing every update would): the program stays
+				// attached, so only the failing writes can tell.
+				k := dp.(*Fallback).k.(*Kernel)
+				k.mu.Lock()
+				_ = k.objs.Affinity.Close()
+				k.mu.Unlock()
+				for i := range lostAfterFailures {
+					if err := dp.SetAffinity(a); (err == nil) != (i == lostAfterFailures-1) {
+						t.Fatalf("write %d with a broken map: %v", i, err)
+					}
+				}
+			}
 			if err := ck.Check(); err != nil {
 				t.Fatalf("Check after %s: %v", tc.name, err)
 			}
@@ -85,8 +101,8 @@ func TestKernelLostMidRun(t *testing.T) {
 			if !tc.lost && !xdpAttached(ns, "wlost") {
 				t.Fatal("program detached by a bpffs unmount")
 			}
-			if tc.name == "warmpath detach" && xdpAttached(ns, "wlost") {
-				t.Fatal("warmpath detach left the program attached while a process holds its link")
+			if tc.lost && tc.name != "interface deleted" && xdpAttached(ns, "wlost") {
+				t.Fatalf("program still attached after %s: a lost datapath must stop steering", tc.name)
 			}
 			// The datapath keeps answering, in whichever mode.
 			if err := dp.SetAffinity(a); err != nil {
