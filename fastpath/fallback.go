@@ -24,12 +24,30 @@ type Checker interface {
 	Check() error
 }
 
-// lostAfterFailures is how many datapath operations failing in a row (other
-// than caller errors: ErrInvalid, ErrFull, ErrUnknownBackend) make a
-// Fallback give the kernel datapath up. One failure is not enough: a map
-// update can fail transiently (ENOMEM) and the caller already degrades
-// safely (the entry is deleted, the client stays on the slowpath).
+// lostAfterFailures is how many calls of one datapath operation failing in
+// a row (other than caller errors: ErrInvalid, ErrFull, ErrUnknownBackend)
+// make a Fallback give the kernel datapath up. One failure is not enough: a
+// map update can fail transiently (ENOMEM) and the caller already degrades
+// safely (the entry is deleted, the client stays on the slowpath). Counted
+// per operation, so one broken map is not hidden by the others working.
 const lostAfterFailures = 8
+
+// Operations, for the per-operation failure counts.
+const (
+	opCheck = iota
+	opSetServices
+	opServices
+	opSetBackends
+	opBackends
+	opBump
+	opSetAffinity
+	opDeleteAffinity
+	opLookupAffinity
+	opRangeAffinity
+	opExpireIdle
+	opCounters
+	numOps
+)
 
 // Fallback is a kernel Datapath that turns into a userspace one when the
 // kernel side is lost mid-run, instead of failing: Mode then reports
@@ -46,8 +64,8 @@ type Fallback struct {
 	log    *slog.Logger
 	lost   atomic.Bool
 	closed atomic.Bool
-	fails  atomic.Int32
-	mu     sync.Mutex // serialises lose and Close
+	fails  [numOps]atomic.Int32 // consecutive failures per operation
+	mu     sync.Mutex           // serialises lose and Close
 }
 
 // NewFallback wraps k. now is the userspace side's clock (nil: monotonic).
@@ -74,7 +92,7 @@ func (f *Fallback) Check() error {
 		return nil
 	}
 	err := c.Check()
-	if f.note(err) {
+	if f.note(opCheck, err) {
 		return nil
 	}
 	return err
@@ -82,10 +100,10 @@ func (f *Fallback) Check() error {
 
 // note looks at a kernel call's error; true means the kernel datapath is
 // (now) lost and the call must be made on the userspace side.
-func (f *Fallback) note(err error) bool {
+func (f *Fallback) note(op int, err error) bool {
 	switch {
 	case err == nil:
-		f.fails.Store(0)
+		f.fails[op].Store(0)
 		return false
 	case f.closed.Load():
 		return false
@@ -97,7 +115,7 @@ func (f *Fallback) note(err error) bool {
 		f.lose(err)
 		return true
 	}
-	if n := f.fails.Add(1); n >= lostAfterFailures {
+	if n := f.fails[op].Add(1); n >= lostAfterFailures {
 		f.lose(fmt.Errorf("%w: %d datapath operations failed in a row, the last: %w", ErrLost, n, err))
 		return true
 	}
@@ -126,18 +144,18 @@ func (f *Fallback) lose(reason error) {
 
 // call runs op on the kernel side and, when that is (or becomes) lost, on
 // the userspace side.
-func call[T any](f *Fallback, op func(Datapath) (T, error)) (T, error) {
+func call[T any](f *Fallback, id int, op func(Datapath) (T, error)) (T, error) {
 	if !f.lost.Load() {
 		v, err := op(f.k)
-		if !f.note(err) {
+		if !f.note(id, err) {
 			return v, err
 		}
 	}
 	return op(f.u)
 }
 
-func call0(f *Fallback, op func(Datapath) error) error {
-	_, err := call(f, func(d Datapath) (struct{}, error) { return struct{}{}, op(d) })
+func call0(f *Fallback, id int, op func(Datapath) error) error {
+	_, err := call(f, id, func(d Datapath) (struct{}, error) { return struct{}{}, op(d) })
 	return err
 }
 
@@ -152,34 +170,34 @@ func (f *Fallback) Mode() Mode {
 
 // SetServices implements Datapath.
 func (f *Fallback) SetServices(svcs []Service) error {
-	return call0(f, func(d Datapath) error { return d.SetServices(svcs) })
+	return call0(f, opSetServices, func(d Datapath) error { return d.SetServices(svcs) })
 }
 
 // Services implements Datapath.
 func (f *Fallback) Services() ([]Service, error) {
-	return call(f, func(d Datapath) ([]Service, error) { return d.Services() })
+	return call(f, opServices, func(d Datapath) ([]Service, error) { return d.Services() })
 }
 
 // SetBackends implements Datapath.
 func (f *Fallback) SetBackends(bs []Backend) error {
-	return call0(f, func(d Datapath) error { return d.SetBackends(bs) })
+	return call0(f, opSetBackends, func(d Datapath) error { return d.SetBackends(bs) })
 }
 
 // Backends implements Datapath.
 func (f *Fallback) Backends() ([]Backend, error) {
-	return call(f, func(d Datapath) ([]Backend, error) { return d.Backends() })
+	return call(f, opBackends, func(d Datapath) ([]Backend, error) { return d.Backends() })
 }
 
 // BumpGeneration implements Datapath.
 func (f *Fallback) BumpGeneration(id BackendID) (uint32, error) {
-	return call(f, func(d Datapath) (uint32, error) { return d.BumpGeneration(id) })
+	return call(f, opBump, func(d Datapath) (uint32, error) { return d.BumpGeneration(id) })
 }
 
 // SetAffinity implements Datapath.
 func (f *Fallback) SetAffinity(a Affinity) error {
 	if !f.lost.Load() { // the request path: no closure
 		err := f.k.SetAffinity(a)
-		if !f.note(err) {
+		if !f.note(opSetAffinity, err) {
 			return err
 		}
 	}
@@ -190,7 +208,7 @@ func (f *Fallback) SetAffinity(a Affinity) error {
 func (f *Fallback) DeleteAffinity(client netip.Addr, svc Service) error {
 	if !f.lost.Load() {
 		err := f.k.DeleteAffinity(client, svc)
-		if !f.note(err) {
+		if !f.note(opDeleteAffinity, err) {
 			return err
 		}
 	}
@@ -201,7 +219,7 @@ func (f *Fallback) DeleteAffinity(client netip.Addr, svc Service) error {
 func (f *Fallback) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry, bool, error) {
 	if !f.lost.Load() {
 		e, ok, err := f.k.LookupAffinity(client, svc)
-		if !f.note(err) {
+		if !f.note(opLookupAffinity, err) {
 			return e, ok, err
 		}
 	}
@@ -210,17 +228,17 @@ func (f *Fallback) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry
 
 // RangeAffinity implements Datapath.
 func (f *Fallback) RangeAffinity(fn func(AffinityEntry) bool) error {
-	return call0(f, func(d Datapath) error { return d.RangeAffinity(fn) })
+	return call0(f, opRangeAffinity, func(d Datapath) error { return d.RangeAffinity(fn) })
 }
 
 // ExpireIdle implements Datapath.
 func (f *Fallback) ExpireIdle(maxIdle time.Duration) (int, error) {
-	return call(f, func(d Datapath) (int, error) { return d.ExpireIdle(maxIdle) })
+	return call(f, opExpireIdle, func(d Datapath) (int, error) { return d.ExpireIdle(maxIdle) })
 }
 
 // Counters implements Datapath.
 func (f *Fallback) Counters() (Counters, error) {
-	return call(f, func(d Datapath) (Counters, error) { return d.Counters() })
+	return call(f, opCounters, func(d Datapath) (Counters, error) { return d.Counters() })
 }
 
 // Close implements Datapath: it closes the side in use.

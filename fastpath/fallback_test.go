@@ -76,7 +76,7 @@ func TestFallbackSwitch(t *testing.T) {
 				t.Fatalf("Check after the switch: %v, want nil (userspace works)", err)
 			}
 		}},
-		{name: "writes keep failing", lost: true, break_: func(t *testing.T, k *flaky, f *Fallback) {
+		{name: "writes keep failing while reads work", lost: true, break_: func(t *testing.T, k *flaky, f *Fallback) {
 			k.writeErr.Store(errp(fmt.Errorf("set affinity: %w", syscall.EBADF)))
 			for i := range lostAfterFailures - 1 {
 				if err := f.SetAffinity(aff); !errors.Is(err, syscall.EBADF) {
@@ -84,6 +84,10 @@ func TestFallbackSwitch(t *testing.T) {
 				}
 				if f.Lost() {
 					t.Fatalf("lost after %d failures", i+1)
+				}
+				// Other operations working do not hide the broken one.
+				if _, err := f.Counters(); err != nil {
+					t.Fatal(err)
 				}
 			}
 			if err := f.SetAffinity(aff); err != nil {
