@@ -7,7 +7,7 @@ export BPF2GO_CC := $(CLANG)
 export BPF2GO_STRIP := llvm-strip
 TESTFLAGS ?= -race -shuffle=on -count=1 -timeout 12m
 
-.PHONY: help build test test-short bench bench-micro bench-once fuzz generate generate-check lint demo clean
+.PHONY: help build test test-short soak bench bench-micro bench-once fuzz generate generate-check lint demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -27,6 +27,11 @@ test: lint ## vet, race-tested suite (as root: BPF and netns tests too), zero-al
 
 test-short: ## quick tests, no race detector
 	$(GO) test -short ./...
+
+SOAK ?= 3m
+
+soak: ## the slowpath soak (TestSoakChurn) for SOAK (default 3m), without -race; figures in docs/reliability.md
+	$(GO) test -run '^TestSoakChurn$$' -count=1 -v -timeout 1h ./slowpath -soak=$(SOAK)
 
 # Every fuzz target, as package:Target. `make fuzz` runs each for FUZZTIME.
 FUZZ_TARGETS := ./affinity:FuzzCanonicalize ./bench/enginesim:FuzzAPIRequest ./bench/enginesim:FuzzEngine \

@@ -17,6 +17,9 @@
 // Open picks the implementation: ModeAuto probes the kernel once
 // (Probe; injectable via Options.Probe) and falls back to userspace with a
 // single log line naming the reason; ModeKernel makes any failure an error.
+// The kernel datapath comes wrapped in a Fallback: lost mid-run (program
+// detached, interface gone, operations failing; found by Check), it turns
+// into a userspace datapath with one ERROR line instead of failing.
 //
 // Lifecycle hazards:
 //   - State is pinned under Options.PinPath (default /sys/fs/bpf/warmpath)

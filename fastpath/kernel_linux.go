@@ -32,18 +32,29 @@ type edgeObjects struct {
 // process adopts the state; the XDP link is pinned too, so steering keeps
 // running while no process holds it.
 type Kernel struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// use is held (read) by RangeAffinity while it iterates outside mu,
+	// and (write) by Close and Detach, so the maps are not closed under it.
+	use     sync.RWMutex
 	log     *slog.Logger
 	objs    edgeObjects
 	link    link.Link
+	ifname  string // the interface link is attached to
+	ifindex int
 	pinPath string
 	now     func() int64
 	ncpu    int
 	closed  bool
 }
 
+// openKernel opens the kernel datapath wrapped in a Fallback: losing it
+// mid-run turns it into a userspace datapath instead of failing.
 func openKernel(opts Options, log *slog.Logger) (Datapath, error) {
-	return OpenKernel(opts)
+	k, err := OpenKernel(opts)
+	if err != nil {
+		return nil, err
+	}
+	return NewFallback(k, opts.Now, log), nil
 }
 
 // OpenKernel loads (or adopts) the kernel datapath without probing: Open is
@@ -158,7 +169,25 @@ func (k *Kernel) attach(ifname string, mode AttachMode) error {
 	if err != nil {
 		return err
 	}
-	k.link = l
+	k.link, k.ifname, k.ifindex = l, ifname, pinnedOn(l)
+	return nil
+}
+
+// Check reports ErrLost when xdp_steer is no longer attached to its
+// interface: the link was detached (`warmpath detach`, `bpftool link
+// detach`) or the interface was deleted. Without an interface there is
+// nothing to lose. One BPF_OBJ_GET_INFO_BY_FD call.
+func (k *Kernel) Check() error {
+	if err := k.lock(); err != nil {
+		return err
+	}
+	defer k.mu.Unlock()
+	if k.link == nil {
+		return nil
+	}
+	if on := pinnedOn(k.link); on == 0 || on != k.ifindex {
+		return fmt.Errorf("%w: xdp_steer is no longer attached to %s (detached, or the interface is gone)", ErrLost, k.ifname)
+	}
 	return nil
 }
 
@@ -506,8 +535,11 @@ func (k *Kernel) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry, 
 }
 
 // RangeAffinity calls fn for each entry until fn returns false. Entries
-// changed concurrently may be seen or not.
+// changed concurrently may be seen or not. fn may call other methods, but
+// not RangeAffinity, Close or Detach.
 func (k *Kernel) RangeAffinity(fn func(AffinityEntry) bool) error {
+	k.use.RLock()
+	defer k.use.RUnlock()
 	if err := k.lock(); err != nil {
 		return err
 	}
@@ -571,9 +603,10 @@ func (k *Kernel) Counters() (Counters, error) {
 	if err := k.lock(); err != nil {
 		return Counters{}, err
 	}
-	m, ncpu := k.objs.Counters, k.ncpu
-	k.mu.Unlock()
-	return readCounters(m, ncpu)
+	// Under the lock: a concurrent Close or Detach (a Fallback giving the
+	// kernel up mid-run) closes the map.
+	defer k.mu.Unlock()
+	return readCounters(k.objs.Counters, k.ncpu)
 }
 
 func readCounters(m *ebpf.Map, ncpu int) (Counters, error) {
@@ -633,6 +666,8 @@ func (k *Kernel) closeObjs() {
 // Close releases this process's handles; the pinned link keeps the program
 // attached and the pinned maps keep the state.
 func (k *Kernel) Close() error {
+	k.use.Lock()
+	defer k.use.Unlock()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
@@ -647,6 +682,8 @@ func (k *Kernel) Close() error {
 // interface), unpins the maps and removes PinPath. Established steered flows
 // stop being steered.
 func (k *Kernel) Detach() error {
+	k.use.Lock()
+	defer k.use.Unlock()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
@@ -672,8 +709,10 @@ func (k *Kernel) Detach() error {
 	return errors.Join(errs...)
 }
 
-// detachPinnedLinks unpins and closes every link pinned in dir whose name
-// starts with prefix, which detaches it.
+// detachPinnedLinks detaches, unpins and closes every link pinned in dir
+// whose name starts with prefix. The explicit detach (BPF_LINK_DETACH)
+// takes the program off its interface even while a running warmpath holds
+// the link open (that process then falls back to userspace mode).
 func detachPinnedLinks(dir, prefix string) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -692,6 +731,9 @@ func detachPinnedLinks(dir, prefix string) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("load pinned link %s: %w", p, err))
 			continue
+		}
+		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", p, err))
 		}
 		if err := l.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin %s: %w", p, err))
@@ -727,7 +769,10 @@ func port16(u uint16) uint16 {
 	return binary.BigEndian.Uint16(b[:])
 }
 
-var _ Datapath = (*Kernel)(nil)
+var (
+	_ Datapath = (*Kernel)(nil)
+	_ Checker  = (*Kernel)(nil)
+)
 
 // Uninstall detaches every warmpath XDP link pinned under pinPath (edge or
 // decap) and removes every pinned map and the directory, without loading

@@ -136,6 +136,15 @@ type UpstreamConfig struct {
 	// ResponseTimeout bounds a whole upstream response, stream included.
 	// Default 10m.
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	// IdleTimeout bounds the wait for each next byte of an upstream
+	// response once its first byte (the headers) has arrived, stream or not.
+	// A stream idle this long ends with an SSE error event, counts as a
+	// broken stream against the replica (passive ejection) and frees its
+	// slot; a buffered answer idle this long is retried like any failure
+	// before the first byte reached the client. It also bounds a stream's
+	// wait from headers to first token (engine queueing plus prefill): keep
+	// it above that. Default 60s; > 0.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxConnsPerReplica caps pooled connections per replica. Default 1024.
 	MaxConnsPerReplica int `yaml:"max_conns_per_replica"`
 	// MaxIdleConnDuration closes pooled idle connections. Default 4s: below
@@ -209,6 +218,7 @@ func Default() Config {
 		Upstream: UpstreamConfig{
 			DialTimeout:         2 * time.Second,
 			ResponseTimeout:     10 * time.Minute,
+			IdleTimeout:         60 * time.Second,
 			MaxConnsPerReplica:  1024,
 			MaxIdleConnDuration: 4 * time.Second,
 			MaxAttempts:         3,
@@ -378,6 +388,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("upstream.dial_timeout: must be > 0, got %s", u.DialTimeout)
 	case u.ResponseTimeout <= 0:
 		return fmt.Errorf("upstream.response_timeout: must be > 0, got %s", u.ResponseTimeout)
+	case u.IdleTimeout <= 0:
+		return fmt.Errorf("upstream.idle_timeout: must be > 0, got %s", u.IdleTimeout)
 	case u.MaxConnsPerReplica < 1:
 		return fmt.Errorf("upstream.max_conns_per_replica: must be >= 1, got %d", u.MaxConnsPerReplica)
 	case u.MaxIdleConnDuration <= 0:

@@ -23,6 +23,10 @@
 //   - Retries happen only before the first response byte; once an upstream
 //     answered with headers the response is committed, and a failure after
 //     that is a broken stream (counted, logged, never retried).
+//   - Upstream connections are wrapped (idle.go) so that, once a response
+//     has begun, each read waits at most upstream.idle_timeout; the wrapper
+//     relies on fasthttp setting the read deadline once per request, from
+//     the goroutine that then reads the response.
 //   - A removed replica stops receiving requests at once; its in-flight
 //     requests finish on their pooled connections. affinity may reuse its
 //     ReplicaID, and its Flights are generation-checked.

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -496,4 +498,174 @@ func TestFaultsReplicaRestart(t *testing.T) {
 		t.Fatalf("after the detected restart the index predicted %d cached tokens on %s, engine had %d", pred, rep, got)
 	}
 	t.Logf("in-flight restart detected: %d blocks forgotten; next request on %s predicted %d, engine %d", before, rep, pred, got)
+}
+
+// TestFaultsIdleTimeout: an engine that stalls a stream after its first
+// events, with a 10-minute response_timeout. upstream.idle_timeout ends the
+// client's stream with the SSE error event, frees the replica slot and the
+// router's in-flight count, counts a broken stream against the replica and
+// ejects it after passive.consecutive_failures of them; the engine sees the
+// upstream connection close (its handler is cancelled).
+func TestFaultsIdleTimeout(t *testing.T) {
+	engines := startEngines(t, 1, nil)
+	victim := engines[0]
+	const fails = 2
+	s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+		c.Upstream.ResponseTimeout = 10 * time.Minute // the old bound: never reached here
+		c.Upstream.IdleTimeout = 300 * time.Millisecond
+		c.Passive.ConsecutiveFailures = fails
+		c.Health.Interval, c.Health.Timeout = time.Minute, time.Second // passive ejection only
+	})
+	victim.SetFaults(enginesim.Faults{StallAfterChunks: 2})
+	for i := range fails {
+		r := doChat(t, url, chatJSON(fmt.Sprintf("stall %d", i), true, 8))
+		if r.status != 200 || r.done || !r.errEv || r.err != nil {
+			t.Fatalf("stalled stream %d: client got %+v, want 200, events, then an SSE error event and no [DONE]", i, r)
+		}
+		waitCond(t, "in-flight back to 0", func() bool {
+			return replicaStatus(t, s, victim.Addr()).InFlight == 0 &&
+				metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+		})
+		t.Logf("stalled stream %d ended by idle_timeout after %d events", i, len(r.events))
+	}
+	if b := metricSum(t, s, "warmpath_slowpath_broken_streams_total", "replica", victim.Addr()); b != fails {
+		t.Fatalf("broken_streams_total = %v, want %d", b, fails)
+	}
+	if st := replicaStatus(t, s, victim.Addr()); st.Healthy || st.Ejections != 1 {
+		t.Fatalf("replica not ejected after %d idle streams: %+v", fails, st)
+	}
+	// The router closed the upstream connections: the engine saw both
+	// requests cancelled (it would otherwise stall until it shuts down).
+	waitCond(t, "engine sees the stalled requests cancelled", func() bool { return victim.Stats().Cancelled == fails })
+}
+
+// TestFaultsIdleTimeoutJSON: a buffered (non-stream) answer whose body
+// stops after its first bytes is retried on the next replica like any
+// failure before the client got a byte.
+func TestFaultsIdleTimeoutJSON(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := make(chan struct{}, 4)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(release); ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() { // headers and half a body, then nothing until the test ends
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+				select {
+				case stalled <- struct{}{}:
+				default:
+				}
+				<-release
+			}()
+		}
+	}()
+	engines := startEngines(t, 1, nil)
+	s, url, obs := startFaultRouter(t, engines, func(c *slowpath.Config) {
+		c.Upstream.IdleTimeout = 200 * time.Millisecond
+		c.Health.Interval, c.Health.Timeout = time.Minute, time.Second
+		c.Scrape.Interval = 0
+		c.Replicas = append([]slowpath.ReplicaConfig{{Address: ln.Addr().String(), Models: []string{e2eModel}}}, c.Replicas...)
+	})
+	for i := range 2 {
+		if r := doChat(t, url, chatJSON(fmt.Sprintf("json %d", i), false, 4)); !r.complete() {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+	}
+	if len(stalled) == 0 {
+		t.Fatal("the stalling replica was never tried")
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	for _, rep := range obs.reps {
+		if rep != engines[0].Addr() {
+			t.Fatalf("answer attributed to %s", rep)
+		}
+	}
+	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "replica", ln.Addr().String()); n < 1 {
+		t.Fatalf("retries_total{stalling replica} = %v, want >= 1", n)
+	}
+}
+
+// TestFaultsClientGoneMidStream: a client that leaves mid-stream makes the
+// router close the upstream connection at once (not drain it): the engine
+// sees the request cancelled and aborts the generation, the router's slots
+// return to 0 and, while the engine streams, the replica is not blamed.
+// Both with the engine streaming (noticed at the next write) and with the
+// engine stalled (noticed at idle_timeout: it is then a broken stream).
+func TestFaultsClientGoneMidStream(t *testing.T) {
+	tests := []struct {
+		name   string
+		faults enginesim.Faults
+	}{
+		{name: "engine streaming"},
+		{name: "engine stalled", faults: enginesim.Faults{StallAfterChunks: 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			engines := startEngines(t, 1, func(c *enginesim.Config) {
+				c.Timing.StepBase = 2 * time.Second // 20 ms per token: 2000 tokens take ~40 s
+				c.OutputLen = enginesim.OutputLen{Median: 4000, Sigma: 0.01, Min: 2000, Max: 4000}
+			})
+			en := engines[0]
+			en.SetFaults(tc.faults)
+			s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+				c.Upstream.IdleTimeout = 300 * time.Millisecond
+				c.Passive.ConsecutiveFailures = 1
+			})
+			req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
+				strings.NewReader(chatJSON("a long answer", true, 2000)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := faultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for events := 0; events < 3 && sc.Scan(); {
+				if strings.HasPrefix(sc.Text(), "data: ") {
+					events++
+				}
+			}
+			if err := sc.Err(); err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close() // leave mid-stream: closes the connection
+			waitCond(t, "engine sees the request cancelled", func() bool { return en.Stats().Cancelled == 1 })
+			waitCond(t, "router in-flight back to 0", func() bool {
+				return replicaStatus(t, s, en.Addr()).InFlight == 0 &&
+					metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+			})
+			st := en.Stats()
+			if st.Served[e2eModel] != 0 {
+				t.Fatalf("engine finished the abandoned stream (served %d): the router drained it", st.Served[e2eModel])
+			}
+			if tc.faults.StallAfterChunks == 0 && st.Engine.Aborted != 1 {
+				t.Fatalf("engine aborted %d generations, want 1 (the abandoned one)", st.Engine.Aborted)
+			}
+			rs := replicaStatus(t, s, en.Addr())
+			if tc.faults.StallAfterChunks == 0 && (!rs.Healthy || rs.ConsecutiveFailures != 0) {
+				t.Fatalf("replica blamed for a client leaving: %+v", rs)
+			}
+			t.Logf("%s: engine cancelled %d, aborted %d, broken_streams_total %v", tc.name, st.Cancelled, st.Engine.Aborted,
+				metricSum(t, s, "warmpath_slowpath_broken_streams_total", "", ""))
+		})
+	}
 }

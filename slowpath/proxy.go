@@ -638,7 +638,8 @@ func (ex *exchange) CloseWithError(werr error) error {
 	ok := ex.upErr == nil
 	if !ok {
 		ex.rep.m.broken.Inc()
-		ex.rep.log.Warn("stream broken after bytes reached the client", "err", ex.upErr)
+		ex.rep.log.Warn("stream broken after bytes reached the client", "err", ex.upErr,
+			"upstream_idle", errors.Is(ex.upErr, errUpstreamIdle))
 		s.proxyFailed(ex.rep, ex.upErr)
 	} else if !s.retryStatus(ex.status) {
 		ex.rep.proxyOK()

@@ -217,7 +217,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			NoDefaultUserAgentHeader:      true,
 			RetryIfErr:                    retryStaleConn,
 			MaxIdemponentCallAttempts:     staleRetries,
-			Dial:                          s.dialer(u.DialTimeout),
+			Dial:                          s.upstreamDialer(u.DialTimeout, u.IdleTimeout),
 		},
 		ctl: &fasthttp.HostClient{
 			Addr:                     rc.Address,

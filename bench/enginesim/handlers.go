@@ -526,6 +526,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 type parser func(http.ResponseWriter, *http.Request) (*apiCall, *apiError)
 
 func (s *Server) handleAPI(w http.ResponseWriter, r *http.Request, parse parser) {
+	defer s.countCancelled(r)
 	faults := s.Faults()
 	if !s.applyFaults(w, r, &faults) {
 		return
@@ -549,6 +550,14 @@ func (s *Server) handleAPI(w http.ResponseWriter, r *http.Request, parse parser)
 		s.stream(w, r, c, f, &faults)
 	} else {
 		s.respond(w, r, c, f, faults.CloseAfterChunks > 0)
+	}
+}
+
+// countCancelled counts a request whose client connection closed (net/http
+// cancels the request's context) before its handler returned.
+func (s *Server) countCancelled(r *http.Request) {
+	if r.Context().Err() != nil {
+		s.cancelled.Add(1)
 	}
 }
 

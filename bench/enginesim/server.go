@@ -45,6 +45,8 @@ type Server struct {
 	served   map[string]*atomic.Int64
 	restarts atomic.Int64
 	injected atomic.Int64
+	// cancelled counts API requests whose client went away mid-request
+	cancelled atomic.Int64
 
 	wake      chan struct{}
 	closing   chan struct{}
@@ -68,6 +70,9 @@ type Stats struct {
 	Restarts       int64
 	FaultsInjected int64
 	InFlight       int
+	// Cancelled counts API requests whose client connection closed before
+	// the response was complete (the request's context was cancelled).
+	Cancelled int64
 }
 
 // flight is one HTTP request's view of its engine request. The observer
@@ -275,7 +280,7 @@ func (s *Server) Stats() Stats {
 	inflight := len(s.flights)
 	s.mu.Unlock()
 	st := Stats{Engine: es, Served: map[string]int64{}, Restarts: s.restarts.Load(),
-		FaultsInjected: s.injected.Load(), InFlight: inflight}
+		FaultsInjected: s.injected.Load(), InFlight: inflight, Cancelled: s.cancelled.Load()}
 	for n, c := range s.served {
 		st.Served[n] = c.Load()
 	}

@@ -66,7 +66,6 @@ type Controller struct {
 	src      Source
 	svcs     []fastpath.Service
 	sample   uint32
-	kernel   bool
 	interval time.Duration
 	maxAge   time.Duration
 	prom     *affinity.Promoter
@@ -119,7 +118,7 @@ func New(opts Options) (*Controller, error) {
 	}
 	c := &Controller{
 		dp: opts.Datapath, src: opts.Source, svcs: append([]fastpath.Service(nil), opts.Services...),
-		sample: opts.SampleEvery, kernel: opts.Datapath.Mode() == fastpath.ModeKernel,
+		sample:   opts.SampleEvery,
 		interval: opts.Interval, maxAge: opts.SignalMaxAge, prom: prom, log: log,
 		byHost: map[netip.Addr]*backend{}, m: newMetrics(),
 	}
@@ -173,7 +172,7 @@ func (c *Controller) ObserveRouted(ev *slowpath.RoutedEvent) {
 	key := ClientKey(a)
 	c.countRouted(ev.ReplicaID)
 	scale := 1.0
-	if pre := c.conns.note(key, ev.Client.Port()); !pre && c.kernel && c.sample > 0 {
+	if pre := c.conns.note(key, ev.Client.Port()); !pre && c.sample > 0 && c.dp.Mode() == fastpath.ModeKernel {
 		// A promoted client's new connection reached the slowpath: it is
 		// the sampled one of every SampleEvery, so it stands for them all.
 		scale = float64(c.sample)
@@ -282,6 +281,13 @@ func (c *Controller) Run(ctx context.Context) {
 func (c *Controller) Sync() error {
 	c.syncMu.Lock()
 	defer c.syncMu.Unlock()
+	// A datapath lost mid-run (XDP detached, interface gone) turns into a
+	// userspace one here (fastpath.Fallback), logging it once.
+	if ck, ok := c.dp.(fastpath.Checker); ok {
+		if err := ck.Check(); err != nil {
+			return fmt.Errorf("check datapath: %w", err)
+		}
+	}
 	if err := c.syncBackends(); err != nil {
 		return err
 	}
