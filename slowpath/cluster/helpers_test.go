@@ -148,4 +148,3 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
-
