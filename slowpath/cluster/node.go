@@ -33,7 +33,8 @@ type Options struct {
 }
 
 // EntryFunc receives a peer's fast-path affinity entry: client steered to
-// this instance's replica (add) or no longer steered (!add).
+// this instance's replica (add) or no longer steered (!add; replica may be
+// NoReplica). steer.Controller.ApplyPeerEntry is one.
 type EntryFunc func(client netip.Addr, replica affinity.ReplicaID, add bool)
 
 // Node is one instance's member of the fleet: it is the Router's PeerSink
@@ -190,6 +191,7 @@ func newNode(opts Options) (*Node, error) {
 func (n *Node) Close() {
 	n.once.Do(func() {
 		n.rt.SetPeerSink(nil)
+		n.connected.Store(false) // PublishEntry after Close drops
 		close(n.closing)
 		n.wg.Wait()
 		n.nc.Close()
@@ -307,11 +309,14 @@ func (n *Node) PeerLoad(id affinity.ReplicaID, l affinity.PeerLoad) {
 }
 
 // PublishEntry shares a fast-path affinity entry this instance wrote
-// (add) or deleted (!add) for client, steered to replica. It never blocks.
+// (add: client steered to replica) or deleted (!add: replica may be
+// NoReplica). It never blocks. Its signature is a steer.EntryHook.
 func (n *Node) PublishEntry(client netip.Addr, replica affinity.ReplicaID, add bool) {
 	k := byte(recEntryDel)
 	if add {
 		k = recEntryAdd
+	} else {
+		replica = max(replica, 0) // a deletion needs no replica
 	}
 	n.add(k, replica, 24, func(b []byte) []byte { return appendEntry(b, uint32(replica), client, add) })
 }
@@ -553,6 +558,9 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 	for i := range m.Records {
 		r := &m.Records[i]
 		id, ok := n.local[r.Replica]
+		if !ok && r.Kind == recEntryDel {
+			id, ok = affinity.NoReplica, true // a deletion needs no replica
+		}
 		if !ok {
 			n.m.updDropped[dropUnknown].Inc()
 			continue
