@@ -22,6 +22,9 @@ import (
 	"github.com/warmpath/warmpath/slowpath/cluster"
 )
 
+// timeScale: the engines run this much faster than life.
+const timeScale = 0.03
+
 // fleet is a set of warmpath Servers in front of the same engines.
 type fleet struct {
 	engines []*enginesim.Server
@@ -35,7 +38,7 @@ func startEngines(t *testing.T, n int) []*enginesim.Server {
 	for i := range n {
 		c := enginesim.DefaultConfig()
 		c.ServedModelNames = []string{workload.DefaultModel}
-		c.TimeScale = 0.01 // 100x faster than life
+		c.TimeScale = timeScale
 		c.Seed = uint64(i + 1)
 		c.Logger = slog.New(slog.DiscardHandler)
 		c.OutputLen = enginesim.OutputLen{Median: 4, Sigma: 0.1, Min: 2, Max: 8}
@@ -62,7 +65,7 @@ func startFleet(t *testing.T, engines []*enginesim.Server, instances int, natsUR
 		cfg.ReloadInterval = 0
 		// The engines run 100x faster than life: the cost model's time
 		// constants shrink with them, or load would outweigh every cache.
-		const scale = 0.01
+		const scale = timeScale
 		cfg.Routing.DefaultPrefillTokensPerSec = affinity.DefaultPrefillTokensPerSec / scale
 		cfg.Routing.LoadPenaltySeconds = affinity.DefaultLoadPenaltySeconds * scale
 		cfg.Routing.HotQueueSeconds = affinity.DefaultHotQueueSeconds * scale

@@ -44,6 +44,9 @@ func (n *Node) warmUp() {
 
 // onSnapshotChunk imports one chunk of a peer's snapshot.
 func (n *Node) onSnapshotChunk(msg *nats.Msg) {
+	if len(msg.Data) == 0 {
+		return // the server's "no responders" status: no peer is up yet
+	}
 	n.snapMu.Lock()
 	defer n.snapMu.Unlock()
 	n.m.bytesReceived.Add(float64(len(msg.Data)))
