@@ -237,6 +237,24 @@ func metricSum(t *testing.T, reg prometheus.Gatherer, name string) float64 {
 	return sum
 }
 
+// histogram returns the sum and count of the named histogram in reg.
+func histogram(t *testing.T, reg prometheus.Gatherer, name string) (sum, count float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetHistogram().GetSampleSum()
+				count += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum, count
+}
+
 // TestFleetHitRate: three instances in front of the same engines, each
 // request sent to a random one. With sync over NATS the shared-prefix hit
 // rate is within 5% of a single instance's on the same requests; without
@@ -268,6 +286,17 @@ func TestFleetHitRate(t *testing.T) {
 		}
 		hr := f.hitRate()
 		t.Logf("%-28s hit rate %.3f (%d requests)", name, hr, len(w.Requests))
+		if sync {
+			var bytes, batches, lagSum, lagN float64
+			for _, s := range f.servers {
+				bytes += metricSum(t, s.Registry(), "warmpath_cluster_sent_bytes_total")
+				batches += metricSum(t, s.Registry(), "warmpath_cluster_batches_sent_total")
+				ls, ln := histogram(t, s.Registry(), "warmpath_cluster_apply_lag_seconds")
+				lagSum, lagN = lagSum+ls, lagN+ln
+			}
+			t.Logf("%-28s %.0f batches (heartbeats included), %.0f B/batch, %.0f B/request, mean apply lag %.0fus",
+				"", batches, bytes/batches, bytes/float64(len(w.Requests)), 1e6*lagSum/lagN)
+		}
 		return hr
 	}
 	single := run("1 instance", 1, false)
