@@ -43,7 +43,7 @@ func newMetrics() *metrics {
 	ud := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_dropped_total",
 		Help: "Updates not sent or not applied, by reason (overflow, disconnected, unknown_replica)."}, []string{"reason"})
 	bd := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_dropped_total",
-		Help: "Batches not applied (decode, mismatch, stale), not published (publish) or never received (gap)."}, []string{"reason"})
+		Help: "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale), not published (publish) or never received (gap)."}, []string{"reason"})
 	m := &metrics{
 		updDropped:   map[string]prometheus.Counter{},
 		batchDropped: map[string]prometheus.Counter{},

@@ -96,6 +96,9 @@ type Node struct {
 	snapLoc map[uint32]affinity.ReplicaID
 }
 
+// maxGap: a sequence jump at least this large is a peer's restart.
+const maxGap = 1 << 20
+
 type peer struct {
 	slot     int
 	lastSeq  uint64
@@ -503,7 +506,10 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 		return
 	}
 	if m.Instance == n.cfg.Instance {
-		return // our own (NoEcho unsupported by the server)
+		// NoEcho keeps our own batches away: another instance has our name.
+		n.m.batchDropped[dropMismatch].Inc()
+		n.warnOnce("dup/"+m.Instance, "another instance publishes under this instance name: its updates are ignored; cluster.instance must be unique", "peer", m.Instance)
+		return
 	}
 	if m.Fingerprint != n.fp {
 		n.m.batchDropped[dropMismatch].Inc()
@@ -537,8 +543,14 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 		n.log.Info("peer joined", "peer", m.Instance)
 	}
 	late := p.lastSeq != 0 && m.Seq <= p.lastSeq
-	if p.lastSeq != 0 && m.Seq > p.lastSeq+1 {
-		n.m.batchDropped[dropGap].Add(float64(min(m.Seq-p.lastSeq-1, 1<<20)))
+	switch gap := m.Seq - p.lastSeq - 1; {
+	case p.lastSeq == 0 || m.Seq <= p.lastSeq+1:
+	case gap < maxGap:
+		n.m.batchDropped[dropGap].Add(float64(gap))
+	default:
+		// Sequences start at the sender's start time in nanoseconds: a
+		// jump this large is a restart, not lost batches.
+		n.log.Info("peer restarted", "peer", m.Instance)
 	}
 	if !late {
 		p.lastSeq = m.Seq

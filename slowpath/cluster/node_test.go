@@ -314,3 +314,28 @@ func TestSinkAllocs(t *testing.T) {
 		t.Fatalf("sink + encode allocate %v per request", allocs)
 	}
 }
+
+func TestPeerRestartAndDuplicateName(t *testing.T) {
+	now := time.Now()
+	ra, rb, a, b := pair(t, affinity.Config{})
+	route(t, ra, "r0:1", chain(7, 2))
+	b.applyBatch(take(t, a, now), now)
+	a.seq += uint64(time.Minute) // a restarted: its sequence restarts from its start time
+	hs := chain(8, 2)
+	route(t, ra, "r1:1", hs)
+	b.applyBatch(take(t, a, now), now)
+	if got := testutil.ToFloat64(b.m.batchDropped[dropGap]); got != 0 {
+		t.Fatalf("a restart counted as %v lost batches", got)
+	}
+	if cachedOn(t, rb, "r1:1", hs) == 0 {
+		t.Fatal("batch after the restart not applied")
+	}
+	// An instance with the receiver's own name is ignored and counted.
+	a.cfg.Instance = "b"
+	hs = chain(9, 2)
+	route(t, ra, "r2:1", hs)
+	b.applyBatch(take(t, a, now), now)
+	if cachedOn(t, rb, "r2:1", hs) != 0 || testutil.ToFloat64(b.m.batchDropped[dropMismatch]) != 1 {
+		t.Fatal("a batch under the receiver's own instance name was applied")
+	}
+}
