@@ -92,7 +92,7 @@ func req(hs []uint64) *affinity.Request {
 }
 
 // route sends a request for hs through r to replica name and finishes it
-// (ok), returning the flight.
+// (ok).
 func route(t testing.TB, r *affinity.Router, name string, hs []uint64) {
 	t.Helper()
 	var f affinity.Flight
