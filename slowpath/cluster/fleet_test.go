@@ -30,6 +30,26 @@ type fleet struct {
 	engines []*enginesim.Server
 	servers []*slowpath.Server
 	urls    []string
+	logs    []*logBuf // each Server's log (warn and above, and cluster info)
+}
+
+// logBuf is a goroutine-safe log sink.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// count is how many lines contain s.
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Count(l.b.Bytes(), []byte(s))
 }
 
 func startEngines(t *testing.T, n int) []*enginesim.Server {
@@ -78,7 +98,9 @@ func startFleet(t *testing.T, engines []*enginesim.Server, instances int, natsUR
 			cfg.Cluster = cluster.Config{NATSURL: cluster.URLs{natsURL}, Instance: fmt.Sprintf("edge-%d", i),
 				FlushInterval: time.Millisecond, Heartbeat: 50 * time.Millisecond, ReconnectWait: 20 * time.Millisecond}
 		}
-		s, err := slowpath.New(cfg, slog.New(slog.DiscardHandler))
+		lb := &logBuf{}
+		f.logs = append(f.logs, lb)
+		s, err := slowpath.New(cfg, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelInfo})))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -379,4 +401,10 @@ func TestFleetNATSOutage(t *testing.T) {
 		return after > before
 	})
 	t.Logf("updates received: %.0f before the restart, %.0f after", before, after)
+	// Said once each, however many reconnect attempts it took.
+	for i, l := range f.logs {
+		if d, r := l.count("disconnected from NATS"), l.count("reconnected to NATS"); d != 1 || r != 1 {
+			t.Errorf("instance %d logged the disconnect %d times and the reconnect %d times, want once each", i, d, r)
+		}
+	}
 }
