@@ -58,6 +58,15 @@ type Config struct {
 	// ReconnectWait is the pause between reconnect attempts (forever).
 	// 0 means 250ms.
 	ReconnectWait time.Duration `yaml:"reconnect_wait"`
+	// TLSCAFile is a PEM bundle of the CAs that sign the NATS servers'
+	// certificates (tls:// URLs). "" means the system roots.
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// NkeySeedFile authenticates with an NKEY whose seed is in this file.
+	// "" means none.
+	NkeySeedFile string `yaml:"nkey_seed_file"`
+	// CredsFile authenticates with NATS user credentials (a JWT and its
+	// NKEY seed, as `nsc` writes them). "" means none.
+	CredsFile string `yaml:"creds_file"`
 }
 
 // URLs is a list of NATS server URLs. In YAML it is a list or a string of
@@ -166,6 +175,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("snapshot_max_blocks: must be in [-1, 1048576] (-1 = no warm-up), got %d", d.SnapshotMaxBlocks)
 	case d.ReconnectWait < time.Millisecond || d.ReconnectWait > time.Minute:
 		return fmt.Errorf("reconnect_wait: must be in [1ms, 1m], got %s", d.ReconnectWait)
+	case d.NkeySeedFile != "" && d.CredsFile != "":
+		return errors.New("nkey_seed_file, creds_file: set at most one")
+	}
+	for _, f := range []struct{ name, path string }{{"tls_ca_file", d.TLSCAFile}, {"nkey_seed_file", d.NkeySeedFile}, {"creds_file", d.CredsFile}} {
+		if f.path == "" {
+			continue
+		}
+		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() {
+			return fmt.Errorf("%s: %q must be a readable file", f.name, f.path)
+		}
 	}
 	return nil
 }

@@ -34,6 +34,8 @@ func TestClusterConfig(t *testing.T) {
 		{name: "timeout below heartbeat", yaml: "cluster: {nats_url: nats://a:1, heartbeat: 1s, peer_timeout: 500ms}", wantErr: "cluster.peer_timeout: must be > heartbeat=1s"},
 		{name: "snapshot", yaml: "cluster: {nats_url: nats://a:1, snapshot_max_blocks: -2}", wantErr: "cluster.snapshot_max_blocks"},
 		{name: "invalid but off", yaml: "cluster: {flush_interval: 2s}", urls: nil},
+		{name: "missing ca file", yaml: "cluster: {nats_url: tls://a:1, tls_ca_file: /nonexistent/ca.pem}", wantErr: "cluster.tls_ca_file: \"/nonexistent/ca.pem\" must be a readable file"},
+		{name: "nkey and creds", yaml: "cluster: {nats_url: nats://a:1, nkey_seed_file: /etc/hostname, creds_file: /etc/hostname}", wantErr: "cluster.nkey_seed_file, creds_file: set at most one"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -18,7 +18,17 @@ func startNATS(t testing.TB, port int) *server.Server {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
+	return startNATSWith(t, &server.Options{Port: port})
+}
+
+// startNATSWith runs an embedded NATS server with opts on 127.0.0.1.
+func startNATSWith(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	opts.Host, opts.NoLog, opts.NoSigs = "127.0.0.1", true, true
+	if opts.Port == 0 {
+		opts.Port = server.RANDOM_PORT
+	}
+	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

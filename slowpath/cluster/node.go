@@ -126,7 +126,11 @@ func Start(opts Options) (*Node, error) {
 			return nil, fmt.Errorf("cluster: register metrics: %w", err)
 		}
 	}
-	nc, err := nats.Connect(strings.Join(cfg.NATSURL, ","),
+	opts2, err := authOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(strings.Join(cfg.NATSURL, ","), append(opts2,
 		nats.Name("warmpath "+cfg.Instance),
 		nats.NoEcho(),
 		nats.MaxReconnects(-1),
@@ -138,7 +142,7 @@ func Start(opts Options) (*Node, error) {
 		nats.ReconnectHandler(n.onReconnect),
 		nats.DisconnectErrHandler(n.onDisconnect),
 		nats.ErrorHandler(n.onAsyncError),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: connect %s: %w", strings.Join(cfg.NATSURL, ","), err)
 	}
@@ -155,6 +159,25 @@ func Start(opts Options) (*Node, error) {
 	n.wg.Add(1)
 	go n.loop()
 	return n, nil
+}
+
+// authOptions are the TLS and authentication options of cfg.
+func authOptions(cfg Config) ([]nats.Option, error) {
+	var out []nats.Option
+	if cfg.TLSCAFile != "" {
+		out = append(out, nats.RootCAs(cfg.TLSCAFile))
+	}
+	if cfg.NkeySeedFile != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NkeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: nkey_seed_file: %w", err)
+		}
+		out = append(out, o)
+	}
+	if cfg.CredsFile != "" {
+		out = append(out, nats.UserCredentials(cfg.CredsFile))
+	}
+	return out, nil
 }
 
 // newNode builds a Node without connecting it (tests drive it directly).
