@@ -36,8 +36,8 @@ type Config struct {
 	// Instance names this warmpath instance; unique in the fleet. "" means
 	// the hostname.
 	Instance string `yaml:"instance"`
-	// FlushInterval: pending updates are published at least this often.
-	// 0 means 5ms.
+	// FlushInterval: an update waits at most this long before its batch is
+	// published (an idle node publishes only heartbeats). 0 means 5ms.
 	FlushInterval time.Duration `yaml:"flush_interval"`
 	// MaxBatchBytes: a batch is published as soon as it reaches this size;
 	// updates that find it full (NATS slow or down) are dropped and counted.

@@ -65,7 +65,10 @@ type Node struct {
 	counts  [recKinds]int
 	allLoad bool // send every load at the next flush (heartbeat, reconnect)
 
-	kick    chan struct{}
+	armed bool // a flush is scheduled for what is pending (arm signalled)
+
+	kick    chan struct{} // flush now: the batch is half full
+	arm     chan struct{} // the first update since the last flush
 	warm    chan struct{}
 	closing chan struct{}
 	wg      sync.WaitGroup
@@ -206,7 +209,7 @@ func newNode(opts Options) (*Node, error) {
 		subjOut: cfg.SubjectPrefix + ".u." + cfg.Instance, subjIn: cfg.SubjectPrefix + ".u.*",
 		subjSnap: cfg.SubjectPrefix + ".snapshot", maxChain: cfg.MaxBatchBytes / 16,
 		pend: make([]byte, 0, cfg.MaxBatchBytes), spare: make([]byte, 0, cfg.MaxBatchBytes),
-		kick: make(chan struct{}, 1), warm: make(chan struct{}, 1), closing: make(chan struct{}),
+		kick: make(chan struct{}, 1), arm: make(chan struct{}, 1), warm: make(chan struct{}, 1), closing: make(chan struct{}),
 		seq: uint64(time.Now().UnixNano()), peers: map[string]*peer{}, local: map[uint32]affinity.ReplicaID{},
 		warned: map[string]bool{}, snapLoc: map[uint32]affinity.ReplicaID{},
 	}, nil
@@ -331,7 +334,12 @@ func (n *Node) PeerLoad(id affinity.ReplicaID, l affinity.PeerLoad) {
 	}
 	n.loads[id] = l
 	n.dirty[id] = true
+	first := !n.armed
+	n.armed = true
 	n.mu.Unlock()
+	if first {
+		n.signal(n.arm)
+	}
 }
 
 // PublishEntry shares a fast-path affinity entry this instance wrote
@@ -371,9 +379,14 @@ func (n *Node) add(kind byte, id affinity.ReplicaID, size int, enc func([]byte) 
 	n.used[id] = true
 	n.counts[kind]++
 	half := len(n.pend) >= n.cfg.MaxBatchBytes/2
+	first := !n.armed
+	n.armed = true
 	n.mu.Unlock()
-	if half {
+	switch {
+	case half:
 		n.kickFlush()
+	case first:
+		n.signal(n.arm)
 	}
 }
 
@@ -385,19 +398,25 @@ func (n *Node) grow(id int) {
 	n.used = append(n.used, make([]bool, k-len(n.used))...)
 }
 
-func (n *Node) kickFlush() {
+func (n *Node) kickFlush() { n.signal(n.kick) }
+
+func (n *Node) signal(c chan struct{}) {
 	select {
-	case n.kick <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
 
-// loop flushes every flush_interval (or when kicked), heartbeats, times
-// out silent peers and runs the warm-up when the connection comes up.
+// loop flushes flush_interval after the first update of a batch (or at
+// once when the batch is half full), heartbeats, times out silent peers
+// and runs the warm-up when the connection comes up. An idle node wakes
+// only for heartbeats.
 func (n *Node) loop() {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.FlushInterval)
+	t := time.NewTimer(n.cfg.FlushInterval)
+	t.Stop()
 	defer t.Stop()
+	var due <-chan time.Time // t.C while a flush is scheduled
 	hb := time.NewTicker(n.cfg.Heartbeat)
 	defer hb.Stop()
 	warmed := n.cfg.SnapshotMaxBlocks < 0
@@ -405,7 +424,13 @@ func (n *Node) loop() {
 		select {
 		case <-n.closing:
 			return
-		case <-t.C:
+		case <-n.arm:
+			if due == nil {
+				t.Reset(n.cfg.FlushInterval)
+				due = t.C
+			}
+		case <-due:
+			due = nil
 			n.flush(false)
 		case <-n.kick:
 			n.flush(false)
@@ -464,6 +489,7 @@ func (n *Node) encodeBatch(heartbeat bool, sendNs int64) (out []byte, total int)
 		}
 	}
 	n.allLoad = false
+	n.armed = false // the next update schedules the next flush
 	if len(n.pend) == 0 && !heartbeat {
 		n.mu.Unlock()
 		return nil, 0
