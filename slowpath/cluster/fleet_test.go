@@ -77,64 +77,70 @@ func startEngines(t *testing.T, n int) []*enginesim.Server {
 func startFleet(t *testing.T, engines []*enginesim.Server, instances int, natsURL string) *fleet {
 	t.Helper()
 	f := &fleet{engines: engines}
-	for i := range instances {
-		cfg := slowpath.Default()
-		cfg.Listen, cfg.Admin = "127.0.0.1:0", ""
-		cfg.Health.Interval, cfg.Health.Timeout = 500*time.Millisecond, 500*time.Millisecond
-		cfg.Scrape.Interval, cfg.Scrape.Timeout, cfg.Scrape.StaleAfter = 100*time.Millisecond, 100*time.Millisecond, time.Second
-		cfg.ReloadInterval = 0
-		// The engines run 100x faster than life: the cost model's time
-		// constants shrink with them, or load would outweigh every cache.
-		const scale = timeScale
-		cfg.Routing.DefaultPrefillTokensPerSec = affinity.DefaultPrefillTokensPerSec / scale
-		cfg.Routing.LoadPenaltySeconds = affinity.DefaultLoadPenaltySeconds * scale
-		cfg.Routing.HotQueueSeconds = affinity.DefaultHotQueueSeconds * scale
-		cfg.Routing.KVPenaltySeconds = affinity.DefaultKVPenaltySeconds * scale
-		cfg.Routing.Seed = uint64(i + 1) // instances break ties differently, as hosts do
-		for _, en := range engines {
-			cfg.Replicas = append(cfg.Replicas, slowpath.ReplicaConfig{Address: en.Addr(), Models: []string{workload.DefaultModel}})
-		}
-		if natsURL != "" {
-			cfg.Cluster = cluster.Config{NATSURL: cluster.URLs{natsURL}, Instance: fmt.Sprintf("edge-%d", i),
-				FlushInterval: time.Millisecond, Heartbeat: 50 * time.Millisecond, ReconnectWait: 20 * time.Millisecond}
-		}
-		lb := &logBuf{}
-		f.logs = append(f.logs, lb)
-		s, err := slowpath.New(cfg, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelInfo})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- s.Serve(ln) }()
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := s.Shutdown(ctx); err != nil {
-				t.Errorf("shutdown: %v", err)
-			}
-			if err := <-done; err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		})
-		f.servers = append(f.servers, s)
-		f.urls = append(f.urls, "http://"+ln.Addr().String()+"/v1/chat/completions")
+	for range instances {
+		f.add(t, natsURL)
 	}
-	// Every replica healthy on every instance before traffic.
+	return f
+}
+
+// add starts one more instance (named edge-<n>, tie-break seed n+1) and
+// waits until it sees every replica healthy.
+func (f *fleet) add(t *testing.T, natsURL string) *slowpath.Server {
+	t.Helper()
+	i := len(f.servers)
+	cfg := slowpath.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", ""
+	cfg.Health.Interval, cfg.Health.Timeout = 500*time.Millisecond, 500*time.Millisecond
+	cfg.Scrape.Interval, cfg.Scrape.Timeout, cfg.Scrape.StaleAfter = 100*time.Millisecond, 100*time.Millisecond, time.Second
+	cfg.ReloadInterval = 0
+	// The engines run 1/timeScale times faster than life: the cost model's
+	// time constants shrink with them, or load would outweigh every cache.
+	const scale = timeScale
+	cfg.Routing.DefaultPrefillTokensPerSec = affinity.DefaultPrefillTokensPerSec / scale
+	cfg.Routing.LoadPenaltySeconds = affinity.DefaultLoadPenaltySeconds * scale
+	cfg.Routing.HotQueueSeconds = affinity.DefaultHotQueueSeconds * scale
+	cfg.Routing.KVPenaltySeconds = affinity.DefaultKVPenaltySeconds * scale
+	cfg.Routing.Seed = uint64(i + 1) // instances break ties differently, as hosts do
+	for _, en := range f.engines {
+		cfg.Replicas = append(cfg.Replicas, slowpath.ReplicaConfig{Address: en.Addr(), Models: []string{workload.DefaultModel}})
+	}
+	if natsURL != "" {
+		cfg.Cluster = cluster.Config{NATSURL: cluster.URLs{natsURL}, Instance: fmt.Sprintf("edge-%d", i),
+			FlushInterval: time.Millisecond, Heartbeat: 50 * time.Millisecond, ReconnectWait: 20 * time.Millisecond}
+	}
+	lb := &logBuf{}
+	s, err := slowpath.New(cfg, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	f.servers = append(f.servers, s)
+	f.logs = append(f.logs, lb)
+	f.urls = append(f.urls, "http://"+ln.Addr().String()+"/v1/chat/completions")
 	waitFor(t, "replicas healthy", func() bool {
-		for _, s := range f.servers {
-			for _, r := range s.Replicas() {
-				if !r.Healthy {
-					return false
-				}
+		for _, r := range s.Replicas() {
+			if !r.Healthy {
+				return false
 			}
 		}
 		return true
 	})
-	return f
+	return s
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -223,16 +229,22 @@ func picks(n, instances int, seed uint64) []int {
 
 // hitRate is the engines' cached prompt tokens over prompt tokens.
 func (f *fleet) hitRate() float64 {
-	var q, h uint64
+	q, h := f.engineTokens()
+	if q == 0 {
+		return 0
+	}
+	return float64(h) / float64(q)
+}
+
+// engineTokens sums the engines' prompt tokens looked up (q) and found
+// cached (h).
+func (f *fleet) engineTokens() (q, h uint64) {
 	for _, en := range f.engines {
 		st := en.Stats().Engine
 		q += st.PrefixQueries
 		h += st.PrefixHits
 	}
-	if q == 0 {
-		return 0
-	}
-	return float64(h) / float64(q)
+	return q, h
 }
 
 // metricSum sums every series of the named metric in reg.
@@ -406,5 +418,51 @@ func TestFleetNATSOutage(t *testing.T) {
 		if d, r := l.count("disconnected from NATS"), l.count("reconnected to NATS"); d != 1 || r != 1 {
 			t.Errorf("instance %d logged the disconnect %d times and the reconnect %d times, want once each", i, d, r)
 		}
+	}
+}
+
+// TestFleetWarmUp: an instance started after half the workload went
+// through another warms up from its snapshot: sent the second half alone,
+// it hits the caches the first instance filled, where a cold instance
+// (same seeds, no NATS) re-places the groups and misses.
+func TestFleetWarmUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fleet: skipped in -short")
+	}
+	w := sharedPrefix(t)
+	half := len(w.Requests) / 2
+	run := func(name string, sync bool) float64 {
+		t.Helper()
+		url := ""
+		if sync {
+			url = cluster.NATSURL(cluster.StartNATS(t, 0))
+		}
+		f := startFleet(t, startEngines(t, 4), 1, url)
+		if failed := f.send(t, w.Requests[:half], make([]int, half)); failed > 0 {
+			t.Fatalf("%s: %d requests failed", name, failed)
+		}
+		late := f.add(t, url)
+		if sync {
+			waitFor(t, "the late instance imports a snapshot", func() bool {
+				return metricSum(t, late.Registry(), "warmpath_cluster_snapshot_blocks_imported_total") > 0
+			})
+		}
+		q0, h0 := f.engineTokens()
+		rest := make([]int, len(w.Requests)-half)
+		for i := range rest {
+			rest[i] = 1 // all to the late instance
+		}
+		if failed := f.send(t, w.Requests[half:], rest); failed > 0 {
+			t.Fatalf("%s: %d requests failed", name, failed)
+		}
+		q1, h1 := f.engineTokens()
+		hr := float64(h1-h0) / float64(q1-q0)
+		t.Logf("%-34s second-half hit rate %.3f", name, hr)
+		return hr
+	}
+	warm := run("late instance, warmed from its peer", true)
+	cold := run("late instance, cold", false)
+	if warm-cold < 0.10 {
+		t.Errorf("warm-up: second-half hit rate %.3f is not clearly above a cold instance's %.3f", warm, cold)
 	}
 }
