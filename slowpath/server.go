@@ -547,10 +547,16 @@ func (s *Server) debugReplicas(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	var cs *cluster.Status
+	if s.cluster != nil {
+		st := s.cluster.Status()
+		cs = &st
+	}
 	_ = enc.Encode(struct {
 		Replicas []ReplicaStatus `json:"replicas"`
 		InFlight int64           `json:"in_flight"`
-	}{s.Replicas(), s.inflight.Load()})
+		Cluster  *cluster.Status `json:"cluster,omitempty"`
+	}{s.Replicas(), s.inflight.Load(), cs})
 }
 
 // fasthttpLogger routes fasthttp's own messages to slog at debug level.

@@ -12,7 +12,7 @@ import (
 
 // TestServeClusterFlags: two `warmpath serve --nats URL --instance NAME`
 // runs against an in-process NATS server find each other: each reports
-// itself connected and one peer seen on /metrics.
+// itself connected and one peer seen on /metrics and /debug/replicas.
 func TestServeClusterFlags(t *testing.T) {
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -41,6 +41,21 @@ func TestServeClusterFlags(t *testing.T) {
 		}
 		if !strings.Contains(m, "warmpath_cluster_connected 1") || !strings.Contains(m, "warmpath_cluster_peers_seen 1") {
 			t.Fatalf("run %d: not connected with one peer after 4s:\n%s", i, grepLines(m, "warmpath_cluster_"))
+		}
+		var dbg struct {
+			Cluster struct {
+				Instance  string   `json:"instance"`
+				Connected bool     `json:"connected"`
+				Peers     []string `json:"peers"`
+			} `json:"cluster"`
+		}
+		getJSON(t, "http://"+st.admin+"/debug/replicas", &dbg)
+		self, other := "edge-a", "edge-b"
+		if i == 1 {
+			self, other = other, self
+		}
+		if c := dbg.Cluster; c.Instance != self || !c.Connected || len(c.Peers) != 1 || c.Peers[0] != other {
+			t.Fatalf("run %d: /debug/replicas cluster = %+v, want %s connected with peer %s", i, c, self, other)
 		}
 	}
 }

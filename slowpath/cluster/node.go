@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,6 +251,20 @@ func (n *Node) Peers() []string {
 		out = append(out, name)
 	}
 	return out
+}
+
+// Status is a node's state as /debug/replicas shows it.
+type Status struct {
+	Instance  string   `json:"instance"`
+	Connected bool     `json:"connected"`
+	Peers     []string `json:"peers"` // heard from within peer_timeout, sorted
+}
+
+// Status reports the node's state (allocates; not for the hot path).
+func (n *Node) Status() Status {
+	p := n.Peers()
+	slices.Sort(p)
+	return Status{Instance: n.cfg.Instance, Connected: n.Connected(), Peers: p}
 }
 
 // SetEntryHandler makes fn receive the peers' fast-path entries (nil:
