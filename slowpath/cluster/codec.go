@@ -48,7 +48,7 @@ const (
 	headerFixed  = 3 + 1 + 1 + 8 + 8 + 8
 	maxInstance  = 128
 	maxNameBytes = 1024
-	maxTable     = 4096
+	maxTable     = 1 << 16
 )
 
 // Decode errors (preallocated: garbage from the network costs no
