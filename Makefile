@@ -36,7 +36,7 @@ soak: ## the slowpath soak (TestSoakChurn) for SOAK (default 3m), without -race;
 # Every fuzz target, as package:Target. `make fuzz` runs each for FUZZTIME.
 FUZZ_TARGETS := ./affinity:FuzzCanonicalize ./bench/enginesim:FuzzAPIRequest ./bench/enginesim:FuzzEngine \
 	./fastpath:FuzzSteer ./fastpath:FuzzDecap ./slowpath:FuzzParseConfig ./slowpath:FuzzSSEScan \
-	./slowpath:FuzzSSERelay ./slowpath:FuzzHandler ./slowpath:FuzzParseEngineMetrics
+	./slowpath:FuzzSSERelay ./slowpath:FuzzHandler ./slowpath:FuzzParseEngineMetrics ./slowpath/cluster:FuzzDecode
 FUZZTIME ?= 5s
 
 fuzz: ## run every fuzz target for FUZZTIME (default 5s; crashers land in testdata/fuzz/)

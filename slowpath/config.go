@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/slowpath/cluster"
 	"gopkg.in/yaml.v3"
 )
 
@@ -53,6 +54,10 @@ type Config struct {
 	Fastpath FastpathConfig `yaml:"fastpath"`
 	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.
 	Tenancy TenancyConfig `yaml:"tenancy"`
+	// Cluster shares routing state with other warmpath instances over NATS
+	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
+	// reloaded.
+	Cluster cluster.Config `yaml:"cluster"`
 }
 
 // TenancyConfig derives a per-tenant cache salt: with SaltFrom "api_key" the
@@ -455,6 +460,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
+	}
+	if err := c.Cluster.Validate(); err != nil {
+		return fmt.Errorf("cluster.%w", err)
 	}
 	return c.Fastpath.Validate()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/slowpath/cluster"
 )
 
 // Server is the L7 router: a fasthttp server for the OpenAI API in front of
@@ -39,6 +40,7 @@ type Server struct {
 	log           *slog.Logger
 	brain         brain
 	router        *affinity.Router // nil when a fake brain is injected
+	cluster       *cluster.Node    // nil unless cluster.nats_url is set
 	newParser     func() promptParser
 	reg           *prometheus.Registry
 	m             *metrics
@@ -92,6 +94,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	s.router = rt
 	s.reg.MustRegister(affinity.NewCollector(rt))
+	if cfg.Cluster.Enabled() {
+		// Connects in the background; no request waits on it.
+		if s.cluster, err = cluster.Start(cluster.Options{Config: cfg.Cluster, Router: rt,
+			Tenancy: cfg.Tenancy.SaltFrom, Logger: log, Registerer: s.reg}); err != nil {
+			s.stopLoops()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -220,6 +230,9 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 // Router is the affinity router.
 func (s *Server) Router() *affinity.Router { return s.router }
 
+// Cluster is the scale-out node (nil unless cluster.nats_url is set).
+func (s *Server) Cluster() *cluster.Node { return s.cluster }
+
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
 // Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
@@ -277,6 +290,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	_ = s.admin.Shutdown(actx)
 	cancel()
 	s.stopLoops()
+	if s.cluster != nil {
+		s.cluster.Close()
+	}
 	for _, r := range s.byNameSnapshot() {
 		r.hc.CloseIdleConnections()
 	}
@@ -460,6 +476,10 @@ type AffinityStatus struct {
 	CapacityBlocks       int                    `json:"capacity_blocks"`
 	Mispredictions       uint64                 `json:"mispredictions"`
 	Signals              affinity.EngineSignals `json:"signals"`
+	// PeerInFlight and PeerPendingTokens are the other instances' load on
+	// the replica (cluster mode; 0 alone).
+	PeerInFlight      int `json:"peer_in_flight"`
+	PeerPendingTokens int `json:"peer_pending_prefill_tokens"`
 }
 
 // Replicas returns a snapshot of every replica, sorted by name.
@@ -506,6 +526,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				PendingPrefillTokens: a.PendingPrefillTokens, PrefillTokensPerSec: a.PrefillTokensPerSec,
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
 				Mispredictions: a.Mispredictions, Signals: a.Signals,
+				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
 			}
 		}
 		out = append(out, st)
@@ -526,10 +547,16 @@ func (s *Server) debugReplicas(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	var cs *cluster.Status
+	if s.cluster != nil {
+		st := s.cluster.Status()
+		cs = &st
+	}
 	_ = enc.Encode(struct {
 		Replicas []ReplicaStatus `json:"replicas"`
 		InFlight int64           `json:"in_flight"`
-	}{s.Replicas(), s.inflight.Load()})
+		Cluster  *cluster.Status `json:"cluster,omitempty"`
+	}{s.Replicas(), s.inflight.Load(), cs})
 }
 
 // fasthttpLogger routes fasthttp's own messages to slog at debug level.

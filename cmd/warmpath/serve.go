@@ -33,6 +33,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath analyze` (hashed prompts only, never text)")
 	recordN := fs.Int("record-requests", 10000, "with --record: stop after this many requests")
+	natsURL := fs.String("nats", "", "NATS server `URL`s, comma-separated: share routing state with the other instances (overrides cluster.nats_url)")
+	instance := fs.String("instance", "", "this instance's unique `name` in the fleet (overrides cluster.instance; default the hostname)")
 	ff := addFastpathFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -68,6 +70,15 @@ func runServe(ctx context.Context, args []string, e env) error {
 			cfg.Listen = *listen
 		case "admin":
 			cfg.Admin = *admin
+		case "nats":
+			cfg.Cluster.NATSURL = nil
+			for u := range strings.SplitSeq(*natsURL, ",") {
+				if u = strings.TrimSpace(u); u != "" {
+					cfg.Cluster.NATSURL = append(cfg.Cluster.NATSURL, u)
+				}
+			}
+		case "instance":
+			cfg.Cluster.Instance = *instance
 		}
 	})
 	ff.apply(fs, &cfg.Fastpath)
@@ -111,6 +122,11 @@ func runServe(ctx context.Context, args []string, e env) error {
 			_ = srv.Shutdown(context.Background())
 			return fmt.Errorf("serve: %w", err)
 		}
+	}
+	if n := srv.Cluster(); n != nil && fr != nil {
+		// Fast-path entries are shared with the other edge hosts.
+		fr.ctl.SetEntryHook(n.PublishEntry)
+		n.SetEntryHandler(fr.ctl.ApplyPeerEntry)
 	}
 	defer func() {
 		if err := fr.stop(); err != nil {

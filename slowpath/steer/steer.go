@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,8 @@ type Controller struct {
 	nextID    int
 
 	conns connTable // recent source ports per client (sample scaling)
+
+	onEntry atomic.Pointer[EntryHook] // SetEntryHook: share entries with peers
 
 	routedMu sync.Mutex
 	routed   []uint64 // ReplicaID -> requests observed since the last Sync
@@ -188,6 +191,7 @@ func (c *Controller) ObserveRouted(ev *slowpath.RoutedEvent) {
 		if c.write(a, r) {
 			c.conns.promote(key)
 			c.m.action(act).Inc()
+			c.share(a, r, true)
 		} else {
 			c.prom.Demote(key)
 			c.conns.demote(key)
@@ -196,7 +200,50 @@ func (c *Controller) ObserveRouted(ev *slowpath.RoutedEvent) {
 		c.delete(a)
 		c.conns.demote(key)
 		c.m.action(act).Inc()
+		c.share(a, affinity.NoReplica, false)
 	}
+}
+
+// EntryHook is told about the affinity entries this controller writes
+// (add: client steered to replica) or drops because the promotion rule
+// said so (!add; replica is NoReplica). A scale-out node publishes them to
+// the other edge hosts (slowpath/cluster). It runs on the request
+// goroutine and must not block.
+type EntryHook func(client netip.Addr, replica affinity.ReplicaID, add bool)
+
+// SetEntryHook sets (nil: clears) the hook. Entries applied with
+// ApplyPeerEntry and rebalancing's deletions (local load, idleness and
+// health: each host decides those itself) are not reported.
+func (c *Controller) SetEntryHook(h EntryHook) {
+	if h == nil {
+		c.onEntry.Store(nil)
+		return
+	}
+	c.onEntry.Store(&h)
+}
+
+func (c *Controller) share(a netip.Addr, r affinity.ReplicaID, add bool) {
+	if h := c.onEntry.Load(); h != nil {
+		(*h)(a, r, add)
+	}
+}
+
+// ApplyPeerEntry writes (add) or deletes another edge host's affinity entry
+// for client into this host's datapath: replica is this host's ID of the
+// replica the peer steers to. A replica with no usable backend here
+// (unhealthy, saturated, no fast-path host) deletes the client's entry
+// instead, so no stale pin outlives the peer's move. Nothing is reported
+// back to the EntryHook (no echo), and the entry then lives by this host's
+// rebalancing like any adopted entry.
+func (c *Controller) ApplyPeerEntry(client netip.Addr, replica affinity.ReplicaID, add bool) {
+	a := client.Unmap()
+	if !a.Is4() {
+		return
+	}
+	if add && c.write(a, replica) {
+		return
+	}
+	c.delete(a)
 }
 
 // write points a's entries at replica r's backend with its current

@@ -1,0 +1,92 @@
+package cluster
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Drop reasons. Updates: overflow (the pending batch was full), disconnected
+// (NATS down: not queued), unknown_replica (a peer named a replica this
+// instance does not have). Batches: decode, mismatch (hash configuration
+// differs), stale (older than max_age), publish (NATS refused it), and gap
+// (batches of a peer never received, from its sequence numbers).
+const (
+	dropOverflow     = "overflow"
+	dropDisconnected = "disconnected"
+	dropUnknown      = "unknown_replica"
+	dropDecode       = "decode"
+	dropMismatch     = "mismatch"
+	dropStale        = "stale"
+	dropPublish      = "publish"
+	dropGap          = "gap"
+)
+
+type metrics struct {
+	sent, received   [recKinds]prometheus.Counter // by record kind
+	updDropped       map[string]prometheus.Counter
+	batchDropped     map[string]prometheus.Counter
+	batchesSent      prometheus.Counter
+	batchesReceived  prometheus.Counter
+	bytesSent        prometheus.Counter
+	bytesReceived    prometheus.Counter
+	lag              prometheus.Histogram
+	peers            prometheus.Gauge
+	connected        prometheus.Gauge
+	snapshotSent     prometheus.Counter
+	snapshotImported prometheus.Counter
+	cs               []prometheus.Collector
+}
+
+func newMetrics() *metrics {
+	const ns, sub = "warmpath", "cluster"
+	sent := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_sent_total",
+		Help: "Updates published to peers, by kind."}, []string{"kind"})
+	recv := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_received_total",
+		Help: "Updates received from peers and applied, by kind."}, []string{"kind"})
+	ud := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_dropped_total",
+		Help: "Updates not sent or not applied, by reason (overflow, disconnected, unknown_replica)."}, []string{"reason"})
+	bd := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_dropped_total",
+		Help: "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale), not published (publish) or never received (gap)."}, []string{"reason"})
+	m := &metrics{
+		updDropped:   map[string]prometheus.Counter{},
+		batchDropped: map[string]prometheus.Counter{},
+		batchesSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_sent_total",
+			Help: "Batches published (heartbeats included)."}),
+		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_received_total",
+			Help: "Batches received from peers (before any drop)."}),
+		bytesSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sent_bytes_total",
+			Help: "Bytes of batches and snapshot chunks published."}),
+		bytesReceived: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "received_bytes_total",
+			Help: "Bytes of batches and snapshot chunks received."}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "apply_lag_seconds",
+			Help:    "From a batch's send time (sender's clock) to its apply here.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
+		peers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "peers_seen",
+			Help: "Peers heard from within peer_timeout."}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "connected",
+			Help: "1 while connected to NATS, else 0 (routing then uses local state only)."}),
+		snapshotSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "snapshot_blocks_sent_total",
+			Help: "Index blocks sent to warming-up peers."}),
+		snapshotImported: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "snapshot_blocks_imported_total",
+			Help: "Index blocks imported from peers' snapshots at start."}),
+	}
+	for k := byte(1); k < recKinds; k++ {
+		m.sent[k] = sent.WithLabelValues(recordKind(k).String())
+		m.received[k] = recv.WithLabelValues(recordKind(k).String())
+	}
+	for _, r := range []string{dropOverflow, dropDisconnected, dropUnknown} {
+		m.updDropped[r] = ud.WithLabelValues(r)
+	}
+	for _, r := range []string{dropDecode, dropMismatch, dropStale, dropPublish, dropGap} {
+		m.batchDropped[r] = bd.WithLabelValues(r)
+	}
+	m.cs = []prometheus.Collector{sent, recv, ud, bd, m.batchesSent, m.batchesReceived, m.bytesSent, m.bytesReceived,
+		m.lag, m.peers, m.connected, m.snapshotSent, m.snapshotImported}
+	return m
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	for _, c := range m.cs {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,88 @@
+package steer
+
+import (
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/slowpath/cluster"
+)
+
+// TestPeerEntries: an entry the controller of edge host A writes reaches
+// edge host B's datapath over NATS (slowpath/cluster), pointing at B's
+// backend of the same replica; B reports nothing back (no echo loop); a
+// drop on A deletes it on B; and B never adopts an entry into a replica
+// unhealthy here.
+func TestPeerEntries(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	url := "nats://" + ns.Addr().(*net.TCPAddr).String()
+
+	a, b := newRig(t, false, 16), newRig(t, false, 16)
+	node := func(name string, r *rig) *cluster.Node {
+		n, err := cluster.Start(cluster.Options{Router: r.src.router, Logger: slog.New(slog.DiscardHandler),
+			Config: cluster.Config{NATSURL: cluster.URLs{url}, Instance: name, FlushInterval: time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.Close)
+		return n
+	}
+	na, nb := node("a", a), node("b", b)
+	a.c.SetEntryHook(na.PublishEntry)
+	var echoed atomic.Int32
+	b.c.SetEntryHook(func(netip.Addr, affinity.ReplicaID, bool) { echoed.Add(1) })
+	nb.SetEntryHandler(b.c.ApplyPeerEntry)
+	waitUntil(t, "connected", func() bool { return na.Connected() && nb.Connected() })
+
+	a.promote("10.1.0.9", 2)
+	waitUntil(t, "entry on b", func() bool {
+		e, ok := b.entry("10.1.0.9")
+		return ok && e.Backend == b.backend(2).ID && e.Generation == b.backend(2).Generation
+	})
+	if n := echoed.Load(); n != 0 {
+		t.Fatalf("b's hook saw %d entries applied from a peer", n)
+	}
+
+	// A drop decided on a (the client's request went elsewhere without a
+	// cache to speak of) removes it on b too.
+	a.send("10.1.0.9", 40000, 0, 99, 0)
+	if e, ok := a.entry("10.1.0.9"); ok {
+		t.Fatalf("a kept the entry: %+v", e)
+	}
+	waitUntil(t, "entry gone on b", func() bool { _, ok := b.entry("10.1.0.9"); return !ok })
+
+	// Replica 1 is unhealthy on b: a's promotion into it is not adopted.
+	b.src.setHealthy(1, false)
+	b.sync()
+	a.promote("10.1.0.10", 1)
+	a.promote("10.1.0.11", 0) // a later entry that b does adopt: the earlier one has been applied
+	waitUntil(t, "second entry on b", func() bool { _, ok := b.entry("10.1.0.11"); return ok })
+	if e, ok := b.entry("10.1.0.10"); ok {
+		t.Fatalf("b adopted %+v into a replica unhealthy here", e)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 1000 {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
