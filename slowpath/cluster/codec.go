@@ -26,6 +26,7 @@ import (
 //	  entry add   len(1: 4 or 16) client address    fast-path affinity entry
 //	  entry del   len(1) client address
 //	  snapshot    uvarint n, n x (hash(8) parent(8)) least recent first
+//	  tail        tail(8)                               a finished request's deepest block
 //
 // Replica ids are the sender's; the table names the ones a message uses
 // (receivers resolve names to their own ids). A message of kind batch
@@ -43,7 +44,8 @@ const (
 	recEntryAdd = 5
 	recEntryDel = 6
 	recSnapshot = 7
-	recKinds    = 8
+	recTail     = 8
+	recKinds    = 9
 
 	headerFixed  = 3 + 1 + 1 + 8 + 8 + 8
 	maxInstance  = 128
@@ -108,6 +110,12 @@ func appendTruncate(dst []byte, id uint32, tail uint64, n int) []byte {
 	dst = binary.AppendUvarint(dst, uint64(id))
 	dst = binary.LittleEndian.AppendUint64(dst, tail)
 	return binary.AppendUvarint(dst, uint64(max(n, 0)))
+}
+
+func appendTail(dst []byte, id uint32, tail uint64) []byte {
+	dst = append(dst, recTail)
+	dst = binary.AppendUvarint(dst, uint64(id))
+	return binary.LittleEndian.AppendUint64(dst, tail)
 }
 
 func appendReset(dst []byte, id uint32) []byte {
@@ -303,6 +311,8 @@ func Decode(b []byte, m *Message) error {
 		case recTruncate:
 			rec.Tail = r.u64()
 			rec.N = int(r.uvarint(1 << 31))
+		case recTail:
+			rec.Tail = r.u64()
 		case recReset:
 		case recLoad:
 			rec.Load.InFlight = int32(r.uvarint(1<<31 - 1))
@@ -378,6 +388,8 @@ func (k recordKind) String() string {
 		return "entry_del"
 	case recSnapshot:
 		return "snapshot"
+	case recTail:
+		return "tail"
 	}
 	return fmt.Sprintf("record(%d)", uint8(k))
 }

@@ -31,6 +31,8 @@ func TestCodecRoundTrip(t *testing.T) {
 				want: Record{Kind: recTruncate, Replica: 0, Tail: 0xdeadbeef, N: 7}},
 			{enc: func(b []byte) []byte { return appendReset(b, 300) },
 				want: Record{Kind: recReset, Replica: 300}},
+			{enc: func(b []byte) []byte { return appendTail(b, 2, 0xfeedface) },
+				want: Record{Kind: recTail, Replica: 2, Tail: 0xfeedface}},
 			{enc: func(b []byte) []byte {
 				return appendLoad(b, 1, affinity.PeerLoad{InFlight: 5, PendingPrefillTokens: 1 << 30, PendingRequests: 2})
 			}, want: Record{Kind: recLoad, Replica: 1, Load: affinity.PeerLoad{InFlight: 5, PendingPrefillTokens: 1 << 30, PendingRequests: 2}}},

@@ -332,6 +332,12 @@ func (n *Node) PeerTruncate(id affinity.ReplicaID, tail uint64, k int) {
 	n.add(recTruncate, id, 24, func(b []byte) []byte { return appendTruncate(b, uint32(id), tail, k) })
 }
 
+// PeerTail implements affinity.PeerTailSink: a finished request's deepest
+// block, for the continuation credit of its next turn on any instance.
+func (n *Node) PeerTail(id affinity.ReplicaID, tail uint64) {
+	n.add(recTail, id, 16, func(b []byte) []byte { return appendTail(b, uint32(id), tail) })
+}
+
 // PeerReset implements affinity.PeerSink.
 func (n *Node) PeerReset(id affinity.ReplicaID) {
 	n.add(recReset, id, 8, func(b []byte) []byte { return appendReset(b, uint32(id)) })
@@ -450,6 +456,20 @@ func (n *Node) loop() {
 		case <-n.kick:
 			n.flush(false)
 		case <-hb.C:
+			// Re-read every replica's load from the Router: concurrent
+			// requests' PeerLoad calls may have left a value one change
+			// old (affinity.PeerSink), and this heals it.
+			n.rt.LocalLoads(func(id affinity.ReplicaID, _ string, l affinity.PeerLoad) {
+				n.mu.Lock()
+				if int(id) >= len(n.loads) {
+					n.grow(int(id))
+				}
+				if n.loads[id] != l {
+					n.loads[id] = l
+					n.dirty[id] = true
+				}
+				n.mu.Unlock()
+			})
 			n.mu.Lock()
 			n.allLoad = true
 			n.mu.Unlock()
@@ -648,6 +668,8 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 			n.ups = append(n.ups, affinity.PeerUpdate{Kind: affinity.PeerKindTruncate, Replica: id, Tail: r.Tail, N: r.N})
 		case recReset:
 			n.ups = append(n.ups, affinity.PeerUpdate{Kind: affinity.PeerKindReset, Replica: id})
+		case recTail:
+			n.ups = append(n.ups, affinity.PeerUpdate{Kind: affinity.PeerKindTail, Replica: id, Tail: r.Tail})
 		case recLoad:
 			if late {
 				continue // a newer absolute value was applied already
@@ -688,4 +710,7 @@ func (n *Node) warnOnce(key, msg string, args ...any) {
 	}
 }
 
-var _ affinity.PeerSink = (*Node)(nil)
+var (
+	_ affinity.PeerSink     = (*Node)(nil)
+	_ affinity.PeerTailSink = (*Node)(nil)
+)

@@ -34,6 +34,8 @@ func TestNodeSharesIndexAndLoad(t *testing.T) {
 	if got := cachedOn(t, rb, "r0:1", hs); got != 0 {
 		t.Fatalf("b predicts %d cached on r0, where nothing was sent", got)
 	}
+	// The finished request's tail (continuation credit) reaches b too.
+	waitFor(t, "b receives a's finished tail", func() bool { return testutil.ToFloat64(b.m.received[recTail]) >= 1 })
 
 	// A request in flight on a counts in b's load view, and leaves it.
 	var f affinity.Flight
