@@ -213,6 +213,13 @@ type edgeProc struct {
 
 func (b *e2eBed) startEdge(cfg string) *edgeProc {
 	b.t.Helper()
+	return b.startEdgeIn(b.edge, b.admin, cfg)
+}
+
+// startEdgeIn runs warmpath with cfg in ns and waits until admin (a client
+// inside ns) sees it healthy.
+func (b *e2eBed) startEdgeIn(ns *testbed.NS, admin *http.Client, cfg string) *edgeProc {
+	b.t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		b.t.Fatal(err)
@@ -223,7 +230,7 @@ func (b *e2eBed) startEdge(cfg string) *edgeProc {
 		b.t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command("ip", "netns", "exec", b.edge.Name, exe, "serve", "--config", cfg, "--log-level", "debug")
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, exe, "serve", "--config", cfg, "--log-level", "debug")
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
@@ -233,7 +240,7 @@ func (b *e2eBed) startEdge(cfg string) *edgeProc {
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	b.t.Cleanup(func() { p.kill(); b.dumpLogOnFailure(p) })
 	for range 100 { // bounded: 10 s
-		resp, err := b.admin.Get("http://127.0.0.1:9090/health")
+		resp, err := admin.Get("http://127.0.0.1:9090/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -268,7 +275,14 @@ func (b *e2eBed) dumpLogOnFailure(p *edgeProc) {
 
 func (b *e2eBed) metrics() string {
 	b.t.Helper()
-	resp, err := b.admin.Get("http://127.0.0.1:9090/metrics")
+	return b.metricsVia(b.admin)
+}
+
+// metricsVia reads the /metrics of the warmpath admin (a client inside its
+// namespace) reaches.
+func (b *e2eBed) metricsVia(admin *http.Client) string {
+	b.t.Helper()
+	resp, err := admin.Get("http://127.0.0.1:9090/metrics")
 	if err != nil {
 		b.t.Fatal(err)
 	}
