@@ -2,28 +2,18 @@ package main
 
 import (
 	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/warmpath/warmpath/slowpath/cluster/natstest"
 )
 
 // TestServeClusterFlags: two `warmpath serve --nats URL --instance NAME`
 // runs against an in-process NATS server find each other: each reports
 // itself connected and one peer seen on /metrics and /debug/replicas.
 func TestServeClusterFlags(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	url := "nats://" + ns.Addr().(*net.TCPAddr).String()
+	url := natstest.URL(natstest.Start(t, nil))
 
 	var runs []*started
 	for _, name := range []string{"edge-a", "edge-b"} {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/warmpath/warmpath/slowpath/cluster/natstest"
+
 	"github.com/warmpath/warmpath/affinity"
 )
 
@@ -24,28 +26,10 @@ func startNATS(t testing.TB, port int) *server.Server {
 // startNATSWith runs an embedded NATS server with opts on 127.0.0.1.
 func startNATSWith(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
-	opts.Host, opts.NoLog, opts.NoSigs = "127.0.0.1", true, true
-	if opts.Port == 0 {
-		opts.Port = server.RANDOM_PORT
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready in 5s")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
+	return natstest.Start(t, opts)
 }
 
-func natsURL(s *server.Server) string {
-	return "nats://" + s.Addr().(*net.TCPAddr).String()
-}
+func natsURL(s *server.Server) string { return natstest.URL(s) }
 
 func natsPort(s *server.Server) int { return s.Addr().(*net.TCPAddr).Port }
 

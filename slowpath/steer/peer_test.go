@@ -2,16 +2,14 @@ package steer
 
 import (
 	"log/slog"
-	"net"
 	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/slowpath/cluster"
+	"github.com/warmpath/warmpath/slowpath/cluster/natstest"
 )
 
 // TestPeerEntries: an entry the controller of edge host A writes reaches
@@ -20,16 +18,7 @@ import (
 // drop on A deletes it on B; and B never adopts an entry into a replica
 // unhealthy here.
 func TestPeerEntries(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	url := "nats://" + ns.Addr().(*net.TCPAddr).String()
+	url := natstest.URL(natstest.Start(t, nil))
 
 	a, b := newRig(t, false, 16), newRig(t, false, 16)
 	node := func(name string, r *rig) *cluster.Node {
