@@ -669,3 +669,59 @@ func TestFaultsClientGoneMidStream(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultsIdleTimeoutQueuedStream: upstream.idle_timeout starts at a
+// stream's first token, not at its headers. An engine running one sequence
+// at a time sends every stream's headers (and role chunk) at once, then
+// queues them: the later streams wait far longer than idle_timeout before
+// their first token, and must neither be cut nor count against the
+// replica (it is busy, not broken).
+func TestFaultsIdleTimeoutQueuedStream(t *testing.T) {
+	engines := startEngines(t, 1, func(c *enginesim.Config) {
+		c.MaxNumSeqs = 1
+		c.Timing.StepBase = time.Second // 10 ms a step at the test's time scale
+		c.OutputLen = enginesim.OutputLen{Median: 30, Sigma: 0, Min: 30, Max: 30}
+	})
+	s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+		c.Upstream.IdleTimeout = 100 * time.Millisecond
+		c.Passive.ConsecutiveFailures = 1
+		c.Health.Interval, c.Health.Timeout = time.Minute, time.Second // passive ejection only
+	})
+	const n = 4
+	res := make([]sseResult, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = doChat(t, url, chatJSON(fmt.Sprintf("queued %d", i), true, 30))
+		}()
+		time.Sleep(20 * time.Millisecond) // arrival order, not a timing assertion
+	}
+	wg.Wait()
+	for i, r := range res {
+		if !r.complete() {
+			t.Errorf("stream %d: %d events, error event %v, [DONE] %v, err %v: cut while queued", i, len(r.events), r.errEv, r.done, r.err)
+		}
+	}
+	if b := metricSum(t, s, "warmpath_slowpath_broken_streams_total", "replica", engines[0].Addr()); b != 0 {
+		t.Errorf("broken_streams_total = %v, want 0", b)
+	}
+	if st := replicaStatus(t, s, engines[0].Addr()); !st.Healthy || st.Ejections != 0 {
+		t.Errorf("a busy replica was ejected: %+v", st)
+	}
+}
+
+// TestFaultsIdleTimeoutLongStream: a healthy stream that keeps sending is
+// never cut by idle_timeout, however much longer than it the stream runs
+// (the deadline moves with the bytes).
+func TestFaultsIdleTimeoutLongStream(t *testing.T) {
+	engines := startEngines(t, 1, func(c *enginesim.Config) {
+		c.Timing.StepBase = time.Second // 10 ms a token at the test's time scale
+		c.OutputLen = enginesim.OutputLen{Median: 60, Sigma: 0, Min: 60, Max: 60}
+	})
+	_, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) { c.Upstream.IdleTimeout = 100 * time.Millisecond })
+	if r := doChat(t, url, chatJSON("long", true, 60)); !r.complete() || len(r.events) < 60 {
+		t.Fatalf("healthy long stream cut: %d events, error event %v, [DONE] %v", len(r.events), r.errEv, r.done)
+	}
+}

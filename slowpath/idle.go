@@ -23,15 +23,23 @@ func (idleError) Unwrap() error   { return os.ErrDeadlineExceeded }
 var _ net.Error = idleError{}
 
 // idleConn bounds the wait for each next byte of an upstream response once
-// its first byte has arrived: every Read moves the read deadline to
-// now+idle, never past the deadline fasthttp set for the whole response
-// (upstream.response_timeout). Before the first byte only that outer
-// deadline applies (the engine may queue and prefill a long time), so the
+// it is producing output: every Read moves the read deadline to now+idle,
+// never past the deadline fasthttp set for the whole response
+// (upstream.response_timeout). Before that only the outer deadline applies
+// (the engine may queue and prefill a long time), so the
 // retry-before-first-byte logic is unchanged.
+//
+// "Producing output" is the first byte for a buffered (JSON) response,
+// which engines send whole. A stream's headers (and, from some servers, a
+// role chunk) come at once, before queueing and prefill: the proxy holds the
+// idle timer (hold) as soon as it has the stream's headers and starts it
+// (release) at the stream's first token. The proxy finds the connection
+// through the response's LocalAddr, which is the connection's idleAddr.
 //
 // fasthttp sets the read deadline once per request, after writing it, from
 // the goroutine that then reads the response; the body stream is read by
-// one goroutine at a time (handed over through fasthttp's pool). No locks.
+// one goroutine at a time (handed over through fasthttp's pool), the one
+// that holds and releases. No locks.
 //
 // The deadline is moved only when it would move by more than idle/16, so
 // most reads of a steady stream cost a clock read and no timer update; the
@@ -42,19 +50,53 @@ type idleConn struct {
 	deadline time.Time // the caller's read deadline (zero: none)
 	set      time.Time // the read deadline in force
 	armed    bool      // a byte of the current response arrived
+	held     bool      // a stream before its first token: idle not applied
 	byIdle   bool      // the deadline in force is the idle one
+	laddr    idleAddr  // LocalAddr: leads the proxy back to this connection
 }
+
+// idleAddr is an idleConn's local address, carrying the connection.
+type idleAddr struct {
+	net.Addr
+	c *idleConn
+}
+
+// LocalAddr returns the connection's local address as an *idleAddr.
+func (c *idleConn) LocalAddr() net.Addr { return &c.laddr }
+
+// idleOf returns the idleConn behind a response's LocalAddr, or nil.
+func idleOf(a net.Addr) *idleConn {
+	if ia, ok := a.(*idleAddr); ok {
+		return ia.c
+	}
+	return nil
+}
+
+// hold stops applying idle to the current response until release (a
+// stream whose headers arrived before its first token): the deadline in
+// force goes back to the caller's.
+func (c *idleConn) hold() error {
+	c.held, c.armed = true, false
+	if c.byIdle {
+		c.set, c.byIdle = c.deadline, false
+		return c.Conn.SetReadDeadline(c.deadline)
+	}
+	return nil
+}
+
+// release applies idle from the next Read on (the stream's first token).
+func (c *idleConn) release() { c.held, c.armed = false, true }
 
 // SetReadDeadline records the caller's deadline; fasthttp calls it for every
 // request, so it also marks the start of a new response.
 func (c *idleConn) SetReadDeadline(t time.Time) error {
-	c.deadline, c.set, c.armed, c.byIdle = t, t, false, false
+	c.deadline, c.set, c.armed, c.held, c.byIdle = t, t, false, false, false
 	return c.Conn.SetReadDeadline(t)
 }
 
 // SetDeadline is SetReadDeadline and the write deadline at once.
 func (c *idleConn) SetDeadline(t time.Time) error {
-	c.deadline, c.set, c.armed, c.byIdle = t, t, false, false
+	c.deadline, c.set, c.armed, c.held, c.byIdle = t, t, false, false, false
 	return c.Conn.SetDeadline(t)
 }
 
@@ -73,7 +115,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(p)
-	if n > 0 {
+	if n > 0 && !c.held {
 		c.armed = true
 	}
 	if err != nil && c.byIdle && errors.Is(err, os.ErrDeadlineExceeded) {
@@ -90,6 +132,8 @@ func (s *Server) upstreamDialer(timeout, idle time.Duration) fasthttp.DialFunc {
 		if err != nil {
 			return nil, err
 		}
-		return &idleConn{Conn: c, idle: idle}, nil
+		ic := &idleConn{Conn: c, idle: idle}
+		ic.laddr = idleAddr{Addr: c.LocalAddr(), c: ic}
+		return ic, nil
 	}
 }

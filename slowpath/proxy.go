@@ -87,8 +87,9 @@ type exchange struct {
 	// streaming state
 	uresp     *fasthttp.Response
 	stream    io.Reader
-	gotFirst  bool // FirstToken was called
-	output    bool // an SSE event with output was seen (see rolePreamble)
+	idle      *idleConn // the stream's upstream connection; released at the first token
+	gotFirst  bool      // FirstToken was called
+	output    bool      // an SSE event with output was seen (see rolePreamble)
 	closed    bool
 	upErr     error
 	line      []byte
@@ -116,6 +117,7 @@ func (s *Server) getExchange() *exchange {
 	ex.rep = nil
 	ex.stream = nil
 	ex.uresp = nil
+	ex.idle = nil
 	return ex
 }
 
@@ -124,6 +126,7 @@ func (s *Server) putExchange(ex *exchange) {
 	ex.mm = nil
 	ex.stream = nil
 	ex.uresp = nil
+	ex.idle = nil
 	ex.upErr, ex.errSent = nil, 0
 	ex.req.Model = nil
 	ex.req.Hashes = nil
@@ -576,6 +579,13 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 // written as one chunk and flushed, so SSE events reach the client as they
 // arrive; no goroutine, the exchange is the io.Reader.
 func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fasthttp.Response, bs io.Reader) {
+	// upstream.idle_timeout starts at the first token, not at the headers
+	// (the engine queues and prefills after sending them).
+	if ex.idle = idleOf(uresp.LocalAddr()); ex.idle != nil {
+		if err := ex.idle.hold(); err != nil {
+			ex.idle = nil
+		}
+	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	ctx.Response.Header.DelBytes(hdrContentLength)
 	ex.uresp = uresp
@@ -605,6 +615,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		}
 		if ex.output && !ex.gotFirst {
 			ex.firstToken()
+			if ex.idle != nil {
+				ex.idle.release()
+			}
 		}
 	}
 	if err != nil && err != io.EOF {
