@@ -334,3 +334,61 @@ func TestKernelLossInsideRange(t *testing.T) {
 		t.Fatalf("after the range: mode %s, kernel side released %v", dp.Mode(), closed)
 	}
 }
+
+// TestFallbackDrainKeepsEstablished: what the program does after its
+// writes kept failing and the Fallback switched (run through
+// BPF_PROG_TEST_RUN on the edge's own program): the established steered
+// connection is still encapsulated to its backend, while a new connection
+// from the same client is no longer steered (it reaches the edge's stack,
+// the slowpath).
+func TestFallbackDrainKeepsEstablished(t *testing.T) {
+	e := newEdgeEnv(t)
+	var logs bytes.Buffer
+	f := NewFallback(e.k, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() { _ = f.Close() })
+	// A handle of its own: the program outlives the datapath's handles, as
+	// an attached one does.
+	prog, err := e.k.objs.Steer.Clone()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = prog.Close() })
+	const client = "10.1.0.2"
+	a := Affinity{Client: netip.MustParseAddr(client), Service: vip, Backend: 1, Generation: 1}
+	for _, err := range []error{f.SetServices([]Service{vip}),
+		f.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}), f.SetAffinity(a)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const redirect, pass = 4, 2
+	verdict := func(p tcpPkt) uint32 {
+		t.Helper()
+		v, _ := e.run(t, prog, p.frame())
+		return v
+	}
+	if v := verdict(syn(client, clientPort)); v != redirect {
+		t.Fatalf("SYN before: %s, want REDIRECT", xdpVerdicts[v])
+	}
+	if v := verdict(ack(client, clientPort)); v != redirect {
+		t.Fatalf("data before: %s, want REDIRECT", xdpVerdicts[v])
+	}
+
+	breakAffinityMap(f)
+	for range lostAfterFailures {
+		_ = f.SetAffinity(a)
+	}
+	if !f.Lost() {
+		t.Fatal("not lost after failing writes")
+	}
+	if v := verdict(ack(client, clientPort)); v != redirect {
+		t.Fatalf("established connection after the switch: %s, want REDIRECT (still steered to its backend)", xdpVerdicts[v])
+	}
+	if v := verdict(syn(client, clientPort+1)); v != pass {
+		t.Fatalf("new connection after the switch: %s, want PASS (the slowpath)", xdpVerdicts[v])
+	}
+	if v := verdict(ack(client, clientPort)); v != redirect {
+		t.Fatalf("established connection, later: %s, want REDIRECT", xdpVerdicts[v])
+	}
+	t.Logf("log: %s", strings.TrimSpace(logs.String()))
+}
