@@ -174,7 +174,7 @@ func (f *Fallback) lose(reason error, gone bool) {
 		_ = f.u.SetBackends(bs)
 	}
 	f.lost.Store(true)
-	xdp := "released: detached, only this process's own pins removed"
+	xdp := "gone: this process's own link and pins released, any other instance's left alone"
 	if !gone {
 		if err := f.drain(bs, berr); err == nil {
 			f.drained = true
