@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -329,4 +331,72 @@ func TestFallbackContract(t *testing.T) {
 	f := NewFallback(NewUserspace(clk.now), clk.now, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { _ = f.Close() })
 	testContract(t, f, clk)
+}
+
+// slowWrite is a "kernel" datapath whose SetBackends, once armed, yields
+// (boundedly) until someone reads its backends before it writes: it holds
+// a write in flight while a loss is being handled.
+type slowWrite struct {
+	*Userspace
+	checkErr atomic.Pointer[error]
+	armed    atomic.Bool
+	entered  chan struct{}
+	copied   atomic.Bool
+}
+
+func (s *slowWrite) Mode() Mode { return ModeKernel }
+
+func (s *slowWrite) Check() error {
+	if p := s.checkErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (s *slowWrite) SetBackends(bs []Backend) error {
+	if s.armed.Load() {
+		close(s.entered)
+		for i := 0; i < 10000 && !s.copied.Load(); i++ {
+			runtime.Gosched()
+		}
+	}
+	return s.Userspace.SetBackends(bs)
+}
+
+// Close and Detach leave it open: a kernel side given up keeps taking the
+// in-flight write, as real maps do until their last handle goes.
+func (s *slowWrite) Close() error  { return nil }
+func (s *slowWrite) Detach() error { return nil }
+
+func (s *slowWrite) Backends() ([]Backend, error) {
+	s.copied.Store(true)
+	return s.Userspace.Backends()
+}
+
+// TestFallbackCarryOverSeesWrites: a SetBackends in flight on the kernel
+// while the loss is handled is not lost: it lands before the carry-over
+// (and so reaches the userspace side) or after the switch in userspace.
+func TestFallbackCarryOverSeesWrites(t *testing.T) {
+	k := &slowWrite{Userspace: NewUserspace(nil), entered: make(chan struct{})}
+	f := NewFallback(k, nil, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { _ = f.Close() })
+	if err := f.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}, {ID: 4, Addr: be4Addr, Healthy: true, Generation: 1}}
+	k.armed.Store(true)
+	done := make(chan error)
+	go func() { done <- f.SetBackends(want) }()
+	<-k.entered
+	k.checkErr.Store(errp(fmt.Errorf("%w: detached", ErrLost)))
+	if err := f.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.Backends()
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("userspace backends after the switch: %+v %v, want %+v (the write that succeeded)", got, err, want)
+	}
 }
