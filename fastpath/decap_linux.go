@@ -73,7 +73,7 @@ func OpenDecap(opts DecapOptions) (*Decap, error) {
 		}
 	}
 	if opts.Interface != "" {
-		l, err := attachXDP(log, d.objs.Decap, opts.Interface, opts.Attach, decapPinName(pin, opts.Interface))
+		l, _, err := attachXDP(log, d.objs.Decap, opts.Interface, opts.Attach, decapPinName(pin, opts.Interface))
 		if err != nil {
 			d.closeObjs()
 			return nil, err

@@ -19,7 +19,9 @@
 // single log line naming the reason; ModeKernel makes any failure an error.
 // The kernel datapath comes wrapped in a Fallback: lost mid-run (program
 // detached, interface gone, operations failing; found by Check), it turns
-// into a userspace datapath with one ERROR line instead of failing.
+// into a userspace datapath with one ERROR line instead of failing. A gone
+// program is released (only this process's own pins); a failing one is
+// left attached and drained, so established steered flows keep flowing.
 //
 // Lifecycle hazards:
 //   - State is pinned under Options.PinPath (default /sys/fs/bpf/warmpath)

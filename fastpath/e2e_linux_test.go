@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -107,10 +108,12 @@ func TestEndToEndSteering(t *testing.T) {
 	t.Run("MTU 1500, PMTUD", func(t *testing.T) { endToEnd(t, true) })
 }
 
-func endToEnd(t *testing.T, pmtud bool) {
-	cli := testbed.NewNS(t, "cli")
-	edge := testbed.NewNS(t, "edge")
-	be := testbed.NewNS(t, "be")
+// e2eNets builds the client, edge and backend namespaces of
+// TestEndToEndSteering (pmtud: MTU 1500 everywhere, else the backend link
+// raised by the 20 bytes of IPIP).
+func e2eNets(t *testing.T, pmtud bool) (cli, edge, be *testbed.NS) {
+	t.Helper()
+	cli, edge, be = testbed.NewNS(t, "cli"), testbed.NewNS(t, "edge"), testbed.NewNS(t, "be")
 	const beMAC = "02:00:00:00:03:02"
 	testbed.Veth(t, cli, "c0", "02:00:00:00:03:01", edge, "e0", "02:00:00:00:03:03")
 	testbed.Veth(t, edge, "e1", "02:00:00:00:03:04", be, "b0", beMAC)
@@ -143,7 +146,11 @@ func endToEnd(t *testing.T, pmtud bool) {
 	be.Sysctl("net.ipv4.conf.all.arp_announce", "2")
 	be.Sysctl("net.ipv4.conf.all.rp_filter", "0")
 	be.Sysctl("net.ipv4.conf.b0.rp_filter", "0")
+	return cli, edge, be
+}
 
+func endToEnd(t *testing.T, pmtud bool) {
+	cli, edge, be := e2eNets(t, pmtud)
 	bpffs := testbed.BPFFS(t)
 	var k *Kernel
 	openEdge := func() {
@@ -278,5 +285,107 @@ func passOnClientVeth(t *testing.T, ns *testbed.NS, dev string) {
 	})
 	if err != nil {
 		t.Fatalf("attach xdp_pass to %s: %v", dev, err)
+	}
+}
+
+// TestEndToEndFallback: what a fast-path loss does to connections, on real
+// TCP through the e2e topology. Writes that keep failing switch the
+// Fallback to userspace but leave the program attached and drained: the
+// established steered connection keeps reaching its backend, a new one
+// from the same client goes to the edge (the slowpath). `warmpath detach`
+// takes the program off: the established steered connection's next
+// packets reach the edge's stack, which resets it; new connections go to
+// the edge.
+func TestEndToEndFallback(t *testing.T) {
+	testbed.RequireRoot(t)
+	tests := []struct {
+		name      string
+		lose      func(t *testing.T, dp Datapath, pin string)
+		keepsFlow bool
+	}{
+		{name: "map writes failing", keepsFlow: true, lose: func(t *testing.T, dp Datapath, _ string) {
+			breakAffinityMap(dp)
+			a := Affinity{Client: netip.MustParseAddr("10.1.0.9"), Service: vip, Backend: 1, Generation: 1}
+			for range lostAfterFailures {
+				_ = dp.SetAffinity(a)
+			}
+		}},
+		{name: "warmpath detach", lose: func(t *testing.T, dp Datapath, pin string) {
+			if err := Uninstall(pin); err != nil {
+				t.Fatal(err)
+			}
+			if err := dp.(Checker).Check(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cli, edge, be := e2eNets(t, false)
+			bpffs := testbed.BPFFS(t)
+			pin := filepath.Join(bpffs, "edge")
+			var dp Datapath
+			if err := edge.Do(func() (err error) {
+				dp, err = Open(Options{Mode: ModeKernel, PinPath: pin, Interface: "e0", Attach: AttachDriver,
+					EncapSource: netip.MustParseAddr("10.2.0.1"), Logger: slog.New(slog.DiscardHandler)})
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = dp.Close(); _ = Uninstall(pin) })
+			var d *Decap
+			if err := be.Do(func() (err error) {
+				d, err = OpenDecap(DecapOptions{PinPath: filepath.Join(bpffs, "decap"), Interface: "b0", Attach: AttachDriver,
+					Source: netip.MustParseAddr("10.2.0.1")})
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = d.Detach() })
+			svc := netip.MustParseAddrPort("10.100.0.1:8000")
+			client := netip.MustParseAddr("10.1.0.2")
+			for _, err := range []error{
+				dp.SetServices([]Service{svc}),
+				dp.SetBackends([]Backend{{ID: 1, Addr: netip.MustParseAddr("10.2.0.2"), Healthy: true, Generation: 1}}),
+				d.SetServices([]Service{svc}),
+				dp.SetAffinity(Affinity{Client: client, Service: svc, Backend: 1, Generation: 1}),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			lineServer(t, edge, svc.String(), "edge")
+			lineServer(t, be, svc.String(), "backend")
+			// A reset connection's backend end never hears of it: close it
+			// there, or the server waits for its deadline.
+			t.Cleanup(func() { be.Run("ss", "-K", "state", "established", "src", svc.String()) })
+			steered := dial(t, cli, svc.String())
+			if who := steered.ask(t, 100); who != "backend" {
+				t.Fatalf("steered connection answered by %s before the loss", who)
+			}
+
+			tc.lose(t, dp, pin)
+			if dp.Mode() != ModeUserspace {
+				t.Fatalf("mode %s after the loss", dp.Mode())
+			}
+			if tc.keepsFlow {
+				for _, n := range []int{100, 100_000} {
+					if who := steered.ask(t, n); who != "backend" {
+						t.Fatalf("established steered connection answered by %s after the loss", who)
+					}
+				}
+			} else {
+				_ = steered.SetDeadline(time.Now().Add(10 * time.Second))
+				_, werr := io.WriteString(steered, "x\n")
+				_, rerr := steered.r.ReadString('\n')
+				if werr == nil && rerr == nil {
+					t.Fatal("established steered connection still answered after the program was detached")
+				}
+				t.Logf("established steered connection after detach: write %v, read %v", werr, rerr)
+			}
+			if who := dial(t, cli, svc.String()).ask(t, 100); who != "edge" {
+				t.Fatalf("new connection after the loss answered by %s, want the edge", who)
+			}
+		})
 	}
 }

@@ -53,10 +53,28 @@ const (
 // kernel side is lost mid-run, instead of failing: Mode then reports
 // ModeUserspace (warmpath_fastpath_kernel_mode 0), every call goes to an
 // in-memory Userspace datapath holding the services and backends carried
-// over, one ERROR line says why, and the kernel side is detached (nothing
-// maintains its entries any more, so none may keep steering). The slowpath
-// never depended on it, so it keeps serving every connection. The switch
-// is one-way: a restart (or a new Open) brings the kernel datapath back.
+// over, and one ERROR line says why. The slowpath never depended on the
+// kernel side, so it keeps serving every new connection. The switch is
+// one-way: a restart (or a new Open) brings the kernel datapath back.
+//
+// What happens to the kernel side depends on how it was lost:
+//   - gone (Check: the program is no longer attached to its interface, or
+//     the kernel side reports ErrLost/ErrClosed): it steers nothing any
+//     more, so this process releases its own link and handles, unpinning
+//     only objects that are still its own (another instance may have
+//     pinned its own state at the same path since: that is left alone).
+//     Connections it steered were already cut by whatever detached it.
+//   - failing (lostAfterFailures calls of one operation in a row): the
+//     program is still attached and its flows map carries established
+//     steered connections, so it is left attached and drained instead:
+//     every backend is written unhealthy (if that write fails too, every
+//     affinity entry is deleted), so no new connection is steered while
+//     established ones keep their backend. The handles stay open until
+//     Close (which leaves the drained program pinned for the next instance
+//     to adopt, as a hitless restart does) or Detach. Only when neither
+//     drain write works is the own link detached (stale entries nobody
+//     maintains must not steer new connections forever).
+//
 // Open returns the kernel datapath wrapped in a Fallback.
 type Fallback struct {
 	k      Datapath
@@ -65,7 +83,22 @@ type Fallback struct {
 	lost   atomic.Bool
 	closed atomic.Bool
 	fails  [numOps]atomic.Int32 // consecutive failures per operation
-	mu     sync.Mutex           // serialises lose and Close
+	// gate: write-held by lose (the carry-over, then lost set), Close and
+	// Detach; read-held by the calls whose writes lose carries over
+	// (SetServices, SetBackends, BumpGeneration) around their kernel call,
+	// so none lands between the copy and the switch.
+	gate    sync.RWMutex
+	drained bool // the kernel side was left attached and drained (under gate)
+	// release of a gone kernel side, deferred while a RangeAffinity runs
+	// (its callback may have caused the loss: Kernel.release would wait for
+	// the range to end).
+	ranging        atomic.Int32
+	pendingRelease atomic.Bool
+}
+
+// releaser is a kernel side that can give up only its own state (Kernel).
+type releaser interface {
+	release() error
 }
 
 // NewFallback wraps k. now is the userspace side's clock (nil: monotonic).
@@ -112,34 +145,95 @@ func (f *Fallback) note(op int, err error) bool {
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrFull), errors.Is(err, ErrUnknownBackend):
 		return false // the caller's problem, not the datapath's
 	case errors.Is(err, ErrLost), errors.Is(err, ErrClosed):
-		f.lose(err)
+		f.lose(err, true)
 		return true
 	}
 	if n := f.fails[op].Add(1); n >= lostAfterFailures {
-		f.lose(fmt.Errorf("%w: %d datapath operations failed in a row, the last: %w", ErrLost, n, err))
+		f.lose(fmt.Errorf("%w: %d datapath operations failed in a row, the last: %w", ErrLost, n, err), false)
 		return true
 	}
 	return false
 }
 
-func (f *Fallback) lose(reason error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// lose switches to userspace. gone: the kernel side steers nothing any
+// more (release it); else it is failing but attached (drain it).
+func (f *Fallback) lose(reason error, gone bool) {
+	f.gate.Lock()
 	if f.lost.Load() || f.closed.Load() {
+		f.gate.Unlock()
 		return
 	}
 	// Carry the configuration over, so status and metrics stay meaningful
 	// (the maps are still readable through this process's handles).
-	if svcs, err := f.k.Services(); err == nil {
+	svcs, serr := f.k.Services()
+	if serr == nil {
 		_ = f.u.SetServices(svcs)
 	}
-	if bs, err := f.k.Backends(); err == nil {
+	bs, berr := f.k.Backends()
+	if berr == nil {
 		_ = f.u.SetBackends(bs)
 	}
 	f.lost.Store(true)
-	derr := f.k.Detach()
-	f.log.Error("fast path lost: userspace mode from now on, every connection goes through the slowpath (restart warmpath to re-attach)",
-		"reason", reason.Error(), "detach_error", derr)
+	xdp := "gone: this process's own link and pins released, any other instance's left alone"
+	if !gone {
+		if err := f.drain(bs, berr); err == nil {
+			f.drained = true
+			xdp = "left attached and drained: established steered connections keep their backend, new ones are not steered (restart to steer again)"
+		} else {
+			xdp = "detached: it could not be drained (" + err.Error() + "), established steered connections are cut"
+		}
+	}
+	if !f.drained {
+		f.pendingRelease.Store(true)
+	}
+	f.gate.Unlock()
+	f.log.Error("fast path lost: userspace mode from now on, every new connection goes through the slowpath",
+		"reason", reason.Error(), "xdp", xdp)
+	f.finishRelease()
+}
+
+// drain stops the attached kernel side from steering new connections
+// while its established flows keep their backend: every backend written
+// unhealthy, or else every affinity entry deleted.
+func (f *Fallback) drain(bs []Backend, berr error) error {
+	var errs []error
+	if berr == nil {
+		down := make([]Backend, len(bs))
+		for i, b := range bs {
+			b.Healthy = false
+			down[i] = b
+		}
+		err := f.k.SetBackends(down)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("mark backends unhealthy: %w", err))
+	} else {
+		errs = append(errs, berr)
+	}
+	if _, err := f.k.ExpireIdle(0); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("delete affinity entries: %w", err))...)
+	}
+	// Every entry deleted: affinity_pick finds none, so no new connection
+	// is steered (a SetAffinity already in flight on the kernel when lost
+	// was set may still land one entry).
+	return nil
+}
+
+// finishRelease releases a gone kernel side once no RangeAffinity runs.
+func (f *Fallback) finishRelease() {
+	if f.ranging.Load() != 0 || !f.pendingRelease.CompareAndSwap(true, false) {
+		return
+	}
+	var err error
+	if r, ok := f.k.(releaser); ok {
+		err = r.release()
+	} else {
+		err = f.k.Close()
+	}
+	if err != nil {
+		f.log.Warn("fast path lost: releasing the kernel side", "err", err)
+	}
 }
 
 // call runs op on the kernel side and, when that is (or becomes) lost, on
@@ -154,8 +248,29 @@ func call[T any](f *Fallback, id int, op func(Datapath) (T, error)) (T, error) {
 	return op(f.u)
 }
 
+// gated is call for the writes lose carries over: the kernel call runs
+// under gate, so it lands before the copy or goes to userspace after it.
+func gated[T any](f *Fallback, id int, op func(Datapath) (T, error)) (T, error) {
+	f.gate.RLock()
+	if f.lost.Load() {
+		f.gate.RUnlock()
+		return op(f.u)
+	}
+	v, err := op(f.k)
+	f.gate.RUnlock()
+	if !f.note(id, err) { // lose takes gate: after RUnlock
+		return v, err
+	}
+	return op(f.u)
+}
+
 func call0(f *Fallback, id int, op func(Datapath) error) error {
 	_, err := call(f, id, func(d Datapath) (struct{}, error) { return struct{}{}, op(d) })
+	return err
+}
+
+func gated0(f *Fallback, id int, op func(Datapath) error) error {
+	_, err := gated(f, id, func(d Datapath) (struct{}, error) { return struct{}{}, op(d) })
 	return err
 }
 
@@ -170,7 +285,7 @@ func (f *Fallback) Mode() Mode {
 
 // SetServices implements Datapath.
 func (f *Fallback) SetServices(svcs []Service) error {
-	return call0(f, opSetServices, func(d Datapath) error { return d.SetServices(svcs) })
+	return gated0(f, opSetServices, func(d Datapath) error { return d.SetServices(svcs) })
 }
 
 // Services implements Datapath.
@@ -180,7 +295,7 @@ func (f *Fallback) Services() ([]Service, error) {
 
 // SetBackends implements Datapath.
 func (f *Fallback) SetBackends(bs []Backend) error {
-	return call0(f, opSetBackends, func(d Datapath) error { return d.SetBackends(bs) })
+	return gated0(f, opSetBackends, func(d Datapath) error { return d.SetBackends(bs) })
 }
 
 // Backends implements Datapath.
@@ -190,7 +305,7 @@ func (f *Fallback) Backends() ([]Backend, error) {
 
 // BumpGeneration implements Datapath.
 func (f *Fallback) BumpGeneration(id BackendID) (uint32, error) {
-	return call(f, opBump, func(d Datapath) (uint32, error) { return d.BumpGeneration(id) })
+	return gated(f, opBump, func(d Datapath) (uint32, error) { return d.BumpGeneration(id) })
 }
 
 // SetAffinity implements Datapath.
@@ -226,8 +341,15 @@ func (f *Fallback) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry
 	return f.u.LookupAffinity(client, svc)
 }
 
-// RangeAffinity implements Datapath.
+// RangeAffinity implements Datapath. fn may call any method but Close and
+// Detach; a loss it causes is handled after the range ends.
 func (f *Fallback) RangeAffinity(fn func(AffinityEntry) bool) error {
+	f.ranging.Add(1) // before call reads lost: see finishRelease
+	defer func() {
+		if f.ranging.Add(-1) == 0 {
+			f.finishRelease()
+		}
+	}()
 	return call0(f, opRangeAffinity, func(d Datapath) error { return d.RangeAffinity(fn) })
 }
 
@@ -241,30 +363,47 @@ func (f *Fallback) Counters() (Counters, error) {
 	return call(f, opCounters, func(d Datapath) (Counters, error) { return d.Counters() })
 }
 
-// Close implements Datapath: it closes the side in use.
+// Close implements Datapath: it closes the side in use. After a loss the
+// userspace side is closed and so is the kernel side's handles: a gone
+// one released (if not yet), a drained one closed with its pins kept (the
+// next instance adopts the program and re-enables its backends).
 func (f *Fallback) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed.Swap(true) {
-		return nil
-	}
-	if f.lost.Load() {
-		return f.u.Close()
-	}
-	return f.k.Close()
+	return f.close(false)
 }
 
-// Detach implements Datapath.
+// Detach implements Datapath: in kernel mode Kernel.Detach (everything
+// under PinPath). After a loss a drained kernel side is detached that way
+// too; a gone one is only released (its pin path may hold another
+// instance's state by now).
 func (f *Fallback) Detach() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	return f.close(true)
+}
+
+func (f *Fallback) close(detach bool) error {
+	f.gate.Lock()
 	if f.closed.Swap(true) {
-		return ErrClosed
+		f.gate.Unlock()
+		if detach {
+			return ErrClosed
+		}
+		return nil
 	}
-	if f.lost.Load() {
-		return f.u.Close()
+	lost, drained := f.lost.Load(), f.drained
+	f.gate.Unlock()
+	// The kernel side is closed outside gate: it waits for a running
+	// RangeAffinity, whose callback may need gate.
+	switch {
+	case !lost && detach:
+		return f.k.Detach()
+	case !lost:
+		return f.k.Close()
+	case drained && detach:
+		return errors.Join(f.u.Close(), f.k.Detach())
+	case drained:
+		return errors.Join(f.u.Close(), f.k.Close())
 	}
-	return f.k.Detach()
+	f.finishRelease()
+	return f.u.Close()
 }
 
 var (

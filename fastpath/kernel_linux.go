@@ -165,18 +165,19 @@ func linkPinName(pinPath, ifname string) string {
 // attach attaches xdp_steer to ifname, or adopts the link pinned for it and
 // atomically replaces its program with the one just loaded.
 func (k *Kernel) attach(ifname string, mode AttachMode) error {
-	l, err := attachXDP(k.log, k.objs.Steer, ifname, mode, linkPinName(k.pinPath, ifname))
+	l, ifindex, err := attachXDP(k.log, k.objs.Steer, ifname, mode, linkPinName(k.pinPath, ifname))
 	if err != nil {
 		return err
 	}
-	k.link, k.ifname, k.ifindex = l, ifname, pinnedOn(l)
+	k.link, k.ifname, k.ifindex = l, ifname, ifindex
 	return nil
 }
 
 // Check reports ErrLost when xdp_steer is no longer attached to its
 // interface: the link was detached (`warmpath detach`, `bpftool link
 // detach`) or the interface was deleted. Without an interface there is
-// nothing to lose. One BPF_OBJ_GET_INFO_BY_FD call.
+// nothing to lose. One BPF_OBJ_GET_INFO_BY_FD call; when that call fails
+// the answer is unknown: Check returns its error, not ErrLost.
 func (k *Kernel) Check() error {
 	if err := k.lock(); err != nil {
 		return err
@@ -185,32 +186,42 @@ func (k *Kernel) Check() error {
 	if k.link == nil {
 		return nil
 	}
-	if on := pinnedOn(k.link); on == 0 || on != k.ifindex {
+	on, err := pinnedOn(k.link)
+	if err != nil {
+		return fmt.Errorf("check xdp link of %s: %w", k.ifname, err)
+	}
+	if on == 0 || on != k.ifindex {
 		return fmt.Errorf("%w: xdp_steer is no longer attached to %s (detached, or the interface is gone)", ErrLost, k.ifname)
 	}
 	return nil
 }
 
-func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachMode, pinName string) (link.Link, error) {
+// attachXDP returns the link and the ifindex it is attached to.
+func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachMode, pinName string) (link.Link, int, error) {
 	iface, err := net.InterfaceByName(ifname)
 	if err != nil {
-		return nil, fmt.Errorf("attach xdp to %s: %w", ifname, err)
+		return nil, 0, fmt.Errorf("attach xdp to %s: %w", ifname, err)
 	}
 	if l, err := link.LoadPinnedLink(pinName, nil); err == nil {
-		if pinnedOn(l) == iface.Index {
+		on, err := pinnedOn(l)
+		if err != nil {
+			_ = l.Close()
+			return nil, 0, fmt.Errorf("pinned xdp link %s: %w", pinName, err)
+		}
+		if on == iface.Index {
 			if err := l.Update(prog); err != nil {
 				_ = l.Close()
-				return nil, fmt.Errorf("update pinned xdp link %s: %w", pinName, err)
+				return nil, 0, fmt.Errorf("update pinned xdp link %s: %w", pinName, err)
 			}
 			log.Info("adopted pinned xdp link", "interface", ifname, "pin", pinName)
-			return l, nil
+			return l, iface.Index, nil
 		}
 		// The interface was recreated (or the link detached): start afresh.
 		log.Warn("pinned xdp link no longer attached to the interface, re-attaching", "interface", ifname, "pin", pinName)
 		_ = l.Unpin()
 		_ = l.Close()
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("load pinned xdp link %s: %w", pinName, err)
+		return nil, 0, fmt.Errorf("load pinned xdp link %s: %w", pinName, err)
 	}
 	var flags []link.XDPAttachFlags
 	switch mode {
@@ -221,7 +232,7 @@ func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachM
 	case AttachGeneric:
 		flags = []link.XDPAttachFlags{link.XDPGenericMode}
 	default:
-		return nil, fmt.Errorf("attach mode %q: want auto, driver or generic: %w", mode, ErrInvalid)
+		return nil, 0, fmt.Errorf("attach mode %q: want auto, driver or generic: %w", mode, ErrInvalid)
 	}
 	var l link.Link
 	for i, f := range flags {
@@ -234,22 +245,26 @@ func attachXDP(log *slog.Logger, prog *ebpf.Program, ifname string, mode AttachM
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("attach xdp to %s (%s mode): %w", ifname, mode, err)
+		return nil, 0, fmt.Errorf("attach xdp to %s (%s mode): %w", ifname, mode, err)
 	}
 	if err := l.Pin(pinName); err != nil {
 		_ = l.Close()
-		return nil, fmt.Errorf("pin xdp link of %s: %w", ifname, err)
+		return nil, 0, fmt.Errorf("pin xdp link of %s: %w", ifname, err)
 	}
-	return l, nil
+	return l, iface.Index, nil
 }
 
-// pinnedOn returns the ifindex an XDP link is attached to, 0 if none.
-func pinnedOn(l link.Link) int {
+// pinnedOn returns the ifindex an XDP link is attached to, 0 if none; an
+// error when the kernel could not say (BPF_OBJ_GET_INFO_BY_FD failed).
+func pinnedOn(l link.Link) (int, error) {
 	info, err := l.Info()
-	if err != nil || info.XDP() == nil {
-		return 0
+	if err != nil {
+		return 0, fmt.Errorf("link info: %w", err)
 	}
-	return int(info.XDP().Ifindex)
+	if info.XDP() == nil {
+		return 0, nil
+	}
+	return int(info.XDP().Ifindex), nil
 }
 
 // Mode returns ModeKernel.
@@ -536,7 +551,10 @@ func (k *Kernel) LookupAffinity(client netip.Addr, svc Service) (AffinityEntry, 
 
 // RangeAffinity calls fn for each entry until fn returns false. Entries
 // changed concurrently may be seen or not. fn may call other methods, but
-// not RangeAffinity, Close or Detach.
+// not RangeAffinity, Close, Detach or release (they wait for the range to
+// end: a deadlock). A Fallback defers its release of a lost kernel side
+// until no RangeAffinity runs, so through a Fallback fn may call anything
+// but Close and Detach.
 func (k *Kernel) RangeAffinity(fn func(AffinityEntry) bool) error {
 	k.use.RLock()
 	defer k.use.RUnlock()
@@ -707,6 +725,95 @@ func (k *Kernel) Detach() error {
 		k.log.Info("pin path not removed", "path", k.pinPath, "err", err)
 	}
 	return errors.Join(errs...)
+}
+
+// pinnedMaps are the maps the edge pins under PinPath, by pin name.
+func (k *Kernel) pinnedMaps() []struct {
+	name string
+	m    *ebpf.Map
+} {
+	return []struct {
+		name string
+		m    *ebpf.Map
+	}{{"services", k.objs.Services}, {"affinity", k.objs.Affinity}, {"backends", k.objs.Backends},
+		{"flows", k.objs.Flows}, {"settings", k.objs.Settings}, {"counters", k.objs.Counters}}
+}
+
+// release gives up this process's kernel side after it was lost: it
+// detaches its own XDP link (BPF_LINK_DETACH on its own handle, whatever
+// is attached elsewhere), unpins a pinned object only when it still is this
+// process's one (same link or map id: another instance may have pinned its
+// own at the same path since), leaves the maps pinned while any other XDP
+// link is pinned under PinPath (an instance that adopted them), and closes
+// the handles. Unlike Detach it never touches another instance's state.
+func (k *Kernel) release() error {
+	k.use.Lock()
+	defer k.use.Unlock()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return nil
+	}
+	var errs []error
+	if k.link != nil {
+		// Already detached when the link was lost: ENOLINK is expected.
+		_ = k.link.Detach()
+		if info, err := k.link.Info(); err == nil {
+			p := linkPinName(k.pinPath, k.ifname)
+			if l, err := link.LoadPinnedLink(p, nil); err == nil {
+				if pi, err := l.Info(); err == nil && pi.ID == info.ID {
+					if err := l.Unpin(); err != nil {
+						errs = append(errs, fmt.Errorf("unpin own link: %w", err))
+					}
+				}
+				_ = l.Close()
+			}
+		}
+	}
+	ents, _ := os.ReadDir(k.pinPath)
+	shared := false
+	for _, e := range ents {
+		shared = shared || strings.HasPrefix(e.Name(), "link_xdp_")
+	}
+	if !shared {
+		for _, pm := range k.pinnedMaps() {
+			if err := unpinIfSame(pm.m, filepath.Join(k.pinPath, pm.name)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	k.closed = true
+	k.closeObjs()
+	_ = os.Remove(k.pinPath) // only when empty: anything left is someone else's
+	return errors.Join(errs...)
+}
+
+// unpinIfSame removes the pin at path when it is m.
+func unpinIfSame(m *ebpf.Map, path string) error {
+	mi, err := m.Info()
+	if err != nil {
+		return fmt.Errorf("map info: %w", err)
+	}
+	id, ok := mi.ID()
+	if !ok {
+		return nil // cannot tell: leave it
+	}
+	pm, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return nil // gone, or not ours to judge
+	}
+	defer pm.Close()
+	pi, err := pm.Info()
+	if err != nil {
+		return fmt.Errorf("pinned map info %s: %w", path, err)
+	}
+	if pid, ok := pi.ID(); !ok || pid != id {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("unpin map %s: %w", path, err)
+	}
+	return nil
 }
 
 // detachPinnedLinks detaches, unpins and closes every link pinned in dir

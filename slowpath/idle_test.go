@@ -155,13 +155,22 @@ func TestIdleConn(t *testing.T) {
 
 	// Request 3: a caller's deadline earlier than now+idle wins once
 	// armed, and is not reported as idle.
+	// The first byte must be read within that deadline: a machine that
+	// stalls past it gets the request retried (the byte waits in the
+	// socket), a bounded number of times.
 	c.idle = time.Hour
-	if err := c.SetReadDeadline(time.Now().Add(time.Second)); err != nil {
-		t.Fatal(err)
-	}
 	step <- "c"
-	if n, err := c.Read(p); err != nil || string(p[:n]) != "c" {
-		t.Fatalf("request 3 first byte: %q %v", p[:n], err)
+	for try := 1; ; try++ {
+		if err := c.SetReadDeadline(time.Now().Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		n, err := c.Read(p)
+		if err == nil && string(p[:n]) == "c" {
+			break
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) || try == 5 {
+			t.Fatalf("request 3 first byte (try %d): %q %v", try, p[:n], err)
+		}
 	}
 	_, err = c.Read(p)
 	if !errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errUpstreamIdle) {

@@ -24,7 +24,11 @@ import (
 // startFastpath), and the BPF side is torn down from under it. Every request
 // still succeeds, the router logs one line that the fast path is gone,
 // warmpath_fastpath_kernel_mode drops to 0 and the control loop keeps
-// running without errors.
+// running without errors. The clients post to the router directly, never
+// through the VIP, so this sees no steered connection: what each kind of
+// loss does to those is fastpath's TestEndToEndFallback (a detach resets
+// them; failing writes leave the program attached and drained, and they
+// keep their backend).
 func TestServeFastpathLostMidRun(t *testing.T) {
 	testbed.RequireRoot(t)
 	tests := []struct {
