@@ -89,7 +89,7 @@ type Node struct {
 	sendUsed []bool
 
 	// Receive side: the subscription goroutine; peers also by the
-	// flusher's timeout check.
+	// expiry goroutine and Close.
 	peerMu  sync.Mutex
 	closed  bool // Close withdrew the peers: apply nothing more
 	peers   map[string]*peer
@@ -754,16 +754,17 @@ func (n *Node) apply(subj string, b []byte, now time.Time) {
 	}
 	leave := m.Flags&flagLeave != 0
 	n.peerMu.Lock()
-	// peerMu is held while the batch is applied: Close, expiry and a
-	// restart's ClearPeer never interleave with it (lock order: peerMu,
-	// then the Router's).
-	defer n.peerMu.Unlock()
+	// peerMu is held while the batch is applied to the Router: Close,
+	// expiry and a restart's ClearPeer never interleave with it (lock
+	// order: peerMu, then the Router's).
 	if n.closed {
+		n.peerMu.Unlock()
 		return
 	}
 	p := n.peers[m.Instance]
 	if p == nil {
 		if leave {
+			n.peerMu.Unlock()
 			return // nothing of it to withdraw
 		}
 		slot := -1
@@ -774,6 +775,7 @@ func (n *Node) apply(subj string, b []byte, now time.Time) {
 			}
 		}
 		if slot < 0 {
+			n.peerMu.Unlock()
 			n.warnOnce("slots/"+m.Instance, "too many peers: ignoring one", "peer", m.Instance, "max", affinity.MaxPeers)
 			return
 		}
@@ -871,6 +873,7 @@ func (n *Node) apply(subj string, b []byte, now time.Time) {
 		n.m.peers.Set(float64(len(n.peers)))
 		n.log.Info("peer left: its load withdrawn", "peer", m.Instance)
 	}
+	n.peerMu.Unlock()
 	if fn != nil {
 		for _, e := range n.entries {
 			(*fn)(e.client, e.r, e.add)
