@@ -160,9 +160,10 @@ func Start(opts Options) (*Node, error) {
 		nats.Timeout(connectTimeout),
 		// A stalled path (no reset) must not block the flusher for
 		// nats.go's default minute: a write that cannot finish in
-		// writeTimeout fails, and pings find a dead server within a few
-		// peer timeouts.
+		// writeTimeout fails (nats.go's flusher then reconnects), and
+		// pings find a dead server within a few peer timeouts.
 		nats.FlusherTimeout(writeTimeout(cfg)),
+		nats.ReconnectOnFlusherError(),
 		nats.PingInterval(max(cfg.PeerTimeout, time.Second)),
 		nats.MaxPingsOutstanding(3),
 		// Credentials rejected twice (not yet provisioned, an auth
