@@ -538,3 +538,40 @@ func TestUnpublishedBatchTakesNoSeq(t *testing.T) {
 		t.Fatalf("seq %d after 3 unpublished heartbeats, want 0", n.seq)
 	}
 }
+
+// H1b end to end: a crashes (no leaving batch: its connection is cut
+// first) with a request in flight and restarts under the same name well
+// within peer_timeout; b withdraws the dead process's load as soon as the
+// new one speaks (its new incarnation, and its first full-load heartbeat,
+// each do it; TestRestartWithdrawsPredecessorLoad isolates the first).
+// Old code: b kept it (the restart was only logged).
+func TestCrashRestartWithinPeerTimeout(t *testing.T) {
+	ns := startNATS(t, 0)
+	ra, rb := newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
+	cfg := func(name string) Config {
+		c := testCfg(natsURL(ns), name)
+		c.PeerTimeout = time.Minute
+		return c
+	}
+	a, err := Start(Options{Config: cfg("a"), Router: ra, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startNode(t, cfg("b"), rb)
+	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
+	var f affinity.Flight
+	ra.Begin(lookup(t, ra, "r0:1"), req(chain(1, 4)), nil, &f)
+	waitFor(t, "b sees a's load", func() bool { return peerInFlight(t, rb, "r0:1") == 1 })
+	a.nc.Close() // the crash: nothing more leaves a
+	a.Close()
+	if got := peerInFlight(t, rb, "r0:1"); got != 1 {
+		t.Fatalf("b's view changed before the restart: %d", got)
+	}
+	ra2 := newRouter(t, affinity.Config{})
+	a2 := startNode(t, cfg("a"), ra2)
+	waitFor(t, "a2 connected", a2.Connected)
+	waitFor(t, "b withdraws the dead process's load", func() bool { return peerInFlight(t, rb, "r0:1") == 0 })
+	if p := b.Peers(); len(p) != 1 || p[0] != "a" {
+		t.Fatalf("peers %v, want [a]", p)
+	}
+}
