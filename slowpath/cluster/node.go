@@ -385,13 +385,18 @@ func (n *Node) onClosed(nc *nats.Conn) {
 	n.log.Error("NATS connection closed for good: not sharing state any more (restart to retry)", "err", nc.LastError())
 }
 
-// onReconnectErr: an attempt to (re)connect failed (refused, timed out,
-// credentials rejected). Counted; each distinct error logged once.
+// onReconnectErr: an attempt to (re)connect failed. Counted; a network
+// error (refused, timed out: the server is down, already warned on
+// disconnect) is logged at Debug, any other once per distinct error.
 func (n *Node) onReconnectErr(_ *nats.Conn, err error) {
 	if err == nil || errors.Is(err, errConnectLater) {
 		return
 	}
 	n.m.natsErrors.Inc()
+	if _, ok := errors.AsType[*net.OpError](err); ok {
+		n.log.Debug("NATS connection attempt failed", "err", err)
+		return
+	}
 	n.warnOnce("connect/"+err.Error(), "NATS connection attempt failed (retrying; each error logged once, counted in nats_errors_total)", "err", err)
 }
 
