@@ -400,6 +400,21 @@ func (n *Node) onReconnectErr(_ *nats.Conn, err error) {
 	n.warnOnce("connect/"+err.Error(), "NATS connection attempt failed (retrying; each error logged once, counted in nats_errors_total)", "err", err)
 }
 
+// warnConnectErr warns (once per distinct error) about why the node is not
+// connected: nats.go reports no callback for a handshake error (rejected
+// credentials, TLS) before the first connection. Flusher only; LastError
+// may wait for a connection attempt in progress (at most connectTimeout).
+func (n *Node) warnConnectErr() {
+	err := n.nc.LastError()
+	if err == nil {
+		return
+	}
+	if _, ok := errors.AsType[*net.OpError](err); ok {
+		return
+	}
+	n.warnOnce("connect/"+err.Error(), "NATS connection attempt failed (retrying; each error logged once)", "err", err)
+}
+
 func (n *Node) onAsyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	subj := ""
 	if sub != nil {
@@ -551,6 +566,9 @@ func (n *Node) loop() {
 		case <-n.kick:
 			n.flush(false)
 		case <-hb.C:
+			if !n.connected.Load() {
+				n.warnConnectErr()
+			}
 			n.refreshLoads()
 			n.mu.Lock()
 			n.allLoad = true

@@ -381,6 +381,30 @@ func TestAuthErrorsKeepReconnecting(t *testing.T) {
 	waitFor(t, "reconnected once the credentials are accepted", n.Connected)
 }
 
+// M2: credentials rejected from the first attempt (nats.go reports no
+// callback before a first connection) are still warned about, and the
+// node connects once they are accepted.
+func TestAuthRejectedFromStartWarned(t *testing.T) {
+	bad := startNATSWith(t, &server.Options{Port: server.RANDOM_PORT, Username: "u", Password: "other"})
+	port := natsPort(bad)
+	var logs syncBuf
+	cfg := testCfg(fmt.Sprintf("nats://u:p@127.0.0.1:%d", port), "a")
+	n, err := Start(Options{Config: cfg, Router: newRouter(t, affinity.Config{}),
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	waitFor(t, "a warning naming the auth error", func() bool {
+		l := logs.String()
+		return strings.Contains(l, "level=WARN") && strings.Contains(strings.ToLower(l), "authorization")
+	})
+	bad.Shutdown()
+	bad.WaitForShutdown()
+	startNATSWith(t, &server.Options{Port: port, Username: "u", Password: "p"})
+	waitFor(t, "connected once the credentials are accepted", n.Connected)
+}
+
 // M4: Start does not wait for a server that accepts TCP but never
 // answers. Old code: one synchronous attempt per URL, each given up (the
 // connection closed) after nats.Timeout (2s), before Start returned. Here
