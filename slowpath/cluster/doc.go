@@ -16,7 +16,8 @@
 //     last batch flagged leave, stops the flusher, closes the connection
 //     and withdraws every peer's load (a batch handler still running
 //     applies nothing after that). On a stalled connection Close waits at
-//     most about one write timeout (2 heartbeats, at least 250ms). The
+//     most about one write timeout (2 heartbeats, at least 250ms); while
+//     a connection attempt hangs, at most its timeout (2s). The
 //     slowpath.Server does both when cluster.nats_url is set.
 //   - Nothing on the request path waits on NATS: the sink only appends under
 //     a short mutex and drops (counted) when NATS is down or the batch is

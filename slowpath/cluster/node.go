@@ -277,7 +277,7 @@ func newNode(opts Options) (*Node, error) {
 // peer_timeout), stops publishing and applying, withdraws the peers' load
 // from the Router (it is alone again) and closes the NATS connection. It
 // waits at most about one write timeout (two heartbeats) on a stalled
-// connection.
+// connection, at most connectTimeout while a connection attempt hangs.
 func (n *Node) Close() {
 	n.once.Do(func() {
 		n.rt.SetPeerSink(nil)
