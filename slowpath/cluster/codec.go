@@ -11,10 +11,11 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// Wire format (version 1), little-endian, varints as encoding/binary's
+// Wire format (version 2), little-endian, varints as encoding/binary's
 // uvarint:
 //
-//	header:  "WPC" version(1) kind(1) fingerprint(8) seq(8) send_unix_ns(8)
+//	header:  "WPC" version(1) kind(1) flags(1) fingerprint(8)
+//	         incarnation(8) seq(8) send_unix_ns(8)
 //	         uvarint len + instance name
 //	table:   uvarint count, then count x (uvarint sender replica id,
 //	         uvarint len + replica name)
@@ -29,10 +30,14 @@ import (
 //	  tail        tail(8)                               a finished request's deepest block
 //
 // Replica ids are the sender's; the table names the ones a message uses
-// (receivers resolve names to their own ids). A message of kind batch
+// (receivers resolve names to their own ids). incarnation is random per
+// sender process (a restart changes it); seq counts the incarnation's
+// batches from 1. flags (batches only): full = the batch's load records are
+// the sender's whole load (a replica without one has none: heartbeats);
+// leave = the sender is closing (receivers withdraw its load at once). A message of kind batch
 // carries any records but snapshot; a snapshot chunk only snapshot records.
 const (
-	wireVersion = 1
+	wireVersion = 2
 
 	msgBatch    = 1
 	msgSnapshot = 2
@@ -47,7 +52,10 @@ const (
 	recTail     = 8
 	recKinds    = 9
 
-	headerFixed  = 3 + 1 + 1 + 8 + 8 + 8
+	flagFull  = 1 << 0
+	flagLeave = 1 << 1
+
+	headerFixed  = 3 + 1 + 1 + 1 + 8 + 8 + 8 + 8
 	maxInstance  = 128
 	maxNameBytes = 1024
 	maxTable     = 1 << 16
@@ -78,9 +86,10 @@ func Fingerprint(h affinity.HashConfig, tenancy string) uint64 {
 }
 
 // appendHeader starts a message.
-func appendHeader(dst []byte, kind byte, fp, seq uint64, sendNs int64, instance string) []byte {
-	dst = append(dst, 'W', 'P', 'C', wireVersion, kind)
+func appendHeader(dst []byte, kind, flags byte, fp, inc, seq uint64, sendNs int64, instance string) []byte {
+	dst = append(dst, 'W', 'P', 'C', wireVersion, kind, flags)
 	dst = binary.LittleEndian.AppendUint64(dst, fp)
+	dst = binary.LittleEndian.AppendUint64(dst, inc)
 	dst = binary.LittleEndian.AppendUint64(dst, seq)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(sendNs))
 	dst = binary.AppendUvarint(dst, uint64(len(instance)))
@@ -165,7 +174,9 @@ func appendSnapshot(dst []byte, id uint32, hs, ps []uint64) []byte {
 // Decode into the same Message.
 type Message struct {
 	Kind        byte
+	Flags       byte // flagFull, flagLeave
 	Fingerprint uint64
+	Incarnation uint64 // random per sender process
 	Seq         uint64
 	SendNs      int64 // sender's wall clock, unix nanoseconds
 	Instance    string
@@ -271,8 +282,10 @@ func Decode(b []byte, m *Message) error {
 	if m.Kind != msgBatch && m.Kind != msgSnapshot {
 		return errKind
 	}
-	r := reader{b: b[5:]}
+	m.Flags = b[5]
+	r := reader{b: b[6:]}
 	m.Fingerprint = r.u64()
+	m.Incarnation = r.u64()
 	m.Seq = r.u64()
 	m.SendNs = int64(r.u64())
 	in := r.bytes(int(r.uvarint(maxInstance)))

@@ -52,7 +52,7 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := appendHeader(nil, tt.kind, 0xf00d, 42, 1234567890123, "edge-a")
+			b := appendHeader(nil, tt.kind, flagFull, 0xf00d, 0xbeef, 42, 1234567890123, "edge-a")
 			b = appendUvarint(b, 2)
 			b = appendTableEntry(b, 3, "10.0.0.1:8000")
 			b = appendTableEntry(b, 300, "gpu-2:8000")
@@ -63,7 +63,7 @@ func TestCodecRoundTrip(t *testing.T) {
 			if err := Decode(b, &m); err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
-			if m.Kind != tt.kind || m.Fingerprint != 0xf00d || m.Seq != 42 || m.SendNs != 1234567890123 || m.Instance != "edge-a" {
+			if m.Kind != tt.kind || m.Flags != flagFull || m.Fingerprint != 0xf00d || m.Incarnation != 0xbeef || m.Seq != 42 || m.SendNs != 1234567890123 || m.Instance != "edge-a" {
 				t.Fatalf("header = %+v", m)
 			}
 			if want := []Name{{3, "10.0.0.1:8000"}, {300, "gpu-2:8000"}}; !slices.Equal(m.Names, want) {
@@ -92,7 +92,7 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	good := appendUvarint(appendHeader(nil, msgBatch, 1, 1, 1, "a"), 0)
+	good := appendUvarint(appendHeader(nil, msgBatch, 0, 1, 1, 1, 1, "a"), 0)
 	tests := []struct {
 		name string
 		b    []byte
@@ -101,8 +101,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty", nil, errShort},
 		{"magic", append([]byte("XPC"), good[3:]...), errMagic},
 		{"version", append([]byte{'W', 'P', 'C', 9}, good[4:]...), errVersion},
-		{"kind", append([]byte{'W', 'P', 'C', 1, 9}, good[5:]...), errKind},
-		{"no instance", appendUvarint(appendHeader(nil, msgBatch, 1, 1, 1, ""), 0), errInstance},
+		{"kind", append([]byte{'W', 'P', 'C', wireVersion, 9}, good[5:]...), errKind},
+		{"no instance", appendUvarint(appendHeader(nil, msgBatch, 0, 1, 1, 1, 1, ""), 0), errInstance},
 		{"unknown record", append(bytes.Clone(good), 99, 0), errRecord},
 		{"snapshot record in batch", appendSnapshot(bytes.Clone(good), 0, []uint64{1}, []uint64{0}), errRecord},
 		{"insert count beyond the bytes", append(bytes.Clone(good), recInsert, 0, 0xff, 0xff, 0x03), errRange},
@@ -119,7 +119,7 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func FuzzDecode(f *testing.F) {
-	b := appendHeader(nil, msgBatch, 7, 1, 1, "edge")
+	b := appendHeader(nil, msgBatch, 0, 7, 1, 1, 1, "edge")
 	b = appendUvarint(b, 1)
 	b = appendTableEntry(b, 0, "r0")
 	b = appendInsert(b, 0, []uint64{1, 2, 3})
@@ -127,7 +127,7 @@ func FuzzDecode(f *testing.F) {
 	b = appendLoad(b, 0, affinity.PeerLoad{InFlight: 1})
 	b = appendEntry(b, 0, netip.MustParseAddr("10.0.0.9"), true)
 	f.Add(b)
-	s := appendHeader(nil, msgSnapshot, 7, 1, 1, "edge")
+	s := appendHeader(nil, msgSnapshot, 0, 7, 1, 1, 1, "edge")
 	s = appendUvarint(s, 1)
 	s = appendTableEntry(s, 0, "r0")
 	f.Add(appendSnapshot(s, 0, []uint64{1, 2}, []uint64{0, 1}))

@@ -34,7 +34,8 @@ type Config struct {
 	// "" means "warmpath".
 	SubjectPrefix string `yaml:"subject_prefix"`
 	// Instance names this warmpath instance; unique in the fleet. "" means
-	// the hostname.
+	// the hostname, its dots replaced by '_' (ip-10-0-0-1.ec2.internal
+	// becomes ip-10-0-0-1_ec2_internal).
 	Instance string `yaml:"instance"`
 	// FlushInterval: an update waits at most this long before its batch is
 	// published (an idle node publishes only heartbeats). 0 means 5ms.
@@ -106,7 +107,7 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Instance == "" {
 		if h, err := os.Hostname(); err == nil {
-			c.Instance = h
+			c.Instance = hostInstance(h)
 		}
 	}
 	if c.FlushInterval == 0 {
@@ -132,6 +133,10 @@ func (c Config) WithDefaults() Config {
 	}
 	return c
 }
+
+// hostInstance is the default instance name for hostname h: its dots
+// (an FQDN) become '_', as a NATS subject token has none.
+func hostInstance(h string) string { return strings.ReplaceAll(h, ".", "_") }
 
 // Validate checks c after defaults; errors name the field (prefixed
 // "cluster." by the slowpath config).

@@ -8,17 +8,22 @@
 //
 // What it owns: the NATS connection, the pending batch (filled by the
 // Router's PeerSink calls on request goroutines), a flusher goroutine
-// (flush, heartbeat, peer timeouts, warm-up), the subscriptions' handlers
-// and the wire format (codec.go).
+// (flush, full-load heartbeat, warm-up), a peer-expiry goroutine, the
+// subscriptions' handlers and the wire format (codec.go).
 //
 // Lifecycle hazards:
-//   - Start becomes the Router's PeerSink; Close removes it, stops the
-//     flusher, closes the connection and withdraws every peer's load. The
+//   - Start becomes the Router's PeerSink; Close removes it, publishes a
+//     last batch flagged leave, stops the flusher, closes the connection
+//     and withdraws every peer's load (a batch handler still running
+//     applies nothing after that). On a stalled connection Close waits at
+//     most about one write timeout (2 heartbeats, at least 250ms); while
+//     a connection attempt hangs, at most its timeout (2s). The
 //     slowpath.Server does both when cluster.nats_url is set.
 //   - Nothing on the request path waits on NATS: the sink only appends under
 //     a short mutex and drops (counted) when NATS is down or the batch is
-//     full. Start itself does not wait for the connection (it retries in the
-//     background, forever).
+//     full. Start itself does not wait for the connection: every attempt,
+//     the first included, runs in nats.go's reconnect goroutine, forever
+//     (rejected credentials included).
 //   - PeerSink methods run with the Router's lock held: the node never calls
 //     the Router from them. Replica IDs in the pending batch are named when
 //     the batch is flushed (Router.ReplicaNames), so a replica removed and

@@ -5,8 +5,10 @@ import "github.com/prometheus/client_golang/prometheus"
 // Drop reasons. Updates: overflow (the pending batch was full), disconnected
 // (NATS down: not queued), unknown_replica (a peer named a replica this
 // instance does not have). Batches: decode, mismatch (hash configuration
-// differs), stale (older than max_age), publish (NATS refused it), and gap
-// (batches of a peer never received, from its sequence numbers).
+// differs), stale (send time more than max_age from receive time, either
+// way), subject (published on a subject not its instance's), publish (NATS
+// refused it), and gap (batches of a peer never received, from its
+// sequence numbers).
 const (
 	dropOverflow     = "overflow"
 	dropDisconnected = "disconnected"
@@ -16,6 +18,7 @@ const (
 	dropStale        = "stale"
 	dropPublish      = "publish"
 	dropGap          = "gap"
+	dropSubject      = "subject"
 )
 
 type metrics struct {
@@ -31,6 +34,7 @@ type metrics struct {
 	connected        prometheus.Gauge
 	snapshotSent     prometheus.Counter
 	snapshotImported prometheus.Counter
+	natsErrors       prometheus.Counter
 	cs               []prometheus.Collector
 }
 
@@ -43,7 +47,7 @@ func newMetrics() *metrics {
 	ud := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_dropped_total",
 		Help: "Updates not sent or not applied, by reason (overflow, disconnected, unknown_replica)."}, []string{"reason"})
 	bd := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_dropped_total",
-		Help: "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale), not published (publish) or never received (gap)."}, []string{"reason"})
+		Help: "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale, subject), not published (publish) or never received (gap)."}, []string{"reason"})
 	m := &metrics{
 		updDropped:   map[string]prometheus.Counter{},
 		batchDropped: map[string]prometheus.Counter{},
@@ -66,6 +70,8 @@ func newMetrics() *metrics {
 			Help: "Index blocks sent to warming-up peers."}),
 		snapshotImported: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "snapshot_blocks_imported_total",
 			Help: "Index blocks imported from peers' snapshots at start."}),
+		natsErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "nats_errors_total",
+			Help: "Asynchronous NATS client errors (slow consumer, permissions, auth) and unexpected connection closes."}),
 	}
 	for k := byte(1); k < recKinds; k++ {
 		m.sent[k] = sent.WithLabelValues(recordKind(k).String())
@@ -74,11 +80,11 @@ func newMetrics() *metrics {
 	for _, r := range []string{dropOverflow, dropDisconnected, dropUnknown} {
 		m.updDropped[r] = ud.WithLabelValues(r)
 	}
-	for _, r := range []string{dropDecode, dropMismatch, dropStale, dropPublish, dropGap} {
+	for _, r := range []string{dropDecode, dropMismatch, dropStale, dropPublish, dropGap, dropSubject} {
 		m.batchDropped[r] = bd.WithLabelValues(r)
 	}
 	m.cs = []prometheus.Collector{sent, recv, ud, bd, m.batchesSent, m.batchesReceived, m.bytesSent, m.bytesReceived,
-		m.lag, m.peers, m.connected, m.snapshotSent, m.snapshotImported}
+		m.lag, m.peers, m.connected, m.snapshotSent, m.snapshotImported, m.natsErrors}
 	return m
 }
 

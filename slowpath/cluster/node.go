@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -50,6 +52,8 @@ type Node struct {
 	nc       *nats.Conn
 	subjOut  string // <prefix>.u.<instance>
 	subjIn   string // <prefix>.u.*
+	subjPfx  string // <prefix>.u.
+	inc      uint64 // this process's incarnation (random)
 	subjSnap string // <prefix>.snapshot
 	maxChain int    // hashes per insert record
 
@@ -64,7 +68,7 @@ type Node struct {
 	loads   []affinity.PeerLoad
 	dirty   []bool // loads[id] changed since the last flush
 	counts  [recKinds]int
-	allLoad bool // send every load at the next flush (heartbeat, reconnect)
+	allLoad bool // the next flush is a full-load batch (heartbeat, reconnect)
 
 	armed bool // a flush is scheduled for what is pending (arm signalled)
 
@@ -77,14 +81,17 @@ type Node struct {
 
 	// Flusher-only state.
 	seq      uint64
+	leaving  bool   // the final flush: flagLeave
+	seen     []bool // refreshLoads scratch
 	names    []string
 	out      []byte
 	sendCnt  [recKinds]int
 	sendUsed []bool
 
 	// Receive side: the subscription goroutine; peers also by the
-	// flusher's timeout check.
+	// expiry goroutine and Close.
 	peerMu  sync.Mutex
+	closed  bool // Close withdrew the peers: apply nothing more
 	peers   map[string]*peer
 	slots   [affinity.MaxPeers]bool
 	msg     Message
@@ -105,6 +112,7 @@ const maxGap = 1 << 20
 
 type peer struct {
 	slot     int
+	inc      uint64 // incarnation of its batches
 	lastSeq  uint64
 	lastSeen time.Time
 }
@@ -115,10 +123,11 @@ type entryUp struct {
 	add    bool
 }
 
-// Start connects to NATS (in the background: an unreachable server delays
-// nothing, the node keeps trying forever), subscribes to the peers'
-// batches and snapshot requests, asks the peers for a warm-up snapshot once
-// connected, and becomes opts.Router's PeerSink. Close undoes it.
+// Start connects to NATS (in the background: Start never waits for a
+// server, reachable or not, and the node keeps trying forever, auth errors
+// included), subscribes to the peers' batches and snapshot requests, asks
+// the peers for a warm-up snapshot once connected, and becomes
+// opts.Router's PeerSink. Close undoes it.
 func Start(opts Options) (*Node, error) {
 	n, err := newNode(opts)
 	if err != nil {
@@ -134,6 +143,11 @@ func Start(opts Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The dialer refuses the synchronous first round of nats.Connect, so
+	// that with RetryOnFailedConnect every real attempt happens in nats.go's
+	// reconnect goroutine: a server that accepts TCP but never answers
+	// delays Start by nothing (instead of nats.Timeout per URL).
+	dial := &lazyDialer{d: net.Dialer{Timeout: connectTimeout}}
 	nc, err := nats.Connect(strings.Join(cfg.NATSURL, ","), append(opts2,
 		nats.Name("warmpath "+cfg.Instance),
 		nats.NoEcho(),
@@ -142,11 +156,28 @@ func Start(opts Options) (*Node, error) {
 		nats.ReconnectJitter(cfg.ReconnectWait/4, cfg.ReconnectWait/4),
 		nats.ReconnectBufSize(2*cfg.MaxBatchBytes),
 		nats.RetryOnFailedConnect(true),
+		nats.SetCustomDialer(dial),
+		nats.Timeout(connectTimeout),
+		// A stalled path (no reset) must not block the flusher for
+		// nats.go's default minute: a write that cannot finish in
+		// writeTimeout fails (nats.go's flusher then reconnects), and
+		// pings find a dead server within a few peer timeouts.
+		nats.FlusherTimeout(writeTimeout(cfg)),
+		nats.ReconnectOnFlusherError(),
+		nats.PingInterval(max(cfg.PeerTimeout, time.Second)),
+		nats.MaxPingsOutstanding(3),
+		// Credentials rejected twice (not yet provisioned, an auth
+		// callout failing during a NATS restart) must not end the
+		// connection for good.
+		nats.IgnoreAuthErrorAbort(),
 		nats.ConnectHandler(n.onConnect),
 		nats.ReconnectHandler(n.onReconnect),
 		nats.DisconnectErrHandler(n.onDisconnect),
+		nats.ClosedHandler(n.onClosed),
 		nats.ErrorHandler(n.onAsyncError),
+		nats.ReconnectErrHandler(n.onReconnectErr),
 	)...)
+	dial.ready.Store(true)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: connect %s: %w", strings.Join(cfg.NATSURL, ","), err)
 	}
@@ -160,9 +191,33 @@ func Start(opts Options) (*Node, error) {
 		return nil, fmt.Errorf("cluster: subscribe %s: %w", n.subjSnap, err)
 	}
 	n.rt.SetPeerSink(n)
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.loop()
+	go n.expireLoop()
 	return n, nil
+}
+
+// connectTimeout bounds one connection attempt (dial and handshake).
+const connectTimeout = 2 * time.Second
+
+// writeTimeout bounds one write to the NATS connection: two heartbeats,
+// at least 250ms.
+func writeTimeout(cfg Config) time.Duration { return max(2*cfg.Heartbeat, 250*time.Millisecond) }
+
+// errConnectLater: the lazyDialer's answer during nats.Connect.
+var errConnectLater = errors.New("cluster: connecting in the background")
+
+// lazyDialer fails every dial until ready, then dials for real.
+type lazyDialer struct {
+	ready atomic.Bool
+	d     net.Dialer
+}
+
+func (l *lazyDialer) Dial(network, addr string) (net.Conn, error) {
+	if !l.ready.Load() {
+		return nil, errConnectLater
+	}
+	return l.d.Dial(network, addr)
 }
 
 // authOptions are the TLS and authentication options of cfg.
@@ -208,26 +263,33 @@ func newNode(opts Options) (*Node, error) {
 		cfg: cfg, rt: opts.Router, fp: Fingerprint(opts.Router.HashConfig(), ten),
 		log: log.With("component", "cluster", "instance", cfg.Instance), m: newMetrics(),
 		subjOut: cfg.SubjectPrefix + ".u." + cfg.Instance, subjIn: cfg.SubjectPrefix + ".u.*",
+		subjPfx: cfg.SubjectPrefix + ".u.", inc: rand.Uint64() | 1,
 		subjSnap: cfg.SubjectPrefix + ".snapshot", maxChain: cfg.MaxBatchBytes / 16,
 		pend: make([]byte, 0, cfg.MaxBatchBytes), spare: make([]byte, 0, cfg.MaxBatchBytes),
 		kick: make(chan struct{}, 1), arm: make(chan struct{}, 1), warm: make(chan struct{}, 1), closing: make(chan struct{}),
-		seq: uint64(time.Now().UnixNano()), peers: map[string]*peer{}, local: map[uint32]affinity.ReplicaID{},
+		peers: map[string]*peer{}, local: map[uint32]affinity.ReplicaID{},
 		warned: map[string]bool{}, snapLoc: map[uint32]affinity.ReplicaID{},
 	}, nil
 }
 
-// Close stops publishing and applying, withdraws the peers' load from the
-// Router (it is alone again) and closes the NATS connection.
+// Close publishes what is pending in a last batch that tells the peers
+// this instance leaves (they withdraw its load at once, not after
+// peer_timeout), stops publishing and applying, withdraws the peers' load
+// from the Router (it is alone again) and closes the NATS connection. It
+// waits at most about one write timeout (two heartbeats) on a stalled
+// connection, at most connectTimeout while a connection attempt hangs.
 func (n *Node) Close() {
 	n.once.Do(func() {
 		n.rt.SetPeerSink(nil)
-		n.connected.Store(false) // PublishEntry after Close drops
-		close(n.closing)
+		close(n.closing) // the flusher sends the leaving batch and returns
 		n.wg.Wait()
+		n.connected.Store(false) // PublishEntry after Close drops
 		n.nc.Close()
 		n.peerMu.Lock()
+		n.closed = true // a batch handler still running applies nothing
 		for name, p := range n.peers {
 			n.rt.ClearPeer(p.slot)
+			n.slots[p.slot] = false
 			delete(n.peers, name)
 		}
 		n.peerMu.Unlock()
@@ -309,12 +371,57 @@ func (n *Node) onDisconnect(_ *nats.Conn, err error) {
 	n.log.Warn("disconnected from NATS: routing on local state, reconnecting", "err", err)
 }
 
+// onClosed: nats.go gave up on the connection. With MaxReconnects(-1)
+// and IgnoreAuthErrorAbort that is only Close; anything else is logged.
+func (n *Node) onClosed(nc *nats.Conn) {
+	n.connected.Store(false)
+	n.m.connected.Set(0)
+	select {
+	case <-n.closing:
+		return
+	default:
+	}
+	n.m.natsErrors.Inc()
+	n.log.Error("NATS connection closed for good: not sharing state any more (restart to retry)", "err", nc.LastError())
+}
+
+// onReconnectErr: an attempt to (re)connect failed. Counted; a network
+// error (refused, timed out: the server is down, already warned on
+// disconnect) is logged at Debug, any other once per distinct error.
+func (n *Node) onReconnectErr(_ *nats.Conn, err error) {
+	if err == nil || errors.Is(err, errConnectLater) {
+		return
+	}
+	n.m.natsErrors.Inc()
+	if _, ok := errors.AsType[*net.OpError](err); ok {
+		n.log.Debug("NATS connection attempt failed", "err", err)
+		return
+	}
+	n.warnOnce("connect/"+err.Error(), "NATS connection attempt failed (retrying; each error logged once, counted in nats_errors_total)", "err", err)
+}
+
+// warnConnectErr warns (once per distinct error) about why the node is not
+// connected: nats.go reports no callback for a handshake error (rejected
+// credentials, TLS) before the first connection. Flusher only; LastError
+// may wait for a connection attempt in progress (at most connectTimeout).
+func (n *Node) warnConnectErr() {
+	err := n.nc.LastError()
+	if err == nil {
+		return
+	}
+	if _, ok := errors.AsType[*net.OpError](err); ok {
+		return
+	}
+	n.warnOnce("connect/"+err.Error(), "NATS connection attempt failed (retrying; each error logged once)", "err", err)
+}
+
 func (n *Node) onAsyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	subj := ""
 	if sub != nil {
 		subj = sub.Subject
 	}
-	n.log.Debug("nats async error", "subject", subj, "err", err)
+	n.m.natsErrors.Inc()
+	n.warnOnce("async/"+err.Error(), "NATS error (logged once per kind; counted in nats_errors_total)", "subject", subj, "err", err)
 }
 
 // The PeerSink half. Called with the Router's lock held: copy, never block.
@@ -444,6 +551,9 @@ func (n *Node) loop() {
 	for {
 		select {
 		case <-n.closing:
+			// The last batch: what is pending, flagged leaving.
+			n.leaving = true
+			n.flush(true)
 			return
 		case <-n.arm:
 			if due == nil {
@@ -456,31 +566,69 @@ func (n *Node) loop() {
 		case <-n.kick:
 			n.flush(false)
 		case <-hb.C:
-			// Re-read every replica's load from the Router: concurrent
-			// requests' PeerLoad calls may have left a value one change
-			// old (affinity.PeerSink), and this heals it.
-			n.rt.LocalLoads(func(id affinity.ReplicaID, _ string, l affinity.PeerLoad) {
-				n.mu.Lock()
-				if int(id) >= len(n.loads) {
-					n.grow(int(id))
-				}
-				if n.loads[id] != l {
-					n.loads[id] = l
-					n.dirty[id] = true
-				}
-				n.mu.Unlock()
-			})
+			if !n.connected.Load() {
+				n.warnConnectErr()
+			}
+			n.refreshLoads()
 			n.mu.Lock()
 			n.allLoad = true
 			n.mu.Unlock()
 			n.flush(true)
-			n.expirePeers(time.Now())
 		case <-n.warm:
 			if !warmed {
 				warmed = true
 				n.wg.Add(1)
 				go n.warmUp()
 			}
+		}
+	}
+}
+
+// refreshLoads re-reads every replica's load from the Router for the
+// heartbeat's full-load batch: concurrent requests' PeerLoad calls may have
+// left a value one change old (affinity.PeerSink), and a replica removed
+// since has none.
+func (n *Node) refreshLoads() {
+	n.mu.Lock()
+	seen := append(n.seen[:0], make([]bool, len(n.loads))...)
+	n.mu.Unlock()
+	n.rt.LocalLoads(func(id affinity.ReplicaID, _ string, l affinity.PeerLoad) {
+		n.mu.Lock()
+		if int(id) >= len(n.loads) {
+			n.grow(int(id))
+		}
+		if n.loads[id] != l {
+			n.loads[id] = l
+			n.dirty[id] = true
+		}
+		n.mu.Unlock()
+		if int(id) < len(seen) {
+			seen[id] = true
+		}
+	})
+	n.mu.Lock()
+	for id, ok := range seen {
+		if !ok {
+			n.loads[id] = affinity.PeerLoad{} // removed: no load, no record
+			n.dirty[id] = false
+		}
+	}
+	n.mu.Unlock()
+	n.seen = seen
+}
+
+// expireLoop times out silent peers on its own ticker: a flusher stuck in
+// a slow NATS write must not keep a departed peer's load.
+func (n *Node) expireLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(max(n.cfg.PeerTimeout/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-n.closing:
+			return
+		case now := <-t.C:
+			n.expirePeers(now)
 		}
 	}
 }
@@ -492,10 +640,12 @@ func (n *Node) flush(heartbeat bool) {
 		return
 	}
 	if !n.connected.Load() {
+		n.seq-- // never published: not a gap for the peers
 		n.m.updDropped[dropDisconnected].Add(float64(total))
 		return
 	}
 	if err := n.nc.Publish(n.subjOut, out); err != nil {
+		n.seq--
 		n.m.batchDropped[dropPublish].Inc()
 		n.m.updDropped[dropDisconnected].Add(float64(total))
 		return
@@ -511,10 +661,19 @@ func (n *Node) flush(heartbeat bool) {
 
 // encodeBatch takes the pending records (and the changed loads) and
 // encodes them as one batch sent at sendNs; nil when there is nothing to
-// send and heartbeat is false. total counts the updates in it. The result
-// is valid until the next call (flusher goroutine only).
+// send and heartbeat is false. total counts the updates in it. After a
+// heartbeat or a reconnect (allLoad) the batch is a full-load one: every
+// non-zero load, flagged so that receivers zero the rest. The result is
+// valid until the next call (flusher goroutine only).
 func (n *Node) encodeBatch(heartbeat bool, sendNs int64) (out []byte, total int) {
 	n.mu.Lock()
+	var flags byte
+	if n.allLoad {
+		flags |= flagFull
+	}
+	if n.leaving {
+		flags |= flagLeave
+	}
 	for id := range n.dirty {
 		if n.dirty[id] || (n.allLoad && n.loads[id] != (affinity.PeerLoad{})) {
 			n.dirty[id] = false
@@ -542,7 +701,7 @@ func (n *Node) encodeBatch(heartbeat bool, sendNs int64) (out []byte, total int)
 	}
 	n.names = n.rt.ReplicaNames(n.names)
 	n.seq++
-	n.out = appendHeader(n.out[:0], msgBatch, n.fp, n.seq, sendNs, n.cfg.Instance)
+	n.out = appendHeader(n.out[:0], msgBatch, flags, n.fp, n.inc, n.seq, sendNs, n.cfg.Instance)
 	cnt := 0
 	for id, u := range n.sendUsed {
 		if u && id < len(n.names) && n.names[id] != "" {
@@ -576,17 +735,29 @@ func (n *Node) expirePeers(now time.Time) {
 
 // onBatch applies one peer's batch (the subscription goroutine).
 func (n *Node) onBatch(msg *nats.Msg) {
-	n.applyBatch(msg.Data, time.Now())
+	n.apply(msg.Subject, msg.Data, time.Now())
 }
 
-// applyBatch decodes b and applies it; now is the receive time.
-func (n *Node) applyBatch(b []byte, now time.Time) {
+// applyBatch decodes b and applies it; now is the receive time. It skips
+// the subject check (tests, benchmarks: no subject).
+func (n *Node) applyBatch(b []byte, now time.Time) { n.apply("", b, now) }
+
+// apply decodes b, received on subject subj ("": not checked), and
+// applies it; now is the receive time.
+func (n *Node) apply(subj string, b []byte, now time.Time) {
 	n.m.batchesReceived.Inc()
 	n.m.bytesReceived.Add(float64(len(b)))
 	m := &n.msg
 	if err := Decode(b, m); err != nil || m.Kind != msgBatch {
 		n.m.batchDropped[dropDecode].Inc()
 		n.log.Debug("undecodable batch", "err", err)
+		return
+	}
+	if subj != "" && (len(subj) != len(n.subjPfx)+len(m.Instance) || subj[:len(n.subjPfx)] != n.subjPfx || subj[len(n.subjPfx):] != m.Instance) {
+		// Only <prefix>.u.<instance> speaks for instance: one publisher
+		// must not fill the peer slots with made-up names.
+		n.m.batchDropped[dropSubject].Inc()
+		n.warnOnce("subject/"+subj, "batch published on a subject not its instance's: dropped", "subject", subj, "claims", m.Instance)
 		return
 	}
 	if m.Instance == n.cfg.Instance {
@@ -600,14 +771,26 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 		n.warnOnce("mismatch/"+m.Instance, "peer hashes prompts differently (hash.bytes_per_token, hash.block_tokens or tenancy differ): its updates are ignored", "peer", m.Instance)
 		return
 	}
-	if age := now.UnixNano() - m.SendNs; age > int64(n.cfg.MaxAge) {
+	if age := now.UnixNano() - m.SendNs; age > int64(n.cfg.MaxAge) || age < -int64(n.cfg.MaxAge) {
 		n.m.batchDropped[dropStale].Inc()
-		n.warnOnce("stale/"+m.Instance, "peer's batches arrive older than max_age (clock skew or a slow link?): dropped", "peer", m.Instance, "age", time.Duration(age).Round(time.Millisecond))
+		n.warnOnce("stale/"+m.Instance, "peer's clock and ours differ by more than max_age (or its batches arrive that late): dropped", "peer", m.Instance, "age", time.Duration(age).Round(time.Millisecond))
 		return
 	}
+	leave := m.Flags&flagLeave != 0
 	n.peerMu.Lock()
+	// peerMu is held while the batch is applied to the Router: Close,
+	// expiry and a restart's ClearPeer never interleave with it (lock
+	// order: peerMu, then the Router's).
+	if n.closed {
+		n.peerMu.Unlock()
+		return
+	}
 	p := n.peers[m.Instance]
 	if p == nil {
+		if leave {
+			n.peerMu.Unlock()
+			return // nothing of it to withdraw
+		}
 		slot := -1
 		for i := range n.slots {
 			if !n.slots[i] {
@@ -621,27 +804,35 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 			return
 		}
 		n.slots[slot] = true
-		p = &peer{slot: slot}
+		p = &peer{slot: slot, inc: m.Incarnation}
 		n.peers[m.Instance] = p
 		n.m.peers.Set(float64(len(n.peers)))
 		n.log.Info("peer joined", "peer", m.Instance)
 	}
 	late := p.lastSeq != 0 && m.Seq <= p.lastSeq
-	switch gap := m.Seq - p.lastSeq - 1; {
-	case p.lastSeq == 0 || m.Seq <= p.lastSeq+1:
-	case gap < maxGap:
-		n.m.batchDropped[dropGap].Add(float64(gap))
-	default:
-		// Sequences start at the sender's start time in nanoseconds: a
-		// jump this large is a restart, not lost batches.
-		n.log.Info("peer restarted", "peer", m.Instance)
+	restart := p.inc != m.Incarnation
+	switch {
+	case restart:
+	case late && p.lastSeq-m.Seq >= maxGap, !late && p.lastSeq != 0 && m.Seq-p.lastSeq-1 >= maxGap:
+		// Sequences count from 1 per incarnation: a jump this large
+		// either way is not reordering or loss (a forged or corrupted
+		// batch): start over from this one rather than ignore the peer.
+		restart = true
+	case !late && p.lastSeq != 0 && m.Seq > p.lastSeq+1:
+		n.m.batchDropped[dropGap].Add(float64(m.Seq - p.lastSeq - 1))
+	}
+	if restart {
+		// A new process under the same name: its predecessor's load is
+		// gone with it.
+		n.rt.ClearPeer(p.slot)
+		p.inc, late = m.Incarnation, false
+		n.log.Info("peer restarted: its previous load withdrawn", "peer", m.Instance)
 	}
 	if !late {
 		p.lastSeq = m.Seq
 	}
 	p.lastSeen = now
 	slot := p.slot
-	n.peerMu.Unlock()
 
 	clear(n.local)
 	for _, nm := range m.Names {
@@ -649,11 +840,17 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 			n.local[nm.ID] = id
 		}
 	}
+	fn := n.entryFn.Load()
 	n.ups, n.entries = n.ups[:0], n.entries[:0]
 	var got [recKinds]int
 	for i := range m.Records {
 		r := &m.Records[i]
 		id, ok := n.local[r.Replica]
+		if !ok && r.Kind == recEntryAdd {
+			// Steered to a replica this instance does not have: its
+			// own entry for the client (if any) is stale all the same.
+			id, ok, r.Kind = affinity.NoReplica, true, recEntryDel
+		}
 		if !ok && r.Kind == recEntryDel {
 			id, ok = affinity.NoReplica, true // a deletion needs no replica
 		}
@@ -676,16 +873,32 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 			}
 			n.ups = append(n.ups, affinity.PeerUpdate{Kind: affinity.PeerKindLoad, Replica: id, Load: r.Load})
 		case recEntryAdd, recEntryDel:
+			if fn == nil {
+				continue // nobody applies them
+			}
 			n.entries = append(n.entries, entryUp{client: r.Client, r: id, add: r.Kind == recEntryAdd})
 		default:
 			continue
 		}
 		got[r.Kind]++
 	}
-	if len(n.ups) > 0 {
-		_ = n.rt.ApplyPeer(slot, n.ups) // slot is in range by construction
+	if m.Flags&flagFull != 0 && !late {
+		// The batch's loads are the peer's whole load: zero the rest
+		// (a lost or reordered zero, a replica it removed).
+		_ = n.rt.ReplacePeerLoads(slot, n.ups) // slot is in range by construction
 	}
-	if fn := n.entryFn.Load(); fn != nil {
+	if len(n.ups) > 0 {
+		_ = n.rt.ApplyPeer(slot, n.ups)
+	}
+	if leave {
+		n.rt.ClearPeer(slot)
+		n.slots[slot] = false
+		delete(n.peers, m.Instance)
+		n.m.peers.Set(float64(len(n.peers)))
+		n.log.Info("peer left: its load withdrawn", "peer", m.Instance)
+	}
+	n.peerMu.Unlock()
+	if fn != nil {
 		for _, e := range n.entries {
 			(*fn)(e.client, e.r, e.add)
 		}
@@ -701,8 +914,12 @@ func (n *Node) applyBatch(b []byte, now time.Time) {
 func (n *Node) warnOnce(key, msg string, args ...any) {
 	n.wMu.Lock()
 	seen := n.warned[key]
-	if !seen && len(n.warned) < 1024 {
-		n.warned[key] = true
+	if !seen {
+		if len(n.warned) >= 1024 {
+			seen = true // full: stay quiet rather than warn on every batch
+		} else {
+			n.warned[key] = true
+		}
 	}
 	n.wMu.Unlock()
 	if !seen {

@@ -27,7 +27,7 @@ func (n *Node) warmUp() {
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	req := appendHeader(nil, msgBatch, n.fp, 0, time.Now().UnixNano(), n.cfg.Instance)
+	req := appendHeader(nil, msgBatch, 0, n.fp, n.inc, 0, time.Now().UnixNano(), n.cfg.Instance)
 	req = appendUvarint(req, 0)
 	if err := n.nc.PublishRequest(n.subjSnap, inbox, req); err != nil {
 		n.log.Warn("warm-up: request", "err", err)
@@ -125,7 +125,7 @@ func (n *Node) exportChunks(now int64) []chunk {
 		if len(recs) == 0 {
 			return
 		}
-		b := appendHeader(nil, msgSnapshot, n.fp, uint64(len(out)), now, n.cfg.Instance)
+		b := appendHeader(nil, msgSnapshot, 0, n.fp, n.inc, uint64(len(out)), now, n.cfg.Instance)
 		b = appendUvarint(b, uint64(len(names)))
 		for i, nm := range names {
 			b = appendTableEntry(b, uint32(i), nm)
