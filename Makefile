@@ -42,7 +42,8 @@ FUZZTIME ?= 5s
 fuzz: ## run every fuzz target for FUZZTIME (default 5s; crashers land in testdata/fuzz/)
 	@set -eo pipefail; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "fuzz $$fn ($$pkg, $(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg | tail -1; done
+		out=$$($(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
+		echo "$$out" | tail -1; done
 
 bench-once: ## run every benchmark once so none rots
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
