@@ -439,19 +439,7 @@ func TestStartDoesNotWaitForSilentServer(t *testing.T) {
 // L1: Close tells the peers (they withdraw its load at once, not after
 // peer_timeout), and a batch applied after Close changes nothing.
 func TestCloseLeavesAtOnce(t *testing.T) {
-	ns := startNATS(t, 0)
-	ra, rb := newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
-	cfg := func(name string) Config {
-		c := testCfg(natsURL(ns), name)
-		c.PeerTimeout = time.Minute
-		return c
-	}
-	a, err := Start(Options{Config: cfg("a"), Router: ra, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := startNode(t, cfg("b"), rb)
-	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
+	ra, rb, a, b, _ := closablePair(t)
 	var f affinity.Flight
 	ra.Begin(lookup(t, ra, "r0:1"), req(chain(1, 4)), nil, &f)
 	defer ra.End(&f, 5, -1, true)
@@ -570,19 +558,7 @@ func TestUnpublishedBatchTakesNoSeq(t *testing.T) {
 // each do it; TestRestartWithdrawsPredecessorLoad isolates the first).
 // Old code: b kept it (the restart was only logged).
 func TestCrashRestartWithinPeerTimeout(t *testing.T) {
-	ns := startNATS(t, 0)
-	ra, rb := newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
-	cfg := func(name string) Config {
-		c := testCfg(natsURL(ns), name)
-		c.PeerTimeout = time.Minute
-		return c
-	}
-	a, err := Start(Options{Config: cfg("a"), Router: ra, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := startNode(t, cfg("b"), rb)
-	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
+	ra, rb, a, b, cfg := closablePair(t)
 	var f affinity.Flight
 	ra.Begin(lookup(t, ra, "r0:1"), req(chain(1, 4)), nil, &f)
 	waitFor(t, "b sees a's load", func() bool { return peerInFlight(t, rb, "r0:1") == 1 })
@@ -598,4 +574,26 @@ func TestCrashRestartWithinPeerTimeout(t *testing.T) {
 	if p := b.Peers(); len(p) != 1 || p[0] != "a" {
 		t.Fatalf("peers %v, want [a]", p)
 	}
+}
+
+// closablePair starts nodes a and b on one NATS server with a peer_timeout
+// of a minute (so only what a says, or not, withdraws its load): the test
+// stops a itself (Close, or a crash first); b stops at cleanup.
+// cfg makes another node's config for the same server (a restarted a).
+func closablePair(t *testing.T) (ra, rb *affinity.Router, a, b *Node, cfg func(name string) Config) {
+	t.Helper()
+	ns := startNATS(t, 0)
+	ra, rb = newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
+	cfg = func(name string) Config {
+		c := testCfg(natsURL(ns), name)
+		c.PeerTimeout = time.Minute
+		return c
+	}
+	a, err := Start(Options{Config: cfg("a"), Router: ra, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = startNode(t, cfg("b"), rb)
+	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
+	return ra, rb, a, b, cfg
 }
