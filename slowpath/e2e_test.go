@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/slowpath"
+	"github.com/warmpath/warmpath/slowpath/slowpathtest"
 )
 
 const e2eModel = "sim-llama"
@@ -86,23 +86,7 @@ func (r *routed) counts() map[string]int {
 
 func serve(t testing.TB, s *slowpath.Server) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
+	return slowpathtest.Serve(t, s)
 }
 
 func startE2E(t testing.TB, engines []*enginesim.Server, mutate func(*slowpath.Config)) (*slowpath.Server, openai.Client, *routed) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/warmpath/warmpath/fastpath"
 	"github.com/warmpath/warmpath/fastpath/testbed"
 	"github.com/warmpath/warmpath/slowpath"
+	"github.com/warmpath/warmpath/slowpath/slowpathtest"
 )
 
 // TestServeFastpathLostMidRun: the router serves traffic with the XDP fast
@@ -79,23 +79,7 @@ func TestServeFastpathLostMidRun(t *testing.T) {
 					t.Errorf("stop fast path: %v", err)
 				}
 			})
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(ln) }()
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if err := srv.Shutdown(ctx); err != nil {
-					t.Errorf("shutdown: %v", err)
-				}
-				if err := <-served; err != nil {
-					t.Errorf("serve: %v", err)
-				}
-			})
-			url := "http://" + ln.Addr().String() + "/v1/chat/completions"
+			url := slowpathtest.Serve(t, srv) + "/v1/chat/completions"
 			gauge := func(name string) float64 {
 				mfs, err := srv.Registry().Gather()
 				if err != nil {

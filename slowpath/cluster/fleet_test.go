@@ -2,12 +2,10 @@ package cluster_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	"github.com/warmpath/warmpath/bench/workload"
 	"github.com/warmpath/warmpath/slowpath"
 	"github.com/warmpath/warmpath/slowpath/cluster"
+	"github.com/warmpath/warmpath/slowpath/slowpathtest"
 )
 
 // timeScale: the engines run this much faster than life.
@@ -113,25 +112,10 @@ func (f *fleet) add(t *testing.T, natsURL string) *slowpath.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	base := slowpathtest.Serve(t, s)
 	f.servers = append(f.servers, s)
 	f.logs = append(f.logs, lb)
-	f.urls = append(f.urls, "http://"+ln.Addr().String()+"/v1/chat/completions")
+	f.urls = append(f.urls, base+"/v1/chat/completions")
 	waitFor(t, "replicas healthy", func() bool {
 		for _, r := range s.Replicas() {
 			if !r.Healthy {
