@@ -40,38 +40,34 @@ type metrics struct {
 
 func newMetrics() *metrics {
 	const ns, sub = "warmpath", "cluster"
-	sent := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_sent_total",
-		Help: "Updates published to peers, by kind."}, []string{"kind"})
-	recv := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_received_total",
-		Help: "Updates received from peers and applied, by kind."}, []string{"kind"})
-	ud := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "updates_dropped_total",
-		Help: "Updates not sent or not applied, by reason (overflow, disconnected, unknown_replica)."}, []string{"reason"})
-	bd := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_dropped_total",
-		Help: "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale, subject), not published (publish) or never received (gap)."}, []string{"reason"})
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, []string{label})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+	}
+	sent := counterVec("updates_sent_total", "Updates published to peers, by kind.", "kind")
+	recv := counterVec("updates_received_total", "Updates received from peers and applied, by kind.", "kind")
+	ud := counterVec("updates_dropped_total", "Updates not sent or not applied, by reason (overflow, disconnected, unknown_replica).", "reason")
+	bd := counterVec("batches_dropped_total", "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale, subject), not published (publish) or never received (gap).", "reason")
 	m := &metrics{
-		updDropped:   map[string]prometheus.Counter{},
-		batchDropped: map[string]prometheus.Counter{},
-		batchesSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_sent_total",
-			Help: "Batches published (heartbeats included)."}),
-		batchesReceived: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "batches_received_total",
-			Help: "Batches received from peers (before any drop)."}),
-		bytesSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sent_bytes_total",
-			Help: "Bytes of batches and snapshot chunks published."}),
-		bytesReceived: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "received_bytes_total",
-			Help: "Bytes of batches and snapshot chunks received."}),
+		updDropped:       map[string]prometheus.Counter{},
+		batchDropped:     map[string]prometheus.Counter{},
+		batchesSent:      counter("batches_sent_total", "Batches published (heartbeats included)."),
+		batchesReceived:  counter("batches_received_total", "Batches received from peers (before any drop)."),
+		bytesSent:        counter("sent_bytes_total", "Bytes of batches and snapshot chunks published."),
+		bytesReceived:    counter("received_bytes_total", "Bytes of batches and snapshot chunks received."),
+		snapshotSent:     counter("snapshot_blocks_sent_total", "Index blocks sent to warming-up peers."),
+		snapshotImported: counter("snapshot_blocks_imported_total", "Index blocks imported from peers' snapshots at start."),
+		natsErrors:       counter("nats_errors_total", "Asynchronous NATS client errors (slow consumer, permissions, auth) and unexpected connection closes."),
+		peers:            gauge("peers_seen", "Peers heard from within peer_timeout."),
+		connected:        gauge("connected", "1 while connected to NATS, else 0 (routing then uses local state only)."),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "apply_lag_seconds",
 			Help:    "From a batch's send time (sender's clock) to its apply here.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}),
-		peers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "peers_seen",
-			Help: "Peers heard from within peer_timeout."}),
-		connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "connected",
-			Help: "1 while connected to NATS, else 0 (routing then uses local state only)."}),
-		snapshotSent: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "snapshot_blocks_sent_total",
-			Help: "Index blocks sent to warming-up peers."}),
-		snapshotImported: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "snapshot_blocks_imported_total",
-			Help: "Index blocks imported from peers' snapshots at start."}),
-		natsErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "nats_errors_total",
-			Help: "Asynchronous NATS client errors (slow consumer, permissions, auth) and unexpected connection closes."}),
 	}
 	for k := byte(1); k < recKinds; k++ {
 		m.sent[k] = sent.WithLabelValues(recordKind(k).String())
