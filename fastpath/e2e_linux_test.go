@@ -165,15 +165,7 @@ func endToEnd(t *testing.T, pmtud bool) {
 	}
 	openEdge()
 	t.Cleanup(func() { _ = k.Detach() })
-	var d *Decap
-	if err := be.Do(func() (err error) {
-		d, err = OpenDecap(DecapOptions{PinPath: filepath.Join(bpffs, "decap"), Interface: "b0", Attach: AttachDriver,
-			Source: netip.MustParseAddr("10.2.0.1")})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Detach() })
+	d := openTestDecap(t, be, bpffs)
 
 	svc := netip.MustParseAddrPort("10.100.0.1:8000")
 	client := netip.MustParseAddr("10.1.0.2")
@@ -333,15 +325,7 @@ func TestEndToEndFallback(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = dp.Close(); _ = Uninstall(pin) })
-			var d *Decap
-			if err := be.Do(func() (err error) {
-				d, err = OpenDecap(DecapOptions{PinPath: filepath.Join(bpffs, "decap"), Interface: "b0", Attach: AttachDriver,
-					Source: netip.MustParseAddr("10.2.0.1")})
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = d.Detach() })
+			d := openTestDecap(t, be, bpffs)
 			svc := netip.MustParseAddrPort("10.100.0.1:8000")
 			client := netip.MustParseAddr("10.1.0.2")
 			for _, err := range []error{
@@ -388,4 +372,21 @@ func TestEndToEndFallback(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openTestDecap attaches the decap program to b0 in be (the backend
+// namespace), accepting the edge's encapsulation source 10.2.0.1; it is
+// detached at cleanup.
+func openTestDecap(t *testing.T, be *testbed.NS, bpffs string) *Decap {
+	t.Helper()
+	var d *Decap
+	if err := be.Do(func() (err error) {
+		d, err = OpenDecap(DecapOptions{PinPath: filepath.Join(bpffs, "decap"), Interface: "b0", Attach: AttachDriver,
+			Source: netip.MustParseAddr("10.2.0.1")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Detach() })
+	return d
 }
