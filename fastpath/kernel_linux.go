@@ -714,8 +714,8 @@ func (k *Kernel) Detach() error {
 		}
 	}
 	errs = append(errs, detachPinnedLinks(k.pinPath, "link_xdp_steer_"))
-	for _, m := range []*ebpf.Map{k.objs.Services, k.objs.Affinity, k.objs.Backends, k.objs.Flows, k.objs.Settings, k.objs.Counters} {
-		if err := m.Unpin(); err != nil {
+	for _, pm := range k.pinnedMaps() {
+		if err := pm.m.Unpin(); err != nil {
 			errs = append(errs, fmt.Errorf("unpin map: %w", err))
 		}
 	}
