@@ -235,7 +235,11 @@ func TestServeSIGHUPReloadAndSIGTERM(t *testing.T) {
 	write := func(eng ...*enginesim.Server) {
 		t.Helper()
 		var b strings.Builder
-		b.WriteString("reload_interval: 0s\nhealth: {interval: 20ms, timeout: 20ms}\nscrape: {interval: 20ms, timeout: 20ms, stale_after: 200ms}\nreplicas:\n")
+		// Round-robin: the test is about reloads, so a replica added by one
+		// must get traffic whatever the cost policy makes of a cold replica
+		// among warm ones (under -race on busy cores it could go unused for
+		// the whole wait).
+		b.WriteString("reload_interval: 0s\nrouting: {policy: round-robin}\nhealth: {interval: 20ms, timeout: 20ms}\nscrape: {interval: 20ms, timeout: 20ms, stale_after: 200ms}\nreplicas:\n")
 		for _, en := range eng {
 			fmt.Fprintf(&b, "  - {address: %q, models: [m]}\n", en.Addr())
 		}
