@@ -41,6 +41,11 @@ type ReplicaSpec struct {
 	PrefillTokensPerSec float64
 	// MaxInFlight caps router-local concurrent requests. 0 means unlimited.
 	MaxInFlight int
+	// BatchSlots is how many requests the engine runs at once (vLLM
+	// --max-num-seqs, SGLang --max-running-requests, llama.cpp -np); more
+	// wait for a slot. 0 means from engine signals, else learned from
+	// scrapes that show a full batch, else unknown (no slot term).
+	BatchSlots int
 }
 
 // EngineSignals are the slow signals scraped from an engine's /metrics.
@@ -49,6 +54,7 @@ type EngineSignals struct {
 	Running          int     // requests in the running batch
 	KVUsage          float64 // fraction of KV cache in use, 0..1
 	KVCapacityTokens int     // block_size * num_gpu_blocks; 0 = unknown
+	BatchSlots       int     // requests the engine runs at once (llama.cpp total_slots); 0 = unknown
 	At               int64   // when scraped, nanoseconds on the caller's clock
 }
 
@@ -86,12 +92,14 @@ type Flight struct {
 	Start          int64 // nanoseconds on the caller's clock
 	FirstTokenAt   int64 // 0 until FirstToken is called
 
-	gen       uint32 // replica generation at Begin (IDs are reused)
-	newBlocks int32  // blocks Begin inserted speculatively
-	queued    int64  // replica's pending prefill tokens at Begin
-	tail      uint64 // deepest block hash inserted at Begin
-	buffered  bool   // Request.Buffered: no rate sample at FirstToken
-	cont      bool   // the replica's held prefix ended at a finished request's tail
+	gen       uint32  // replica generation at Begin (IDs are reused)
+	newBlocks int32   // blocks Begin inserted speculatively
+	queued    int64   // replica's pending prefill tokens at Begin
+	tail      uint64  // deepest block hash inserted at Begin
+	predTTFT  float64 // the replica's TTFT model at Begin, seconds
+	slotWait  float64 // predicted wait for a batch slot at Begin, seconds
+	buffered  bool    // Request.Buffered: no rate sample at FirstToken
+	cont      bool    // the replica's held prefix ended at a finished request's tail
 }
 
 // Policy ranks eligible replicas for a request. Implementations read the
@@ -115,6 +123,7 @@ type Policy interface {
 //	func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) // speculative index insert, in-flight++
 //	func (r *Router) FirstToken(f *Flight, now int64)       // prefill done: pending prefill -= f.UncachedTokens, rate measured
 //	func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) // cachedTokens<0: unknown; else corrects the index
+//	func (r *Router) EndWith(f *Flight, now int64, o Outcome)  // End with the engine's own timings (llama.cpp)
 //	func (r *Router) Models() []string                      // union over healthy replicas (allocates; not hot path)
 //	func (r *Router) Replicas() []ReplicaStatus             // snapshot for /debug and metrics (allocates)
 //	func (r *Router) Lookup(name string) (ReplicaID, bool)

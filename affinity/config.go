@@ -21,8 +21,6 @@ const (
 	DefaultLoadFactor          = 1.25
 	DefaultRingVnodes          = 64
 	DefaultLoadPenaltySeconds  = 0.005
-	DefaultHotQueueSeconds     = 0.5
-	DefaultHotGain             = 0 // guard off: the cost policy's externality term keeps hot prefixes home
 	DefaultKVHighWater         = 0.9
 	DefaultKVPenaltySeconds    = 0.5
 	DefaultMaxScan             = 128
@@ -117,14 +115,6 @@ type Config struct {
 	// LoadPenaltySeconds (cost policy) is the TTFT cost of each request in
 	// flight on a replica (decode work sharing the batch). 0 means 0.005.
 	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds"`
-	// HotQueueSeconds (cost policy): a replica whose queued prefill exceeds
-	// this many seconds counts as saturated. 0 means 0.5.
-	HotQueueSeconds float64 `yaml:"hot_queue_seconds"`
-	// HotGain (cost policy) multiplies the queue time above HotQueueSeconds,
-	// so a saturated home of a hot prefix hands the prefix to a second replica
-	// sooner. 0 or negative disables the guard (the default: the externality
-	// term prices recomputation under load instead; 2 was the old default).
-	HotGain float64 `yaml:"hot_gain"`
 	// KVHighWater and KVPenaltySeconds (cost policy): above this KV usage an
 	// engine starts evicting or preempting; the penalty grows linearly to
 	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5.
@@ -172,9 +162,6 @@ func (c Config) WithDefaults() Config {
 	if c.LoadPenaltySeconds == 0 {
 		c.LoadPenaltySeconds = DefaultLoadPenaltySeconds
 	}
-	if c.HotQueueSeconds == 0 {
-		c.HotQueueSeconds = DefaultHotQueueSeconds
-	}
 	if c.KVHighWater == 0 {
 		c.KVHighWater = DefaultKVHighWater
 	}
@@ -219,8 +206,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("ring_vnodes %d: want 1..4096", c.RingVnodes)
 	case c.LoadPenaltySeconds < 0:
 		return fmt.Errorf("load_penalty_seconds %g: want >= 0", c.LoadPenaltySeconds)
-	case c.HotQueueSeconds < 0:
-		return fmt.Errorf("hot_queue_seconds %g: want >= 0", c.HotQueueSeconds)
 	case c.KVHighWater <= 0 || c.KVHighWater >= 1:
 		return fmt.Errorf("kv_high_water %g: want (0, 1)", c.KVHighWater)
 	case c.KVPenaltySeconds < 0:

@@ -328,22 +328,26 @@ func (s *Session) Sessions() int {
 // CostPolicy (the default) ranks by estimated time to first token plus the
 // delay the request's own prefill imposes on the requests queued behind it:
 //
-//	wait_r = Q_r / P_r
-//	est_r  = O_r + wait_r + (T - C_r) / P_r               overhead + queued prefill + own uncached prefill
-//	       + N * (T - C_r) / P_r                          externality: the queue it delays
-//	       + LoadPenaltySeconds * B_r / W_r                decode work sharing the batch
-//	       + HotGain * max(0, wait_r - HotQueueSeconds)    optional saturation guard (off by default)
-//	       + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
+//	est_r = O_r + slotWait_r + Q_r / P_r + (T - c_r C_r) / P_r   the replica's TTFT model (ttft.go)
+//	      + (X_r - 1) * (T - c_r C_r) / P_r                      externality: the queue it delays
+//	      + LoadPenaltySeconds * B_r / W_r                        decode work sharing the batch
+//	      + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
 //
-// Q_r queued prefill tokens (Load.QueuedTokens), P_r and O_r the replica's
-// fitted prefill rate and overhead (see rateFit), T the request's prompt
-// tokens, C_r its predicted cached prefix on r (the index's match, plus the
-// measured continuation credit when that match ends where a request finished
-// on r: see Router.ContinuationCredit), N the mean number of requests
-// queued for prefill per scored candidate (Load.QueuedRequests), B_r busy
-// requests (Load.Busy), W_r weight, U_r fresh KV usage. Ties break at random.
-// Above Config.MaxScan candidates it scores a random window of them plus
-// every prefix holder (View.Sample). See README.md for intent and the guards.
+// slotWait_r the expected wait for a batch slot (Load.SlotWaitSeconds), Q_r
+// queued prefill tokens (Load.QueuedTokens), P_r and O_r the replica's
+// measured prefill rate and overhead, T the request's prompt tokens, C_r
+// its predicted cached prefix on r (the index's match, plus the measured
+// continuation credit when that match ends where a request finished on r:
+// see Router.ContinuationCredit), c_r the replica's prediction confidence
+// (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
+// KV usage. X_r = 1 + N, N the mean over the scored candidates of requests
+// queued for prefill (Load.QueuedRequests), except on a replica with a free
+// batch slot when every replica holding at least half of the best predicted
+// hit has none: there X_r = 1, so a prefix too hot for its homes' batches
+// is computed once more where a slot is free instead of waiting for decodes
+// to finish. Ties break at random. Above Config.MaxScan candidates it scores
+// a random window of them plus every prefix holder (View.Sample). See
+// README.md for intent and the guards.
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
@@ -368,54 +372,96 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	}
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
-	// N: requests queued for prefill, mean over the scored candidates.
+	// First pass, per candidate: cached tokens (into sc, overwritten below),
+	// N's sum, and whether the prefix's homes all have full batches.
 	var queuedReqs int64
-	for _, id := range cands {
+	best := 0.0
+	for i, id := range cands {
 		rp := v.r.reps[id]
-		n := max(rp.totalPendingReqs(), 0)
-		if at := rp.sigAt.Load(); at != 0 && now-at <= maxAge {
-			n = max(n, rp.sigWaiting.Load())
+		c := 0.0
+		switch {
+		case otok != nil:
+			c = min(float64(otok[id]), t)
+		case int(id) < len(m) && m[id] > 0:
+			c = min(float64(m[id])*bt, t)
+			if credit > 0 && int(m[id]) < len(req.Hashes) && v.r.finishedTail(req.Hashes[m[id]-1], id) {
+				c = min(c+credit, t)
+			}
 		}
-		queuedReqs += n
+		sc[i] = c
+		best = max(best, c)
+		b, fresh, waiting := rp.busy(now, maxAge)
+		queuedReqs += rp.queuedReqs(b, fresh, waiting)
+	}
+	homesFull := best > 0
+	if homesFull {
+		for i, id := range cands {
+			if sc[i] >= best/2 {
+				rp := v.r.reps[id]
+				b, _, _ := rp.busy(now, maxAge)
+				if s := rp.slots(); s <= 0 || b < s {
+					homesFull = false
+					break
+				}
+			}
+		}
 	}
 	ext := 1 + float64(queuedReqs)/float64(len(cands))
 	for i, id := range cands {
-		// Inlined View.Load, QueuedTokens and Busy: this loop runs for every
+		// Inlined View.Load and its helpers: this loop runs for every
 		// candidate of every request.
 		rp := v.r.reps[id]
+		busy, fresh, waiting := rp.busy(now, maxAge)
 		queued := float64(max(rp.totalPending(), 0))
-		busy := rp.totalInFlight()
 		var kv float64
-		if at := rp.sigAt.Load(); at != 0 && now-at <= maxAge {
-			waiting := rp.sigWaiting.Load()
+		if fresh {
 			if pr := rp.totalPendingReqs(); waiting > pr {
 				queued += float64(waiting-pr) * loadF(&rp.uncachedAvg)
 			}
-			busy = max(busy, waiting+rp.sigRunning.Load())
 			kv = loadF(&rp.sigKV)
 		}
-		unc := t
-		switch {
-		case otok != nil:
-			unc = max(t-float64(otok[id]), 0)
-		case int(id) < len(m) && m[id] > 0:
-			unc = max(t-float64(m[id])*bt, 0)
-			if credit > 0 && int(m[id]) < len(req.Hashes) && v.r.finishedTail(req.Hashes[m[id]-1], id) {
-				unc = max(unc-credit, 0)
-			}
+		unc := max(t-rp.confidence()*sc[i], 0)
+		x := ext
+		s := rp.slots()
+		if homesFull && s > 0 && busy < s {
+			x = 1
 		}
 		inv := 1 / loadF(&rp.rate)
-		wait := queued * inv
-		est := loadF(&rp.overhead) + wait + ext*unc*inv + cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
-		if cfg.HotGain > 0 && wait > cfg.HotQueueSeconds {
-			est += cfg.HotGain * (wait - cfg.HotQueueSeconds)
-		}
+		est := loadF(&rp.overhead) + rp.slotWait(busy) + queued*inv + x*unc*inv +
+			cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
 		if kv > cfg.KVHighWater {
 			est += cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
 		sc[i] = est
 	}
 	v.RankLowest(d)
+}
+
+// busy is B_r: the requests on the replica (this router's and its peers'),
+// or the engine's running+waiting when its signals are fresh and larger;
+// also whether the signals are fresh and the engine's waiting count.
+func (p *replica) busy(now, maxAge int64) (b int64, fresh bool, waiting int64) {
+	b = p.totalInFlight()
+	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
+		waiting = p.sigWaiting.Load()
+		return max(b, waiting+p.sigRunning.Load()), true, waiting
+	}
+	return b, false, 0
+}
+
+// queuedReqs is the replica's share of N: requests waiting for prefill, not
+// for a batch slot. With known slots, the busy requests beyond them wait
+// for a slot; without, the engine's waiting count (when fresh and larger)
+// stands for the prefill queue.
+func (p *replica) queuedReqs(busy int64, fresh bool, waiting int64) int64 {
+	n := max(p.totalPendingReqs(), 0)
+	if s := p.slots(); s > 0 {
+		return max(n-max(busy-s, 0), 0)
+	}
+	if fresh {
+		n = max(n, waiting)
+	}
+	return n
 }
 
 // Interface guards.

@@ -17,6 +17,7 @@ type state struct {
 	inFlight []int     // requests in flight per replica (each 1 block, past first token)
 	pending  []int     // extra requests in prefill per replica, pendingTok tokens each
 	rates    []float64 // prefill tokens/s; 0 = default
+	slots    []int     // batch slots (ReplicaSpec.BatchSlots); 0 = unknown
 }
 
 const pendingTok = 4096
@@ -32,6 +33,9 @@ func buildRouter(t *testing.T, cfg Config, s state) (*Router, []ReplicaID) {
 		spec := ReplicaSpec{Name: fmt.Sprintf("r%d", i), Models: []string{"m"}}
 		if i < len(s.rates) {
 			spec.PrefillTokensPerSec = s.rates[i]
+		}
+		if i < len(s.slots) {
+			spec.BatchSlots = s.slots[i]
 		}
 		if ids[i], err = r.AddReplica(spec); err != nil {
 			t.Fatal(err)
@@ -121,13 +125,20 @@ func TestPolicyChoices(t *testing.T) {
 			// 7 queued (2.87 s + 35 ms busy) vs 1.64 s x (1 + 7/8) = 3.07 s.
 			state: state{n: 8, pending: []int{7}}, warm: map[int]string{0: sys16k},
 			system: sys16k, want: 0, not: -1},
-		{name: "cost: the optional hot guard hands a hot prefix over sooner", cfg: Config{HotGain: 2},
-			// 3 queued on the home (1.23 s) vs 1.64 s x (1 + 3/8) = 2.25 s:
-			// kept without the guard; the guard adds 2 x (1.23 - 0.5) s.
-			state: state{n: 8, pending: []int{3}}, warm: map[int]string{0: sys16k},
-			system: sys16k, want: -1, not: 0},
-		{name: "cost: the same state without the guard keeps the home", cfg: Config{},
-			state: state{n: 8, pending: []int{3}}, warm: map[int]string{0: sys16k},
+		{name: "cost: a hot prefix whose home has no free batch slot moves to a free one", cfg: Config{},
+			// r0 holds the 2048-token prompt but runs 10 requests on 4 slots:
+			// a new one waits for 7 of them to finish, each holding its slot
+			// about 0.2 s (the warming request's measured slot time), 0.35 s;
+			// recomputing the prompt on an idle replica costs 0.2 s. Without
+			// the slot term the home won (its queue held no prefill).
+			state: state{n: 3, inFlight: []int{10, 0, 0}, slots: []int{4, 4, 4}}, warm: map[int]string{0: sys8k[:8192]},
+			system: sys8k[:8192], want: -1, not: 0},
+		{name: "cost: the same home with a free slot keeps it", cfg: Config{},
+			state: state{n: 3, inFlight: []int{3, 0, 0}, slots: []int{4, 4, 4}}, warm: map[int]string{0: sys8k[:8192]},
+			system: sys8k[:8192], want: 0, not: -1},
+		{name: "cost: a full home keeps a prefix that costs more to recompute than the slot wait", cfg: Config{},
+			// 16384 tokens (1.64 s) vs one departure of four (0.41 s).
+			state: state{n: 3, inFlight: []int{4, 0, 0}, slots: []int{4, 4, 4}}, warm: map[int]string{0: sys16k},
 			system: sys16k, want: 0, not: -1},
 		{name: "power-of-two never picks the most loaded first", cfg: Config{Policy: "power-of-two"},
 			state: state{n: 4, inFlight: []int{1, 2, 9, 3}}, system: "x", want: -1, not: 2},

@@ -56,6 +56,9 @@ type Router struct {
 	// ended at such a tail: what a continuation is worth (a chat's previous
 	// answer), measured, so 0 where continuations do not pay.
 	contCredit atomic.Uint64
+	// slotSec (float64 bits) is the EWMA of every replica's slot-time
+	// samples (ttft.go).
+	slotSec atomic.Uint64
 }
 
 // tailSlots sizes Router.tails: 64K pairs, 512 KiB per Router.
@@ -128,8 +131,12 @@ type replica struct {
 
 	mispredicts atomic.Uint64
 
-	fitMu sync.Mutex // FirstToken's rate fit
+	fitMu sync.Mutex // End's rate fit
 	fit   rateFit
+	model ttftModel // batch slots, slot time, prediction error (ttft.go)
+	// fleetSlot is the Router's slotSec: every replica's slot-time samples,
+	// the prior of a replica without its own.
+	fleetSlot *atomic.Uint64
 
 	// Peers' load (peer.go): the sums over peer slots of peers[i], kept
 	// apart from this router's own counters, which stay authoritative.
@@ -209,6 +216,8 @@ func (r *Router) validSpec(spec *ReplicaSpec) error {
 		return fmt.Errorf("replica %s: prefill rate %g: want >= 0", spec.Name, spec.PrefillTokensPerSec)
 	case spec.MaxInFlight < 0:
 		return fmt.Errorf("replica %s: max in flight %d: want >= 0", spec.Name, spec.MaxInFlight)
+	case spec.BatchSlots < 0:
+		return fmt.Errorf("replica %s: batch slots %d: want >= 0", spec.Name, spec.BatchSlots)
 	}
 	for _, m := range spec.Models {
 		if m == "" {
@@ -250,7 +259,7 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 		r.reps = append(r.reps, nil)
 	}
 	r.gen++
-	p := &replica{id: id, gen: r.gen}
+	p := &replica{id: id, gen: r.gen, fleetSlot: &r.slotSec}
 	r.applySpec(p, spec)
 	p.healthy.Store(true)
 	r.reps[id] = p
@@ -384,6 +393,8 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigRunning.Store(int64(s.Running))
 	storeF(&p.sigKV, s.KVUsage)
 	p.sigAt.Store(s.At)
+	p.model.slotsSig.Store(int64(max(s.BatchSlots, 0)))
+	p.learnSlots(s.Running, s.Waiting)
 	resize := s.KVCapacityTokens > 0 && p.spec.KVCapacityTokens == 0 &&
 		int64(s.KVCapacityTokens) != p.sigKVCap.Load()
 	r.mu.RUnlock()
@@ -471,6 +482,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 	held := r.idx.insert(id, hs)
 	cached := min(held*r.bt, req.PromptTokens)
 	unc := max(req.PromptTokens-cached, 0)
+	wait := p.slotWait(p.totalInFlight())
 	*f = Flight{
 		Replica:        id,
 		UncachedTokens: unc,
@@ -480,6 +492,8 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 		queued:         p.totalPending(),
 		newBlocks:      int32(len(hs) - held),
 		buffered:       req.Buffered,
+		predTTFT:       p.predictTTFT(float64(unc)),
+		slotWait:       wait,
 	}
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]
@@ -534,83 +548,81 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	}
 }
 
-// sampleRate feeds the prefill-rate fit with f's time to first token. It runs
-// at End, when the engine's real cached tokens are known: timing a prefill
+// sampleRate feeds the replica's TTFT model with f's outcome. It runs at
+// End, when the engine's real cached tokens are known: timing a prefill
 // with the predicted uncached tokens would read an unpredicted cache hit (a
 // prefix another router sent, or one our index evicted too early) as a
 // very fast prefill of the whole prompt and inflate the rate without bound.
-// cachedTokens < 0 (unknown) falls back to the prediction.
-func (r *Router) sampleRate(p *replica, f *Flight, cachedTokens int) {
+// o.CachedTokens < 0 (unknown) falls back to the prediction. A request that
+// waited for a batch slot waited for decodes to finish (decode time, not
+// prefill), so the prefill fit takes its TTFT less the predicted
+// slot wait; every request gives a slot-time sample, and a
+// streamed one checks the TTFT prediction made at Begin.
+func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
+	uncached := f.UncachedTokens
+	if o.CachedTokens >= 0 {
+		uncached = max(0, f.PromptTokens-o.CachedTokens)
+	}
+	if o.PrefillSeconds > 0 {
+		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds)
+	}
+	rate := loadF(&p.rate)
+	switch {
+	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
+		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
+	case f.FirstTokenAt != 0 && !f.buffered:
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/rate)
+	default:
+		p.sampleSlot(float64(now-f.Start)/1e9 - f.slotWait)
+	}
 	dt := float64(f.FirstTokenAt-f.Start) / 1e9
 	if f.FirstTokenAt == 0 || dt <= 0 || f.buffered {
 		return
 	}
-	uncached := f.UncachedTokens
-	if cachedTokens >= 0 {
-		uncached = max(0, f.PromptTokens-cachedTokens)
-	}
+	p.checkPrediction(f.predTTFT, dt)
+	// The wait for a batch slot is the slot term's, not prefill: the fit
+	// explains what is left of the TTFT (at least a quarter of it, in case
+	// the slot wait was overestimated).
+	y := max(dt-f.slotWait, dt/4)
 	p.fitMu.Lock()
-	rate, over := p.fit.add(float64(f.queued+int64(uncached)), dt, loadF(&p.rate), loadF(&p.overhead))
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, loadF(&p.overhead), loadF(&p.model.engRate))
 	storeF(&p.rate, rate)
 	storeF(&p.overhead, over)
 	p.fitMu.Unlock()
 }
 
-// rateFit estimates a replica's time to first token as
-//
-//	ttft = overhead + tokens / rate
-//
-// from samples (tokens = prefill queued ahead at Begin + own uncached tokens,
-// seconds to the first token): an exponentially weighted least-squares line
-// (weight fitWeight per sample once warm, about 20 samples of memory). The
-// intercept is what a request waits besides prefill (the engine step in
-// progress, each step's base cost, decode work sharing the steps), so it is
-// not mistaken for slow prefill, and a fully cached request (tokens near 0)
-// is a useful sample. Without enough spread in tokens (std < fitSpread x
-// mean) the slope is not identifiable: the sample then gives a rate through
-// the current intercept. The published rate moves 20% of the way to the new
-// estimate, at most 8x per sample; the intercept is clamped to [0, mean ttft].
-type rateFit struct {
-	n, mx, my, mxx, mxy float64
+// Outcome is what a finished request reports back (EndWith).
+type Outcome struct {
+	// OK: the request succeeded.
+	OK bool
+	// CachedTokens is the engine's usage.prompt_tokens_details.cached_tokens
+	// (or llama.cpp's timings.cache_n); < 0 when unknown.
+	CachedTokens int
+	// PrefillTokens and PrefillSeconds are the engine's own prefill timing
+	// (llama.cpp timings.prompt_n and prompt_ms); 0 when not reported.
+	PrefillTokens  int
+	PrefillSeconds float64
+	// DecodeSeconds is the engine's own decode time (llama.cpp
+	// timings.predicted_ms); 0 when not reported.
+	DecodeSeconds float64
 }
 
-const (
-	fitWeight     = 0.05
-	fitSpread     = 0.25
-	fitMinSamples = 8
-)
-
-func (f *rateFit) add(x, y, rate, over float64) (newRate, newOver float64) {
-	f.n++
-	w := max(1/f.n, fitWeight)
-	f.mx += w * (x - f.mx)
-	f.my += w * (y - f.my)
-	f.mxx += w * (x*x - f.mxx)
-	f.mxy += w * (x*y - f.mxy)
-	varx := f.mxx - f.mx*f.mx
-	next := rate
-	if f.n >= fitMinSamples && varx > fitSpread*fitSpread*f.mx*f.mx {
-		if b := (f.mxy - f.mx*f.my) / varx; b > 0 {
-			next = 1 / b
-		}
-	} else if x > 0 {
-		next = x / max(y-over, y/2)
-	}
-	rate += 0.2 * (min(max(next, rate/8), rate*8) - rate)
-	return rate, min(max(f.my-f.mx/rate, 0), f.my)
+// End is EndWith with only the cached tokens and success known.
+func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
+	r.EndWith(f, now, Outcome{OK: ok, CachedTokens: cachedTokens})
 }
 
-// End closes a Flight. cachedTokens is the engine's
-// usage.prompt_tokens_details.cached_tokens, or < 0 when unknown. A request
+// EndWith closes a Flight with what the engine reported. A request
 // that failed before its first token rolls back its speculative index
 // insert. An engine report of fewer than half the predicted cached tokens
 // means the replica evicted blocks we still index: its index capacity shrinks
 // by the missed blocks (to at least a quarter of its KV capacity) and grows
-// back one block per correct prediction. End is idempotent.
-func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
+// back one block per correct prediction. It is idempotent.
+func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	if f.Replica == NoReplica {
 		return
 	}
+	cachedTokens, ok := o.CachedTokens, o.OK
 	predicted := f.PromptTokens - f.UncachedTokens
 	rollback := !ok && f.FirstTokenAt == 0 && f.newBlocks > 0
 	miss := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens*2 < predicted
@@ -632,7 +644,7 @@ func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
 		p.pending.Add(-int64(f.UncachedTokens))
 		p.pendingReqs.Add(-1)
 	} else if ok {
-		r.sampleRate(p, f, cachedTokens)
+		r.sampleRate(p, f, now, &o)
 	}
 	if ok {
 		if f.tail != 0 {
@@ -744,6 +756,11 @@ type ReplicaStatus struct {
 	CapacityBlocks       int     // its index bound (effective)
 	Signals              EngineSignals
 	Mispredictions       uint64
+	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
+	SlotSeconds          float64   // D_r: mean time a request holds a batch slot
+	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
+	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
+	TTFT                 TTFTStats // predicted vs measured TTFT
 }
 
 // Replicas returns a snapshot of every replica, by ID. It allocates.
@@ -776,9 +793,15 @@ func (r *Router) Replicas() []ReplicaStatus {
 				Running:          int(p.sigRunning.Load()),
 				KVUsage:          loadF(&p.sigKV),
 				KVCapacityTokens: int(p.sigKVCap.Load()),
+				BatchSlots:       int(p.model.slotsSig.Load()),
 				At:               p.sigAt.Load(),
 			},
-			Mispredictions: p.mispredicts.Load(),
+			Mispredictions:    p.mispredicts.Load(),
+			BatchSlots:        int(p.slots()),
+			SlotSeconds:       p.slotSeconds(),
+			EnginePrefillRate: loadF(&p.model.engRate),
+			Confidence:        p.confidence(),
+			TTFT:              p.ttftStats(),
 		})
 	}
 	return out

@@ -45,6 +45,9 @@ type Load struct {
 	UncachedAvg          float64 // EWMA of uncached prompt tokens per routed request
 	Weight               float64 // spec weight, 0 means 1
 	MaxInFlight          int     // 0 = unlimited
+	BatchSlots           int     // S_r: spec, engine-reported or learned; 0 = unknown
+	SlotWaitSeconds      float64 // expected wait for a batch slot now (ttft.go)
+	Confidence           float64 // trust in the replica's predicted hits, 0..1 (ttft.go)
 }
 
 // QueuedTokens estimates prefill tokens queued ahead of a new request: the
@@ -60,9 +63,13 @@ func (l *Load) QueuedTokens() float64 {
 }
 
 // QueuedRequests is the number of requests waiting for prefill ahead of a
-// new one: the router's own, or the engine's waiting count when fresh and
-// larger.
+// new one, not counting those waiting for a batch slot: with known slots,
+// PendingRequests less the busy requests beyond the slots; without, the
+// router's own, or the engine's waiting count when fresh and larger.
 func (l *Load) QueuedRequests() int {
+	if l.BatchSlots > 0 {
+		return max(l.PendingRequests-max(l.Busy()-l.BatchSlots, 0), 0)
+	}
 	if l.Fresh {
 		return max(l.PendingRequests, l.Waiting)
 	}
@@ -161,6 +168,8 @@ func (v *View) Load(id ReplicaID) Load {
 		UncachedAvg:          loadF(&p.uncachedAvg),
 		Weight:               p.weight,
 		MaxInFlight:          int(p.maxInFlight),
+		BatchSlots:           int(p.slots()),
+		Confidence:           p.confidence(),
 	}
 	if at := p.sigAt.Load(); at != 0 && v.req.Now-at <= int64(v.r.cfg.SignalMaxAge) {
 		l.Fresh = true
@@ -168,6 +177,7 @@ func (v *View) Load(id ReplicaID) Load {
 		l.Running = int(p.sigRunning.Load())
 		l.KVUsage = loadF(&p.sigKV)
 	}
+	l.SlotWaitSeconds = p.slotWait(int64(l.Busy()))
 	return l
 }
 

@@ -97,7 +97,6 @@ func (f *fleet) add(t *testing.T, natsURL string) *slowpath.Server {
 	const scale = timeScale
 	cfg.Routing.DefaultPrefillTokensPerSec = affinity.DefaultPrefillTokensPerSec / scale
 	cfg.Routing.LoadPenaltySeconds = affinity.DefaultLoadPenaltySeconds * scale
-	cfg.Routing.HotQueueSeconds = affinity.DefaultHotQueueSeconds * scale
 	cfg.Routing.KVPenaltySeconds = affinity.DefaultKVPenaltySeconds * scale
 	cfg.Routing.Seed = uint64(i + 1) // instances break ties differently, as hosts do
 	for _, en := range f.engines {

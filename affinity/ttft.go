@@ -1,0 +1,328 @@
+package affinity
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// The per-replica TTFT model the cost policy ranks with, learned from what
+// the router observes:
+//
+//	ttft_r(x, B) = O_r + slotWait_r(B) + x / P_r
+//	slotWait_r(B) = B >= S_r ? (B - S_r + 1) * D_r / S_r : 0
+//
+// x the prefill tokens ahead of and including the request's own uncached
+// tokens, B the requests already on the replica, S_r its batch slots (the
+// engine's max_num_seqs, llama.cpp's total_slots), D_r the mean time a
+// request holds a slot (its prefill and decode: decode-bound, unlike the
+// prefill queue), O_r and P_r the fitted overhead and prefill rate. Queued
+// prefill and the wait for a batch slot are separate terms: a request
+// waiting for a slot waits for others to finish decoding, however little of
+// its prompt is uncached.
+//
+// Where each input comes from, most precise first:
+//
+//	S_r  ReplicaSpec.BatchSlots > EngineSignals.BatchSlots (llama.cpp /props)
+//	     > learned: the engine's running count at scrapes that showed waiting
+//	     requests (the batch was full); 0 = unknown, no slot term
+//	D_r  EWMA of each finished request's slot time: the engine's own prefill
+//	     + decode timings where it reports them (llama.cpp `timings`), else
+//	     last token - first token + own prefill (streamed), else the whole
+//	     duration minus the predicted slot wait (buffered); defaultSlotSeconds
+//	     until the first sample
+//	P_r  the engine's reported prefill rate (llama.cpp prompt_n / prompt_ms,
+//	     EWMA) when it reports one, else the robust fit below
+//	O_r  the fit's intercept
+//
+// Every prediction made at Begin is compared with the measured TTFT at End;
+// the replica's error (EWMA of |ln((pred+f)/(actual+f))|, f a small floor)
+// sets how far the cost policy trusts that replica's predicted cache hit
+// (see confidence): a replica whose model is off leans toward load balance
+// until its predictions recover.
+
+const (
+	// defaultSlotSeconds is D_r before a replica's first measured slot time.
+	defaultSlotSeconds = 1.0
+	// slotWeight is the EWMA weight of a slot-time sample.
+	slotWeight = 0.1
+	// slotLearnWindow is how many full-batch scrapes the learned slot count
+	// remembers (the largest running count among them): one scrape whose
+	// batch was limited by KV or the token budget does not lower it.
+	slotLearnWindow = 8
+	// errWeight is the EWMA weight of a TTFT prediction error sample.
+	errWeight = 0.05
+	// trustFullErr and trustNoneErr bound the confidence ramp: a mean
+	// |ln(pred/actual)| up to ln 2 (within 2x) trusts predicted hits fully,
+	// ln 4 (off by 4x) not at all.
+	trustFullErr = 0.6931471805599453
+	trustNoneErr = 1.3862943611198906
+	// engineRateMinTokens: engine prefill timings of fewer tokens are too
+	// coarse (ms resolution) to give a rate.
+	engineRateMinTokens = 16
+)
+
+// ttftErrBuckets are the upper bounds of the actual/predicted TTFT ratio
+// histogram (warmpath_affinity_ttft_prediction_ratio).
+var ttftErrBuckets = [...]float64{0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8}
+
+// ttftModel is one replica's learned state besides the prefill fit (which
+// lives in replica.fit under fitMu).
+type ttftModel struct {
+	slotsSig     atomic.Int64  // engine-reported batch slots; 0 = none
+	slotsLearned atomic.Int64  // learned from full-batch scrapes; 0 = none
+	slotSec      atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
+	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
+	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
+	errN         atomic.Uint64 // predictions checked
+
+	learnMu  sync.Mutex
+	learnBuf [slotLearnWindow]int32
+	learnN   int
+
+	// Prediction accounting for metrics: sums in seconds (float64 bits,
+	// CAS-added) and the ratio histogram.
+	predSum, actSum atomic.Uint64
+	ratioHist       [len(ttftErrBuckets) + 1]atomic.Uint64
+}
+
+// slots is S_r: the spec's, else the engine's, else the learned count.
+func (p *replica) slots() int64 {
+	if p.spec.BatchSlots > 0 {
+		return int64(p.spec.BatchSlots)
+	}
+	if s := p.model.slotsSig.Load(); s > 0 {
+		return s
+	}
+	return p.model.slotsLearned.Load()
+}
+
+// slotSeconds is D_r; before its first sample, the fleet's (the mean slot
+// time measured on any replica of this router), else defaultSlotSeconds.
+func (p *replica) slotSeconds() float64 {
+	if d := loadF(&p.model.slotSec); d > 0 {
+		return d
+	}
+	if p.fleetSlot != nil {
+		if d := loadF(p.fleetSlot); d > 0 {
+			return d
+		}
+	}
+	return defaultSlotSeconds
+}
+
+// slotWait is the expected wait for a batch slot of a request joining a
+// replica with busy requests already on it: slots free at S/D per second
+// while all are taken, and the request needs busy-S+1 of them.
+func (p *replica) slotWait(busy int64) float64 {
+	s := p.slots()
+	if s <= 0 || busy < s {
+		return 0
+	}
+	return float64(busy-s+1) * p.slotSeconds() / float64(s)
+}
+
+// confidence is how far the cost policy trusts p's predicted cache hit:
+// 1 while p's TTFT predictions are within about 2x, falling to 0 at 4x.
+func (p *replica) confidence() float64 {
+	if p.model.errN.Load() < fitMinSamples {
+		return 1
+	}
+	e := loadF(&p.model.errEWMA)
+	switch {
+	case e <= trustFullErr:
+		return 1
+	case e >= trustNoneErr:
+		return 0
+	}
+	return 1 - (e-trustFullErr)/(trustNoneErr-trustFullErr)
+}
+
+// learnSlots takes one scrape's running and waiting counts: a scrape with
+// waiting requests shows a full batch, so its running count is the slot
+// limit now; the learned value is the largest of the last few such
+// scrapes, and a running count above it raises it at once.
+func (p *replica) learnSlots(running, waiting int) {
+	if running <= 0 {
+		return
+	}
+	m := &p.model
+	if waiting <= 0 {
+		if cur := m.slotsLearned.Load(); cur > 0 && int64(running) > cur {
+			m.slotsLearned.Store(int64(running))
+		}
+		return
+	}
+	m.learnMu.Lock()
+	m.learnBuf[m.learnN%slotLearnWindow] = int32(running)
+	m.learnN++
+	best := int32(0)
+	for _, v := range m.learnBuf[:min(m.learnN, slotLearnWindow)] {
+		best = max(best, v)
+	}
+	m.learnMu.Unlock()
+	m.slotsLearned.Store(int64(best))
+}
+
+// predictTTFT is the model's TTFT for a request with unc uncached tokens
+// joining p now (without the cost policy's externality and penalties).
+func (p *replica) predictTTFT(unc float64) float64 {
+	inv := 1 / loadF(&p.rate)
+	return loadF(&p.overhead) + p.slotWait(p.totalInFlight()) +
+		(float64(max(p.totalPending(), 0))+unc)*inv
+}
+
+// casAddF adds d to the float64 in a.
+func casAddF(a *atomic.Uint64, d float64) {
+	for {
+		old := a.Load()
+		if a.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+d)) {
+			return
+		}
+	}
+}
+
+// checkPrediction folds one (predicted, measured) TTFT pair into p's error.
+func (p *replica) checkPrediction(pred, actual float64) {
+	if !(pred > 0) || !(actual > 0) {
+		return
+	}
+	m := &p.model
+	floor := 0.002 + 0.1*loadF(&p.overhead)
+	e := math.Abs(math.Log((pred + floor) / (actual + floor)))
+	if m.errN.Add(1) == 1 {
+		storeF(&m.errEWMA, e)
+	} else {
+		ewma(&m.errEWMA, e, errWeight)
+	}
+	casAddF(&m.predSum, pred)
+	casAddF(&m.actSum, actual)
+	ratio := actual / pred
+	i := 0
+	for i < len(ttftErrBuckets) && ratio > ttftErrBuckets[i] {
+		i++
+	}
+	m.ratioHist[i].Add(1)
+}
+
+// sampleSlot folds one request's slot time into D_r, each sample clipped to
+// within 8x of the current mean (a stalled stream does not swamp it).
+func (p *replica) sampleSlot(sec float64) {
+	if !(sec > 0) || math.IsInf(sec, 0) {
+		return
+	}
+	if d := loadF(&p.model.slotSec); d > 0 {
+		sec = min(max(sec, d/8), d*8)
+	}
+	ewma(&p.model.slotSec, sec, slotWeight)
+	if p.fleetSlot != nil {
+		ewma(p.fleetSlot, sec, slotWeight)
+	}
+}
+
+// sampleEngineRate folds an engine-reported prefill (tokens in seconds)
+// into P_r's engine estimate, clipped to within 4x of the current one.
+func (p *replica) sampleEngineRate(tokens int, sec float64) {
+	if tokens < engineRateMinTokens || !(sec > 0) {
+		return
+	}
+	r := float64(tokens) / sec
+	if cur := loadF(&p.model.engRate); cur > 0 {
+		r = min(max(r, cur/4), cur*4)
+	}
+	ewma(&p.model.engRate, r, 0.1)
+}
+
+// rateFit estimates a replica's time to first token as
+//
+//	ttft = overhead + tokens / rate
+//
+// from samples (tokens = prefill queued ahead at Begin + own uncached tokens,
+// seconds to the first token) of requests that did not wait for a batch
+// slot: an exponentially weighted least-squares line (weight fitWeight per
+// sample once warm, about 20 samples of memory). The intercept is what a
+// request waits besides prefill (the engine step in progress, each step's
+// base cost, decode work sharing the steps), so it is not mistaken for slow
+// prefill, and a fully cached request (tokens near 0) is a useful sample.
+//
+// Robustness: once warm, a sample's seconds are clipped to within 4x of the
+// current line's prediction (one stalled or unexpectedly cached request
+// does not move the line far); without enough spread in tokens (std <
+// fitSpread x mean) the slope is not identifiable and the sample gives a
+// rate through the current intercept; the published rate moves 20% of the
+// way to the new estimate, at most 8x per sample, and stays within
+// [rateFloor, rateCeil]; the intercept is clamped to [0, mean ttft]. When
+// the engine reports its own prefill timings (engineRate > 0), that rate is
+// published and the fit gives the intercept only.
+type rateFit struct {
+	n, mx, my, mxx, mxy float64
+}
+
+const (
+	fitWeight     = 0.05
+	fitSpread     = 0.25
+	fitMinSamples = 8
+	fitClip       = 4
+	rateFloor     = 1
+	rateCeil      = 1e9
+)
+
+func (f *rateFit) add(x, y, rate, over, engineRate float64) (newRate, newOver float64) {
+	if f.n >= fitMinSamples {
+		if pred := over + x/rate; pred > 0 {
+			y = min(max(y, pred/fitClip), pred*fitClip)
+		}
+	}
+	f.n++
+	w := max(1/f.n, fitWeight)
+	f.mx += w * (x - f.mx)
+	f.my += w * (y - f.my)
+	f.mxx += w * (x*x - f.mxx)
+	f.mxy += w * (x*y - f.mxy)
+	if engineRate > 0 {
+		rate = engineRate
+	} else {
+		varx := f.mxx - f.mx*f.mx
+		next := rate
+		if f.n >= fitMinSamples && varx > fitSpread*fitSpread*f.mx*f.mx {
+			if b := (f.mxy - f.mx*f.my) / varx; b > 0 {
+				next = 1 / b
+			}
+		} else if x > 0 {
+			next = x / max(y-over, y/2)
+		}
+		rate += 0.2 * (min(max(next, rate/8), rate*8) - rate)
+		rate = min(max(rate, rateFloor), rateCeil)
+	}
+	return rate, min(max(f.my-f.mx/rate, 0), f.my)
+}
+
+// TTFTStats is one replica's prediction record for metrics.
+type TTFTStats struct {
+	Checked          uint64   // predictions compared with a measured TTFT
+	PredictedSeconds float64  // sum of predicted TTFTs over them
+	ActualSeconds    float64  // sum of measured TTFTs
+	MeanLogError     float64  // EWMA of |ln(pred/actual)|
+	RatioBuckets     []uint64 // cumulative counts per TTFTRatioBuckets bound
+}
+
+// TTFTRatioBuckets are the actual/predicted TTFT ratio histogram's upper
+// bounds.
+func TTFTRatioBuckets() []float64 { return ttftErrBuckets[:] }
+
+func (p *replica) ttftStats() TTFTStats {
+	m := &p.model
+	st := TTFTStats{
+		Checked:          m.errN.Load(),
+		PredictedSeconds: loadF(&m.predSum),
+		ActualSeconds:    loadF(&m.actSum),
+		MeanLogError:     loadF(&m.errEWMA),
+		RatioBuckets:     make([]uint64, len(ttftErrBuckets)),
+	}
+	var c uint64
+	for i := range ttftErrBuckets {
+		c += m.ratioHist[i].Load()
+		st.RatioBuckets[i] = c
+	}
+	return st
+}

@@ -1,0 +1,252 @@
+package affinity
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestSlotsLearnedFromFullBatchScrapes(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	id := ids[0]
+	slots := func() int { return r.Replicas()[0].BatchSlots }
+	if got := slots(); got != 0 {
+		t.Fatalf("slots before any scrape = %d, want 0 (unknown)", got)
+	}
+	r.SetSignals(id, EngineSignals{Running: 3, Waiting: 0, At: 1})
+	if got := slots(); got != 0 {
+		t.Fatalf("a batch with no one waiting says nothing about its limit: slots = %d", got)
+	}
+	r.SetSignals(id, EngineSignals{Running: 4, Waiting: 18, At: 2})
+	if got := slots(); got != 4 {
+		t.Fatalf("running 4 with 18 waiting: slots = %d, want 4", got)
+	}
+	// One scrape whose batch was held back by KV or the token budget does
+	// not lower the learned limit.
+	r.SetSignals(id, EngineSignals{Running: 2, Waiting: 5, At: 3})
+	if got := slots(); got != 4 {
+		t.Fatalf("after a short full batch: slots = %d, want 4", got)
+	}
+	r.SetSignals(id, EngineSignals{Running: 6, Waiting: 0, At: 4})
+	if got := slots(); got != 6 {
+		t.Fatalf("running 6 proves 6 slots: slots = %d", got)
+	}
+	r.SetSignals(id, EngineSignals{Running: 1, Waiting: 0, BatchSlots: 8, At: 5})
+	if got := slots(); got != 8 {
+		t.Fatalf("engine-reported slots = %d, want 8", got)
+	}
+	if err := r.UpdateReplica(id, ReplicaSpec{Name: "r0", Models: []string{"m"}, BatchSlots: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := slots(); got != 2 {
+		t.Fatalf("configured slots = %d, want 2", got)
+	}
+}
+
+// hotRequest is one user's short question after a company's shared prompt.
+func hotRequest(t *testing.T, system string, user int) *Request {
+	return promptReq(t, system, fmt.Sprintf("question %d from user %d?", user*7919, user))
+}
+
+// TestHotPrefixSpreadsWhenBatchFull is the seed's one-company case on
+// small batches: 24 users share a 2048-token prompt and ask short
+// questions at once, three replicas run 4 requests each. The engine's
+// scrape shows the home's batch full (running 4, waiting 18). Every request
+// routed must not pile on the home while the others idle: the prefix is
+// computed once more on each replica the load needs.
+func TestHotPrefixSpreadsWhenBatchFull(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 3})
+	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
+	warm(r, ids[0], hotRequest(t, system, 0))
+	for _, id := range ids {
+		r.SetSignals(id, EngineSignals{Running: 4, Waiting: 1, At: 1}) // the batch limit seen earlier
+		r.SetSignals(id, EngineSignals{At: 1})
+	}
+	per := map[ReplicaID]int{}
+	for u := 1; u <= 24; u++ {
+		req := hotRequest(t, system, u)
+		d := decide(t, r, req)
+		var f Flight
+		r.Begin(d.Ranked[0], req, &d, &f)
+		per[d.Ranked[0]]++
+	}
+	for _, id := range ids {
+		if per[id] < 4 {
+			t.Fatalf("replica %d got %d of 24 requests (%v): a full home must hand the hot prefix on", id, per[id], per)
+		}
+		if per[id] > 12 {
+			t.Fatalf("replica %d got %d of 24 (%v)", id, per[id], per)
+		}
+	}
+}
+
+// TestHotPrefixStaysHomeWithFreeSlots: the same traffic at a rate the home's
+// batch absorbs keeps it on the home (each replica computing the prefix
+// once is only worth it when slots run out).
+func TestHotPrefixStaysHomeWithFreeSlots(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 3, slots: []int{64, 64, 64}})
+	system := strings.Repeat("company instructions. ", 373)[:8192]
+	warm(r, ids[0], hotRequest(t, system, 0))
+	for u := 1; u <= 6; u++ {
+		req := hotRequest(t, system, u)
+		d := decide(t, r, req)
+		if d.Ranked[0] != ids[0] {
+			t.Fatalf("request %d went to %d, want the home %d", u, d.Ranked[0], ids[0])
+		}
+		warm(r, d.Ranked[0], req)
+	}
+}
+
+// fakeEngine is a replica with slots batch slots, a prefill rate and a fixed
+// decode time: enough to produce honest TTFTs for the fit.
+type fakeEngine struct {
+	slots   int
+	rate    float64 // prefill tokens/s
+	decode  float64 // seconds a request decodes
+	free    []float64
+	busyTo  float64 // prefill compute is shared: one prefill at a time
+	overhed float64
+}
+
+// serve returns the request's (first token, end) times for an arrival at
+// now with unc uncached tokens: it waits for the earliest free slot.
+func (e *fakeEngine) serve(now float64, unc int) (first, end float64) {
+	if e.free == nil {
+		e.free = make([]float64, e.slots)
+	}
+	k := 0
+	for i, f := range e.free {
+		if f < e.free[k] {
+			k = i
+		}
+	}
+	start := math.Max(math.Max(now, e.free[k]), e.busyTo) // a slot, then the prefill compute
+	first = start + e.overhed + float64(unc)/e.rate
+	e.busyTo = first
+	end = first + e.decode
+	e.free[k] = end
+	return first, end
+}
+
+// TestRateFitUnderFullBatches: two identical engines (1,000 prefill
+// tokens/s, 4 slots, 0.5 s decodes, one prefill at a time) behind one
+// router, driven to where their batches are often full. The fit takes each
+// TTFT less the predicted slot wait; both fitted rates stay within 4x of the
+// truth and the slot time near the real one.
+func TestRateFitUnderFullBatches(t *testing.T) {
+	r, ids := buildRouter(t, Config{Policy: "round-robin"}, state{n: 2, slots: []int{4, 4}})
+	engines := []*fakeEngine{{slots: 4, rate: 1000, decode: 0.5, overhed: 0.01}, {slots: 4, rate: 1000, decode: 0.5, overhed: 0.01}}
+	type ev struct {
+		f           Flight
+		first, end  float64
+		firstDone   bool
+		replicaSlot int
+	}
+	var open []*ev
+	now := 0.0
+	ns := func(s float64) int64 { return int64(s * 1e9) }
+	for i := range 400 {
+		now += 0.075 // ~13 req/s against 2 x 4 slots / 0.6 s: the batches are often full
+		for _, e := range open {
+			if !e.firstDone && e.first <= now {
+				r.FirstToken(&e.f, ns(e.first))
+				e.firstDone = true
+			}
+		}
+		kept := open[:0]
+		for _, e := range open {
+			if e.firstDone && e.end <= now {
+				r.End(&e.f, ns(e.end), 0, true)
+				continue
+			}
+			kept = append(kept, e)
+		}
+		open = kept
+		tokens := 20 + (i*37)%180
+		req := &Request{Model: []byte("m"), PromptTokens: tokens, Now: ns(now)}
+		var d Decision
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatal(err)
+		}
+		e := &ev{}
+		r.Begin(d.Ranked[0], req, &d, &e.f)
+		k := 0
+		if d.Ranked[0] == ids[1] {
+			k = 1
+		}
+		e.first, e.end = engines[k].serve(now, tokens)
+		open = append(open, e)
+	}
+	for _, st := range r.Replicas() {
+		// Within 4x: the router counts a prefill in progress as wholly
+		// ahead of a new request, which biases the fit upward.
+		if st.PrefillTokensPerSec < 250 || st.PrefillTokensPerSec > 4000 {
+			t.Errorf("%s: fitted prefill rate %.0f tokens/s, true 1000", st.Name, st.PrefillTokensPerSec)
+		}
+		if st.SlotSeconds < 0.3 || st.SlotSeconds > 1.5 {
+			t.Errorf("%s: slot time %.2f s, true about 0.5 + prefill", st.Name, st.SlotSeconds)
+		}
+		if st.TTFT.Checked == 0 {
+			t.Errorf("%s: no prediction checked", st.Name)
+		}
+	}
+}
+
+func TestEngineReportedPrefillRate(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	for i := range 20 {
+		req := &Request{Model: []byte("m"), PromptTokens: 500, Now: int64(i) * 1e9}
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		r.FirstToken(&f, req.Now+3e8) // 0.3 s to the first token, 0.25 s of it prefill
+		r.EndWith(&f, req.Now+8e8, Outcome{OK: true, CachedTokens: 0, PrefillTokens: 500, PrefillSeconds: 0.25, DecodeSeconds: 0.5})
+	}
+	st := r.Replicas()[0]
+	if math.Abs(st.PrefillTokensPerSec-2000) > 1 || math.Abs(st.EnginePrefillRate-2000) > 1 {
+		t.Fatalf("rate %.1f (engine %.1f), want the engine's 2000 tokens/s", st.PrefillTokensPerSec, st.EnginePrefillRate)
+	}
+	if math.Abs(st.OverheadSeconds-0.05) > 0.01 {
+		t.Fatalf("overhead %.3f s, want 0.05 (0.3 s TTFT - 0.25 s prefill)", st.OverheadSeconds)
+	}
+	if math.Abs(st.SlotSeconds-0.75) > 0.01 {
+		t.Fatalf("slot time %.3f s, want the engine's 0.25 + 0.5", st.SlotSeconds)
+	}
+}
+
+// TestPoorPredictionsLeanToLoad: a replica whose TTFT predictions are far
+// off loses the trust in its predicted hits, so a busy warm replica no
+// longer beats an idle cold one; while its predictions are good it does.
+func TestPoorPredictionsLeanToLoad(t *testing.T) {
+	sys := strings.Repeat("abcdefgh", 1024) // 2048 tokens
+	build := func(actualFactor float64) (*Router, []ReplicaID) {
+		r, ids := buildRouter(t, Config{}, state{n: 2, inFlight: []int{6, 0}})
+		for i := range 40 {
+			req := promptReq(t, sys, fmt.Sprintf("q%d", i))
+			req.Now = int64(i+1) * 1e9
+			var f Flight
+			r.Begin(ids[0], req, nil, &f)
+			r.FirstToken(&f, req.Now+int64(actualFactor*f.predTTFT*1e9))
+			r.End(&f, req.Now+int64(actualFactor*f.predTTFT*1e9)+1e6, f.PromptTokens-f.UncachedTokens, true)
+		}
+		return r, ids
+	}
+	good, gids := build(1)
+	if c := good.Replicas()[0].Confidence; c != 1 {
+		t.Fatalf("accurate predictions: confidence %.2f, want 1", c)
+	}
+	if d := decide(t, good, promptReq(t, sys, "new")); d.Ranked[0] != gids[0] {
+		t.Fatalf("trusted warm home lost to an idle cold replica: %v", d.Ranked)
+	}
+	bad, bids := build(10)
+	if c := bad.Replicas()[0].Confidence; c != 0 {
+		t.Fatalf("predictions 10x off: confidence %.2f, want 0", c)
+	}
+	if d := decide(t, bad, promptReq(t, sys, "new")); d.Ranked[0] != bids[1] {
+		t.Fatalf("untrusted busy home still won: %v", d.Ranked)
+	}
+	st := bad.Replicas()[0].TTFT
+	if n := len(st.RatioBuckets); st.RatioBuckets[n-1] != 0 || st.Checked != 40 {
+		t.Fatalf("ratio 10 must land above every bucket bound: %+v", st)
+	}
+}
