@@ -12,6 +12,7 @@ type Collector struct {
 	promptTokens, cachedTokens                           *prometheus.Desc
 	blocks, pairs, info, credit                          *prometheus.Desc
 	inFlight, pending, rate, cached, capacity, up, drain *prometheus.Desc
+	slots, slotSec, ttftRatio, ttftPred, ttftAct, trust  *prometheus.Desc
 }
 
 // NewCollector returns a Collector for r; register it once.
@@ -39,6 +40,12 @@ func NewCollector(r *Router) *Collector {
 		capacity:     d("replica_index_capacity_blocks", "The replica's index bound, in blocks.", "replica"),
 		up:           d("replica_healthy", "1 if the replica is healthy.", "replica"),
 		drain:        d("replica_draining", "1 if the replica is draining.", "replica"),
+		slots:        d("replica_batch_slots", "Batch slots the cost policy assumes (configured, engine-reported or learned); 0 = unknown.", "replica"),
+		slotSec:      d("replica_slot_seconds", "Measured mean time a request holds a batch slot.", "replica"),
+		ttftRatio:    d("ttft_prediction_ratio", "Measured / predicted time to first token of streamed requests (the TTFT model's error).", "replica"),
+		ttftPred:     d("ttft_predicted_seconds_total", "Sum of predicted TTFTs over the requests in ttft_prediction_ratio.", "replica"),
+		ttftAct:      d("ttft_measured_seconds_total", "Sum of measured TTFTs over the same requests.", "replica"),
+		trust:        d("replica_prediction_confidence", "How far the cost policy trusts the replica's predicted cache hits (1 while its TTFT predictions are within 2x, 0 at 4x).", "replica"),
 	}
 }
 
@@ -46,7 +53,8 @@ func NewCollector(r *Router) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions,
 		c.promptTokens, c.cachedTokens, c.blocks, c.pairs, c.info, c.credit,
-		c.inFlight, c.pending, c.rate, c.cached, c.capacity, c.up, c.drain} {
+		c.inFlight, c.pending, c.rate, c.cached, c.capacity, c.up, c.drain,
+		c.slots, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust} {
 		ch <- d
 	}
 }
@@ -86,6 +94,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.capacity, float64(st.CapacityBlocks), st.Name)
 		gauge(c.up, b2f(st.Healthy), st.Name)
 		gauge(c.drain, b2f(st.Draining), st.Name)
+		gauge(c.slots, float64(st.BatchSlots), st.Name)
+		gauge(c.slotSec, st.SlotSeconds, st.Name)
+		gauge(c.trust, st.Confidence, st.Name)
+		t := &st.TTFT
+		buckets := make(map[float64]uint64, len(t.RatioBuckets))
+		for i, b := range TTFTRatioBuckets() {
+			buckets[b] = t.RatioBuckets[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(c.ttftRatio, t.Checked, t.RatioSum, buckets, st.Name)
+		cnt2 := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, st.Name)
+		}
+		cnt2(c.ttftPred, t.PredictedSeconds)
+		cnt2(c.ttftAct, t.ActualSeconds)
 	}
 }
 

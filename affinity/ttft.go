@@ -82,8 +82,8 @@ type ttftModel struct {
 
 	// Prediction accounting for metrics: sums in seconds (float64 bits,
 	// CAS-added) and the ratio histogram.
-	predSum, actSum atomic.Uint64
-	ratioHist       [len(ttftErrBuckets) + 1]atomic.Uint64
+	predSum, actSum, ratioSum atomic.Uint64
+	ratioHist                 [len(ttftErrBuckets) + 1]atomic.Uint64
 }
 
 // slots is S_r: the spec's, else the engine's, else the learned count.
@@ -198,6 +198,7 @@ func (p *replica) checkPrediction(pred, actual float64) {
 	casAddF(&m.predSum, pred)
 	casAddF(&m.actSum, actual)
 	ratio := actual / pred
+	casAddF(&m.ratioSum, ratio)
 	i := 0
 	for i < len(ttftErrBuckets) && ratio > ttftErrBuckets[i] {
 		i++
@@ -303,6 +304,7 @@ type TTFTStats struct {
 	PredictedSeconds float64  // sum of predicted TTFTs over them
 	ActualSeconds    float64  // sum of measured TTFTs
 	MeanLogError     float64  // EWMA of |ln(pred/actual)|
+	RatioSum         float64  // sum of actual/predicted ratios
 	RatioBuckets     []uint64 // cumulative counts per TTFTRatioBuckets bound
 }
 
@@ -317,6 +319,7 @@ func (p *replica) ttftStats() TTFTStats {
 		PredictedSeconds: loadF(&m.predSum),
 		ActualSeconds:    loadF(&m.actSum),
 		MeanLogError:     loadF(&m.errEWMA),
+		RatioSum:         loadF(&m.ratioSum),
 		RatioBuckets:     make([]uint64, len(ttftErrBuckets)),
 	}
 	var c uint64

@@ -17,6 +17,7 @@ type brain interface {
 	Begin(id affinity.ReplicaID, req *affinity.Request, d *affinity.Decision, f *affinity.Flight)
 	FirstToken(f *affinity.Flight, now int64)
 	End(f *affinity.Flight, now int64, cachedTokens int, ok bool)
+	EndWith(f *affinity.Flight, now int64, o affinity.Outcome)
 }
 
 // promptParser extracts the routing-relevant part of a request body. It need

@@ -97,6 +97,12 @@ type ReplicaConfig struct {
 	// PrefillTokensPerSec seeds the replica's prefill-rate estimate (measured
 	// rates replace it); 0 = routing.default_prefill_tokens_per_sec.
 	PrefillTokensPerSec float64 `yaml:"prefill_tokens_per_sec"`
+	// BatchSlots is how many requests the engine runs at once (vLLM
+	// --max-num-seqs, SGLang --max-running-requests, llama.cpp -np); the
+	// cost policy prices the wait for a slot beyond them. 0 = discover it:
+	// llama.cpp's /props total_slots, else learned from scrapes that show a
+	// full batch (running with requests waiting).
+	BatchSlots int `yaml:"batch_slots"`
 	// Host is the IPv4 address of the GPU host the fast path steers this
 	// replica's promoted clients to (the engine listens there on the VIP
 	// port). Empty: Address's host when it is an IPv4 literal; otherwise
@@ -350,6 +356,9 @@ func (c *Config) Validate() error {
 		}
 		if !(r.Weight >= 0 && r.Weight <= 1000) { // also rejects NaN
 			return fmt.Errorf("%s.weight: must be in [0, 1000] (0 means 1), got %g", f, r.Weight)
+		}
+		if r.BatchSlots < 0 {
+			return fmt.Errorf("%s.batch_slots: must be >= 0 (0 = discover from the engine), got %d", f, r.BatchSlots)
 		}
 		if r.KVCapacityTokens < 0 {
 			return fmt.Errorf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)

@@ -44,6 +44,7 @@ var (
 	strDataPrefix   = []byte("data:")
 	strDone         = []byte("[DONE]")
 	strCachedTokens = []byte(`"cached_tokens"`)
+	strTimings      = []byte(`"timings"`)
 	strRole         = []byte(`"role"`)
 	strContent      = []byte(`"content"`)
 	strAppJSON      = []byte("application/json")
@@ -94,7 +95,8 @@ type exchange struct {
 	upErr     error
 	line      []byte
 	lineDrop  bool
-	cached    int
+	cached    int              // usage.prompt_tokens_details.cached_tokens (or timings.cache_n); -1 unknown
+	timings   affinity.Outcome // the engine's own prefill/decode timings (llama.cpp), when reported
 	status    int
 	fjParser  fastjson.Parser
 	sseParsed bool
@@ -108,6 +110,7 @@ func (s *Server) getExchange() *exchange {
 		ex = s.newExchange()
 	}
 	ex.cached = -1
+	ex.timings = affinity.Outcome{}
 	ex.closed = false
 	ex.gotFirst = false
 	ex.output = false
@@ -565,7 +568,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	body := uresp.Body()
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
-		ex.cached = cachedTokensJSON(&ex.fjParser, body)
+		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	ctx.Response.SetBody(body)
@@ -670,7 +673,9 @@ func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 // completeAt does the bookkeeping shared by buffered and streamed answers.
 func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
-	s.brain.End(&ex.flight, now, ex.cached, ok && ex.status < 500)
+	o := ex.timings
+	o.OK, o.CachedTokens = ok && ex.status < 500, ex.cached
+	s.brain.EndWith(&ex.flight, now, o)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))
 	if ex.cached >= 0 {
@@ -758,10 +763,10 @@ func (ex *exchange) sseLine(line []byte) {
 	if !ex.output && !rolePreamble(data) {
 		ex.output = true
 	}
-	if bytes.Equal(data, strDone) || !bytes.Contains(data, strCachedTokens) {
+	if bytes.Equal(data, strDone) || !(bytes.Contains(data, strCachedTokens) || bytes.Contains(data, strTimings)) {
 		return
 	}
-	if c := cachedTokensJSON(&ex.fjParser, data); c >= 0 {
+	if c := usageJSON(&ex.fjParser, data, &ex.timings); c >= 0 {
 		ex.cached = c
 	}
 }
@@ -795,22 +800,49 @@ func rolePreamble(data []byte) bool {
 
 // cachedTokensJSON returns usage.prompt_tokens_details.cached_tokens, or -1.
 func cachedTokensJSON(p *fastjson.Parser, body []byte) int {
-	if !bytes.Contains(body, strCachedTokens) {
+	var o affinity.Outcome
+	return usageJSON(p, body, &o)
+}
+
+// usageJSON returns the cached prompt tokens an answer (or a stream's
+// final event) reports: usage.prompt_tokens_details.cached_tokens, else
+// llama.cpp's timings.cache_n; -1 when neither. It also fills o's engine
+// timings from llama.cpp's `timings` object (prompt_n, prompt_ms,
+// predicted_ms), leaving o alone when there is none.
+func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
+	hasCached, hasTimings := bytes.Contains(body, strCachedTokens), bytes.Contains(body, strTimings)
+	if !hasCached && !hasTimings {
 		return -1
 	}
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return -1
 	}
-	c := v.Get("usage", "prompt_tokens_details", "cached_tokens")
-	if c == nil {
-		return -1
+	cached := -1
+	if c := v.Get("usage", "prompt_tokens_details", "cached_tokens"); c != nil {
+		if n, err := c.Int(); err == nil && n >= 0 {
+			cached = n
+		}
 	}
-	n, err := c.Int()
-	if err != nil || n < 0 {
-		return -1
+	if t := v.Get("timings"); hasTimings && t != nil && t.Type() == fastjson.TypeObject {
+		num := func(k string) float64 {
+			f := t.GetFloat64(k)
+			if !(f >= 0) || f > 1e12 {
+				return 0
+			}
+			return f
+		}
+		if cached < 0 && t.Get("cache_n") != nil {
+			cached = int(num("cache_n"))
+		}
+		if pn, pms := num("prompt_n"), num("prompt_ms"); pn > 0 && pms > 0 {
+			o.PrefillTokens, o.PrefillSeconds = int(pn), pms/1e3
+		}
+		if dms := num("predicted_ms"); dms > 0 {
+			o.DecodeSeconds = dms / 1e3
+		}
 	}
-	return n
+	return cached
 }
 
 // models answers GET /v1/models: the union of models healthy replicas serve.

@@ -50,6 +50,10 @@ type replica struct {
 	sample       engineSample
 	stale        bool
 	lastCounter  float64
+	// props is what llama.cpp's /props said (batch slots, context per
+	// slot); read once per engine start.
+	props     engineProps
+	propsRead bool
 }
 
 // modelMetrics returns the children for model, or the first model's.
@@ -110,6 +114,7 @@ func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
 		Weight:              rc.Weight,
 		KVCapacityTokens:    rc.KVCapacityTokens,
 		PrefillTokensPerSec: rc.PrefillTokensPerSec,
+		BatchSlots:          rc.BatchSlots,
 		MaxInFlight:         s.maxInFlight(rc),
 	}
 }
@@ -148,7 +153,8 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 			cur := r.cfg.Load()
 			if slices.Equal(cur.Models, rc.Models) {
 				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens &&
-					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec {
+					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec &&
+					cur.BatchSlots == rc.BatchSlots {
 					continue
 				}
 				if err := s.brain.UpdateReplica(r.id, s.spec(&rc)); err != nil {
@@ -410,9 +416,25 @@ func (s *Server) scrape(r *replica) {
 			err = errNoKnownMetrics
 		}
 	}
+	r.mu.Lock()
+	needProps := err == nil && sm.Llama && (!r.propsRead || (r.lastCounter >= 0 && sm.Counter >= 0 && sm.Counter < r.lastCounter))
+	r.mu.Unlock()
+	var props engineProps
+	var perr error
+	if needProps {
+		props, perr = s.readProps(r, resp)
+	}
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if needProps {
+		if perr != nil {
+			r.log.Debug("llama.cpp /props unreadable", "err", perr)
+		} else {
+			r.props, r.propsRead = props, true
+			r.log.Info("engine batch slots from /props", "total_slots", props.TotalSlots, "n_ctx_per_slot", props.SlotContext)
+		}
+	}
 	if r.removed.Load() {
 		return
 	}
@@ -440,6 +462,19 @@ func (s *Server) scrape(r *replica) {
 		Running:          sm.Running,
 		KVUsage:          sm.KVUsage,
 		KVCapacityTokens: sm.KVCapacityTokens,
+		BatchSlots:       r.props.TotalSlots,
 		At:               s.now(),
 	})
+}
+
+// readProps reads llama.cpp's /props with resp (reset first).
+func (s *Server) readProps(r *replica, resp *fasthttp.Response) (engineProps, error) {
+	resp.Reset()
+	if err := s.get(r, "/props", s.cfg.Scrape.Timeout, resp); err != nil {
+		return engineProps{}, err
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return engineProps{}, fmt.Errorf("status %d", resp.StatusCode())
+	}
+	return parseProps(resp.Body())
 }

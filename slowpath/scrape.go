@@ -2,6 +2,8 @@ package slowpath
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"strconv"
 )
 
@@ -16,6 +18,7 @@ type engineSample struct {
 	// cache. -1 = not reported.
 	Counter float64
 	Known   bool // at least one known gauge was present
+	Llama   bool // llama.cpp's names: its /props gives the batch slots
 }
 
 // metric families we read, by engine.
@@ -70,9 +73,11 @@ func parseEngineMetrics(body []byte) engineSample {
 		case bytes.Equal(name, mVLLMWaiting), bytes.Equal(name, mSGLWaiting), bytes.Equal(name, mLlamaWaiting):
 			s.Waiting += int(val)
 			s.Known = true
+			s.Llama = s.Llama || bytes.Equal(name, mLlamaWaiting)
 		case bytes.Equal(name, mVLLMRunning), bytes.Equal(name, mSGLRunning), bytes.Equal(name, mLlamaRunning):
 			s.Running += int(val)
 			s.Known = true
+			s.Llama = s.Llama || bytes.Equal(name, mLlamaRunning)
 		case bytes.Equal(name, mVLLMKVUsage), bytes.Equal(name, mVLLMGPUUsage), bytes.Equal(name, mSGLUsage), bytes.Equal(name, mLlamaUsage):
 			usageSum += val
 			usageN++
@@ -200,4 +205,30 @@ func capacityFromLabels(labels []byte) int {
 		return 0
 	}
 	return b * n
+}
+
+// engineProps is what llama.cpp's GET /props says about capacity.
+type engineProps struct {
+	TotalSlots  int // total_slots: requests run at once (-np)
+	SlotContext int // default_generation_settings.n_ctx: context per slot
+}
+
+// maxPropsSlots bounds a believable total_slots.
+const maxPropsSlots = 1 << 16
+
+// parseProps reads llama.cpp's /props body (control plane: encoding/json).
+func parseProps(body []byte) (engineProps, error) {
+	var v struct {
+		TotalSlots *int `json:"total_slots"`
+		Default    struct {
+			NCtx int `json:"n_ctx"`
+		} `json:"default_generation_settings"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return engineProps{}, fmt.Errorf("props: %w", err)
+	}
+	if v.TotalSlots == nil || *v.TotalSlots < 1 || *v.TotalSlots > maxPropsSlots {
+		return engineProps{}, fmt.Errorf("props: total_slots missing or out of range 1..%d", maxPropsSlots)
+	}
+	return engineProps{TotalSlots: *v.TotalSlots, SlotContext: max(v.Default.NCtx, 0)}, nil
 }

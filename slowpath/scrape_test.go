@@ -35,7 +35,7 @@ llamacpp:requests_processing 2
 llamacpp:requests_deferred 5
 llamacpp:kv_cache_usage_ratio 0.1
 llamacpp:prompt_tokens_total 99
-`, engineSample{Waiting: 5, Running: 2, KVUsage: 0.1, Counter: 99, Known: true}},
+`, engineSample{Waiting: 5, Running: 2, KVUsage: 0.1, Counter: 99, Known: true, Llama: true}},
 		{"label with braces and escapes", `vllm:num_requests_waiting{model_name="we}ird \"x\""} 4
 `, engineSample{Waiting: 4, Counter: -1, Known: true}},
 		{"nothing known", "go_goroutines 12\nprocess_cpu_seconds_total 3\n", engineSample{Counter: -1}},

@@ -456,6 +456,8 @@ type ReplicaStatus struct {
 		Running          int       `json:"running"`
 		KVUsage          float64   `json:"kv_usage"`
 		KVCapacityTokens int       `json:"kv_capacity_tokens"`
+		BatchSlots       int       `json:"batch_slots"` // llama.cpp /props total_slots; 0 = not reported
+		SlotContext      int       `json:"slot_context_tokens"`
 		ScrapedAt        time.Time `json:"scraped_at,omitzero"`
 		Stale            bool      `json:"stale"`
 		Error            string    `json:"error,omitempty"`
@@ -480,6 +482,18 @@ type AffinityStatus struct {
 	// the replica (cluster mode; 0 alone).
 	PeerInFlight      int `json:"peer_in_flight"`
 	PeerPendingTokens int `json:"peer_pending_prefill_tokens"`
+	// The TTFT model (affinity/ttft.go): batch slots in use (configured,
+	// engine-reported or learned; 0 = unknown), mean seconds a request
+	// holds one, fitted overhead, the engine's own prefill rate (0 = not
+	// reported), trust in predicted hits (0..1), and predictions checked
+	// with their mean |ln(predicted / measured TTFT)|.
+	BatchSlots          int     `json:"batch_slots"`
+	SlotSeconds         float64 `json:"slot_seconds"`
+	OverheadSeconds     float64 `json:"overhead_seconds"`
+	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
+	Confidence          float64 `json:"confidence"`
+	TTFTPredictions     uint64  `json:"ttft_predictions"`
+	TTFTMeanAbsLogError float64 `json:"ttft_mean_abs_log_error"`
 }
 
 // Replicas returns a snapshot of every replica, sorted by name.
@@ -516,6 +530,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 		st.Engine.Running = r.sample.Running
 		st.Engine.KVUsage = r.sample.KVUsage
 		st.Engine.KVCapacityTokens = r.sample.KVCapacityTokens
+		st.Engine.BatchSlots, st.Engine.SlotContext = r.props.TotalSlots, r.props.SlotContext
 		st.Engine.ScrapedAt = r.lastScrape
 		st.Engine.Stale = r.stale
 		st.Engine.Error = r.scrapeErr
@@ -527,6 +542,9 @@ func (s *Server) Replicas() []ReplicaStatus {
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
 				Mispredictions: a.Mispredictions, Signals: a.Signals,
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
+				BatchSlots: a.BatchSlots, SlotSeconds: a.SlotSeconds, OverheadSeconds: a.OverheadSeconds,
+				EnginePrefillPerSec: a.EnginePrefillRate, Confidence: a.Confidence,
+				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: a.TTFT.MeanLogError,
 			}
 		}
 		out = append(out, st)

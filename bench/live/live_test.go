@@ -259,7 +259,7 @@ func TestWarmpathConfScalesWithTime(t *testing.T) {
 	s := routerSetup{policy: "cost", model: "m", replicas: []string{"127.0.0.1:1"}, kvTokens: 4096, timeScale: 0.1, seed: 3}
 	c := warmpathConf("127.0.0.1:2", "127.0.0.1:3", s)
 	for _, want := range []string{"policy: cost", "default_prefill_tokens_per_sec: 250000", "load_penalty_seconds: 0.0005",
-		"hot_queue_seconds: 0.05", "interval: 100ms", "kv_capacity_tokens: 4096", "seed: 3"} {
+		"kv_penalty_seconds: 0.05", "interval: 100ms", "kv_capacity_tokens: 4096", "seed: 3"} {
 		if !strings.Contains(c, want) {
 			t.Fatalf("config lacks %q:\n%s", want, c)
 		}

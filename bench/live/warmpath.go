@@ -47,7 +47,7 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	fmt.Fprintf(&b, "health:\n  interval: %s\n  timeout: %s\n", health, health)
 	fmt.Fprintf(&b, "routing:\n  policy: %s\n  seed: %d\n", s.policy, max(s.seed, 1))
 	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", 25000/ts)
-	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  hot_queue_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts, 0.5*ts)
+	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts)
 	fmt.Fprintf(&b, "  signal_max_age: %s\n", max(time.Second, time.Duration(float64(10*time.Second)*ts)))
 	return b.String()
 }
