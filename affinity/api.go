@@ -98,6 +98,7 @@ type Flight struct {
 	tail      uint64  // deepest block hash inserted at Begin
 	predTTFT  float64 // the replica's TTFT model at Begin, seconds
 	slotWait  float64 // predicted wait for a batch slot at Begin, seconds
+	busy      int32   // requests on the replica at Begin (this one not counted)
 	buffered  bool    // Request.Buffered: no rate sample at FirstToken
 	cont      bool    // the replica's held prefix ended at a finished request's tail
 }

@@ -399,7 +399,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			if sc[i] >= best/2 {
 				rp := v.r.reps[id]
 				b, _, _ := rp.busy(now, maxAge)
-				if s := rp.slots(); s <= 0 || b < s {
+				if !rp.full(b, now) {
 					homesFull = false
 					break
 				}
@@ -422,12 +422,11 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		}
 		unc := max(t-rp.confidence()*sc[i], 0)
 		x := ext
-		s := rp.slots()
-		if homesFull && s > 0 && busy < s {
+		if homesFull && !rp.full(busy, now) {
 			x = 1
 		}
 		inv := 1 / loadF(&rp.rate)
-		est := loadF(&rp.overhead) + rp.slotWait(busy) + queued*inv + x*unc*inv +
+		est := loadF(&rp.overhead) + max(rp.slotWait(busy), rp.backlog(now)) + queued*inv + x*unc*inv +
 			cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
 		if kv > cfg.KVHighWater {
 			est += cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
@@ -438,15 +437,31 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 }
 
 // busy is B_r: the requests on the replica (this router's and its peers'),
-// or the engine's running+waiting when its signals are fresh and larger;
-// also whether the signals are fresh and the engine's waiting count.
+// plus, when the engine's signals are fresh, the requests the engine ran
+// or queued beyond those at the scrape (other routers' traffic the peers
+// did not report). The engine's own count is as old as the scrape; the
+// router's is current, so only the excess is taken from the engine. Also
+// whether the signals are fresh and the engine's waiting count.
 func (p *replica) busy(now, maxAge int64) (b int64, fresh bool, waiting int64) {
 	b = p.totalInFlight()
 	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
 		waiting = p.sigWaiting.Load()
-		return max(b, waiting+p.sigRunning.Load()), true, waiting
+		return b + max(waiting+p.sigRunning.Load()-p.sigOwnBusy.Load(), 0), true, waiting
 	}
 	return b, false, 0
+}
+
+// full reports whether a new request on the replica would wait for others
+// to finish: every batch slot is taken, or its pending requests are behind
+// their predictions by more than the TTFT the model predicts for a new one
+// (queueing the model has not learned yet, such as a batch limit before
+// any scrape showed it).
+func (p *replica) full(busy, now int64) bool {
+	if s := p.slots(); s > 0 && busy >= s {
+		return true
+	}
+	b := p.backlog(now)
+	return b > 0 && b > p.predictTTFT(0)
 }
 
 // queuedReqs is the replica's share of N: requests waiting for prefill, not

@@ -119,6 +119,7 @@ type replica struct {
 	sigWaiting  atomic.Int64
 	sigRunning  atomic.Int64
 	sigKV       atomic.Uint64 // float64 bits
+	sigOwnBusy  atomic.Int64  // this router's and peers' in flight when the signals were set
 	overhead    atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
 
 	id       ReplicaID
@@ -392,6 +393,7 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigWaiting.Store(int64(s.Waiting))
 	p.sigRunning.Store(int64(s.Running))
 	storeF(&p.sigKV, s.KVUsage)
+	p.sigOwnBusy.Store(p.totalInFlight())
 	p.sigAt.Store(s.At)
 	p.model.slotsSig.Store(int64(max(s.BatchSlots, 0)))
 	p.learnSlots(s.Running, s.Waiting)
@@ -494,6 +496,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 		buffered:       req.Buffered,
 		predTTFT:       p.predictTTFT(float64(unc)),
 		slotWait:       wait,
+		busy:           int32(min(p.totalInFlight(), 1<<30)),
 	}
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]
@@ -502,6 +505,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
+	p.pend(f)
 	r.promptTokens.Add(uint64(max(req.PromptTokens, 0)))
 	r.cachedTokens.Add(uint64(cached))
 	ewma(&p.uncachedAvg, float64(unc), 0.1)
@@ -543,6 +547,7 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	}
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
+	p.unpend(f)
 	if r.sink != nil {
 		r.sink.PeerLoad(f.Replica, p.localLoad())
 	}
@@ -587,6 +592,22 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	p.fitMu.Lock()
 	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, loadF(&p.overhead), loadF(&p.model.engRate))
 	storeF(&p.rate, rate)
+	if s := p.slots(); s > 0 {
+		// With known slots the intercept comes from clean samples only:
+		// requests that found a free slot and no prefill queued ahead.
+		// The line's intercept absorbs queueing the model missed (a burst
+		// before the slot count was learned), and a replica whose
+		// intercept is inflated gets no traffic to correct it.
+		over = loadF(&p.overhead)
+		if f.queued == 0 && int64(f.busy) < s {
+			over = max(dt-float64(uncached)/rate, 0)
+			if p.model.cleanN++; p.model.cleanN > 1 {
+				over = loadF(&p.overhead) + 0.1*(over-loadF(&p.overhead))
+			}
+		} else if p.model.cleanN == 0 {
+			over = 0
+		}
+	}
 	storeF(&p.overhead, over)
 	p.fitMu.Unlock()
 }
@@ -643,6 +664,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	if f.FirstTokenAt == 0 {
 		p.pending.Add(-int64(f.UncachedTokens))
 		p.pendingReqs.Add(-1)
+		p.unpend(f)
 	} else if ok {
 		r.sampleRate(p, f, now, &o)
 	}

@@ -24,8 +24,8 @@ import (
 // Where each input comes from, most precise first:
 //
 //	S_r  ReplicaSpec.BatchSlots > EngineSignals.BatchSlots (llama.cpp /props)
-//	     > learned: the engine's running count at scrapes that showed waiting
-//	     requests (the batch was full); 0 = unknown, no slot term
+//	     > learned: the largest running count seen, once scrapes show
+//	     requests waiting at it (learnSlots); 0 = unknown, no slot term
 //	D_r  EWMA of each finished request's slot time: the engine's own prefill
 //	     + decode timings where it reports them (llama.cpp `timings`), else
 //	     last token - first token + own prefill (streamed), else the whole
@@ -46,10 +46,9 @@ const (
 	defaultSlotSeconds = 1.0
 	// slotWeight is the EWMA weight of a slot-time sample.
 	slotWeight = 0.1
-	// slotLearnWindow is how many full-batch scrapes the learned slot count
-	// remembers (the largest running count among them): one scrape whose
-	// batch was limited by KV or the token budget does not lower it.
-	slotLearnWindow = 8
+	// slotLearnRepeat: scrapes showing requests waiting at the largest
+	// running count seen that make it the learned slot count (learnSlots).
+	slotLearnRepeat = 2
 	// errWeight is the EWMA weight of a TTFT prediction error sample.
 	errWeight = 0.05
 	// trustFullErr and trustNoneErr bound the confidence ramp: a mean
@@ -75,10 +74,18 @@ type ttftModel struct {
 	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
 	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
 	errN         atomic.Uint64 // predictions checked
+	cleanN       int           // intercept samples without queueing (under replica.fitMu)
+	// Over this router's requests awaiting their first token (as many as
+	// replica.pendingReqs): the sums of their Begin times (after pendBase,
+	// the first Begin's, so the sum cannot overflow) and of their predicted
+	// TTFTs, in nanoseconds, for backlog.
+	pendStart, pendPred, pendBase atomic.Int64
+	pendBaseSet                   bool
 
-	learnMu  sync.Mutex
-	learnBuf [slotLearnWindow]int32
-	learnN   int
+	learnMu     sync.Mutex
+	maxRunning  int64 // the most requests any scrape saw running
+	prevRunning int64 // the previous scrape's running count
+	fullAtMax   int   // scrapes with requests waiting at maxRunning
 
 	// Prediction accounting for metrics: sums in seconds (float64 bits,
 	// CAS-added) and the ratio histogram.
@@ -138,30 +145,64 @@ func (p *replica) confidence() float64 {
 	return 1 - (e-trustFullErr)/(trustNoneErr-trustFullErr)
 }
 
-// learnSlots takes one scrape's running and waiting counts: a scrape with
-// waiting requests shows a full batch, so its running count is the slot
-// limit now; the learned value is the largest of the last few such
-// scrapes, and a running count above it raises it at once.
+// learnSlots takes one scrape's running and waiting counts. A batch-slot
+// limit has a crisp signature: requests wait while the running count is at
+// the most the engine has ever run, and it never runs more. The token
+// budget and KV space also make requests wait, but at running counts below
+// ones already seen, or while the running count still climbs. So requests
+// waiting at the largest running count seen so far, at slotLearnRepeat
+// scrapes or at one that follows a scrape running as many (a plateau), set
+// the learned limit, and a scrape running more than it withdraws it.
 func (p *replica) learnSlots(running, waiting int) {
 	if running <= 0 {
 		return
 	}
 	m := &p.model
-	if waiting <= 0 {
-		if cur := m.slotsLearned.Load(); cur > 0 && int64(running) > cur {
-			m.slotsLearned.Store(int64(running))
-		}
-		return
-	}
 	m.learnMu.Lock()
-	m.learnBuf[m.learnN%slotLearnWindow] = int32(running)
-	m.learnN++
-	best := int32(0)
-	for _, v := range m.learnBuf[:min(m.learnN, slotLearnWindow)] {
-		best = max(best, v)
+	defer m.learnMu.Unlock()
+	prev := m.prevRunning
+	m.prevRunning = int64(running)
+	if int64(running) > m.maxRunning {
+		m.maxRunning, m.fullAtMax = int64(running), 0
+		m.slotsLearned.Store(0)
 	}
-	m.learnMu.Unlock()
-	m.slotsLearned.Store(int64(best))
+	if waiting > 0 && int64(running) == m.maxRunning {
+		// A plateau (the scrape before ran as many) counts as a repeat.
+		if m.fullAtMax++; m.fullAtMax >= slotLearnRepeat || prev == m.maxRunning {
+			m.slotsLearned.Store(m.maxRunning)
+		}
+	}
+}
+
+// pend adds f, just begun, to the pending sums. Called with the Router's
+// write lock held.
+func (p *replica) pend(f *Flight) {
+	if !p.model.pendBaseSet { // Begin holds the Router's write lock
+		p.model.pendBase.Store(f.Start)
+		p.model.pendBaseSet = true
+	}
+	p.model.pendStart.Add(f.Start - p.model.pendBase.Load())
+	p.model.pendPred.Add(int64(f.predTTFT * 1e9))
+}
+
+// unpend removes f from the pending sums (its first token came, or it
+// ended without one).
+func (p *replica) unpend(f *Flight) {
+	p.model.pendStart.Add(-(f.Start - p.model.pendBase.Load()))
+	p.model.pendPred.Add(-int64(f.predTTFT * 1e9))
+}
+
+// backlog is how far this router's requests still awaiting a first token
+// on p are behind their predictions, on average, at now: the queueing the
+// model has not explained yet (a batch limit not learned, a stalled
+// engine), seen before any of them finishes. 0 when they are on time.
+func (p *replica) backlog(now int64) float64 {
+	n := p.pendingReqs.Load()
+	if n <= 0 {
+		return 0
+	}
+	age := (float64(now-p.model.pendBase.Load()) - float64(p.model.pendStart.Load()+p.model.pendPred.Load())/float64(n)) / 1e9
+	return max(age, 0)
 }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens

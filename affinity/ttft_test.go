@@ -11,28 +11,47 @@ func TestSlotsLearnedFromFullBatchScrapes(t *testing.T) {
 	r, ids := buildRouter(t, Config{}, state{n: 1})
 	id := ids[0]
 	slots := func() int { return r.Replicas()[0].BatchSlots }
-	if got := slots(); got != 0 {
-		t.Fatalf("slots before any scrape = %d, want 0 (unknown)", got)
+	at := int64(0)
+	scrape := func(running, waiting int) {
+		at++
+		r.SetSignals(id, EngineSignals{Running: running, Waiting: waiting, At: at})
 	}
-	r.SetSignals(id, EngineSignals{Running: 3, Waiting: 0, At: 1})
+	scrape(3, 0)
 	if got := slots(); got != 0 {
 		t.Fatalf("a batch with no one waiting says nothing about its limit: slots = %d", got)
 	}
-	r.SetSignals(id, EngineSignals{Running: 4, Waiting: 18, At: 2})
+	// Requests waiting at varying running counts: a token budget or KV
+	// limit, not a slot limit.
+	for _, run := range []int{5, 9, 7, 12, 6} {
+		scrape(run, 3)
+	}
+	if got := slots(); got != 0 {
+		t.Fatalf("waiting at running 5, 9, 7, 12, 6: slots = %d, want 0 (no slot limit)", got)
+	}
+	r2, ids2 := buildRouter(t, Config{}, state{n: 1})
+	r, id = r2, ids2[0]
+	slots = func() int { return r.Replicas()[0].BatchSlots }
+	scrape(4, 18)
+	if got := slots(); got != 0 {
+		t.Fatalf("one full scrape after a climb: slots = %d, want 0 until another agrees", got)
+	}
+	scrape(2, 0)
+	scrape(4, 6)
 	if got := slots(); got != 4 {
-		t.Fatalf("running 4 with 18 waiting: slots = %d, want 4", got)
+		t.Fatalf("running 4 with requests waiting at two scrapes: slots = %d, want 4", got)
 	}
-	// One scrape whose batch was held back by KV or the token budget does
-	// not lower the learned limit.
-	r.SetSignals(id, EngineSignals{Running: 2, Waiting: 5, At: 3})
-	if got := slots(); got != 4 {
-		t.Fatalf("after a short full batch: slots = %d, want 4", got)
+	scrape(6, 0)
+	if got := slots(); got != 0 {
+		t.Fatalf("running 6 disproves a 4-slot limit: slots = %d, want 0", got)
 	}
-	r.SetSignals(id, EngineSignals{Running: 6, Waiting: 0, At: 4})
-	if got := slots(); got != 6 {
-		t.Fatalf("running 6 proves 6 slots: slots = %d", got)
+	// A plateau: the scrape before ran as many, this one has requests waiting.
+	r3, ids3 := buildRouter(t, Config{}, state{n: 1})
+	r3.SetSignals(ids3[0], EngineSignals{Running: 16, At: 1})
+	r3.SetSignals(ids3[0], EngineSignals{Running: 16, Waiting: 9, At: 2})
+	if got := r3.Replicas()[0].BatchSlots; got != 16 {
+		t.Fatalf("plateau at 16 with requests waiting: slots = %d, want 16", got)
 	}
-	r.SetSignals(id, EngineSignals{Running: 1, Waiting: 0, BatchSlots: 8, At: 5})
+	r.SetSignals(id, EngineSignals{Running: 1, BatchSlots: 8, At: 100})
 	if got := slots(); got != 8 {
 		t.Fatalf("engine-reported slots = %d, want 8", got)
 	}
@@ -60,7 +79,9 @@ func TestHotPrefixSpreadsWhenBatchFull(t *testing.T) {
 	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
 	warm(r, ids[0], hotRequest(t, system, 0))
 	for _, id := range ids {
-		r.SetSignals(id, EngineSignals{Running: 4, Waiting: 1, At: 1}) // the batch limit seen earlier
+		for range 3 { // the batch limit seen at earlier scrapes
+			r.SetSignals(id, EngineSignals{Running: 4, Waiting: 1, At: 1})
+		}
 		r.SetSignals(id, EngineSignals{At: 1})
 	}
 	per := map[ReplicaID]int{}
@@ -248,5 +269,67 @@ func TestPoorPredictionsLeanToLoad(t *testing.T) {
 	st := bad.Replicas()[0].TTFT
 	if n := len(st.RatioBuckets); st.RatioBuckets[n-1] != 0 || st.Checked != 40 {
 		t.Fatalf("ratio 10 must land above every bucket bound: %+v", st)
+	}
+}
+
+// TestBacklogSpreadsBeforeSlotsAreKnown: before any scrape shows the
+// engine's batch limit, requests waiting on the home far beyond their
+// predicted TTFT (its batch is full, the router cannot know why) make it
+// full: the next request with the same prefix goes to a replica with no
+// backlog; while the pending requests are on time it stays home.
+func TestBacklogSpreadsBeforeSlotsAreKnown(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 3})
+	system := strings.Repeat("company instructions. ", 373)[:8192]
+	warm(r, ids[0], hotRequest(t, system, 0))
+	for u := 1; u <= 20; u++ {
+		req := hotRequest(t, system, u)
+		var f Flight
+		r.Begin(ids[0], req, nil, &f) // pending: no first token yet
+	}
+	soon := hotRequest(t, system, 100)
+	soon.Now += 1e6 // 1 ms later: on time
+	if d := decide(t, r, soon); d.Ranked[0] != ids[0] {
+		t.Fatalf("pending requests on time: went to %d, want the home", d.Ranked[0])
+	}
+	late := hotRequest(t, system, 101)
+	late.Now += 2e9 // 2 s later, every pending request far past its prediction
+	if d := decide(t, r, late); d.Ranked[0] == ids[0] {
+		t.Fatalf("home's requests 2 s behind their predictions, still ranked first: %v", d.Ranked)
+	}
+}
+
+// TestEngineBusyCountsOnlyTheExcess: the engine's running count is as old
+// as its scrape; the router's own count is current. A replica whose
+// requests finished since the scrape is not still busy with them.
+func TestEngineBusyCountsOnlyTheExcess(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	begin := func(id ReplicaID, n int) []*Flight {
+		var fs []*Flight
+		for range n {
+			f := &Flight{}
+			r.Begin(id, &Request{Model: []byte("m"), PromptTokens: 64, Now: 1}, nil, f)
+			r.FirstToken(f, 1)
+			fs = append(fs, f)
+		}
+		return fs
+	}
+	f0 := begin(ids[0], 10)
+	begin(ids[1], 4)
+	r.SetSignals(ids[0], EngineSignals{Running: 10, At: 1})
+	r.SetSignals(ids[1], EngineSignals{Running: 4, At: 1})
+	for _, f := range f0[:8] {
+		r.End(f, 2, -1, true)
+	}
+	req := promptReq(t, "cold", "q")
+	req.Now = 3
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("replica 0 runs 2 now (10 at the scrape, 8 finished since), replica 1 runs 4: ranked %v", d.Ranked)
+	}
+	// Another router's 5 requests the scrape saw on replica 1 still count.
+	r.SetSignals(ids[1], EngineSignals{Running: 9, At: 3})
+	r.SetSignals(ids[0], EngineSignals{Running: 2, At: 3})
+	req.Now = 4
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("replica 1 carries 5 requests of another router: ranked %v", d.Ranked)
 	}
 }

@@ -40,6 +40,7 @@ type Load struct {
 	Waiting, Running     int     // engine signals; 0 when stale
 	KVUsage              float64 // engine signal, 0..1; 0 when stale
 	Fresh                bool    // engine signals younger than Config.SignalMaxAge
+	SignalBaseline       int     // InFlight when the signals were scraped
 	PrefillTokensPerSec  float64 // measured (seeded by spec / config)
 	OverheadSeconds      float64 // measured time to first token besides prefill
 	UncachedAvg          float64 // EWMA of uncached prompt tokens per routed request
@@ -77,10 +78,11 @@ func (l *Load) QueuedRequests() int {
 }
 
 // Busy is the number of requests occupying the replica: the router's
-// in-flight count, or the engine's running+waiting when fresh and larger.
+// in-flight count, plus, when fresh, what the engine ran and queued beyond
+// the router's count at the scrape (SignalBaseline).
 func (l *Load) Busy() int {
 	if l.Fresh {
-		return max(l.InFlight, l.Waiting+l.Running)
+		return l.InFlight + max(l.Waiting+l.Running-l.SignalBaseline, 0)
 	}
 	return l.InFlight
 }
@@ -176,6 +178,7 @@ func (v *View) Load(id ReplicaID) Load {
 		l.Waiting = int(p.sigWaiting.Load())
 		l.Running = int(p.sigRunning.Load())
 		l.KVUsage = loadF(&p.sigKV)
+		l.SignalBaseline = int(p.sigOwnBusy.Load())
 	}
 	l.SlotWaitSeconds = p.slotWait(int64(l.Busy()))
 	return l
