@@ -328,26 +328,28 @@ func (s *Session) Sessions() int {
 // CostPolicy (the default) ranks by estimated time to first token plus the
 // delay the request's own prefill imposes on the requests queued behind it:
 //
-//	est_r = O_r + slotWait_r + Q_r / P_r + (T - c_r C_r) / P_r   the replica's TTFT model (ttft.go)
-//	      + (X_r - 1) * (T - c_r C_r) / P_r                      externality: the queue it delays
-//	      + LoadPenaltySeconds * B_r / W_r                        decode work sharing the batch
+//	est_r = O_r + max(slotWait_r, backlog_r) + Q_r / P_r + (T - c_r C_r) / P_r   the TTFT model (ttft.go)
+//	      + (X_r - 1) * (T - c_r C_r) / P_r                                       externality: the queue it delays
+//	      + LoadPenaltySeconds * B_r / W_r                                         decode work sharing the batch
 //	      + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
 //
-// slotWait_r the expected wait for a batch slot (Load.SlotWaitSeconds), Q_r
-// queued prefill tokens (Load.QueuedTokens), P_r and O_r the replica's
-// measured prefill rate and overhead, T the request's prompt tokens, C_r
-// its predicted cached prefix on r (the index's match, plus the measured
+// slotWait_r the expected wait for a batch slot, backlog_r how far this
+// router's pending requests there are past their predictions, Q_r queued
+// prefill tokens (Load.QueuedTokens), P_r and O_r the replica's measured
+// prefill rate and overhead, T the request's prompt tokens, C_r its
+// predicted cached prefix on r (the index's match, plus the measured
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
 // KV usage. X_r = 1 + N, N the mean over the scored candidates of requests
-// queued for prefill (Load.QueuedRequests), except on a replica with a free
-// batch slot when every replica holding at least half of the best predicted
-// hit has none: there X_r = 1, so a prefix too hot for its homes' batches
-// is computed once more where a slot is free instead of waiting for decodes
-// to finish. Ties break at random. Above Config.MaxScan candidates it scores
-// a random window of them plus every prefix holder (View.Sample). See
-// README.md for intent and the guards.
+// queued for prefill (Load.QueuedRequests), except on a replica that is not
+// full when every replica holding at least half of the best predicted hit
+// is (replica.full: no free batch slot, or a backlog): there X_r = 1, so a
+// prefix too hot for its homes' batches is computed once more where a slot
+// is free instead of waiting for decodes to finish. Ties break at random.
+// Above Config.MaxScan candidates it scores a random window of them plus
+// every prefix holder (View.Sample). See README.md for intent and the
+// guards.
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
