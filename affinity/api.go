@@ -103,6 +103,10 @@ type Flight struct {
 	cont      bool    // the replica's held prefix ended at a finished request's tail
 }
 
+// PredictedTTFT is the TTFT, in seconds, the replica's model predicted for
+// the request at Begin (affinity/ttft.go); 0 before Begin.
+func (f *Flight) PredictedTTFT() float64 { return f.predTTFT }
+
 // Policy ranks eligible replicas for a request. Implementations read the
 // View (index, load) and must not allocate per call once warm.
 type Policy interface {

@@ -105,8 +105,12 @@ type Result struct {
 	HitRate          float64 // engine prefix-cache hits / prompt tokens (ground truth)
 	Imbalance        float64 // max requests on one replica / mean
 	Preemptions      uint64
-	Decisions        int
-	DecideNanos      int64 // wall time spent in parse+hash+decide (router CPU)
+	// TTFTModelError is how far the router's TTFT model (affinity/ttft.go)
+	// was from each completed request's TTFT, as the factor max(actual /
+	// predicted, predicted / actual): its median and 90th percentile.
+	TTFTModelError struct{ P50, P90 float64 }
+	Decisions      int
+	DecideNanos    int64 // wall time spent in parse+hash+decide (router CPU)
 	// Scale-out (Config.Routers > 1 with Sync): peer messages (one per
 	// router call that produced updates) and updates applied, summed over
 	// receiving routers, and the wall time spent applying them.
@@ -159,6 +163,7 @@ type cluster struct {
 	arrivals arrivalHeap
 
 	ttft, e2e []float64
+	modelErr  []float64 // TTFT model error factors (Result.TTFTModelError)
 	itlSum    float64
 	itlN      int
 	perRep    []int
@@ -491,6 +496,9 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	in := &c.routers[f.router]
 	in.router.End(&f.fl, at, r.CachedTokens, ok)
 	c.post(f.router, at)
+	if pred, act := f.fl.PredictedTTFT(), float64(r.FirstTokenAt-r.Arrival)/1e9; ok && pred > 0 && act > 0 {
+		c.modelErr = append(c.modelErr, max(act/pred, pred/act))
+	}
 	var answer []byte
 	if ok && f.wreq.Conversation >= 0 {
 		answer = r.AppendOutput(nil, 0, r.OutputTokens)
@@ -524,6 +532,9 @@ func (c *cluster) finish(w *workload.Workload) *Result {
 	r := c.res
 	r.TTFT = dist(c.ttft)
 	r.E2E = dist(c.e2e)
+	if me := dist(c.modelErr); len(c.modelErr) > 0 {
+		r.TTFTModelError.P50, r.TTFTModelError.P90 = me.P50, me.P90
+	}
 	if c.itlN > 0 {
 		r.ITLMean = c.itlSum / float64(c.itlN)
 	}

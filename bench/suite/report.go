@@ -114,6 +114,25 @@ func writeReport(opts Options, res *Results) error {
 		p("\n")
 	}
 
+	p("## The TTFT model's error\n\nHow far warmpath's per-replica TTFT model (`affinity/ttft.go`) was from each completed request's TTFT under the `cost` policy, as the factor max(actual / predicted, predicted / actual): median / 90th percentile.\n\n| workload |")
+	for _, l := range Loads {
+		p(" %.0f%% |", l*100)
+	}
+	p("\n|---|%s\n", strings.Repeat("---|", len(Loads)))
+	for _, wi := range res.Workloads {
+		lad := ladder(res, wi.Name)
+		p("| %s |", wi.Name)
+		for _, l := range Loads {
+			if pt := at(lad["cost"], l); pt != nil && pt.Result.TTFTModelError.P50 > 0 {
+				p(" %.2f / %.2f |", pt.Result.TTFTModelError.P50, pt.Result.TTFTModelError.P90)
+			} else {
+				p(" - |")
+			}
+		}
+		p("\n")
+	}
+	p("\n")
+
 	for _, wi := range res.Workloads {
 		lad := ladder(res, wi.Name)
 		names := policyOrder(lad)
