@@ -396,7 +396,7 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigOwnBusy.Store(p.totalInFlight())
 	p.sigAt.Store(s.At)
 	p.model.slotsSig.Store(int64(max(s.BatchSlots, 0)))
-	p.learnSlots(s.Running, s.Waiting)
+	p.learnSlots(s.Running, s.Waiting, s.KVUsage < r.cfg.KVHighWater)
 	resize := s.KVCapacityTokens > 0 && p.spec.KVCapacityTokens == 0 &&
 		int64(s.KVCapacityTokens) != p.sigKVCap.Load()
 	r.mu.RUnlock()

@@ -49,6 +49,9 @@ const (
 	// slotLearnRepeat: scrapes showing requests waiting at the largest
 	// running count seen that make it the learned slot count (learnSlots).
 	slotLearnRepeat = 2
+	// slotLearnWaiting: the fewest waiting requests that show a full batch;
+	// one can be a request that arrived between two engine steps.
+	slotLearnWaiting = 2
 	// errWeight is the EWMA weight of a TTFT prediction error sample.
 	errWeight = 0.05
 	// trustFullErr and trustNoneErr bound the confidence ramp: a mean
@@ -153,7 +156,9 @@ func (p *replica) confidence() float64 {
 // waiting at the largest running count seen so far, at slotLearnRepeat
 // scrapes or at one that follows a scrape running as many (a plateau), set
 // the learned limit, and a scrape running more than it withdraws it.
-func (p *replica) learnSlots(running, waiting int) {
+// Scrapes whose KV usage is past KVHighWater say nothing: there KV space
+// is what holds requests back.
+func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	if running <= 0 {
 		return
 	}
@@ -166,7 +171,7 @@ func (p *replica) learnSlots(running, waiting int) {
 		m.maxRunning, m.fullAtMax = int64(running), 0
 		m.slotsLearned.Store(0)
 	}
-	if waiting > 0 && int64(running) == m.maxRunning {
+	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
 		// A plateau (the scrape before ran as many) counts as a repeat.
 		if m.fullAtMax++; m.fullAtMax >= slotLearnRepeat || prev == m.maxRunning {
 			m.slotsLearned.Store(m.maxRunning)
@@ -193,17 +198,29 @@ func (p *replica) unpend(f *Flight) {
 }
 
 // backlog is how far this router's requests still awaiting a first token
-// on p are behind their predictions, on average, at now: the queueing the
-// model has not explained yet (a batch limit not learned, a stalled
-// engine), seen before any of them finishes. 0 when they are on time.
+// on p are behind their predictions, on average, at now, beyond the
+// model's usual error: the queueing the model has not explained (a batch
+// limit not learned yet, a stalled engine), seen before any of them
+// finishes. A request counts as late past exp(2e) times its prediction, e
+// the replica's mean |ln(actual/predicted)| (its predictions' usual spread),
+// plus the error floor. 0 when they are on time.
 func (p *replica) backlog(now int64) float64 {
 	n := p.pendingReqs.Load()
 	if n <= 0 {
 		return 0
 	}
-	age := (float64(now-p.model.pendBase.Load()) - float64(p.model.pendStart.Load()+p.model.pendPred.Load())/float64(n)) / 1e9
-	return max(age, 0)
+	slack := 1.0
+	if p.model.errN.Load() >= fitMinSamples {
+		slack = math.Exp(2 * loadF(&p.model.errEWMA))
+	}
+	age := float64(now-p.model.pendBase.Load())/1e9 - float64(p.model.pendStart.Load())/float64(n)/1e9
+	pred := float64(p.model.pendPred.Load()) / float64(n) / 1e9
+	return max(age-slack*pred-p.errFloor(), 0)
 }
+
+// errFloor is the absolute slack in comparing predicted and measured TTFTs:
+// 2 ms plus a tenth of the fitted overhead.
+func (p *replica) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
@@ -229,7 +246,7 @@ func (p *replica) checkPrediction(pred, actual float64) {
 		return
 	}
 	m := &p.model
-	floor := 0.002 + 0.1*loadF(&p.overhead)
+	floor := p.errFloor()
 	e := math.Abs(math.Log((pred + floor) / (actual + floor)))
 	if m.errN.Add(1) == 1 {
 		storeF(&m.errEWMA, e)

@@ -31,6 +31,17 @@ func TestSlotsLearnedFromFullBatchScrapes(t *testing.T) {
 	r2, ids2 := buildRouter(t, Config{}, state{n: 1})
 	r, id = r2, ids2[0]
 	slots = func() int { return r.Replicas()[0].BatchSlots }
+	scrape(4, 1) // one waiting request can have arrived between two steps
+	scrape(4, 1)
+	if got := slots(); got != 0 {
+		t.Fatalf("a single request waiting: slots = %d, want 0", got)
+	}
+	r.SetSignals(id, EngineSignals{Running: 4, Waiting: 30, KVUsage: 0.97, At: 50})
+	r.SetSignals(id, EngineSignals{Running: 4, Waiting: 30, KVUsage: 0.97, At: 51})
+	if got := slots(); got != 0 {
+		t.Fatalf("requests waiting while KV is full: slots = %d, want 0 (KV, not slots, holds them)", got)
+	}
+	scrape(3, 0)
 	scrape(4, 18)
 	if got := slots(); got != 0 {
 		t.Fatalf("one full scrape after a climb: slots = %d, want 0 until another agrees", got)
@@ -80,7 +91,7 @@ func TestHotPrefixSpreadsWhenBatchFull(t *testing.T) {
 	warm(r, ids[0], hotRequest(t, system, 0))
 	for _, id := range ids {
 		for range 3 { // the batch limit seen at earlier scrapes
-			r.SetSignals(id, EngineSignals{Running: 4, Waiting: 1, At: 1})
+			r.SetSignals(id, EngineSignals{Running: 4, Waiting: 18, At: 1})
 		}
 		r.SetSignals(id, EngineSignals{At: 1})
 	}
