@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/warmpath/warmpath/bench/suite"
 	"io"
 	"os"
 	"os/exec"
@@ -13,7 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmpath/warmpath/bench/internal/child"
 	"github.com/warmpath/warmpath/bench/loadgen"
+	"github.com/warmpath/warmpath/bench/suite"
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
@@ -187,7 +188,7 @@ var errUnsupported = errors.New("live bench: needs Linux (/proc, process groups)
 // opts.Out when set. Every child process is stopped before Run returns,
 // on every path.
 func Run(ctx context.Context, opts Options) (*Results, error) {
-	if !supported {
+	if !child.Supported {
 		return nil, errUnsupported
 	}
 	opts = opts.withDefaults()
@@ -343,15 +344,15 @@ func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.
 // runConfig starts fresh engines (cold caches) and the router, sends the
 // workload, and stops everything it started.
 func runConfig(ctx context.Context, o Options, tmp, nginx string, c config, w *workload.Workload) (*RoutingRow, error) {
-	var g group
-	defer g.stop()
+	var g child.Group
+	defer g.Stop()
 	addrs := make([]string, c.engines)
 	for i := range addrs {
 		p, addr, err := startEngine(ctx, o, uint64(i))
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		addrs[i] = addr
 	}
 	url := "http://" + addrs[0]
@@ -364,14 +365,14 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, c config, w *w
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		url = "http://" + listen
 	case c.nginx:
 		p, listen, err := startNginx(ctx, nginx, tmp, addrs)
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		url = "http://" + listen
 	default:
 		w = everyNth(w, o.Engines)
@@ -383,20 +384,20 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, c config, w *w
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range g.procs { // a crash during the run is a finding, not a row
-		if err := p.failure(); err != nil {
+	for _, p := range g.Procs { // a crash during the run is a finding, not a row
+		if err := p.Failure(); err != nil {
 			return nil, err
 		}
 	}
 	return &RoutingRow{Config: c.name, Engines: c.engines, Result: *res, HitRate: res.HitRate()}, nil
 }
 
-func startEngine(ctx context.Context, o Options, i uint64) (*proc, string, error) {
-	addr, err := freeAddr()
+func startEngine(ctx context.Context, o Options, i uint64) (*child.Proc, string, error) {
+	addr, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := startProc("enginesim "+addr, o.EnginesimBin,
+	p, err := child.Start("enginesim "+addr, o.EnginesimBin,
 		"--listen", addr, "--served-model-name", workload.DefaultModel,
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64),
 		"--seed", strconv.FormatUint(o.Seed+i, 10),
@@ -405,8 +406,8 @@ func startEngine(ctx context.Context, o Options, i uint64) (*proc, string, error
 	if err != nil {
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+addr+"/health", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+addr+"/health", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		return nil, "", err
 	}
 	return p, addr, nil
@@ -429,8 +430,8 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 		return nil, err
 	}
 	defer fast.close()
-	var g group
-	defer g.stop()
+	var g child.Group
+	defer g.Stop()
 	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
 	for _, pol := range []string{"cost", "round-robin"} {
 		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
@@ -439,16 +440,16 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
-		targets = append(targets, overheadTarget{name: "warmpath " + pol, url: "http://" + listen, pid: p.pid()})
+		g.Add(p)
+		targets = append(targets, overheadTarget{name: "warmpath " + pol, url: "http://" + listen, pid: p.Pid()})
 	}
 	if nginx != "" {
 		p, listen, err := startNginx(ctx, nginx, tmp, []string{fast.addr()})
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
-		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen, pid: p.pid()})
+		g.Add(p)
+		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen, pid: p.Pid()})
 	}
 
 	sp := workload.DefaultSharedPrefix()
@@ -511,8 +512,8 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 			}
 		}
 	}
-	for _, p := range g.procs {
-		if err := p.failure(); err != nil {
+	for _, p := range g.Procs {
+		if err := p.Failure(); err != nil {
 			return nil, err
 		}
 	}
@@ -570,8 +571,8 @@ func runKeepAlive(ctx context.Context, o Options, tmp, nginx string) ([]KeepAliv
 		return nil, err
 	}
 	defer fast.close()
-	var g group
-	defer g.stop()
+	var g child.Group
+	defer g.Stop()
 	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
 	p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 		policy: "cost", model: workload.DefaultModel, replicas: []string{fast.addr()}, timeScale: 1, seed: o.Seed,
@@ -579,14 +580,14 @@ func runKeepAlive(ctx context.Context, o Options, tmp, nginx string) ([]KeepAliv
 	if err != nil {
 		return nil, err
 	}
-	g.add(p)
+	g.Add(p)
 	targets = append(targets, overheadTarget{name: "warmpath cost", url: "http://" + listen})
 	if nginx != "" {
 		p, listen, err := startNginx(ctx, nginx, tmp, []string{fast.addr()})
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen})
 	}
 	sp := workload.DefaultSharedPrefix()

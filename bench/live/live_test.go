@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/bench/internal/child"
 )
 
 // trackChildren records every child the package starts and, at cleanup,
@@ -17,16 +19,16 @@ import (
 // the run's temp directory (under a test-private TMPDIR) is gone.
 func trackChildren(t *testing.T) (pids func() []int) {
 	t.Helper()
-	if !supported {
+	if !child.Supported {
 		t.Skip("live bench is Linux only")
 	}
 	var mu sync.Mutex
 	var started []int
-	onStart = func(pid int) { mu.Lock(); started = append(started, pid); mu.Unlock() }
+	child.OnStart = func(pid int) { mu.Lock(); started = append(started, pid); mu.Unlock() }
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	t.Cleanup(func() {
-		onStart = nil
+		child.OnStart = nil
 		mu.Lock()
 		defer mu.Unlock()
 		for _, pg := range started {
@@ -212,25 +214,25 @@ func TestParseStat(t *testing.T) {
 }
 
 func TestTreeCPUCountsChildren(t *testing.T) {
-	if !supported {
+	if !child.Supported {
 		t.Skip("Linux only")
 	}
 	// A shell whose child burns CPU: the tree's time grows, the shell's alone
 	// does not.
-	p, err := startProc("burner", "/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done & wait")
+	p, err := child.Start("burner", "/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done & wait")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.stop(time.Second) })
+	t.Cleanup(func() { p.Stop(time.Second) })
 	var tree time.Duration
 	deadline := time.Now().Add(20 * time.Second)
 	for tree < 50*time.Millisecond && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
-		if tree, err = treeCPU(p.pid()); err != nil {
+		if tree, err = treeCPU(p.Pid()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	own, err := readStat(p.pid())
+	own, err := readStat(p.Pid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmpath/warmpath/bench/internal/child"
 	"github.com/warmpath/warmpath/slowpath"
 )
 
@@ -55,12 +56,12 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 // startWarmpath writes the config (validated with slowpath.ParseConfig
 // first, so a bad knob fails here with the field's name) and runs
 // `warmpath serve`; it returns when the API answers through to a replica.
-func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*proc, string, error) {
-	listen, err := freeAddr()
+func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*child.Proc, string, error) {
+	listen, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
-	admin, err := freeAddr()
+	admin, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
@@ -79,16 +80,16 @@ func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*proc, 
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := startProc("warmpath/"+s.policy, bin, "serve", "--config", f.Name(), "--log-level", "warn")
+	p, err := child.Start("warmpath/"+s.policy, bin, "serve", "--config", f.Name(), "--log-level", "warn")
 	if err != nil {
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+admin+"/health", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+admin+"/health", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		return nil, "", err
 	}
 	return p, listen, nil
