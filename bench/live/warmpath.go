@@ -17,8 +17,11 @@ type routerSetup struct {
 	model     string
 	replicas  []string
 	kvTokens  int     // per replica, 0 = learn from /metrics
-	timeScale float64 // the engines' time scale, 1 for the fast backend
-	seed      uint64
+	timeScale float64 // the engines' time scale, 1 for the fast backend and real engines
+	// prefillRate seeds default_prefill_tokens_per_sec (wall tokens per
+	// second); 0 = enginesim's rate under timeScale.
+	prefillRate float64
+	seed        uint64
 }
 
 // warmpathConf renders warmpath's YAML config. The engines run timeScale
@@ -47,7 +50,11 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	fmt.Fprintf(&b, "scrape:\n  interval: %s\n  timeout: %s\n  stale_after: %s\n", scrape, scrape, 5*scrape)
 	fmt.Fprintf(&b, "health:\n  interval: %s\n  timeout: %s\n", health, health)
 	fmt.Fprintf(&b, "routing:\n  policy: %s\n  seed: %d\n", s.policy, max(s.seed, 1))
-	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", 25000/ts)
+	rate := s.prefillRate
+	if rate <= 0 {
+		rate = 25000 / ts
+	}
+	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", rate)
 	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  hot_queue_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts, 0.5*ts)
 	fmt.Fprintf(&b, "  signal_max_age: %s\n", max(time.Second, time.Duration(float64(10*time.Second)*ts)))
 	return b.String()
