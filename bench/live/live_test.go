@@ -322,3 +322,41 @@ func TestWriteMarkdownHeadline(t *testing.T) {
 		t.Fatalf("cost wins on w, but is listed as losing:\n%s", b.String())
 	}
 }
+
+// TestSmokeLlamacpp runs the llamacpp fleet in smoke sizes: real
+// llama-server processes behind every router configuration (root: CI runs
+// it; the chroot is set up when missing, never skipped as root).
+func TestSmokeLlamacpp(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the llama.cpp chroot (CI runs as root)")
+	}
+	pids := trackChildren(t)
+	opts := Options{Smoke: true, Fleets: []string{FleetLlamacpp}, Progress: testWriter{t}, skipOverhead: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Fleets) != 1 || res.Fleets[0].Skipped != "" || res.Fleets[0].TimeScale != 1 {
+		t.Fatalf("fleets %+v", res.Fleets)
+	}
+	if len(res.Workloads) != 2 {
+		t.Fatalf("%d workload points, want shared-prefix and one-company", len(res.Workloads))
+	}
+	o := opts.withDefaults()
+	for _, wl := range res.Workloads {
+		for _, row := range wl.Rows {
+			want := wl.Requests
+			if strings.HasPrefix(row.Config, "direct") {
+				want = (wl.Requests + o.LlamaServers - 1) / o.LlamaServers
+			}
+			if row.OK != want || row.Failed != 0 || row.HitRate <= 0 || row.TTFT.P50 <= 0 {
+				t.Fatalf("%s %s: ok %d of %d, failed %d, hit %.3f, TTFT %+v; errors %v", wl.Name, row.Config, row.OK, want, row.Failed, row.HitRate, row.TTFT, row.Errors)
+			}
+		}
+	}
+	if len(pids()) == 0 {
+		t.Fatal("no child processes tracked")
+	}
+}
