@@ -25,6 +25,7 @@ var (
 	fullES  = flag.String("live.enginesim", "", "enginesim binary (\"\" = go build)")
 	fullC   = flag.String("live.commit", "", "commit the binaries were built from (\"\" = git in the working directory)")
 	fullCmd = flag.String("live.command", "", "command recorded in the report (\"\" = this test's)")
+	fullFl  = flag.String("live.fleets", "", "comma-separated fleets (\"\" = all)")
 )
 
 func TestFull(t *testing.T) {
@@ -36,7 +37,11 @@ func TestFull(t *testing.T) {
 	if *fullPol != "" {
 		pols = strings.Split(*fullPol, ",")
 	}
-	opts := Options{Out: *fullOut, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+	var fleets []string
+	if *fullFl != "" {
+		fleets = strings.Split(*fullFl, ",")
+	}
+	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
 	if *fullCmd != "" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/warmpath/warmpath/bench/suite"
 	"io"
 	"os"
 	"os/exec"
@@ -13,7 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmpath/warmpath/bench/internal/child"
+	"github.com/warmpath/warmpath/bench/llamacpp"
 	"github.com/warmpath/warmpath/bench/loadgen"
+	"github.com/warmpath/warmpath/bench/suite"
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
@@ -25,9 +27,25 @@ type Options struct {
 	Out string
 	// Smoke shrinks every size so a run finishes in well under a minute.
 	Smoke bool
+	// Fleets are the engine clusters measured, each behind every router
+	// configuration (Fleets(): all / enginesim and enginesim-hetero). The
+	// llamacpp fleet needs root (it is left out with a note otherwise).
+	Fleets []string
 	// Engines is the number of enginesim processes behind each router
 	// (4 / 2).
 	Engines int
+	// HeteroSlowdown is how much slower the enginesim-hetero fleet's last
+	// engine is (2.5).
+	HeteroSlowdown float64
+	// LlamaServers, LlamaSlots and LlamaCtxPerSlot shape the llamacpp
+	// fleet: servers (one core each, round-robin), slots per server (-np)
+	// and context per slot in tokens (2, 4, 8192).
+	LlamaServers, LlamaSlots, LlamaCtxPerSlot int
+	// LlamaRequests caps each llamacpp workload's request count (40 / 12).
+	LlamaRequests int
+	// LlamaRPS are the llamacpp fleet's cluster arrival rates in wall
+	// requests per second (2.5, 5 / 4).
+	LlamaRPS []float64
 	// TimeScale is the engines' --time-scale: wall time per model second
 	// (0.1 / 0.05). Routing latencies are reported in model seconds.
 	TimeScale float64
@@ -84,8 +102,35 @@ func (o Options) withDefaults() Options {
 		}
 		return full
 	}
+	if len(o.Fleets) == 0 {
+		o.Fleets = Fleets()
+		if o.Smoke {
+			o.Fleets = []string{FleetEnginesim, FleetHetero}
+		}
+	}
 	if o.Engines <= 0 {
 		o.Engines = pick(4, 2)
+	}
+	if o.HeteroSlowdown <= 0 {
+		o.HeteroSlowdown = 2.5
+	}
+	if o.LlamaServers <= 0 {
+		o.LlamaServers = 2
+	}
+	if o.LlamaSlots <= 0 {
+		o.LlamaSlots = 4
+	}
+	if o.LlamaCtxPerSlot <= 0 {
+		o.LlamaCtxPerSlot = 8192
+	}
+	if o.LlamaRequests <= 0 {
+		o.LlamaRequests = pick(40, 12)
+	}
+	if len(o.LlamaRPS) == 0 {
+		o.LlamaRPS = []float64{2.5, 5}
+		if o.Smoke {
+			o.LlamaRPS = []float64{4}
+		}
 	}
 	if o.TimeScale <= 0 {
 		o.TimeScale = 0.1
@@ -131,6 +176,7 @@ type Results struct {
 	Options                  Options
 	// Nginx is "" when the nginx rows ran, else why they did not.
 	Nginx     string
+	Fleets    []FleetResult
 	Workloads []WorkloadResult
 	Overhead  []OverheadRow
 	KeepAlive []KeepAliveRow
@@ -146,12 +192,24 @@ type KeepAliveRow struct {
 	Errors       []string
 }
 
-// WorkloadResult is one workload at one arrival rate through every
-// configuration.
+// FleetResult is one fleet of the run: what it is, or why it was left out.
+type FleetResult struct {
+	Name, About string
+	Engines     int
+	// TimeScale is the wall seconds per model second its latencies are
+	// divided by: Options.TimeScale for enginesim, 1 (wall seconds) for
+	// llama.cpp.
+	TimeScale float64
+	Skipped   string // "" when it ran
+}
+
+// WorkloadResult is one workload at one arrival rate on one fleet through
+// every configuration.
 type WorkloadResult struct {
+	Fleet        string
 	Name, Params string
 	Requests     int
-	RPS          float64 // cluster arrival rate, model requests per second
+	RPS          float64 // cluster arrival rate, requests per (model) second
 	Rows         []RoutingRow
 }
 
@@ -187,7 +245,7 @@ var errUnsupported = errors.New("live bench: needs Linux (/proc, process groups)
 // opts.Out when set. Every child process is stopped before Run returns,
 // on every path.
 func Run(ctx context.Context, opts Options) (*Results, error) {
-	if !supported {
+	if !child.Supported {
 		return nil, errUnsupported
 	}
 	opts = opts.withDefaults()
@@ -225,13 +283,32 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		}
 	}
 
-	for _, w := range workloads(opts) {
-		for _, rps := range opts.RPS {
-			wr, err := runWorkload(ctx, opts, tmp, nginx, atRate(w, rps), rps)
-			if err != nil {
-				return nil, fmt.Errorf("live: %s at %g req/s: %w", w.Name, rps, err)
+	if err := knownFleets(opts.Fleets); err != nil {
+		return nil, fmt.Errorf("live: %w", err)
+	}
+	for _, name := range opts.Fleets {
+		f, err := fleetSpec(opts, name)
+		if err != nil {
+			return nil, fmt.Errorf("live: %w", err)
+		}
+		fr := FleetResult{Name: f.name, About: f.about, Engines: f.engines, TimeScale: f.timeScale}
+		if f.llama {
+			if _, err := llamacpp.SetupWith(ctx, opts.Progress); err != nil {
+				fr.Skipped = err.Error()
+				progress(opts, "fleet %s left out: %v", name, err)
+				res.Fleets = append(res.Fleets, fr)
+				continue
 			}
-			res.Workloads = append(res.Workloads, *wr)
+		}
+		res.Fleets = append(res.Fleets, fr)
+		for _, w := range fleetWorkloads(opts, f) {
+			for _, rps := range f.rps {
+				wr, err := runWorkload(ctx, opts, tmp, nginx, f, atRate(w, rps), rps)
+				if err != nil {
+					return nil, fmt.Errorf("live: %s: %s at %g req/s: %w", name, w.Name, rps, err)
+				}
+				res.Workloads = append(res.Workloads, *wr)
+			}
 		}
 	}
 	if !opts.skipOverhead {
@@ -257,33 +334,6 @@ func progress(o Options, format string, args ...any) {
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "live: "+format+"\n", args...)
 	}
-}
-
-// workloads are the routing workloads: shared-prefix groups (where prefix
-// placement matters most) and multi-turn chat (full mode only).
-func workloads(o Options) []*workload.Workload {
-	sp := workload.DefaultSharedPrefix()
-	sp.Seed, sp.Groups, sp.PromptsPerGroup, sp.OutputTokens = o.Seed, 32, 16, 64
-	mt := workload.DefaultMultiTurn()
-	mt.Seed, mt.Conversations, mt.MinTurns, mt.MaxTurns, mt.AnswerTokens, mt.ThinkSeconds = o.Seed, 48, 8, 12, 64, 4
-	if o.Smoke {
-		sp.Groups, sp.PromptsPerGroup, sp.SystemTokens, sp.OutputTokens = 6, 8, 1024, 16
-	}
-	var out []*workload.Workload
-	if w, err := workload.SharedPrefix(sp); err == nil {
-		out = append(out, w)
-	}
-	if !o.Smoke {
-		if w, err := workload.MultiTurn(mt); err == nil {
-			out = append(out, w)
-		}
-	}
-	for _, w := range out {
-		if len(w.Requests) > o.Requests {
-			w.Requests = w.Requests[:o.Requests]
-		}
-	}
-	return out
 }
 
 // atRate returns a copy of w with arrivals rescaled to rps.
@@ -318,23 +368,23 @@ type config struct {
 	engines int
 }
 
-func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.Workload, rps float64) (*WorkloadResult, error) {
+func runWorkload(ctx context.Context, o Options, tmp, nginx string, f fleet, w *workload.Workload, rps float64) (*WorkloadResult, error) {
 	var cfgs []config
 	for _, p := range o.Policies {
-		cfgs = append(cfgs, config{name: "warmpath " + p, policy: p, engines: o.Engines})
+		cfgs = append(cfgs, config{name: "warmpath " + p, policy: p, engines: f.engines})
 	}
 	if nginx != "" {
-		cfgs = append(cfgs, config{name: "nginx round-robin", nginx: true, engines: o.Engines})
+		cfgs = append(cfgs, config{name: "nginx round-robin", nginx: true, engines: f.engines})
 	}
-	cfgs = append(cfgs, config{name: "direct (1 engine, 1/" + strconv.Itoa(o.Engines) + " of the load)", engines: 1})
-	wr := &WorkloadResult{Name: w.Name, Params: w.Params, Requests: len(w.Requests), RPS: rps}
+	cfgs = append(cfgs, config{name: "direct (1 engine, 1/" + strconv.Itoa(f.engines) + " of the load)", engines: 1})
+	wr := &WorkloadResult{Fleet: f.name, Name: w.Name, Params: w.Params, Requests: len(w.Requests), RPS: rps}
 	for _, c := range cfgs {
-		row, err := runConfig(ctx, o, tmp, nginx, c, w)
+		row, err := runConfig(ctx, o, tmp, nginx, f, c, w)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
-		progress(o, "%s at %g req/s / %s: ok %d/%d failed %d, TTFT p50 %.3fs p99 %.3fs, hit %.1f%%",
-			w.Name, rps, c.name, row.OK, row.Sent, row.Failed, row.TTFT.P50, row.TTFT.P99, 100*row.HitRate)
+		progress(o, "%s: %s at %g req/s / %s: ok %d/%d failed %d, TTFT p50 %.3fs p99 %.3fs, hit %.1f%%",
+			f.name, w.Name, rps, c.name, row.OK, row.Sent, row.Failed, row.TTFT.P50, row.TTFT.P99, 100*row.HitRate)
 		wr.Rows = append(wr.Rows, *row)
 	}
 	return wr, nil
@@ -342,71 +392,69 @@ func runWorkload(ctx context.Context, o Options, tmp, nginx string, w *workload.
 
 // runConfig starts fresh engines (cold caches) and the router, sends the
 // workload, and stops everything it started.
-func runConfig(ctx context.Context, o Options, tmp, nginx string, c config, w *workload.Workload) (*RoutingRow, error) {
-	var g group
-	defer g.stop()
-	addrs := make([]string, c.engines)
-	for i := range addrs {
-		p, addr, err := startEngine(ctx, o, uint64(i))
-		if err != nil {
-			return nil, err
-		}
-		g.add(p)
-		addrs[i] = addr
+func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c config, w *workload.Workload) (*RoutingRow, error) {
+	var g child.Group
+	defer g.Stop()
+	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, c.engines, &g)
+	if err != nil {
+		return nil, err
 	}
+	defer stopEngines()
 	url := "http://" + addrs[0]
 	switch {
 	case c.policy != "":
 		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 			policy: c.policy, model: workload.DefaultModel, replicas: addrs,
-			kvTokens: 16 * o.EngineKVBlocks, timeScale: o.TimeScale, seed: o.Seed,
+			kvTokens: f.kvTokens, timeScale: f.timeScale, prefillRate: f.prefillRate, seed: o.Seed,
 		})
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		url = "http://" + listen
 	case c.nginx:
 		p, listen, err := startNginx(ctx, nginx, tmp, addrs)
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		url = "http://" + listen
 	default:
-		w = everyNth(w, o.Engines)
+		w = everyNth(w, f.engines)
 	}
 	res, err := loadgen.Run(ctx, loadgen.Config{
-		URL: url, Workload: w, TimeScale: o.TimeScale, Stream: true,
+		URL: url, Workload: w, TimeScale: f.timeScale, Stream: true,
 		MaxDuration: 3 * time.Minute, RequestTimeout: time.Minute,
 	})
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range g.procs { // a crash during the run is a finding, not a row
-		if err := p.failure(); err != nil {
-			return nil, err
-		}
+	// A crash during the run is a finding, not a row.
+	if err := g.Failure(); err != nil {
+		return nil, err
+	}
+	if err := engineFailure(); err != nil {
+		return nil, err
 	}
 	return &RoutingRow{Config: c.name, Engines: c.engines, Result: *res, HitRate: res.HitRate()}, nil
 }
 
-func startEngine(ctx context.Context, o Options, i uint64) (*proc, string, error) {
-	addr, err := freeAddr()
+func startEngine(ctx context.Context, o Options, i uint64, extra []string) (*child.Proc, string, error) {
+	addr, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := startProc("enginesim "+addr, o.EnginesimBin,
-		"--listen", addr, "--served-model-name", workload.DefaultModel,
+	args := append([]string{"--listen", addr, "--served-model-name", workload.DefaultModel,
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64),
 		"--seed", strconv.FormatUint(o.Seed+i, 10),
 		"--num-gpu-blocks-override", strconv.Itoa(o.EngineKVBlocks),
-		"--enable-admin=false", "--log-level", "warn")
+		"--enable-admin=false", "--log-level", "warn"}, extra...)
+	p, err := child.Start("enginesim "+addr, o.EnginesimBin, args...)
 	if err != nil {
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+addr+"/health", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+addr+"/health", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		return nil, "", err
 	}
 	return p, addr, nil
@@ -429,8 +477,8 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 		return nil, err
 	}
 	defer fast.close()
-	var g group
-	defer g.stop()
+	var g child.Group
+	defer g.Stop()
 	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
 	for _, pol := range []string{"cost", "round-robin"} {
 		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
@@ -439,16 +487,16 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
-		targets = append(targets, overheadTarget{name: "warmpath " + pol, url: "http://" + listen, pid: p.pid()})
+		g.Add(p)
+		targets = append(targets, overheadTarget{name: "warmpath " + pol, url: "http://" + listen, pid: p.Pid()})
 	}
 	if nginx != "" {
 		p, listen, err := startNginx(ctx, nginx, tmp, []string{fast.addr()})
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
-		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen, pid: p.pid()})
+		g.Add(p)
+		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen, pid: p.Pid()})
 	}
 
 	sp := workload.DefaultSharedPrefix()
@@ -511,8 +559,8 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 			}
 		}
 	}
-	for _, p := range g.procs {
-		if err := p.failure(); err != nil {
+	for _, p := range g.Procs {
+		if err := p.Failure(); err != nil {
 			return nil, err
 		}
 	}
@@ -570,8 +618,8 @@ func runKeepAlive(ctx context.Context, o Options, tmp, nginx string) ([]KeepAliv
 		return nil, err
 	}
 	defer fast.close()
-	var g group
-	defer g.stop()
+	var g child.Group
+	defer g.Stop()
 	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
 	p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 		policy: "cost", model: workload.DefaultModel, replicas: []string{fast.addr()}, timeScale: 1, seed: o.Seed,
@@ -579,14 +627,14 @@ func runKeepAlive(ctx context.Context, o Options, tmp, nginx string) ([]KeepAliv
 	if err != nil {
 		return nil, err
 	}
-	g.add(p)
+	g.Add(p)
 	targets = append(targets, overheadTarget{name: "warmpath cost", url: "http://" + listen})
 	if nginx != "" {
 		p, listen, err := startNginx(ctx, nginx, tmp, []string{fast.addr()})
 		if err != nil {
 			return nil, err
 		}
-		g.add(p)
+		g.Add(p)
 		targets = append(targets, overheadTarget{name: "nginx", url: "http://" + listen})
 	}
 	sp := workload.DefaultSharedPrefix()

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/bench/internal/child"
 )
 
 // trackChildren records every child the package starts and, at cleanup,
@@ -17,16 +19,16 @@ import (
 // the run's temp directory (under a test-private TMPDIR) is gone.
 func trackChildren(t *testing.T) (pids func() []int) {
 	t.Helper()
-	if !supported {
+	if !child.Supported {
 		t.Skip("live bench is Linux only")
 	}
 	var mu sync.Mutex
 	var started []int
-	onStart = func(pid int) { mu.Lock(); started = append(started, pid); mu.Unlock() }
+	child.OnStart = func(pid int) { mu.Lock(); started = append(started, pid); mu.Unlock() }
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	t.Cleanup(func() {
-		onStart = nil
+		child.OnStart = nil
 		mu.Lock()
 		defer mu.Unlock()
 		for _, pg := range started {
@@ -69,28 +71,37 @@ func TestSmoke(t *testing.T) {
 		t.Fatal("nginx missing but the report does not say so")
 	}
 	wantConfigs = append(wantConfigs, "direct (1 engine, 1/2 of the load)")
-	if len(res.Workloads) != 1 {
-		t.Fatalf("%d workloads, want 1 in smoke mode", len(res.Workloads))
+	// Smoke: two fleets, two workloads each, one rate.
+	wantPoints := []string{"enginesim/shared-prefix", "enginesim/one-company", "enginesim-hetero/shared-prefix", "enginesim-hetero/one-company"}
+	if len(res.Fleets) != 2 || res.Fleets[0].Skipped != "" || res.Fleets[1].Skipped != "" {
+		t.Fatalf("fleets %+v", res.Fleets)
 	}
-	wl := res.Workloads[0]
-	if len(wl.Rows) != len(wantConfigs) {
-		t.Fatalf("rows %d, want %d (%v)", len(wl.Rows), len(wantConfigs), wantConfigs)
+	if len(res.Workloads) != len(wantPoints) {
+		t.Fatalf("%d workload points, want %v", len(res.Workloads), wantPoints)
 	}
-	for i, row := range wl.Rows {
-		if row.Config != wantConfigs[i] {
-			t.Fatalf("row %d is %q, want %q", i, row.Config, wantConfigs[i])
+	for k, wl := range res.Workloads {
+		if got := wl.Fleet + "/" + wl.Name; got != wantPoints[k] {
+			t.Fatalf("point %d is %s, want %s", k, got, wantPoints[k])
 		}
-		want := wl.Requests
-		if strings.HasPrefix(row.Config, "direct") {
-			want = (wl.Requests + o.Engines - 1) / o.Engines
+		if len(wl.Rows) != len(wantConfigs) {
+			t.Fatalf("rows %d, want %d (%v)", len(wl.Rows), len(wantConfigs), wantConfigs)
 		}
-		if row.Sent != want || row.OK != want || row.Failed != 0 {
-			t.Fatalf("%s: sent %d ok %d failed %d, want %d all ok; errors %v", row.Config, row.Sent, row.OK, row.Failed, want, row.Errors)
-		}
-		// Shared-prefix groups of 8: whatever the router, later prompts of a
-		// group find its system prompt cached somewhere they land.
-		if row.HitRate <= 0 || row.HitRate >= 1 || row.TTFT.P50 <= 0 || row.E2E.P50 < row.TTFT.P50 {
-			t.Fatalf("%s: hit rate %.3f, TTFT %+v, E2E %+v", row.Config, row.HitRate, row.TTFT, row.E2E)
+		for i, row := range wl.Rows {
+			if row.Config != wantConfigs[i] {
+				t.Fatalf("row %d is %q, want %q", i, row.Config, wantConfigs[i])
+			}
+			want := wl.Requests
+			if strings.HasPrefix(row.Config, "direct") {
+				want = (wl.Requests + o.Engines - 1) / o.Engines
+			}
+			if row.Sent != want || row.OK != want || row.Failed != 0 {
+				t.Fatalf("%s %s: sent %d ok %d failed %d, want %d all ok; errors %v", wantPoints[k], row.Config, row.Sent, row.OK, row.Failed, want, row.Errors)
+			}
+			// Shared prompts: whatever the router, later prompts find the
+			// shared part cached somewhere they land.
+			if row.HitRate <= 0 || row.HitRate >= 1 || row.TTFT.P50 <= 0 || row.E2E.P50 < row.TTFT.P50 {
+				t.Fatalf("%s %s: hit rate %.3f, TTFT %+v, E2E %+v", wantPoints[k], row.Config, row.HitRate, row.TTFT, row.E2E)
+			}
 		}
 	}
 
@@ -135,7 +146,8 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |", "## Keep-alive check", "## Headline") {
+	for _, c := range append(wantConfigs, "## Router overhead", "| warmpath cost | stream |", "## Keep-alive check", "## Headline",
+		"### Fleet enginesim-hetero", "| enginesim-hetero | one-company |") {
 		if !strings.Contains(string(md), c) {
 			t.Fatalf("live.md lacks %q:\n%s", c, md)
 		}
@@ -148,13 +160,13 @@ func TestSmoke(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Workloads) != 1 || len(back.Workloads[0].Rows) != len(wantConfigs) || len(back.Overhead) != len(res.Overhead) {
+	if len(back.Workloads) != len(wantPoints) || len(back.Workloads[0].Rows) != len(wantConfigs) || len(back.Overhead) != len(res.Overhead) {
 		t.Fatalf("live.json does not round-trip: %d workloads", len(back.Workloads))
 	}
 	// 2 engines + a router per routing row (direct: 1 engine), 2 warmpath
 	// and nginx for the overhead part, warmpath and nginx for the keep-alive
 	// check.
-	wantProcs := 3*(len(wantConfigs)-1) + 1 + 2 + 1
+	wantProcs := len(wantPoints)*(3*(len(wantConfigs)-1)+1) + 2 + 1
 	if nginxErr == nil {
 		wantProcs += 2
 	}
@@ -212,25 +224,25 @@ func TestParseStat(t *testing.T) {
 }
 
 func TestTreeCPUCountsChildren(t *testing.T) {
-	if !supported {
+	if !child.Supported {
 		t.Skip("Linux only")
 	}
 	// A shell whose child burns CPU: the tree's time grows, the shell's alone
 	// does not.
-	p, err := startProc("burner", "/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done & wait")
+	p, err := child.Start("burner", "/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done & wait")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.stop(time.Second) })
+	t.Cleanup(func() { p.Stop(time.Second) })
 	var tree time.Duration
 	deadline := time.Now().Add(20 * time.Second)
 	for tree < 50*time.Millisecond && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
-		if tree, err = treeCPU(p.pid()); err != nil {
+		if tree, err = treeCPU(p.Pid()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	own, err := readStat(p.pid())
+	own, err := readStat(p.Pid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,28 +286,77 @@ func (w testWriter) Write(b []byte) (int, error) {
 }
 
 func TestWriteMarkdownHeadline(t *testing.T) {
-	r := &Results{Options: Options{Engines: 2, TimeScale: 0.1, EngineKVBlocks: 8}, Workloads: []WorkloadResult{{
-		Name: "w", RPS: 6, Requests: 2, Rows: []RoutingRow{
-			{Config: "warmpath cost", HitRate: 0.5},
-			{Config: "warmpath prefix", HitRate: 0.9},
-			{Config: "nginx round-robin", HitRate: 0.1},
-			{Config: "direct (1 engine, 1/2 of the load)"},
+	rows := func(cost, lr, rr, ngx, prefix, direct float64) []RoutingRow {
+		out := []RoutingRow{{Config: "warmpath cost", HitRate: 0.5}, {Config: "warmpath least-request"}, {Config: "warmpath round-robin"},
+			{Config: "nginx round-robin", HitRate: 0.1}, {Config: "warmpath prefix"}, {Config: "direct (1 engine, 1/2 of the load)"}}
+		for i, m := range []float64{cost, lr, rr, ngx, prefix, direct} {
+			out[i].OK, out[i].TTFT.Mean, out[i].TTFT.P99 = 1, m, 2*m
+		}
+		return out
+	}
+	r := &Results{Options: Options{Engines: 2, TimeScale: 0.1, EngineKVBlocks: 8},
+		Fleets: []FleetResult{{Name: "enginesim", About: "two engines", Engines: 2, TimeScale: 0.1}, {Name: "llamacpp", Skipped: "needs root"}},
+		Workloads: []WorkloadResult{
+			// prefix and direct are faster than cost but are not baselines.
+			{Fleet: "enginesim", Name: "w", RPS: 6, Requests: 2, Rows: rows(0.2, 0.4, 0.5, 0.3, 0.1, 0.01)},
+			{Fleet: "enginesim", Name: "v", RPS: 6, Requests: 2, Rows: rows(0.3, 0.25, 0.5, 0.4, 0.1, 0.01)},
 		},
-	}}, KeepAlive: []KeepAliveRow{{Target: "warmpath cost", Sent: 3, Failed: 2, StatusCounts: map[int]int{503: 2, 200: 1}}}}
-	r.Workloads[0].Rows[0].OK, r.Workloads[0].Rows[0].TTFT.Mean = 1, 0.2
-	r.Workloads[0].Rows[1].OK, r.Workloads[0].Rows[1].TTFT.Mean = 1, 0.1
-	r.Workloads[0].Rows[2].OK, r.Workloads[0].Rows[2].TTFT.Mean = 1, 0.3
-	r.Workloads[0].Rows[3].OK, r.Workloads[0].Rows[3].TTFT.Mean = 1, 0.01 // direct never counts as best
+		KeepAlive: []KeepAliveRow{{Target: "warmpath cost", Sent: 3, Failed: 2, StatusCounts: map[int]int{503: 2, 200: 1}}}}
 	var b strings.Builder
 	if err := r.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| w | 6 | 0.200s / 0.000s, 50.0% | warmpath prefix: 0.100s / 0.000s, 90.0% | 0.300s / 0.000s, 10.0% |",
+		"| enginesim | w | 6 | 0.200s / 0.400s, 50.0% | nginx round-robin: 0.300s / 0.600s, 10.0% | 0.67x | 0.67x |",
+		"| enginesim | v | 6 | 0.300s / 0.600s, 50.0% | warmpath least-request: 0.250s / 0.500s, 0.0% | 1.20x | 1.20x |",
+		"- enginesim / v at 6 req/s: mean 1.20x, p99 1.20x against warmpath least-request",
+		"- fleet llamacpp left out: needs root",
+		"### Fleet enginesim\n\ntwo engines. Latencies in model seconds.",
 		"| warmpath cost | 2 / 3 | 200 × 1, 503 × 2 |",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, b.String())
 		}
+	}
+	if strings.Contains(b.String(), "enginesim / w at") {
+		t.Fatalf("cost wins on w, but is listed as losing:\n%s", b.String())
+	}
+}
+
+// TestSmokeLlamacpp runs the llamacpp fleet in smoke sizes: real
+// llama-server processes behind every router configuration (root: CI runs
+// it; the chroot is set up when missing, never skipped as root).
+func TestSmokeLlamacpp(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the llama.cpp chroot (CI runs as root)")
+	}
+	pids := trackChildren(t)
+	opts := Options{Smoke: true, Fleets: []string{FleetLlamacpp}, Progress: testWriter{t}, skipOverhead: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Fleets) != 1 || res.Fleets[0].Skipped != "" || res.Fleets[0].TimeScale != 1 {
+		t.Fatalf("fleets %+v", res.Fleets)
+	}
+	if len(res.Workloads) != 2 {
+		t.Fatalf("%d workload points, want shared-prefix and one-company", len(res.Workloads))
+	}
+	o := opts.withDefaults()
+	for _, wl := range res.Workloads {
+		for _, row := range wl.Rows {
+			want := wl.Requests
+			if strings.HasPrefix(row.Config, "direct") {
+				want = (wl.Requests + o.LlamaServers - 1) / o.LlamaServers
+			}
+			if row.OK != want || row.Failed != 0 || row.HitRate <= 0 || row.TTFT.P50 <= 0 {
+				t.Fatalf("%s %s: ok %d of %d, failed %d, hit %.3f, TTFT %+v; errors %v", wl.Name, row.Config, row.OK, want, row.Failed, row.HitRate, row.TTFT, row.Errors)
+			}
+		}
+	}
+	if len(pids()) == 0 {
+		t.Fatal("no child processes tracked")
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/warmpath/warmpath/bench/internal/child"
 )
 
 // nginxConf renders the baseline load balancer's configuration: round-robin
@@ -51,12 +53,12 @@ func nginxConf(dir, listen string, upstreams []string, workers int) string {
 // startNginx writes the config into a fresh directory under tmp and runs
 // nginx in the foreground (daemon off) as a child process group; the
 // returned proc's pid is the master (its workers are its children).
-func startNginx(ctx context.Context, bin, tmp string, upstreams []string) (*proc, string, error) {
+func startNginx(ctx context.Context, bin, tmp string, upstreams []string) (*child.Proc, string, error) {
 	dir, err := os.MkdirTemp(tmp, "nginx-")
 	if err != nil {
 		return nil, "", err
 	}
-	listen, err := freeAddr()
+	listen, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
@@ -64,12 +66,12 @@ func startNginx(ctx context.Context, bin, tmp string, upstreams []string) (*proc
 	if err := os.WriteFile(conf, []byte(nginxConf(dir, listen, upstreams, 0)), 0o600); err != nil {
 		return nil, "", err
 	}
-	p, err := startProc("nginx", bin, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", conf, "-g", "daemon off;")
+	p, err := child.Start("nginx", bin, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", conf, "-g", "daemon off;")
 	if err != nil {
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+listen+"/health", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+listen+"/health", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		b, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 		return nil, "", fmt.Errorf("nginx: %w; error.log: %s", err, strings.TrimSpace(string(b)))
 	}

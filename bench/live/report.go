@@ -55,30 +55,46 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 	if r.Nginx != "" {
 		fmt.Fprintf(b, "- nginx rows left out: %s\n", r.Nginx)
 	}
+	for _, f := range r.Fleets {
+		if f.Skipped != "" {
+			fmt.Fprintf(b, "- fleet %s left out: %s\n", f.Name, f.Skipped)
+		}
+	}
 
 	r.writeHeadline(b)
 
 	fmt.Fprintf(b, "\n## Routing: real processes over loopback\n\n")
-	fmt.Fprintf(b, "%d `enginesim` processes (simulated vLLM, %d KV blocks = %d tokens each, `--time-scale %g`: %gx faster than life) "+
-		"behind each router, started fresh for every row so every cache starts cold. "+
-		"Open-loop streaming load from `bench/loadgen`; TTFT is measured at the client on the first content byte; "+
-		"latencies are in model seconds (wall / time scale). Hit rate = cached / prompt tokens from the engines' `usage`. "+
+	fmt.Fprintf(b, "Per fleet, the engines behind each router are started fresh for every row, so every cache starts cold. "+
+		"Open-loop streaming load from `bench/loadgen`; TTFT is measured at the client on the first content byte. "+
+		"enginesim engines hold %d KV blocks (%d tokens) each and run with `--time-scale %g` (%gx faster than life): their latencies are "+
+		"in model seconds (wall / time scale); llama.cpp's are wall seconds. Hit rate = cached / prompt tokens from the engines' `usage`. "+
 		"The direct row sends one engine the share of the workload an even split would give it "+
-		"(every %dth request, or whole conversations), at the same arrival times.\n",
-		o.Engines, o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale, o.Engines)
-	for _, wl := range r.Workloads {
-		fmt.Fprintf(b, "\n### %s at %g req/s (%g per engine)\n\n%d requests, arrivals rescaled to the rate: `%s`\n\n",
-			wl.Name, wl.RPS, wl.RPS/float64(o.Engines), wl.Requests, wl.Params)
-		fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate |\n")
-		fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, row := range wl.Rows {
-			fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% |\n",
-				row.Config, row.OK, row.Sent, row.Failed, sec(row.TTFT.P50), sec(row.TTFT.P90), sec(row.TTFT.P99), sec(row.TTFT.Mean),
-				sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate)
+		"(every Nth request, or whole conversations), at the same arrival times.\n",
+		o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale)
+	for _, f := range r.Fleets {
+		fmt.Fprintf(b, "\n### Fleet %s\n\n%s.", f.Name, f.About)
+		if f.Skipped != "" {
+			fmt.Fprintf(b, " **Left out**: %s\n", f.Skipped)
+			continue
 		}
-		for _, row := range wl.Rows {
-			if len(row.Errors) > 0 {
-				fmt.Fprintf(b, "\n%s errors: %s\n", row.Config, strings.Join(row.Errors, "; "))
+		fmt.Fprintf(b, " Latencies in %s.\n", unit(f.TimeScale))
+		for _, wl := range r.Workloads {
+			if wl.Fleet != f.Name {
+				continue
+			}
+			fmt.Fprintf(b, "\n#### %s: %s at %g req/s (%g per engine)\n\n%d requests, arrivals rescaled to the rate: `%s`\n\n",
+				f.Name, wl.Name, wl.RPS, wl.RPS/float64(f.Engines), wl.Requests, wl.Params)
+			fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate |\n")
+			fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			for _, row := range wl.Rows {
+				fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% |\n",
+					row.Config, row.OK, row.Sent, row.Failed, sec(row.TTFT.P50), sec(row.TTFT.P90), sec(row.TTFT.P99), sec(row.TTFT.Mean),
+					sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate)
+			}
+			for _, row := range wl.Rows {
+				if len(row.Errors) > 0 {
+					fmt.Fprintf(b, "\n%s errors: %s\n", row.Config, strings.Join(row.Errors, "; "))
+				}
 			}
 		}
 	}
@@ -150,42 +166,99 @@ func statuses(m map[int]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// writeHeadline writes one line per workload and rate: warmpath's default
-// (cost) policy, the best configuration by mean TTFT, and nginx.
+// unit names the seconds a fleet's latencies are in.
+func unit(timeScale float64) string {
+	if timeScale == 1 {
+		return "wall seconds"
+	}
+	return "model seconds"
+}
+
+// baselines are the configurations warmpath's cost policy is held against
+// in the headline: what a user runs without prefix-aware routing.
+var baselines = []string{"warmpath least-request", "warmpath round-robin", "nginx round-robin"}
+
+// headlinePoint is one (fleet, workload, rate) of the headline.
+type headlinePoint struct {
+	fleet, workload string
+	rps             float64
+	cost, best      *RoutingRow
+}
+
+// ratios are cost / best for mean and p99 TTFT (0 when either is missing).
+func (h headlinePoint) ratios() (mean, p99 float64) {
+	if h.cost == nil || h.best == nil || h.best.TTFT.Mean <= 0 || h.best.TTFT.P99 <= 0 {
+		return 0, 0
+	}
+	return h.cost.TTFT.Mean / h.best.TTFT.Mean, h.cost.TTFT.P99 / h.best.TTFT.P99
+}
+
+// headline pairs each point's cost row with its best baseline by mean TTFT.
+func (r *Results) headline() []headlinePoint {
+	var out []headlinePoint
+	for _, wl := range r.Workloads {
+		h := headlinePoint{fleet: wl.Fleet, workload: wl.Name, rps: wl.RPS}
+		for i := range wl.Rows {
+			row := &wl.Rows[i]
+			if row.OK == 0 {
+				continue
+			}
+			if row.Config == "warmpath cost" {
+				h.cost = row
+			}
+			if slices.Contains(baselines, row.Config) && (h.best == nil || row.TTFT.Mean < h.best.TTFT.Mean) {
+				h.best = row
+			}
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// writeHeadline writes, per fleet, workload and rate, warmpath's default
+// (cost) policy against the best baseline, the ratios, and where cost loses.
 func (r *Results) writeHeadline(b *bufio.Writer) {
 	if len(r.Workloads) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "\n## Headline\n\nTTFT mean / p99 (model seconds) and prompt-cache hit rate; "+
-		"best = the routed configuration (not direct) with the lowest mean TTFT.\n\n")
-	fmt.Fprintf(b, "| workload | req/s | warmpath cost | best | nginx round-robin |\n|---|---:|---|---|---|\n")
+	fmt.Fprintf(b, "\n## Headline\n\nwarmpath's default policy (`cost`) against the best baseline at each point: the lowest mean TTFT of %s. "+
+		"TTFT mean / p99 and prompt-cache hit rate; ratio = cost / best (below 1: cost is faster). "+
+		"enginesim fleets in model seconds, llamacpp in wall seconds.\n\n", strings.Join(baselines, ", "))
+	fmt.Fprintf(b, "| fleet | workload | req/s | warmpath cost | best baseline | mean ratio | p99 ratio |\n|---|---|---:|---|---|---:|---:|\n")
 	cell := func(row *RoutingRow) string {
 		if row == nil {
 			return "—"
 		}
 		return fmt.Sprintf("%s / %s, %.1f%%", sec(row.TTFT.Mean), sec(row.TTFT.P99), 100*row.HitRate)
 	}
-	for _, wl := range r.Workloads {
-		var cost, best, ngx *RoutingRow
-		for i := range wl.Rows {
-			row := &wl.Rows[i]
-			switch {
-			case row.Config == "warmpath cost":
-				cost = row
-			case row.Config == "nginx round-robin":
-				ngx = row
-			}
-			if strings.HasPrefix(row.Config, "direct") || row.OK == 0 {
-				continue
-			}
-			if best == nil || row.TTFT.Mean < best.TTFT.Mean {
-				best = row
-			}
+	ratio := func(x float64) string {
+		if x <= 0 {
+			return "—"
 		}
-		bestCell := "—"
-		if best != nil {
-			bestCell = best.Config + ": " + cell(best)
-		}
-		fmt.Fprintf(b, "| %s | %g | %s | %s | %s |\n", wl.Name, wl.RPS, cell(cost), bestCell, cell(ngx))
+		return fmt.Sprintf("%.2fx", x)
 	}
+	var losses []string
+	for _, h := range r.headline() {
+		best := "—"
+		if h.best != nil {
+			best = h.best.Config + ": " + cell(h.best)
+		}
+		m, p := h.ratios()
+		fmt.Fprintf(b, "| %s | %s | %g | %s | %s | %s | %s |\n", h.fleet, h.workload, h.rps, cell(h.cost), best, ratio(m), ratio(p))
+		var what []string
+		if m > 1 {
+			what = append(what, "mean "+ratio(m))
+		}
+		if p > 1 {
+			what = append(what, "p99 "+ratio(p))
+		}
+		if len(what) > 0 {
+			losses = append(losses, fmt.Sprintf("- %s / %s at %g req/s: %s against %s", h.fleet, h.workload, h.rps, strings.Join(what, ", "), h.best.Config))
+		}
+	}
+	if len(losses) == 0 {
+		fmt.Fprintf(b, "\nWhere cost loses: nowhere (its mean and p99 TTFT are at or below the best baseline's at every point).\n")
+		return
+	}
+	fmt.Fprintf(b, "\nWhere cost loses (ratio above 1):\n\n%s\n", strings.Join(losses, "\n"))
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmpath/warmpath/bench/internal/child"
 	"github.com/warmpath/warmpath/slowpath"
 )
 
@@ -16,8 +17,11 @@ type routerSetup struct {
 	model     string
 	replicas  []string
 	kvTokens  int     // per replica, 0 = learn from /metrics
-	timeScale float64 // the engines' time scale, 1 for the fast backend
-	seed      uint64
+	timeScale float64 // the engines' time scale, 1 for the fast backend and real engines
+	// prefillRate seeds default_prefill_tokens_per_sec (wall tokens per
+	// second); 0 = enginesim's rate under timeScale.
+	prefillRate float64
+	seed        uint64
 }
 
 // warmpathConf renders warmpath's YAML config. The engines run timeScale
@@ -46,7 +50,11 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	fmt.Fprintf(&b, "scrape:\n  interval: %s\n  timeout: %s\n  stale_after: %s\n", scrape, scrape, 5*scrape)
 	fmt.Fprintf(&b, "health:\n  interval: %s\n  timeout: %s\n", health, health)
 	fmt.Fprintf(&b, "routing:\n  policy: %s\n  seed: %d\n", s.policy, max(s.seed, 1))
-	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", 25000/ts)
+	rate := s.prefillRate
+	if rate <= 0 {
+		rate = 25000 / ts
+	}
+	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", rate)
 	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts)
 	fmt.Fprintf(&b, "  signal_max_age: %s\n", max(time.Second, time.Duration(float64(10*time.Second)*ts)))
 	return b.String()
@@ -55,12 +63,12 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 // startWarmpath writes the config (validated with slowpath.ParseConfig
 // first, so a bad knob fails here with the field's name) and runs
 // `warmpath serve`; it returns when the API answers through to a replica.
-func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*proc, string, error) {
-	listen, err := freeAddr()
+func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*child.Proc, string, error) {
+	listen, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
-	admin, err := freeAddr()
+	admin, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err
 	}
@@ -79,16 +87,16 @@ func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*proc, 
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := startProc("warmpath/"+s.policy, bin, "serve", "--config", f.Name(), "--log-level", "warn")
+	p, err := child.Start("warmpath/"+s.policy, bin, "serve", "--config", f.Name(), "--log-level", "warn")
 	if err != nil {
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+admin+"/health", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+admin+"/health", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		return nil, "", err
 	}
-	if err := waitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second); err != nil {
-		p.stop(time.Second)
+	if err := child.WaitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second); err != nil {
+		p.Stop(time.Second)
 		return nil, "", err
 	}
 	return p, listen, nil

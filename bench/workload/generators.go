@@ -231,3 +231,62 @@ func Mixed(c MixedConfig) (*Workload, error) {
 }
 
 func mod(a, b float64) float64 { return a - b*float64(int64(a/b)) }
+
+// OneCompanyConfig: one company's assistant. Every request carries the same
+// long instruction prompt (the company's system prompt: policies, product
+// docs, tools) and one user's short question; users arrive in bursts (a
+// team starting its day, a shared link), not evenly. The whole fleet shares
+// a single prefix: a router has to keep it warm on every replica that takes
+// traffic, without piling a burst onto the one replica that had it first.
+type OneCompanyConfig struct {
+	Requests          int     // default 1024
+	Users             int     // distinct users (clients); default 256
+	InstructionTokens int     // the shared instruction prompt; default 4096
+	MinQuestion       int     // question tokens, uniform in [MinQuestion, MaxQuestion]; default 32
+	MaxQuestion       int     // default 64
+	OutputTokens      int     // default 128
+	BurstSize         int     // requests per burst; default 16
+	BurstWindow       float64 // seconds a burst's arrivals spread over (uniform); default 0.5
+	RPS               float64 // mean rate: bursts start as a Poisson process of rate RPS/BurstSize; default 8
+	Model             string
+	Seed              uint64
+}
+
+// DefaultOneCompany returns the documented defaults.
+func DefaultOneCompany() OneCompanyConfig {
+	return OneCompanyConfig{Requests: 1024, Users: 256, InstructionTokens: 4096, MinQuestion: 32, MaxQuestion: 64,
+		OutputTokens: 128, BurstSize: 16, BurstWindow: 0.5, RPS: 8, Model: DefaultModel}
+}
+
+// OneCompany generates the one-company workload: every prompt is the
+// shared instruction segment then a question no other request asks; the
+// asking user is drawn uniformly from Users. Group is 0 for every request
+// (one prefix group), Client the user.
+func OneCompany(c OneCompanyConfig) (*Workload, error) {
+	if c.Requests <= 0 || c.Users <= 0 || c.InstructionTokens <= 0 || c.MinQuestion <= 0 || c.MaxQuestion < c.MinQuestion ||
+		c.OutputTokens <= 0 || c.BurstSize <= 0 || c.BurstWindow < 0 || c.RPS <= 0 {
+		return nil, fmt.Errorf("one-company: need requests, users, instruction_tokens, min_question, output_tokens, burst_size, rps > 0, burst_window >= 0 and max_question >= min_question (got %+v)", c)
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, 0x0c0c))
+	w := &Workload{Name: "one-company", Params: params("requests", c.Requests, "users", c.Users, "instruction_tokens", c.InstructionTokens,
+		"question_tokens", fmt.Sprintf("%d-%d", c.MinQuestion, c.MaxQuestion), "output_tokens", c.OutputTokens,
+		"burst", fmt.Sprintf("%dx%gs", c.BurstSize, c.BurstWindow), "rps", c.RPS, "seed", c.Seed)}
+	instr := Segment{ID: segID("oc-instr", c.Seed, 0, 0), Tokens: c.InstructionTokens}
+	bursts := poisson(rng, (c.Requests+c.BurstSize-1)/c.BurstSize, c.RPS/float64(c.BurstSize))
+	w.Requests = make([]Request, c.Requests)
+	for i := range w.Requests {
+		at := bursts[i/c.BurstSize] + int64(rng.Float64()*c.BurstWindow*1e9)
+		q := c.MinQuestion + rng.IntN(c.MaxQuestion-c.MinQuestion+1)
+		w.Requests[i] = Request{Arrival: at, Model: c.Model, OutputTokens: c.OutputTokens, Group: 0, Conversation: -1,
+			Client: rng.IntN(c.Users),
+			Messages: []Message{
+				{Role: System, Segments: []Segment{instr}},
+				{Role: User, Segments: []Segment{{ID: segID("oc-q", c.Seed, i, 0), Tokens: q}}},
+			}}
+	}
+	w.sortByArrival()
+	return w, nil
+}

@@ -20,6 +20,8 @@ func TestGeneratorsDeterministicAndShaped(t *testing.T) {
 	ns.Seed = 7
 	mx := DefaultMixed()
 	mx.Seed = 7
+	oc := DefaultOneCompany()
+	oc.Seed = 7
 	tests := []struct {
 		name  string
 		gen   func() (*Workload, error)
@@ -30,6 +32,7 @@ func TestGeneratorsDeterministicAndShaped(t *testing.T) {
 		{"multi-turn", func() (*Workload, error) { return MultiTurn(mt) }, -1},
 		{"no-sharing", func() (*Workload, error) { return NoSharing(ns) }, 1000},
 		{"mixed", func() (*Workload, error) { return Mixed(mx) }, 1000},
+		{"one-company", func() (*Workload, error) { return OneCompany(oc) }, 1024},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,7 +233,67 @@ func TestMooncake(t *testing.T) {
 	}
 }
 
+// TestOneCompanyShape: one shared instruction prefix, distinct questions
+// in range, users in range, arrivals in bursts, a different seed a
+// different workload.
+func TestOneCompanyShape(t *testing.T) {
+	c := DefaultOneCompany()
+	c.Seed, c.Requests, c.BurstSize, c.BurstWindow, c.RPS = 3, 400, 20, 0.25, 10
+	w, err := OneCompany(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	instr := w.Requests[0].Messages[0].Segments[0]
+	questions := map[uint64]bool{}
+	users := map[int]bool{}
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if len(r.Messages) != 2 || r.Messages[0].Role != System || r.Messages[1].Role != User {
+			t.Fatalf("request %d: messages %+v", i, r.Messages)
+		}
+		if s := r.Messages[0].Segments; len(s) != 1 || s[0] != instr || s[0].Tokens != c.InstructionTokens {
+			t.Fatalf("request %d: instruction %+v, want %+v", i, s, instr)
+		}
+		q := r.Messages[1].Segments[0]
+		if q.Tokens < c.MinQuestion || q.Tokens > c.MaxQuestion || questions[q.ID] {
+			t.Fatalf("request %d: question %+v (repeat %v)", i, q, questions[q.ID])
+		}
+		questions[q.ID] = true
+		if r.Client < 0 || r.Client >= c.Users || r.Group != 0 || r.Conversation != -1 || r.OutputTokens != c.OutputTokens {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+		users[r.Client] = true
+	}
+	if len(users) < c.Users/2 {
+		t.Fatalf("%d distinct users of %d", len(users), c.Users)
+	}
+	// Bursty: 20 bursts of 20 arrivals within 0.25 s, bursts 2 s apart on
+	// average: at least 90% of the gaps fall inside a burst window, and
+	// some gaps between bursts exceed 1 s.
+	var short, long int
+	for i := 1; i < len(w.Requests); i++ {
+		gap := float64(w.Requests[i].Arrival-w.Requests[i-1].Arrival) / 1e9
+		if gap <= c.BurstWindow {
+			short++
+		}
+		if gap > 1 {
+			long++
+		}
+	}
+	if short < len(w.Requests)*9/10 || long == 0 {
+		t.Fatalf("gaps: %d within a burst window, %d over 1 s, of %d", short, long, len(w.Requests)-1)
+	}
+	c.Seed = 4
+	w2, _ := OneCompany(c)
+	if w2.Requests[0].Messages[0].Segments[0] == instr {
+		t.Fatal("another seed, the same instruction prompt")
+	}
+}
+
 func TestBadConfigsNamed(t *testing.T) {
+	if _, err := OneCompany(OneCompanyConfig{Requests: 1, Users: 1, InstructionTokens: 1, MinQuestion: 5, MaxQuestion: 2, OutputTokens: 1, BurstSize: 1, RPS: 1}); err == nil || !strings.Contains(err.Error(), "max_question") {
+		t.Fatalf("got %v", err)
+	}
 	if _, err := SharedPrefix(SharedPrefixConfig{}); err == nil || !strings.Contains(err.Error(), "groups") {
 		t.Fatalf("got %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,7 @@ func runBench(ctx context.Context, args []string, e env) error {
 	parallel := fs.Int("parallel", 0, "sim: simulations at once (0 = GOMAXPROCS)")
 	skipNginx := fs.Bool("skip-nginx", false, "live: leave the nginx baseline out")
 	commit := fs.String("commit", "", "live: commit recorded in the report (default: ask git)")
+	fleets := fs.String("fleets", "", "live: engine fleets, comma-separated (\"\" = all; --smoke: enginesim,enginesim-hetero); of "+strings.Join(live.Fleets(), ", "))
 	so := suite.DefaultScaleOut()
 	routers := fs.String("routers", joinInts(so.Routers), "sim: scale-out section's router counts (none above 1: no section)")
 	syncDelay := fs.Duration("sync-delay", so.SyncDelay, "sim: scale-out peer update propagation delay (virtual time)")
@@ -70,12 +72,16 @@ func runBench(ctx context.Context, args []string, e env) error {
 		fmt.Fprintf(e.stdout, "%d simulations in %.0fs; report: %s/report.md\n", len(res.Points), res.Elapsed, *out)
 		return nil
 	}
+	fl, err := parseFleets(*fleets)
+	if err != nil {
+		return fmt.Errorf("bench live: --fleets: %w", err)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("bench live: find own executable: %w", err)
 	}
 	res, err := live.Run(ctx, live.Options{Out: *out, Smoke: *smoke, Seed: *seed, Engines: *replicas, SkipNginx: *skipNginx,
-		WarmpathBin: self, Progress: e.stderr, Command: cmdline, Commit: *commit})
+		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: cmdline, Commit: *commit})
 	if err != nil {
 		return err
 	}
@@ -141,6 +147,25 @@ func parseInts(s string) ([]int, error) {
 			return nil, fmt.Errorf("%q: not an integer", f)
 		}
 		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseFleets reads "enginesim,llamacpp": known fleet names, no repeats;
+// "" is nil (the default list).
+func parseFleets(s string) ([]string, error) {
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !slices.Contains(live.Fleets(), f) {
+			return nil, fmt.Errorf("unknown fleet %q (have %s)", f, strings.Join(live.Fleets(), ", "))
+		}
+		if slices.Contains(out, f) {
+			return nil, fmt.Errorf("fleet %q twice", f)
+		}
+		out = append(out, f)
 	}
 	return out, nil
 }

@@ -46,6 +46,39 @@ func TestBenchSimSmoke(t *testing.T) {
 	}
 }
 
+func TestParseFleets(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     []string
+		err      string
+	}{
+		{name: "empty is the default", in: ""},
+		{name: "two", in: "enginesim, llamacpp", want: []string{"enginesim", "llamacpp"}},
+		{name: "unknown", in: "enginesim,vllm", err: `unknown fleet "vllm" (have enginesim, enginesim-seqs4`},
+		{name: "repeat", in: "llamacpp,llamacpp", err: `fleet "llamacpp" twice`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseFleets(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err = %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || strings.Join(got, ",") != strings.Join(tt.want, ",") {
+				t.Fatalf("parseFleets(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+			}
+		})
+	}
+	// A bad --fleets fails before anything starts.
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"bench", "live", "--fleets", "nope", "--out", t.TempDir()}, env{stdout: &out, stderr: &errb})
+	if err == nil || !strings.Contains(err.Error(), `--fleets: unknown fleet "nope"`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestAnalyze(t *testing.T) {
 	dir := t.TempDir()
 	trace := filepath.Join(dir, "t.jsonl")

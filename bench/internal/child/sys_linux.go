@@ -1,4 +1,4 @@
-package live
+package child
 
 import "syscall"
 
@@ -11,4 +11,5 @@ func sysProcAttr() *syscall.SysProcAttr {
 // killGroup signals the process group led by pid.
 func killGroup(pid int, sig syscall.Signal) error { return syscall.Kill(-pid, sig) }
 
-const supported = true
+// Supported: process groups and Pdeathsig work here.
+const Supported = true

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package live
+package child
 
 import (
 	"errors"
@@ -8,9 +8,9 @@ import (
 )
 
 // The live bench reads /proc and uses process groups with a parent-death
-// signal: Linux only. Run returns errUnsupported elsewhere.
+// signal: Linux only. Supported is false elsewhere.
 func sysProcAttr() *syscall.SysProcAttr { return nil }
 
 func killGroup(pid int, sig syscall.Signal) error { return errors.ErrUnsupported }
 
-const supported = false
+const Supported = false
