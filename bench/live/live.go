@@ -220,6 +220,10 @@ type RoutingRow struct {
 	Engines int
 	loadgen.Result
 	HitRate float64
+	// TTFTModel is warmpath's per-replica TTFT model against the TTFTs it
+	// measured (its ttft_prediction_ratio histogram over every replica);
+	// zero for other routers.
+	TTFTModel TTFTModelError `json:",omitempty"`
 }
 
 // OverheadRow is one target of the router-overhead bench in one mode;
@@ -401,9 +405,10 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 	}
 	defer stopEngines()
 	url := "http://" + addrs[0]
+	adminURL := ""
 	switch {
 	case c.policy != "":
-		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
+		p, listen, admin, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 			policy: c.policy, model: workload.DefaultModel, replicas: addrs,
 			kvTokens: f.kvTokens, timeScale: f.timeScale, prefillRate: f.prefillRate, seed: o.Seed,
 		})
@@ -411,7 +416,7 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 			return nil, err
 		}
 		g.Add(p)
-		url = "http://" + listen
+		url, adminURL = "http://"+listen, "http://"+admin
 	case c.nginx:
 		p, listen, err := startNginx(ctx, nginx, tmp, addrs)
 		if err != nil {
@@ -436,7 +441,13 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 	if err := engineFailure(); err != nil {
 		return nil, err
 	}
-	return &RoutingRow{Config: c.name, Engines: c.engines, Result: *res, HitRate: res.HitRate()}, nil
+	row := &RoutingRow{Config: c.name, Engines: c.engines, Result: *res, HitRate: res.HitRate()}
+	if adminURL != "" {
+		// The router's own record of its TTFT model; a failed scrape
+		// leaves the row without it.
+		row.TTFTModel, _ = scrapeTTFTModel(ctx, adminURL+"/metrics")
+	}
+	return row, nil
 }
 
 func startEngine(ctx context.Context, o Options, i uint64, extra []string) (*child.Proc, string, error) {
@@ -481,7 +492,7 @@ func runOverhead(ctx context.Context, o Options, tmp, nginx string) ([]OverheadR
 	defer g.Stop()
 	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
 	for _, pol := range []string{"cost", "round-robin"} {
-		p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
+		p, listen, _, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 			policy: pol, model: workload.DefaultModel, replicas: []string{fast.addr()}, timeScale: 1, seed: o.Seed,
 		})
 		if err != nil {
@@ -621,7 +632,7 @@ func runKeepAlive(ctx context.Context, o Options, tmp, nginx string) ([]KeepAliv
 	var g child.Group
 	defer g.Stop()
 	targets := []overheadTarget{{name: "direct", url: "http://" + fast.addr()}}
-	p, listen, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
+	p, listen, _, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 		policy: "cost", model: workload.DefaultModel, replicas: []string{fast.addr()}, timeScale: 1, seed: o.Seed,
 	})
 	if err != nil {

@@ -258,7 +258,23 @@ func (r *Results) writeHeadline(b *bufio.Writer) {
 	}
 	if len(losses) == 0 {
 		fmt.Fprintf(b, "\nWhere cost loses: nowhere (its mean and p99 TTFT are at or below the best baseline's at every point).\n")
+		r.writeTTFTModel(b)
 		return
 	}
 	fmt.Fprintf(b, "\nWhere cost loses (ratio above 1):\n\n%s\n", strings.Join(losses, "\n"))
+	r.writeTTFTModel(b)
+}
+
+// writeTTFTModel writes, per fleet, how far warmpath cost's TTFT model was
+// from the TTFTs it measured, pooled over that fleet's rows.
+func (r *Results) writeTTFTModel(b *bufio.Writer) {
+	fmt.Fprintf(b, "\n### The TTFT model's error per fleet\n\nFrom each `warmpath cost` row's own `/metrics` (`warmpath_affinity_ttft_prediction_ratio`: measured / predicted TTFT of every streamed request, all replicas): the median and 90th percentile of the ratio, each as the upper bound of its histogram bucket (0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8).\n\n")
+	fmt.Fprintf(b, "| fleet | workload | req/s | checked | p50 | p90 |\n|---|---|---:|---:|---:|---:|\n")
+	for _, h := range r.headline() {
+		if h.cost == nil || h.cost.TTFTModel.Checked == 0 {
+			continue
+		}
+		m := h.cost.TTFTModel
+		fmt.Fprintf(b, "| %s | %s | %g | %d | %s | %s |\n", h.fleet, h.workload, h.rps, m.Checked, fmtRatio(m.P50), fmtRatio(m.P90))
+	}
 }

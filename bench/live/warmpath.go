@@ -63,41 +63,41 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 // startWarmpath writes the config (validated with slowpath.ParseConfig
 // first, so a bad knob fails here with the field's name) and runs
 // `warmpath serve`; it returns when the API answers through to a replica.
-func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (*child.Proc, string, error) {
-	listen, err := child.FreeAddr()
+func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (p *child.Proc, listen, admin string, err error) {
+	listen, err = child.FreeAddr()
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
-	admin, err := child.FreeAddr()
+	admin, err = child.FreeAddr()
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	conf := warmpathConf(listen, admin, s)
 	if _, err := slowpath.ParseConfig([]byte(conf)); err != nil {
-		return nil, "", fmt.Errorf("warmpath config: %w", err)
+		return nil, "", "", fmt.Errorf("warmpath config: %w", err)
 	}
 	f, err := os.CreateTemp(tmp, "warmpath-*.yaml")
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	_, err = f.WriteString(conf)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
-	p, err := child.Start("warmpath/"+s.policy, bin, "serve", "--config", f.Name(), "--log-level", "warn")
+	p, err = child.Start("warmpath/"+s.policy, bin, "serve", "--config", f.Name(), "--log-level", "warn")
 	if err != nil {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	if err := child.WaitReady(ctx, p, "http://"+admin+"/health", 10*time.Second); err != nil {
 		p.Stop(time.Second)
-		return nil, "", err
+		return nil, "", "", err
 	}
 	if err := child.WaitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second); err != nil {
 		p.Stop(time.Second)
-		return nil, "", err
+		return nil, "", "", err
 	}
-	return p, listen, nil
+	return p, listen, admin, nil
 }

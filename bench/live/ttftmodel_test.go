@@ -1,0 +1,29 @@
+package live
+
+import "testing"
+
+func TestParseTTFTModel(t *testing.T) {
+	text := `# HELP warmpath_affinity_ttft_prediction_ratio x
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="a",le="0.5"} 1
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="a",le="1.25"} 6
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="a",le="2"} 8
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="a",le="+Inf"} 10
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="b",le="0.5"} 0
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="b",le="1.25"} 4
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="b",le="2"} 9
+warmpath_affinity_ttft_prediction_ratio_bucket{replica="b",le="+Inf"} 10
+warmpath_affinity_ttft_prediction_ratio_sum{replica="b"} 12
+`
+	got, err := parseTTFTModel(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 20 checked; cumulative 1, 10, 17, 20: the median falls in (0.5, 1.25],
+	// the 90th percentile (18) past 2.
+	if got.Checked != 20 || got.P50 != 1.25 || got.P90 != -1 || fmtRatio(got.P90) != "> 8" {
+		t.Fatalf("%+v", got)
+	}
+	if _, err := parseTTFTModel("go_goroutines 3\n"); err == nil {
+		t.Fatal("no histogram: want an error")
+	}
+}
