@@ -29,17 +29,20 @@ import (
 //	D_r  EWMA of each finished request's slot time: the engine's own prefill
 //	     + decode timings where it reports them (llama.cpp `timings`), else
 //	     last token - first token + own prefill (streamed), else the whole
-//	     duration minus the predicted slot wait (buffered); defaultSlotSeconds
-//	     until the first sample
+//	     duration minus the predicted slot wait (buffered); the router's
+//	     fleet mean, else defaultSlotSeconds, until the first sample
 //	P_r  the engine's reported prefill rate (llama.cpp prompt_n / prompt_ms,
 //	     EWMA) when it reports one, else the robust fit below
-//	O_r  the fit's intercept
+//	O_r  the fit's intercept; with known slots, the mean over requests that
+//	     met no queue
 //
 // Every prediction made at Begin is compared with the measured TTFT at End;
 // the replica's error (EWMA of |ln((pred+f)/(actual+f))|, f a small floor)
 // sets how far the cost policy trusts that replica's predicted cache hit
 // (see confidence): a replica whose model is off leans toward load balance
-// until its predictions recover.
+// until its predictions recover. Requests still waiting for their first
+// token past their predictions (backlog) make a replica count as full
+// before any of them finishes.
 
 const (
 	// defaultSlotSeconds is D_r before a replica's first measured slot time.
