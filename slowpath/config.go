@@ -121,6 +121,16 @@ type LimitsConfig struct {
 	// as the stream lasts. Every write that moves bytes restarts the clock,
 	// so long streams read at any pace are unaffected. Default 60s; > 0.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
+	// MaxConnections caps open client connections on the API listener; one
+	// over it is answered 503 (code too_many_connections) and closed. 0
+	// (default) = half the soft fd limit at start (warmpath serve raises the
+	// soft limit to the hard one first), -1 = no cap.
+	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerClient caps open connections from one client IP
+	// address (as the router sees it; every client behind one NAT or proxy
+	// shares it); one over it is answered 503 and closed. 0 (default) = no
+	// cap.
+	MaxConnectionsPerClient int `yaml:"max_connections_per_client"`
 	// MaxInFlight caps concurrent proxied requests in total; 0 = unlimited
 	// (default).
 	MaxInFlight int `yaml:"max_in_flight"`
@@ -378,6 +388,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("limits.stall_timeout: must be > 0, got %s", l.StallTimeout)
 	case l.IdleTimeout <= 0:
 		return fmt.Errorf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
+	case l.MaxConnections < -1:
+		return fmt.Errorf("limits.max_connections: must be >= -1 (0 = half the fd limit, -1 = no cap), got %d", l.MaxConnections)
+	case l.MaxConnectionsPerClient < 0:
+		return fmt.Errorf("limits.max_connections_per_client: must be >= 0 (0 = no cap), got %d", l.MaxConnectionsPerClient)
 	case l.MaxInFlight < 0:
 		return fmt.Errorf("limits.max_in_flight: must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
 	case l.MaxInFlightPerReplica < 0:

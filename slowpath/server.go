@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"reflect"
 	"sync"
@@ -44,6 +45,8 @@ type Server struct {
 	newParser     func() promptParser
 	reg           *prometheus.Registry
 	m             *metrics
+	connM         *connMetrics
+	maxConns      int // limits.max_connections, resolved
 	sessionHeader []byte
 
 	srv   *fasthttp.Server
@@ -169,6 +172,8 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		newParser:     newParser,
 		reg:           reg,
 		m:             newMetrics(reg),
+		connM:         newConnMetrics(reg),
+		maxConns:      resolveMaxConns(cfg.Limits.MaxConnections),
 		sessionHeader: []byte(cfg.SessionHeader),
 		byName:        make(map[string]*replica),
 		epoch:         time.Now(),
@@ -236,7 +241,11 @@ func (s *Server) Cluster() *cluster.Node { return s.cluster }
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
 // Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(stallListener{ln, s.cfg.Limits.StallTimeout})
+	err := s.srv.Serve(&connListener{
+		Listener: ln, stall: s.cfg.Limits.StallTimeout, log: s.log, m: s.connM,
+		maxConns: int64(s.maxConns), perClient: s.cfg.Limits.MaxConnectionsPerClient,
+		clients: make(map[netip.Addr]int),
+	})
 	select {
 	case <-s.closing:
 		return nil
@@ -564,49 +573,4 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...))
-}
-
-// stallListener gives every accepted connection a write deadline of d from
-// the start of each write (limits.stall_timeout): a client that stops
-// reading is cut after d without progress, any progress restarts the clock.
-type stallListener struct {
-	net.Listener
-	d time.Duration
-}
-
-func (l stallListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &stallConn{Conn: c, d: l.d}, nil
-}
-
-type stallConn struct {
-	net.Conn
-	d     time.Duration
-	until time.Time // a write deadline set by the server (limits.write_timeout); zero = none
-}
-
-// SetWriteDeadline records the server's own deadline so Write keeps the
-// earlier of the two.
-func (c *stallConn) SetWriteDeadline(t time.Time) error {
-	c.until = t
-	return c.Conn.SetWriteDeadline(t)
-}
-
-func (c *stallConn) SetDeadline(t time.Time) error {
-	c.until = t
-	return c.Conn.SetDeadline(t)
-}
-
-func (c *stallConn) Write(p []byte) (int, error) {
-	dl := time.Now().Add(c.d)
-	if !c.until.IsZero() && c.until.Before(dl) {
-		dl = c.until
-	}
-	if err := c.Conn.SetWriteDeadline(dl); err != nil {
-		return 0, err
-	}
-	return c.Conn.Write(p)
 }

@@ -47,6 +47,11 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("serve: --log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+	if soft, hard, err := slowpath.RaiseFDLimit(); err != nil {
+		log.Warn("open-file limit unknown", "err", err)
+	} else {
+		log.Info("open-file limit", "soft", soft, "hard", hard)
+	}
 
 	cfg := slowpath.Default()
 	var fileBytes []byte
