@@ -108,6 +108,11 @@ type ReplicaConfig struct {
 type LimitsConfig struct {
 	// MaxBodyBytes is the largest accepted request body. Default 8 MiB.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// MaxResponseBytes bounds a non-streamed engine answer, which the router
+	// holds whole before answering (streams are relayed as they come and not
+	// bounded). An answer over it is a 502 (code response_too_large), not
+	// retried: the engine did the work. Default 128 MiB; [1024, 4 GiB].
+	MaxResponseBytes int `yaml:"max_response_bytes"`
 	// ReadTimeout bounds reading one request (headers and body). Default 30s.
 	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds writing one response; 0 = none (default), because
@@ -223,12 +228,13 @@ func Default() Config {
 		ReloadInterval: time.Second,
 		DrainTimeout:   30 * time.Second,
 		Limits: LimitsConfig{
-			MaxBodyBytes: 8 << 20,
-			ReadTimeout:  30 * time.Second,
-			IdleTimeout:  120 * time.Second,
-			StallTimeout: 60 * time.Second,
-			OnLimit:      OnLimitReject,
-			QueueTimeout: 5 * time.Second,
+			MaxBodyBytes:     8 << 20,
+			MaxResponseBytes: 128 << 20,
+			ReadTimeout:      30 * time.Second,
+			IdleTimeout:      120 * time.Second,
+			StallTimeout:     60 * time.Second,
+			OnLimit:          OnLimitReject,
+			QueueTimeout:     5 * time.Second,
 		},
 		Upstream: UpstreamConfig{
 			DialTimeout:         2 * time.Second,
@@ -380,6 +386,8 @@ func (c *Config) Validate() error {
 	switch {
 	case l.MaxBodyBytes < 1024 || l.MaxBodyBytes > 1<<30:
 		return fmt.Errorf("limits.max_body_bytes: must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
+	case l.MaxResponseBytes < 1024 || l.MaxResponseBytes > 4<<30:
+		return fmt.Errorf("limits.max_response_bytes: must be in [1024, 4294967296], got %d", l.MaxResponseBytes)
 	case l.ReadTimeout <= 0:
 		return fmt.Errorf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
 	case l.WriteTimeout < 0:

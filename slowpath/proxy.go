@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -452,6 +453,21 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		err := r.hc.Do(ureq, uresp)
 		status := uresp.StatusCode()
 		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			// The engine did the work: another replica would do it again
+			// and answer as much. Not the replica's fault either.
+			fasthttp.ReleaseResponse(uresp)
+			s.brain.End(&ex.flight, s.now(), -1, false)
+			r.release()
+			s.freed.signal()
+			s.releaseTotal()
+			s.putExchange(ex)
+			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.cfg.Limits.MaxResponseBytes)
+			s.reject(ctx, fasthttp.StatusBadGateway, "response_too_large",
+				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.cfg.Limits.MaxResponseBytes),
+				errTypeUpstream, "", "response_too_large")
+			return
+		}
 		badStatus := err == nil && s.retryStatus(status)
 		if badStatus && !last {
 			err = errRetryStatus
@@ -568,7 +584,9 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 		ex.cached = cachedTokensJSON(&ex.fjParser, body)
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
-	ctx.Response.SetBody(body)
+	// Hand the buffer over instead of copying it: a large answer is held
+	// once. ctx's previous buffer goes back to uresp's pool.
+	uresp.SwapBody(ctx.Response.SwapBody(uresp.SwapBody(nil)))
 	fasthttp.ReleaseResponse(uresp)
 	s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
@@ -793,10 +811,19 @@ func rolePreamble(data []byte) bool {
 	}
 }
 
+// usageScanFrom: bodies longer than this are not parsed whole for their
+// usage (the parser copies its input): only the last "usage" object is.
+const usageScanFrom = 1 << 20
+
+var strUsage = []byte(`"usage"`)
+
 // cachedTokensJSON returns usage.prompt_tokens_details.cached_tokens, or -1.
 func cachedTokensJSON(p *fastjson.Parser, body []byte) int {
 	if !bytes.Contains(body, strCachedTokens) {
 		return -1
+	}
+	if len(body) > usageScanFrom {
+		return cachedTokensTail(p, body)
 	}
 	v, err := p.ParseBytes(body)
 	if err != nil {
@@ -811,6 +838,62 @@ func cachedTokensJSON(p *fastjson.Parser, body []byte) int {
 		return -1
 	}
 	return n
+}
+
+// cachedTokensTail reads cached_tokens from the last "usage" object of a
+// large body (engines put usage last), parsing that object alone.
+func cachedTokensTail(p *fastjson.Parser, body []byte) int {
+	i := bytes.LastIndex(body, strUsage)
+	if i < 0 {
+		return -1
+	}
+	rest := bytes.TrimLeft(body[i+len(strUsage):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return -1
+	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	end := objectEnd(rest)
+	if end < 0 {
+		return -1
+	}
+	v, err := p.ParseBytes(rest[:end+1])
+	if err != nil {
+		return -1
+	}
+	c := v.Get("prompt_tokens_details", "cached_tokens")
+	if c == nil {
+		return -1
+	}
+	n, err := c.Int()
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
+// objectEnd returns the index of the '}' closing the JSON object b starts
+// with, or -1.
+func objectEnd(b []byte) int {
+	if len(b) == 0 || b[0] != '{' {
+		return -1
+	}
+	depth, inStr := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inStr && c == '\\':
+			i++
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // models answers GET /v1/models: the union of models healthy replicas serve.
