@@ -258,3 +258,6 @@ func resolveMaxConns(v int) int {
 	}
 	return 0
 }
+
+// NetConn returns the client's connection (for clientGone).
+func (c *stallConn) NetConn() net.Conn { return c.Conn }

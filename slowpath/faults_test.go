@@ -725,3 +725,70 @@ func TestFaultsIdleTimeoutLongStream(t *testing.T) {
 		t.Fatalf("healthy long stream cut: %d events, error event %v, [DONE] %v", len(r.events), r.errEv, r.done)
 	}
 }
+
+// TestFaultsClientGoneBeforeAnswer: a client that leaves before its answer
+// began (a non-streamed request while the engine generates, a stream the
+// engine holds before its headers) is noticed while the router waits: it
+// closes the upstream connection, so the engine stops working for nobody,
+// and frees its slots, without waiting for upstream.response_timeout (10 m
+// here, the default) and without blaming the replica. Was: the engine
+// generated to the end (or until response_timeout) with the slot held.
+func TestFaultsClientGoneBeforeAnswer(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream bool
+		faults enginesim.Faults
+	}{
+		{name: "json, engine generating"},
+		{name: "stream, engine holding its headers", stream: true, faults: enginesim.Faults{Hang: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			engines := startEngines(t, 1, func(c *enginesim.Config) {
+				c.Timing.StepBase = 2 * time.Second // 20 ms per token: 2000 tokens take ~40 s
+				c.OutputLen = enginesim.OutputLen{Median: 4000, Sigma: 0.01, Min: 2000, Max: 4000}
+			})
+			en := engines[0]
+			en.SetFaults(tc.faults)
+			s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+				c.Passive.ConsecutiveFailures = 1
+			})
+			c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			body := chatJSON("a long answer", tc.stream, 2000)
+			if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+				t.Fatal(err)
+			}
+			waitCond(t, "the request at the engine", func() bool {
+				st := en.Stats()
+				return st.InFlight == 1 || st.FaultsInjected == 1 // a hung request is not in flight
+			})
+			c.Close() // leave before any byte of the answer
+			waitCond(t, "the engine's request ended", func() bool { return en.Stats().InFlight == 0 })
+			waitCond(t, "router in-flight back to 0", func() bool {
+				return replicaStatus(t, s, en.Addr()).InFlight == 0 &&
+					metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+			})
+			st := en.Stats()
+			if st.Served[e2eModel] != 0 {
+				t.Fatalf("engine finished the abandoned request (served %d)", st.Served[e2eModel])
+			}
+			if !tc.stream && st.Cancelled != 1 {
+				t.Fatalf("engine saw %d cancelled requests, want 1", st.Cancelled)
+			}
+			rs := replicaStatus(t, s, en.Addr())
+			if !rs.Healthy || rs.ConsecutiveFailures != 0 {
+				t.Fatalf("replica blamed for a client leaving: %+v", rs)
+			}
+			if n := metricSum(t, s, "warmpath_slowpath_client_gone_total", "", ""); n != 1 {
+				t.Fatalf("client_gone_total = %v, want 1", n)
+			}
+			if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+				t.Fatalf("retries_total = %v, want 0", n)
+			}
+		})
+	}
+}

@@ -87,6 +87,8 @@ type exchange struct {
 
 	// streaming state
 	uresp     *fasthttp.Response
+	up        upConn // the stream's upstream connection (see upstream.go)
+	streamEOF bool   // the upstream stream was read to its end
 	stream    io.Reader
 	idle      *idleConn // the stream's upstream connection; released at the first token
 	gotFirst  bool      // FirstToken was called
@@ -113,6 +115,7 @@ func (s *Server) getExchange() *exchange {
 	ex.gotFirst = false
 	ex.output = false
 	ex.upErr, ex.errSent = nil, 0
+	ex.streamEOF = false
 	ex.line = ex.line[:0]
 	ex.lineDrop = false
 	ex.rep = nil
@@ -450,9 +453,24 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)
-		err := r.hc.Do(ureq, uresp)
+		_, err := s.attempt(ctx, ex, r, ureq, uresp)
 		status := uresp.StatusCode()
 		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		if errors.Is(err, errClientGone) {
+			// Nobody to answer: the upstream connection is closed (the
+			// engine cancels), the replica did nothing wrong.
+			fasthttp.ReleaseResponse(uresp)
+			s.brain.End(&ex.flight, s.now(), -1, false)
+			r.release()
+			s.freed.signal()
+			s.releaseTotal()
+			s.putExchange(ex)
+			r.m.clientGone.Inc()
+			r.log.Debug("client left before the answer began; upstream request cancelled")
+			ctx.SetConnectionClose()
+			s.reject(ctx, statusClientClosed, "client_gone", "Client closed the request.", errTypeInvalid, "", "")
+			return
+		}
 		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 			// The engine did the work: another replica would do it again
 			// and answer as much. Not the replica's fault either.
@@ -475,6 +493,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		if err != nil {
 			// Nothing reached the client: try the next ranked replica.
 			uresp.CloseBodyStream() //nolint:errcheck // discarding
+			ex.up.release(false)    // a retried status's stream: not drained
 			fasthttp.ReleaseResponse(uresp)
 			s.brain.End(&ex.flight, s.now(), -1, false)
 			r.release()
@@ -525,6 +544,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 
 var errRetryStatus = errors.New("replica answered with a retryable status")
 
+// statusClientClosed is what a request whose client left before its answer
+// began is counted as (nginx's 499; nobody receives it).
+const statusClientClosed = 499
+
 func (s *Server) retryStatus(st int) bool {
 	for _, x := range s.cfg.Upstream.RetryStatuses {
 		if x == st {
@@ -544,6 +567,9 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	// (`POST http://elsewhere/...`) must not carry the client's authority to
 	// the replica, which would take it as Host.
 	ureq.SetRequestURIBytes(ctx.URI().RequestURI())
+	ureq.URI().DisablePathNormalizing = true
+	ureq.UseHostHeader = true // each attempt's Host is its replica (SetHost), not the URI's
+	ureq.Header.DisableNormalizing()
 	h := &ureq.Header
 	h.DelBytes(hdrConnection)
 	h.DelBytes(hdrKeepAlive)
@@ -625,6 +651,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	n, err := ex.stream.Read(p)
+	if err == io.EOF {
+		ex.streamEOF = true
+	}
 	if n > 0 {
 		if ex.status == fasthttp.StatusOK {
 			ex.scan(p[:n]) // the first token is the first SSE event with output
@@ -657,7 +686,9 @@ func (ex *exchange) CloseWithError(werr error) error {
 	}
 	ex.closed = true
 	s := ex.s
+	reuse := ex.streamEOF && ex.upErr == nil && !ex.uresp.ConnectionClose()
 	ex.uresp.CloseBodyStream() //nolint:errcheck // nothing to do about it
+	ex.up.release(reuse)       // not read to its end: closed, the engine cancels
 	fasthttp.ReleaseResponse(ex.uresp)
 	ex.uresp = nil
 	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {

@@ -211,7 +211,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			MaxIdleConnDuration:           u.MaxIdleConnDuration,
 			ReadTimeout:                   u.ResponseTimeout,
 			WriteTimeout:                  s.cfg.Limits.ReadTimeout,
-			MaxResponseBodySize:           s.cfg.Limits.MaxResponseBytes, // buffered answers only
+			MaxResponseBodySize:           0,
 			DisableHeaderNamesNormalizing: true,
 			DisablePathNormalizing:        true,
 			NoDefaultUserAgentHeader:      true,
