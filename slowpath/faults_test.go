@@ -188,8 +188,6 @@ func TestFaultsUpstream(t *testing.T) {
 		retried      bool
 	}{
 		{name: "close mid-stream", faults: enginesim.Faults{CloseAfterChunks: 2}, stream: true, victimBreaks: true, ejected: true},
-		{name: "hang before first byte stream", faults: enginesim.Faults{Hang: true}, stream: true, ejected: true, retried: true},
-		{name: "hang before first byte json", faults: enginesim.Faults{Hang: true}, ejected: true, retried: true},
 		{name: "stall after first byte", faults: enginesim.Faults{StallAfterChunks: 2}, stream: true, victimBreaks: true, ejected: true},
 		{name: "503 burst", faults: enginesim.Faults{ErrorRate: 1, ErrorStatus: 503}, stream: true, ejected: true, retried: true},
 		{name: "502 burst json", faults: enginesim.Faults{ErrorRate: 1, ErrorStatus: 502}, ejected: true, retried: true},
@@ -582,13 +580,27 @@ func TestFaultsIdleTimeoutJSON(t *testing.T) {
 		c.Scrape.Interval = 0
 		c.Replicas = append([]slowpath.ReplicaConfig{{Address: ln.Addr().String(), Models: []string{e2eModel}}}, c.Replicas...)
 	})
+	// Round-robin: one request to each. The one whose answer stalls
+	// mid-body is a 502: its engine had the request (bytes of its answer
+	// came), so it is not sent to another replica, and it counts against
+	// the replica.
+	var complete, failed int
 	for i := range 2 {
-		if r := doChat(t, url, chatJSON(fmt.Sprintf("json %d", i), false, 4)); !r.complete() {
+		r := doChat(t, url, chatJSON(fmt.Sprintf("json %d", i), false, 4))
+		switch {
+		case r.complete():
+			complete++
+		case r.status == http.StatusBadGateway && strings.Contains(r.body, `"code":"upstream_error"`):
+			failed++
+		default:
 			t.Fatalf("request %d: %+v", i, r)
 		}
 	}
-	if len(stalled) == 0 {
-		t.Fatal("the stalling replica was never tried")
+	if complete != 1 || failed != 1 || len(stalled) == 0 { // stalled also counts the health probe
+		t.Fatalf("%d complete, %d failed, %d stalled; want 1, 1, > 0", complete, failed, len(stalled))
+	}
+	if st := replicaStatus(t, s, ln.Addr().String()); st.ConsecutiveFailures != 1 {
+		t.Fatalf("stalling replica: %d consecutive failures, want 1", st.ConsecutiveFailures)
 	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
@@ -597,8 +609,63 @@ func TestFaultsIdleTimeoutJSON(t *testing.T) {
 			t.Fatalf("answer attributed to %s", rep)
 		}
 	}
-	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "replica", ln.Addr().String()); n < 1 {
-		t.Fatalf("retries_total{stalling replica} = %v, want >= 1", n)
+	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+		t.Fatalf("retries_total = %v, want 0 (the answer had begun)", n)
+	}
+}
+
+// TestFaultsLongGeneration: a request that outlives
+// upstream.response_timeout (an engine that takes longer than that before
+// its first byte, streamed or not) is a 504 upstream_timeout to its
+// client. It is not sent to another replica (a long generation would start
+// over there, and again) and does not count toward ejection: the replica
+// answers its health checks. Was: retried on up to three replicas and the
+// replica ejected after three.
+func TestFaultsLongGeneration(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			engines := startEngines(t, 3, nil)
+			victim := engines[0]
+			victim.SetFaults(enginesim.Faults{Hang: true})
+			s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+				c.Upstream.ResponseTimeout = 300 * time.Millisecond
+				c.Passive.ConsecutiveFailures = 1 // one counted failure would eject
+				c.Health.Interval, c.Health.Timeout = 50*time.Millisecond, 50*time.Millisecond
+			})
+			const n = 9
+			var ok, timedOut int
+			for i := range n {
+				r := doChat(t, url, chatJSON(fmt.Sprintf("q%d", i), stream, 4))
+				switch {
+				case r.complete():
+					ok++
+				case r.status == http.StatusGatewayTimeout && strings.Contains(r.body, `"code":"upstream_timeout"`):
+					timedOut++
+				default:
+					t.Fatalf("request %d: %+v", i, r)
+				}
+			}
+			hung := victim.Stats().FaultsInjected
+			if timedOut == 0 || int64(timedOut) != hung || ok+timedOut != n {
+				t.Fatalf("%d complete, %d timed out, the slow replica got %d requests; want every one it got to time out and nothing else", ok, timedOut, hung)
+			}
+			var served int64
+			for _, e := range engines[1:] {
+				served += e.Stats().Served[e2eModel]
+			}
+			if served != int64(ok) {
+				t.Fatalf("the other replicas served %d, want %d (no retries)", served, ok)
+			}
+			if r := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); r != 0 {
+				t.Fatalf("retries_total = %v, want 0", r)
+			}
+			if st := replicaStatus(t, s, victim.Addr()); !st.Healthy || st.Ejections != 0 || st.ConsecutiveFailures != 0 {
+				t.Fatalf("slow replica held against: %+v", st)
+			}
+			if m := metricSum(t, s, "warmpath_slowpath_upstream_timeouts_total", "replica", victim.Addr()); int(m) != timedOut {
+				t.Fatalf("upstream_timeouts_total = %v, want %d", m, timedOut)
+			}
+		})
 	}
 }
 

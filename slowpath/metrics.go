@@ -26,6 +26,7 @@ type metrics struct {
 	ejections     *prometheus.CounterVec   // replica
 	broken        *prometheus.CounterVec   // replica
 	clientGone    *prometheus.CounterVec   // replica
+	timeouts      *prometheus.CounterVec   // replica
 	inFlight      prometheus.Gauge
 	replicaFlight *prometheus.GaugeVec // replica
 	healthy       *prometheus.GaugeVec // replica
@@ -60,6 +61,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		retries:       prometheus.NewCounterVec(prometheus.CounterOpts(o("retries_total", "Attempts that failed before the first byte and moved to the next ranked replica, by the failing replica.")), []string{"replica"}),
 		ejections:     prometheus.NewCounterVec(prometheus.CounterOpts(o("ejections_total", "Passive ejections after consecutive failures.")), []string{"replica"}),
 		broken:        prometheus.NewCounterVec(prometheus.CounterOpts(o("broken_streams_total", "Responses cut after bytes reached the client (upstream failed mid-stream).")), []string{"replica"}),
+		timeouts:      prometheus.NewCounterVec(prometheus.CounterOpts(o("upstream_timeouts_total", "Requests that hit upstream.response_timeout (answered 504, not retried, not counted against the replica).")), []string{"replica"}),
 		clientGone:    prometheus.NewCounterVec(prometheus.CounterOpts(o("client_gone_total", "Requests whose client left before the answer began: the upstream request was cancelled (connection closed).")), []string{"replica"}),
 		inFlight:      prometheus.NewGauge(prometheus.GaugeOpts(o("in_flight", "Requests currently being proxied."))),
 		replicaFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts(o("replica_in_flight", "Requests currently proxied to each replica.")), []string{"replica"}),
@@ -69,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected:      prometheus.NewCounterVec(prometheus.CounterOpts(o("rejected_total", "Requests refused before routing, by reason.")), []string{"reason"}),
 	}
 	reg.MustRegister(m.requests, m.decision, m.predicted, m.actual, m.predictionErr, m.ttft, m.e2e,
-		m.retries, m.ejections, m.broken, m.clientGone, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.reloads, m.rejected)
+		m.retries, m.ejections, m.broken, m.clientGone, m.timeouts, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.reloads, m.rejected)
 	return m
 }
 
@@ -91,7 +93,7 @@ func (m *metrics) localRequest(code int) {
 // replica is added and deleted when it is removed.
 type replicaMetrics struct {
 	predicted, actual, retries, ejections, broken, scrapeErrors prometheus.Counter
-	clientGone                                                  prometheus.Counter
+	clientGone, timeouts                                        prometheus.Counter
 	inFlight, healthy                                           prometheus.Gauge
 	models                                                      []modelMetrics
 }
@@ -126,6 +128,7 @@ func (m *metrics) forReplica(name string, models []string) replicaMetrics {
 		ejections:    m.ejections.WithLabelValues(name),
 		broken:       m.broken.WithLabelValues(name),
 		clientGone:   m.clientGone.WithLabelValues(name),
+		timeouts:     m.timeouts.WithLabelValues(name),
 		scrapeErrors: m.scrapeErrors.WithLabelValues(name),
 		inFlight:     m.replicaFlight.WithLabelValues(name),
 		healthy:      m.healthy.WithLabelValues(name),
@@ -139,7 +142,7 @@ func (m *metrics) forReplica(name string, models []string) replicaMetrics {
 
 // forgetReplica deletes a removed replica's series.
 func (m *metrics) forgetReplica(name string) {
-	for _, v := range []*prometheus.CounterVec{m.predicted, m.actual, m.retries, m.ejections, m.broken, m.clientGone, m.scrapeErrors} {
+	for _, v := range []*prometheus.CounterVec{m.predicted, m.actual, m.retries, m.ejections, m.broken, m.clientGone, m.timeouts, m.scrapeErrors} {
 		v.DeleteLabelValues(name)
 	}
 	m.replicaFlight.DeleteLabelValues(name)

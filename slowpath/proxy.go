@@ -453,37 +453,49 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)
-		_, err := s.attempt(ctx, ex, r, ureq, uresp)
+		started, err := s.attempt(ctx, ex, r, ureq, uresp)
 		status := uresp.StatusCode()
 		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
-		if errors.Is(err, errClientGone) {
+		switch {
+		case err == nil, !started && !errors.Is(err, errClientGone) && !errors.Is(err, fasthttp.ErrTimeout):
+			// Answered, or failed where the engine cannot have begun the
+			// work (connect error, reset before any byte): retryable below.
+		case errors.Is(err, errClientGone):
 			// Nobody to answer: the upstream connection is closed (the
 			// engine cancels), the replica did nothing wrong.
-			fasthttp.ReleaseResponse(uresp)
-			s.brain.End(&ex.flight, s.now(), -1, false)
-			r.release()
-			s.freed.signal()
-			s.releaseTotal()
-			s.putExchange(ex)
+			s.endAttempt(ex, r, uresp)
 			r.m.clientGone.Inc()
 			r.log.Debug("client left before the answer began; upstream request cancelled")
 			ctx.SetConnectionClose()
 			s.reject(ctx, statusClientClosed, "client_gone", "Client closed the request.", errTypeInvalid, "", "")
 			return
-		}
-		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		case errors.Is(err, fasthttp.ErrBodyTooLarge):
 			// The engine did the work: another replica would do it again
 			// and answer as much. Not the replica's fault either.
-			fasthttp.ReleaseResponse(uresp)
-			s.brain.End(&ex.flight, s.now(), -1, false)
-			r.release()
-			s.freed.signal()
-			s.releaseTotal()
-			s.putExchange(ex)
+			s.endAttempt(ex, r, uresp)
 			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.cfg.Limits.MaxResponseBytes)
 			s.reject(ctx, fasthttp.StatusBadGateway, "response_too_large",
 				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.cfg.Limits.MaxResponseBytes),
 				errTypeUpstream, "", "response_too_large")
+			return
+		case errors.Is(err, fasthttp.ErrTimeout):
+			// upstream.response_timeout: a long generation looks like this
+			// too. Not retried (another replica would start it over) and
+			// not held against a replica that answers its health checks.
+			s.endAttempt(ex, r, uresp)
+			r.m.timeouts.Inc()
+			r.log.Warn("upstream response timeout", "timeout", s.cfg.Upstream.ResponseTimeout, "started", started)
+			s.reject(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout",
+				"The upstream replica did not answer within the router's response timeout.", errTypeUpstream, "", "upstream_timeout")
+			return
+		default:
+			// The answer began and broke (reset, malformed, stalled past
+			// upstream.idle_timeout): the engine had the request, so it is
+			// not sent again, but a broken answer counts against the replica.
+			s.endAttempt(ex, r, uresp)
+			s.proxyFailed(r, err)
+			r.log.Warn("upstream answer broke before reaching the client", "err", err)
+			s.reject(ctx, fasthttp.StatusBadGateway, "upstream_failed", msgUpstreamFailed, errTypeUpstream, "", "upstream_error")
 			return
 		}
 		badStatus := err == nil && s.retryStatus(status)
@@ -539,10 +551,32 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 	if errors.Is(lastErr, errRetryStatus) && lastStatus > 0 {
 		code = lastStatus
 	}
-	s.reject(ctx, code, "upstream_failed", "Upstream replicas failed: "+lastErr.Error(), errTypeUpstream, "", "upstream_error")
+	s.log.Warn("every attempt failed", "model", string(ex.model), "attempts", attempts, "err", lastErr)
+	msg := msgUpstreamFailed
+	if attempts > 1 {
+		msg = "The upstream replicas failed to answer."
+	}
+	s.reject(ctx, code, "upstream_failed", msg, errTypeUpstream, "", "upstream_error")
 }
 
 var errRetryStatus = errors.New("replica answered with a retryable status")
+
+// msgUpstreamFailed is the client's message for a 502; the detail (socket
+// addresses, fasthttp's text) stays in the log.
+const msgUpstreamFailed = "The upstream replica failed to answer."
+
+// endAttempt undoes an attempt that ends the request without an answer
+// from the engine: the flight, both slots and the exchange.
+func (s *Server) endAttempt(ex *exchange, r *replica, uresp *fasthttp.Response) {
+	uresp.CloseBodyStream() //nolint:errcheck // discarding
+	ex.up.release(false)
+	fasthttp.ReleaseResponse(uresp)
+	s.brain.End(&ex.flight, s.now(), -1, false)
+	r.release()
+	s.freed.signal()
+	s.releaseTotal()
+	s.putExchange(ex)
+}
 
 // statusClientClosed is what a request whose client left before its answer
 // began is counted as (nginx's 499; nobody receives it).

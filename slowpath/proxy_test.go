@@ -512,8 +512,8 @@ func TestEveryAttemptFails(t *testing.T) {
 		cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
 		_, url := newTestServer(t, cfg)
 		st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
-		if st != 502 || !strings.HasPrefix(body, `{"error":{"message":"Upstream replicas failed: `) ||
-			!strings.HasSuffix(body, `","type":"upstream_error","param":null,"code":"upstream_error"}}`) {
+		// Generic: no socket address, no fasthttp text (the log has them).
+		if st != 502 || body != `{"error":{"message":"The upstream replicas failed to answer.","type":"upstream_error","param":null,"code":"upstream_error"}}` {
 			t.Fatalf("got %d %s", st, body)
 		}
 	})
