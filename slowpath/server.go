@@ -114,13 +114,16 @@ func NewFromFile(path string, log *slog.Logger) (*Server, error) {
 	if err := CheckConfigPerms(path); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(path)
+	b, err := readStable(path, os.ReadFile, settleTime)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
 	cfg, err := ParseConfig(b)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if len(cfg.Replicas) == 0 {
+		return nil, fmt.Errorf("config %s: %w", path, errNoReplicas)
 	}
 	s, err := New(cfg, log)
 	if err != nil {
@@ -373,7 +376,7 @@ func (s *Server) Reload() error {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)
 	}
-	b, err := os.ReadFile(path)
+	b, err := readStable(path, os.ReadFile, settleTime)
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)
@@ -381,10 +384,45 @@ func (s *Server) Reload() error {
 	return s.reloadBytes(b)
 }
 
+// errNoReplicas refuses a config file without replicas: an empty,
+// comment-only or truncated file (`: > warmpath.yaml`) would otherwise
+// remove every replica.
+var errNoReplicas = errors.New("replicas: at least one replica required (an empty, comment-only or half-written file?)")
+
+// settleTime is how long a config file's content must stay the same
+// before it is applied (an editor or a script may be writing it in place).
+const settleTime = 50 * time.Millisecond
+
+// readStable reads the file with read until two reads settle apart return
+// the same bytes (up to 20 reads), so a file being written in place is not
+// applied half-written.
+func readStable(path string, read func(string) ([]byte, error), settle time.Duration) ([]byte, error) {
+	b, err := read(path)
+	for range 20 {
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(settle)
+		var again []byte
+		again, err = read(path)
+		if err == nil && bytes.Equal(again, b) {
+			return b, nil
+		}
+		b = again
+	}
+	if err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("config %s kept changing while being read; not applied", path)
+}
+
 func (s *Server) reloadBytes(b []byte) error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	cfg, err := ParseConfig(b)
+	if err == nil && len(cfg.Replicas) == 0 {
+		err = errNoReplicas
+	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		s.log.Error("config reload rejected; keeping the running replica set", "err", err)
@@ -421,6 +459,7 @@ func (s *Server) watchFile() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.ReloadInterval)
 	defer t.Stop()
+	missing := false
 	for {
 		select {
 		case <-s.closing:
@@ -429,12 +468,34 @@ func (s *Server) watchFile() {
 		}
 		b, err := os.ReadFile(s.cfgPath)
 		if err != nil {
-			continue // mid-rename or gone: keep what runs
+			// Gone (or mid-rename): keep what runs, say so once.
+			if !missing {
+				missing = true
+				s.log.Warn("config file unreadable; keeping the running replica set", "path", s.cfgPath, "err", err)
+			}
+			continue
+		}
+		if missing {
+			missing = false
+			s.log.Info("config file readable again", "path", s.cfgPath)
 		}
 		s.reloadMu.Lock()
 		same := bytes.Equal(b, s.lastFile)
 		s.reloadMu.Unlock()
 		if same {
+			continue
+		}
+		if b, err = readStable(s.cfgPath, os.ReadFile, settleTime); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+			continue // the next tick reads it again
+		}
+		if err := CheckConfigPerms(s.cfgPath); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+			s.reloadMu.Lock()
+			s.lastFile = b
+			s.reloadMu.Unlock()
 			continue
 		}
 		s.log.Info("config file changed, reloading", "path", s.cfgPath)
