@@ -218,6 +218,11 @@ type ScrapeConfig struct {
 	// StaleAfter: signals older than this are cleared, so routing falls back
 	// to router-local in-flight counts. Default 5s.
 	StaleAfter time.Duration `yaml:"stale_after"`
+	// BodySizeLimit bounds an engine's /metrics (and /health) body, like
+	// Prometheus' body_size_limit: a larger one fails the scrape (counted in
+	// scrape_body_too_large_total, logged once until a scrape succeeds).
+	// Default 16 MiB; [4096, 1 GiB].
+	BodySizeLimit int `yaml:"body_size_limit"`
 }
 
 // Default returns the configuration used for every field the file omits.
@@ -258,10 +263,11 @@ func Default() Config {
 			MaxEjectTime:        60 * time.Second,
 		},
 		Scrape: ScrapeConfig{
-			Path:       "/metrics",
-			Interval:   time.Second,
-			Timeout:    time.Second,
-			StaleAfter: 5 * time.Second,
+			Path:          "/metrics",
+			Interval:      time.Second,
+			Timeout:       time.Second,
+			StaleAfter:    5 * time.Second,
+			BodySizeLimit: 16 << 20,
 		},
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
@@ -461,6 +467,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("scrape.timeout: must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
 	case s.Interval > 0 && s.StaleAfter < s.Interval:
 		return fmt.Errorf("scrape.stale_after: must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
+	case s.BodySizeLimit < 4096 || s.BodySizeLimit > 1<<30:
+		return fmt.Errorf("scrape.body_size_limit: must be in [4096, 1073741824], got %d", s.BodySizeLimit)
 	}
 	if err := c.Routing.Validate(); err != nil {
 		return fmt.Errorf("routing.%w", err)
