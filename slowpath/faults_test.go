@@ -312,8 +312,8 @@ func TestFaultsMetricsGarbageAndStall(t *testing.T) {
 				if st.Affinity == nil {
 					return false
 				}
-				isFresh := !st.Engine.Stale && st.Affinity.Signals.At != 0
-				isStale := st.Engine.Stale && st.Affinity.Signals.At == 0 && st.Engine.Error != ""
+				isFresh := !st.Engine.Stale && !st.Affinity.Signals.ScrapedAt.IsZero()
+				isStale := st.Engine.Stale && st.Affinity.Signals.ScrapedAt.IsZero() && st.Engine.Error != ""
 				if (want && !isFresh) || (!want && !isStale) {
 					return false
 				}

@@ -97,7 +97,7 @@ func TestScrapeFeedsSignalsAndGoesStale(t *testing.T) {
 	e.MetricsDown.Store(true)
 	waitFor(t, "stale", func() bool { return replicaStatus(t, s, e.addr).Engine.Stale })
 	st = replicaStatus(t, s, e.addr)
-	if st.Affinity.Signals.At != 0 || !strings.Contains(st.Engine.Error, "status 500") {
+	if !st.Affinity.Signals.ScrapedAt.IsZero() || !strings.Contains(st.Engine.Error, "status 500") {
 		t.Fatalf("stale signals must be withdrawn from affinity: %+v / %+v", st.Affinity.Signals, st.Engine)
 	}
 }

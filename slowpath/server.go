@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -524,7 +525,7 @@ type ReplicaStatus struct {
 	Engine              struct {
 		Waiting          int       `json:"waiting"`
 		Running          int       `json:"running"`
-		KVUsage          float64   `json:"kv_usage"`
+		KVUsage          float64   `json:"kv_usage_ratio"` // 0..1
 		KVCapacityTokens int       `json:"kv_capacity_tokens"`
 		ScrapedAt        time.Time `json:"scraped_at,omitzero"`
 		Stale            bool      `json:"stale"`
@@ -536,20 +537,33 @@ type ReplicaStatus struct {
 
 // AffinityStatus is affinity.ReplicaStatus as /debug/replicas shows it.
 type AffinityStatus struct {
-	Healthy              bool                   `json:"healthy"`
-	Draining             bool                   `json:"draining"`
-	Weight               float64                `json:"weight"`
-	InFlight             int                    `json:"in_flight"`
-	PendingPrefillTokens int                    `json:"pending_prefill_tokens"`
-	PrefillTokensPerSec  float64                `json:"prefill_tokens_per_sec"`
-	CachedBlocks         int                    `json:"cached_blocks"`
-	CapacityBlocks       int                    `json:"capacity_blocks"`
-	Mispredictions       uint64                 `json:"mispredictions"`
-	Signals              affinity.EngineSignals `json:"signals"`
+	Healthy              bool          `json:"healthy"`
+	Draining             bool          `json:"draining"`
+	Weight               float64       `json:"weight"`
+	InFlight             int           `json:"in_flight"`
+	PendingPrefillTokens int           `json:"pending_prefill_tokens"`
+	PrefillTokensPerSec  float64       `json:"prefill_tokens_per_sec"`
+	CachedBlocks         int           `json:"cached_blocks"`
+	CapacityBlocks       int           `json:"capacity_blocks"`
+	Mispredictions       uint64        `json:"mispredictions"`
+	Signals              SignalsStatus `json:"signals"`
 	// PeerInFlight and PeerPendingTokens are the other instances' load on
 	// the replica (cluster mode; 0 alone).
 	PeerInFlight      int `json:"peer_in_flight"`
 	PeerPendingTokens int `json:"peer_pending_prefill_tokens"`
+}
+
+// SignalsStatus is affinity.EngineSignals as /debug/replicas shows it: the
+// engine signals the routing brain uses, in the names and units of the
+// rest of the page.
+type SignalsStatus struct {
+	Waiting          int     `json:"waiting"`
+	Running          int     `json:"running"`
+	KVUsage          float64 `json:"kv_usage_ratio"` // 0..1
+	KVCapacityTokens int     `json:"kv_capacity_tokens"`
+	// ScrapedAt is when the signals were taken; zero (omitted) when there
+	// are none the brain trusts (never scraped, or withdrawn as stale).
+	ScrapedAt time.Time `json:"scraped_at,omitzero"`
 }
 
 // Replicas returns a snapshot of every replica, sorted by name.
@@ -584,7 +598,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 		st.LastProbeError = r.lastProbeErr
 		st.Engine.Waiting = r.sample.Waiting
 		st.Engine.Running = r.sample.Running
-		st.Engine.KVUsage = r.sample.KVUsage
+		st.Engine.KVUsage = finite(r.sample.KVUsage)
 		st.Engine.KVCapacityTokens = r.sample.KVCapacityTokens
 		st.Engine.ScrapedAt = r.lastScrape
 		st.Engine.Stale = r.stale
@@ -595,7 +609,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				Healthy: a.Healthy, Draining: a.Draining, Weight: a.Weight, InFlight: a.InFlight,
 				PendingPrefillTokens: a.PendingPrefillTokens, PrefillTokensPerSec: a.PrefillTokensPerSec,
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
-				Mispredictions: a.Mispredictions, Signals: a.Signals,
+				Mispredictions: a.Mispredictions, Signals: s.signalsStatus(a.Signals),
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
 			}
 		}
@@ -613,20 +627,44 @@ func sortReplicaStatus(v []ReplicaStatus) {
 	}
 }
 
+// signalsStatus converts the brain's signals; At is on the router's clock.
+func (s *Server) signalsStatus(e affinity.EngineSignals) SignalsStatus {
+	st := SignalsStatus{Waiting: e.Waiting, Running: e.Running, KVUsage: finite(e.KVUsage), KVCapacityTokens: e.KVCapacityTokens}
+	if e.At != 0 {
+		st.ScrapedAt = s.epoch.Add(time.Duration(e.At))
+	}
+	return st
+}
+
+// finite maps NaN and infinities to 0: JSON has no spelling for them.
+func finite(f float64) float64 {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0
+	}
+	return f
+}
+
 func (s *Server) debugReplicas(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
 	var cs *cluster.Status
 	if s.cluster != nil {
 		st := s.cluster.Status()
 		cs = &st
 	}
-	_ = enc.Encode(struct {
+	// Encoded whole before the status is sent: an encoding error is a 500
+	// with a JSON error body, not a 200 cut short.
+	b, err := json.MarshalIndent(struct {
 		Replicas []ReplicaStatus `json:"replicas"`
 		InFlight int64           `json:"in_flight"`
 		Cluster  *cluster.Status `json:"cluster,omitempty"`
-	}{s.Replicas(), s.inflight.Load(), cs})
+	}{s.Replicas(), s.inflight.Load(), cs}, "", "  ")
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		s.log.Error("debug/replicas: encode", "err", err)
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write(AppendError(nil, "Could not encode the replica status: "+err.Error(), "internal_error", "", ""))
+		return
+	}
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // fasthttpLogger routes fasthttp's own messages to slog at debug level.
