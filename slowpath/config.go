@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warmpath/warmpath/affinity"
@@ -329,9 +330,74 @@ func ParseConfig(b []byte) (Config, error) {
 		return Config{}, fmt.Errorf("decode: %w", err)
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		return Config{}, &ConfigError{Line: fieldLine(b, err.Error()), Err: err}
 	}
 	return cfg, nil
+}
+
+// ConfigError is a value validation refused: the error names the field
+// (its path, e.g. routing.load_factor or replicas[1].weight) and the
+// allowed range; Line is the field's line in the file, 0 when the file
+// does not set it.
+type ConfigError struct {
+	Line int
+	Err  error
+}
+
+func (e *ConfigError) Error() string {
+	if e.Line > 0 {
+		return "line " + strconv.Itoa(e.Line) + ": " + e.Err.Error()
+	}
+	return e.Err.Error()
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// fieldLine finds the line of the field a validation message starts with
+// ("routing.load_factor NaN: ...", "replicas[1].weight: ...") in the YAML
+// source; 0 when it is not there.
+func fieldLine(src []byte, msg string) int {
+	end := strings.IndexAny(msg, " :")
+	if end <= 0 {
+		return 0
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(src, &root) != nil || len(root.Content) == 0 {
+		return 0
+	}
+	n, line := root.Content[0], 0
+	for seg := range strings.SplitSeq(msg[:end], ".") {
+		name, idx, hasIdx := seg, 0, false
+		if i := strings.IndexByte(seg, '['); i > 0 && strings.HasSuffix(seg, "]") {
+			v, err := strconv.Atoi(seg[i+1 : len(seg)-1])
+			if err != nil {
+				return line
+			}
+			name, idx, hasIdx = seg[:i], v, true
+		}
+		if n.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for k := 0; k+1 < len(n.Content); k += 2 {
+			if n.Content[k].Value == name {
+				line, next = n.Content[k].Line, n.Content[k+1]
+				break
+			}
+		}
+		if next == nil {
+			return line
+		}
+		if hasIdx {
+			if next.Kind != yaml.SequenceNode || idx >= len(next.Content) {
+				return line
+			}
+			next = next.Content[idx]
+			line = next.Line
+		}
+		n = next
+	}
+	return line
 }
 
 // Validate checks every field; the error names the field and its allowed
