@@ -473,7 +473,11 @@ func TestFaultsReplicaRestart(t *testing.T) {
 	// Restart with a long stream in flight on the home replica.
 	done := make(chan sseResult, 1)
 	go func() { done <- doChat(t, url, body("in flight", true)) }()
-	waitCond(t, "stream in flight on the home replica", func() bool { return replicaStatus(t, s, homeName).InFlight == 1 })
+	// In flight at the engine, not only at the router: a restart before
+	// the request arrives would not touch it.
+	waitCond(t, "stream in flight on the home replica", func() bool {
+		return replicaStatus(t, s, homeName).InFlight == 1 && home.Stats().InFlight == 1
+	})
 	ejections := replicaStatus(t, s, homeName).Ejections
 	home.Restart()
 	r := <-done

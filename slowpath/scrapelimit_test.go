@@ -22,7 +22,7 @@ func TestScrapeBodySizeLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pad atomic.Int64
-	pad.Store(1 << 20)
+	pad.Store(256 << 10)
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		switch string(ctx.Path()) {
 		case "/metrics":
@@ -36,7 +36,7 @@ func TestScrapeBodySizeLimit(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Shutdown(); _ = ln.Close() })
 	addr := ln.Addr().String()
 	cfg := testConfig(addr)
-	cfg.Scrape.Interval, cfg.Scrape.Timeout, cfg.Scrape.StaleAfter = 20*time.Millisecond, 20*time.Millisecond, 100*time.Millisecond
+	cfg.Scrape.Interval, cfg.Scrape.Timeout, cfg.Scrape.StaleAfter = 100*time.Millisecond, 100*time.Millisecond, time.Second
 	cfg.Scrape.BodySizeLimit = 64 << 10
 	var logs syncBuffer
 	s, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
