@@ -41,6 +41,14 @@ var (
 	hdrExpect          = []byte("Expect")
 	hdrXForwardedFor   = []byte("X-Forwarded-For")
 	hdrContentLength   = []byte("Content-Length")
+	hdrAllow           = []byte("Allow")
+	hdrRetryAfter      = []byte("Retry-After")
+	hdrXRealIP         = []byte("X-Real-Ip")
+	hdrForwarded       = []byte("Forwarded")
+
+	strPOST = []byte("POST")
+	strGET  = []byte("GET")
+	strOne  = []byte("1")
 
 	strDataPrefix   = []byte("data:")
 	strDone         = []byte("[DONE]")
@@ -146,6 +154,13 @@ func (s *Server) putExchange(ex *exchange) {
 // handle is the fasthttp handler, installed once as a method value.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
+	if bareLF(ctx.Request.Header.RawHeaders()) {
+		// fasthttp ends a header line at a bare LF; a proxy or engine that
+		// does not would read two headers as one (or the other way round).
+		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request: a header line ends in a bare LF.", errTypeInvalid, "", "")
+		ctx.SetConnectionClose() // after reject, which resets the response
+		return
+	}
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
 		s.route(ctx, epChat)
@@ -164,6 +179,34 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// bareLF reports whether a raw header block has a line feed without the
+// carriage return before it.
+func bareLF(raw []byte) bool {
+	for i := bytes.IndexByte(raw, '\n'); i >= 0; {
+		if i == 0 || raw[i-1] != '\r' {
+			return true
+		}
+		j := bytes.IndexByte(raw[i+1:], '\n')
+		if j < 0 {
+			return false
+		}
+		i += 1 + j
+	}
+	return false
+}
+
+// expect answers `Expect: 100-continue` (fasthttp's ExpectHandler): a
+// declared body over limits.max_body_bytes is refused with the 413 before
+// the client sends it, instead of a 100 Continue first.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	if cl := ctx.Request.Header.ContentLength(); cl > s.cfg.Limits.MaxBodyBytes {
+		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
+}
+
 // recoverPanic keeps one bad request from taking the process down. A panic
 // mid-exchange leaks that exchange's slots; it is a bug, logged loudly.
 func (s *Server) recoverPanic(ctx *fasthttp.RequestCtx) {
@@ -173,9 +216,14 @@ func (s *Server) recoverPanic(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// reject answers from the router itself and counts it.
+// reject answers from the router itself and counts it. A 429 or 503
+// carries Retry-After: 1 (the limits it reports clear in about a second:
+// a slot frees, a replica is re-admitted at its next probe).
 func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, reason, msg, typ, param, code string) {
 	writeError(ctx, status, msg, typ, param, code)
+	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
+		ctx.Response.Header.SetBytesKV(hdrRetryAfter, strOne)
+	}
 	s.m.localRequest(status)
 	s.m.rejected.WithLabelValues(reason).Inc()
 }
@@ -193,8 +241,8 @@ func isJSONContentType(ct []byte) bool {
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	if !ctx.IsPost() {
-		ctx.Response.Header.Set("Allow", "POST")
 		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use POST", errTypeInvalid, "", "method_not_allowed")
+		ctx.Response.Header.SetBytesKV(hdrAllow, strPOST) // after reject: writeError resets the response
 		return
 	}
 	if !isJSONContentType(ctx.Request.Header.ContentType()) {
@@ -466,8 +514,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			s.endAttempt(ex, r, uresp)
 			r.m.clientGone.Inc()
 			r.log.Debug("client left before the answer began; upstream request cancelled")
-			ctx.SetConnectionClose()
 			s.reject(ctx, statusClientClosed, "client_gone", "Client closed the request.", errTypeInvalid, "", "")
+			ctx.SetConnectionClose()
 			return
 		case errors.Is(err, fasthttp.ErrBodyTooLarge):
 			// The engine did the work: another replica would do it again
@@ -605,6 +653,7 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	ureq.UseHostHeader = true // each attempt's Host is its replica (SetHost), not the URI's
 	ureq.Header.DisableNormalizing()
 	h := &ureq.Header
+	delNominated(h, ctx.Request.Header.PeekAll(fasthttp.HeaderConnection))
 	h.DelBytes(hdrConnection)
 	h.DelBytes(hdrKeepAlive)
 	h.DelBytes(hdrProxyConnection)
@@ -626,9 +675,28 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	ureq.SetBodyRaw(body)
 }
 
+// delNominated deletes the headers a Connection header names (RFC 9110
+// 7.6.1: they are hop-by-hop too), e.g. `Connection: close, X-Secret`.
+func delNominated(h interface{ DelBytes([]byte) }, conn [][]byte) {
+	for _, v := range conn {
+		for len(v) > 0 {
+			var tok []byte
+			if i := bytes.IndexByte(v, ','); i >= 0 {
+				tok, v = v[:i], v[i+1:]
+			} else {
+				tok, v = v, nil
+			}
+			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+				h.DelBytes(tok)
+			}
+		}
+	}
+}
+
 // copyResponseHeader copies upstream response headers minus hop-by-hop ones.
 func copyResponseHeader(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
 	src.CopyTo(dst)
+	delNominated(dst, src.PeekAll(fasthttp.HeaderConnection))
 	dst.DelBytes(hdrConnection)
 	dst.DelBytes(hdrKeepAlive)
 	dst.DelBytes(hdrTransferEnc)
@@ -965,6 +1033,7 @@ func objectEnd(b []byte) int {
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
 		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
+		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
 		return
 	}
 	seen := map[string]bool{}

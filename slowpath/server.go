@@ -192,6 +192,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		ErrorHandler:          s.serverError,
+		ExpectHandler:         s.expect,
 		Name:                  "warmpath",
 		ReadTimeout:           l.ReadTimeout,
 		WriteTimeout:          l.WriteTimeout,
@@ -210,7 +211,10 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// The admin listener is loopback by default, but still bounded: a
+	// client that connects and sends nothing, or never reads, is cut.
+	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
 	if err := s.applyReplicas(cfg.Replicas); err != nil {
 		s.stopLoops()
 		return nil, err

@@ -1,0 +1,129 @@
+package slowpath
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHTTPHygiene: the weak points of issue 15's review, each on the wire.
+func TestHTTPHygiene(t *testing.T) {
+	e := startFakeEngine(t)
+	cfg := testConfig(e.addr)
+	cfg.Limits.MaxBodyBytes = 4096
+	s, url := newTestServer(t, cfg)
+	addr := strings.TrimPrefix(url, "http://")
+	chat := func(extra ...string) string {
+		return rawReq("POST /v1/chat/completions HTTP/1.1", append([]string{"Host: x", "Content-Type: application/json",
+			"Content-Length: " + strconv.Itoa(len(chatBody))}, extra...), chatBody)
+	}
+
+	t.Run("405 carries Allow", func(t *testing.T) {
+		for path, allow := range map[string]string{"/v1/chat/completions": "POST", "/v1/models": "GET"} {
+			method := "GET"
+			if allow == "GET" {
+				method = "DELETE"
+			}
+			req, _ := http.NewRequest(method, url+path, nil)
+			resp, err := testClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 405 || resp.Header.Get("Allow") != allow {
+				t.Errorf("%s %s: %d Allow %q, want 405 Allow %q", method, path, resp.StatusCode, resp.Header.Get("Allow"), allow)
+			}
+		}
+	})
+
+	t.Run("100-continue refused with the 413", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		// Headers only: a client waiting for 100 Continue sends no body.
+		io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n") //nolint:errcheck
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 413 || !strings.Contains(string(b), `"code":"request_too_large"`) {
+			t.Fatalf("got %d %s, want 413 request_too_large (and no 100 Continue first)", resp.StatusCode, b)
+		}
+	})
+
+	t.Run("bare LF in the headers", func(t *testing.T) {
+		raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-A: 1\nX-Smuggled: yes\r\nContent-Length: " +
+			strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+		before := e.requests.Load()
+		st, body, closed := rawExchange(t, addr, raw)
+		if st != 400 || !strings.Contains(body, "bare LF") || !closed {
+			t.Fatalf("got %d %s closed=%v, want 400 and the connection closed", st, body, closed)
+		}
+		if e.requests.Load() != before {
+			t.Fatal("the request reached the engine")
+		}
+	})
+
+	t.Run("Connection-nominated headers are not forwarded", func(t *testing.T) {
+		st, body, _ := rawExchange(t, addr, chat("Connection: keep-alive, X-Hop", "X-Hop: secret", "X-Kept: yes"))
+		if st != 200 {
+			t.Fatalf("got %d %s", st, body)
+		}
+		h := e.lastHeader()
+		if h.Get("X-Hop") != "" || h.Get("X-Kept") != "yes" {
+			t.Fatalf("engine got X-Hop %q, X-Kept %q", h.Get("X-Hop"), h.Get("X-Kept"))
+		}
+	})
+
+	t.Run("admin server bounded", func(t *testing.T) {
+		a := s.admin
+		if a.ReadTimeout <= 0 || a.IdleTimeout <= 0 || a.WriteTimeout <= 0 || a.ReadHeaderTimeout <= 0 {
+			t.Fatalf("admin timeouts: read %v, header %v, write %v, idle %v", a.ReadTimeout, a.ReadHeaderTimeout, a.WriteTimeout, a.IdleTimeout)
+		}
+	})
+}
+
+// TestRetryAfter: the router's own 429 and 503 tell the client when to
+// come back.
+func TestRetryAfter(t *testing.T) {
+	e := startFakeEngine(t)
+	e.Gate = make(chan struct{})
+	cfg := testConfig(e.addr)
+	cfg.Limits.MaxInFlight = 1
+	s, url := newTestServer(t, cfg)
+	stream, err := testClient.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	readEvent(t, bufio.NewReader(stream.Body)) // holds the one slot
+	resp, err := testClient.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("429: got %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	e.open()
+	e.Unhealthy.Store(true)
+	waitFor(t, "replica out", func() bool { return !replicaStatus(t, s, e.addr).Healthy })
+	resp, err = testClient.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("503: got %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
