@@ -24,6 +24,13 @@ const demoModel = "demo-llama-8b"
 const demoEngines = 3
 
 func runServe(ctx context.Context, args []string, e env) error {
+	// Signals first: a SIGHUP or SIGTERM while the engines, the router and
+	// the listeners start would otherwise kill the process (Go's default
+	// action). One that arrives early is acted on once serving.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	listen := fs.String("listen", ":8080", "API listen address (overrides the config file's `listen`)")
@@ -174,11 +181,6 @@ func runServe(ctx context.Context, args []string, e env) error {
 			return fmt.Errorf("serve: listen admin %s: %w", cfg.Admin, err)
 		}
 	}
-
-	// Signals are caught before anyone is told we are ready.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
 
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(apiLn) }()
