@@ -40,6 +40,14 @@ type Config struct {
 	// cost-model knobs); see affinity.Config. Zero fields take affinity's
 	// defaults.
 	Routing affinity.Config `yaml:"routing"`
+	// TrustedProxies lists the addresses or CIDR prefixes of proxies in
+	// front of the router whose forwarding headers are believed. A request
+	// from one of them keeps its X-Forwarded-For chain (every line, joined)
+	// with the proxy's address appended, and its X-Real-IP and Forwarded.
+	// From anyone else those three headers are replaced by what the router
+	// saw: X-Forwarded-For and X-Real-IP set to the peer address, Forwarded
+	// dropped. Default none.
+	TrustedProxies []string `yaml:"trusted_proxies"`
 	// SessionHeader: when a request carries this header its value is the
 	// session key (else the OpenAI `user` field is). Default "X-Session-ID".
 	SessionHeader string `yaml:"session_header"`
@@ -539,6 +547,9 @@ func (c *Config) Validate() error {
 	if err := c.Routing.Validate(); err != nil {
 		return fmt.Errorf("routing.%w", err)
 	}
+	if _, err := parseTrusted(c.TrustedProxies); err != nil {
+		return err
+	}
 	if c.SessionHeader == "" {
 		return errors.New("session_header: must be a header name, got empty")
 	}
@@ -561,6 +572,24 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster.%w", err)
 	}
 	return c.Fastpath.Validate()
+}
+
+// parseTrusted parses trusted_proxies entries: an address is a prefix of
+// its full length.
+func parseTrusted(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	for i, v := range list {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			a, aerr := netip.ParseAddr(v)
+			if aerr != nil {
+				return nil, fmt.Errorf("trusted_proxies[%d]: must be an IP address or CIDR prefix, got %q", i, v)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 func checkAddr(field, addr string) error {

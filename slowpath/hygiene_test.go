@@ -127,3 +127,49 @@ func TestRetryAfter(t *testing.T) {
 		t.Fatalf("503: got %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 }
+
+// TestForwardedHeaders: without trusted_proxies, X-Forwarded-For (every
+// line of it), X-Real-IP and Forwarded from the client are replaced by the
+// address the router saw; from a trusted proxy the whole chain is kept and
+// the proxy's address appended. Was: a second client-sent XFF line
+// survived after the router's appended one.
+func TestForwardedHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		trusted []string
+		xff     string
+		realIP  string
+		fwd     string
+	}{
+		{"untrusted client", nil, "127.0.0.1", "127.0.0.1", ""},
+		{"trusted proxy", []string{"127.0.0.0/8"}, "1.2.3.4, 5.6.7.8, 127.0.0.1", "9.9.9.9", "for=1.2.3.4"},
+		{"trusted by address", []string{"127.0.0.1"}, "1.2.3.4, 5.6.7.8, 127.0.0.1", "9.9.9.9", "for=1.2.3.4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startFakeEngine(t)
+			cfg := testConfig(e.addr)
+			cfg.TrustedProxies = tc.trusted
+			_, url := newTestServer(t, cfg)
+			raw := rawReq("POST /v1/chat/completions HTTP/1.1", []string{"Host: x", "Content-Type: application/json",
+				"X-Forwarded-For: 1.2.3.4", "X-Real-IP: 9.9.9.9", "Forwarded: for=1.2.3.4", "X-Forwarded-For: 5.6.7.8",
+				"Content-Length: " + strconv.Itoa(len(chatBody))}, chatBody)
+			if st, body, _ := rawExchange(t, strings.TrimPrefix(url, "http://"), raw); st != 200 {
+				t.Fatalf("got %d %s", st, body)
+			}
+			h := e.lastHeader()
+			if got := h.Values("X-Forwarded-For"); len(got) != 1 || got[0] != tc.xff {
+				t.Errorf("X-Forwarded-For %q, want exactly %q", got, tc.xff)
+			}
+			if got := h.Get("X-Real-Ip"); got != tc.realIP {
+				t.Errorf("X-Real-IP %q, want %q", got, tc.realIP)
+			}
+			if got := h.Get("Forwarded"); got != tc.fwd {
+				t.Errorf("Forwarded %q, want %q", got, tc.fwd)
+			}
+		})
+	}
+	if _, err := ParseConfig([]byte("trusted_proxies: [10.0.0.0/8, proxy.local]")); err == nil ||
+		!strings.Contains(err.Error(), `line 1: trusted_proxies[1]: must be an IP address or CIDR prefix, got "proxy.local"`) {
+		t.Fatalf("bad trusted_proxies entry: %v", err)
+	}
+}

@@ -663,14 +663,29 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	h.DelBytes(hdrUpgrade)
 	h.DelBytes(hdrAcceptEncoding)
 	h.DelBytes(hdrExpect) // the router already read the body
+	// Forwarding headers: believed only from trusted_proxies; from anyone
+	// else replaced by what the router saw (every line of them: a second
+	// X-Forwarded-For line would otherwise survive the one set here).
+	trusted := ex.client.IsValid() && s.trustedPeer(ex.client.Addr())
+	if !trusted {
+		h.DelBytes(hdrXRealIP)
+		h.DelBytes(hdrForwarded)
+	}
+	h.DelBytes(hdrXForwardedFor)
 	if ex.client.IsValid() {
 		b := ex.scratch[:0]
-		if prior := ctx.Request.Header.PeekBytes(hdrXForwardedFor); len(prior) > 0 {
-			b = append(append(b, prior...), ", "...)
+		if trusted {
+			for _, v := range ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor) {
+				b = append(append(b, v...), ", "...)
+			}
 		}
+		n := len(b)
 		b = ex.client.Addr().AppendTo(b)
 		ex.scratch = b
 		h.SetBytesKV(hdrXForwardedFor, b)
+		if !trusted {
+			h.SetBytesKV(hdrXRealIP, b[n:])
+		}
 	}
 	ureq.SetBodyRaw(body)
 }
@@ -691,6 +706,16 @@ func delNominated(h interface{ DelBytes([]byte) }, conn [][]byte) {
 			}
 		}
 	}
+}
+
+// trustedPeer reports whether a is in trusted_proxies.
+func (s *Server) trustedPeer(a netip.Addr) bool {
+	for _, p := range s.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // copyResponseHeader copies upstream response headers minus hop-by-hop ones.

@@ -71,7 +71,7 @@ func TestProxyPassthrough(t *testing.T) {
 		"Authorization":       "Bearer sk-test-123",
 		"Openai-Organization": "org-1",
 		"Content-Type":        "application/json; charset=utf-8",
-		"X-Forwarded-For":     "10.9.8.7, 127.0.0.1",
+		"X-Forwarded-For":     "127.0.0.1", // no trusted_proxies: the client's own is replaced
 		"Accept-Encoding":     "",
 	} {
 		if got := h.Get(k); got != want {

@@ -49,6 +49,7 @@ type Server struct {
 	connM         *connMetrics
 	maxConns      int // limits.max_connections, resolved
 	sessionHeader []byte
+	trusted       []netip.Prefix // trusted_proxies
 
 	srv   *fasthttp.Server
 	admin *http.Server
@@ -179,6 +180,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		connM:         newConnMetrics(reg),
 		maxConns:      resolveMaxConns(cfg.Limits.MaxConnections),
 		sessionHeader: []byte(cfg.SessionHeader),
+		trusted:       must(parseTrusted(cfg.TrustedProxies)), // validated
 		byName:        make(map[string]*replica),
 		epoch:         time.Now(),
 		started:       time.Now(),
@@ -220,6 +222,13 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		return nil, err
 	}
 	return s, nil
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func (s *Server) newExchange() *exchange {
