@@ -173,3 +173,59 @@ func TestForwardedHeaders(t *testing.T) {
 		t.Fatalf("bad trusted_proxies entry: %v", err)
 	}
 }
+
+// TestConnCapMeetsOnLimit: past upstream.max_conns_per_replica a request
+// meets limits.on_limit (429, or a wait in the queue) instead of a 502 "no
+// free connections".
+func TestConnCapMeetsOnLimit(t *testing.T) {
+	for _, onLimit := range []string{OnLimitReject, OnLimitQueue} {
+		t.Run(onLimit, func(t *testing.T) {
+			e := startFakeEngine(t)
+			e.Gate = make(chan struct{})
+			cfg := testConfig(e.addr)
+			cfg.Upstream.MaxConnsPerReplica = 2
+			cfg.Limits.OnLimit = onLimit
+			cfg.Limits.QueueTimeout = 20 * time.Second
+			_, url := newTestServer(t, cfg)
+			var held []*http.Response
+			for range 2 {
+				resp, err := testClient.Post(url+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				readEvent(t, bufio.NewReader(resp.Body))
+				held = append(held, resp)
+			}
+			if onLimit == OnLimitReject {
+				st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
+				e.open()
+				for _, r := range held {
+					_, _ = io.Copy(io.Discard, r.Body)
+				}
+				if st != 429 || !strings.Contains(body, "rate_limit_exceeded") {
+					t.Fatalf("got %d %s, want 429", st, body)
+				}
+				return
+			}
+			got := make(chan int, 1)
+			go func() {
+				resp, err := testClient.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+				if err != nil {
+					got <- -1
+					return
+				}
+				resp.Body.Close()
+				got <- resp.StatusCode
+			}()
+			e.open() // the held streams finish, their connections free up
+			for _, r := range held {
+				_, _ = io.Copy(io.Discard, r.Body)
+			}
+			if st := <-got; st != 200 {
+				t.Fatalf("queued request: %d, want 200", st)
+			}
+		})
+	}
+}

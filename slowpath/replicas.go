@@ -116,10 +116,11 @@ func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
 }
 
 func (s *Server) maxInFlight(rc *ReplicaConfig) int {
+	n := s.cfg.Limits.MaxInFlightPerReplica
 	if rc.MaxInFlight > 0 {
-		return rc.MaxInFlight
+		n = rc.MaxInFlight
 	}
-	return s.cfg.Limits.MaxInFlightPerReplica
+	return capByConns(n, s.cfg.Upstream.MaxConnsPerReplica)
 }
 
 // applyReplicas makes the replica set equal to list: new addresses are

@@ -170,3 +170,15 @@ func earlier(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// capByConns bounds a replica's in-flight cap (0 = none) by its connection
+// pool: every proxied request holds one upstream connection until it ends,
+// so past upstream.max_conns_per_replica a request could only fail (a 502
+// "no free connections"); capped, it meets limits.on_limit instead (429,
+// or a wait in the queue).
+func capByConns(inFlight, conns int) int {
+	if conns > 0 && (inFlight <= 0 || inFlight > conns) {
+		return conns
+	}
+	return inFlight
+}
