@@ -37,6 +37,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	admin := fs.String("admin", "127.0.0.1:9090", "metrics and debug listen address (overrides `admin`; \"\" disables)")
 	cfgPath := fs.String("config", "", "YAML config `file` (see slowpath/README.md); reloaded on SIGHUP and on change")
 	demo := fs.Bool("demo", false, "start 3 in-process simulated engines serving \""+demoModel+"\" and route to them")
+	demoAdmin := fs.Bool("demo-admin", false, "with --demo: the engines serve POST /admin/faults and /admin/restart (fault injection; off by default)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath analyze` (hashed prompts only, never text)")
 	recordN := fs.Int("record-requests", 10000, "with --record: stop after this many requests")
@@ -96,7 +97,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	ff.apply(fs, &cfg.Fastpath)
 
 	if *demo {
-		engines, err := startDemoEngines(log)
+		engines, err := startDemoEngines(log, *demoAdmin)
 		if err != nil {
 			return err
 		}
@@ -250,7 +251,7 @@ func demoCurl(hostport string) string {
 
 // startDemoEngines starts the simulated engines on loopback ephemeral ports,
 // 20x faster than life.
-func startDemoEngines(log *slog.Logger) ([]*enginesim.Server, error) {
+func startDemoEngines(log *slog.Logger, admin bool) ([]*enginesim.Server, error) {
 	var out []*enginesim.Server
 	quiet := log
 	for i := range demoEngines {
@@ -261,6 +262,7 @@ func startDemoEngines(log *slog.Logger) ([]*enginesim.Server, error) {
 		c.Logger = quiet
 		c.OutputLen.Median = 40
 		c.OutputLen.Max = 256
+		c.EnableAdmin = admin
 		en, err := enginesim.Start(c, "127.0.0.1:0")
 		if err != nil {
 			for _, o := range out {
