@@ -229,3 +229,35 @@ func TestConnCapMeetsOnLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTP10Stream: an HTTP/1.0 client's stream is not chunked (it cannot
+// read chunked encoding): the events come as they are, the close ends
+// them. Was: Transfer-Encoding: chunked in an HTTP/1.0 answer.
+func TestHTTP10Stream(t *testing.T) {
+	e := startFakeEngine(t)
+	s, url := newTestServer(t, testConfig(e.addr))
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body) //nolint:errcheck
+	raw, err := io.ReadAll(c) // to the close
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, payload, ok := strings.Cut(string(raw), "\r\n\r\n")
+	if !ok || !strings.HasPrefix(head, "HTTP/1.0 200 OK\r\n") || strings.Contains(strings.ToLower(head), "transfer-encoding") ||
+		!strings.Contains(head, "Connection: close") || !strings.Contains(head, "Content-Type: text/event-stream") {
+		t.Fatalf("header:\n%s", head)
+	}
+	if !strings.HasPrefix(payload, "data: {") || !strings.HasSuffix(payload, "data: [DONE]\n\n") || strings.Count(payload, "data: ") != 5 {
+		t.Fatalf("body not the plain event stream:\n%q", payload)
+	}
+	waitFor(t, "the exchange finished", func() bool { return s.inflight.Load() == 0 })
+	if got := metricValue(t, s, "warmpath_slowpath_requests_total", "code", "200"); got != 1 {
+		t.Fatalf("requests_total{code=200} = %v, want 1", got)
+	}
+}

@@ -84,6 +84,7 @@ type exchange struct {
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
+	h10     []byte // an HTTP/1.0 client's stream header (relayHTTP10)
 	scratch []byte
 	rep     *replica
 	mm      *modelMetrics
@@ -761,7 +762,51 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fast
 	ctx.Response.Header.DelBytes(hdrContentLength)
 	ex.uresp = uresp
 	ex.stream = bs
+	if !ctx.Request.Header.IsHTTP11() {
+		// An HTTP/1.0 client cannot read chunked encoding, which is all
+		// fasthttp writes for a body of unknown length: the stream is
+		// relayed on the hijacked connection, delimited by its close.
+		ex.h10 = appendHTTP10Header(ex.h10[:0], &ctx.Response.Header)
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(ex.relayHTTP10)
+		return
+	}
 	ctx.Response.SetBodyStream(ex, -1)
+}
+
+// appendHTTP10Header appends an HTTP/1.0 status line and h's fields,
+// without framing or connection fields, and Connection: close.
+func appendHTTP10Header(b []byte, h *fasthttp.ResponseHeader) []byte {
+	b = append(b, "HTTP/1.0 "...)
+	b = strconv.AppendInt(b, int64(h.StatusCode()), 10)
+	b = append(b, ' ')
+	b = append(b, fasthttp.StatusMessage(h.StatusCode())...)
+	b = append(b, "\r\n"...)
+	for k, v := range h.All() {
+		if bytes.EqualFold(k, hdrContentLength) || bytes.EqualFold(k, hdrTransferEnc) || bytes.EqualFold(k, hdrConnection) {
+			continue
+		}
+		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
+	}
+	return append(b, "Connection: close\r\n\r\n"...)
+}
+
+// relayHTTP10 writes an HTTP/1.0 client's stream on its hijacked
+// connection (fasthttp closes it after): the header, then each upstream
+// read as it comes, then the exchange ends as a streamed one does.
+func (ex *exchange) relayHTTP10(c net.Conn) {
+	_, werr := c.Write(ex.h10)
+	buf := make([]byte, 16<<10)
+	for werr == nil {
+		n, err := ex.Read(buf)
+		if n > 0 {
+			_, werr = c.Write(buf[:n])
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = ex.CloseWithError(werr)
 }
 
 // Read implements io.Reader for fasthttp's chunked writer.
