@@ -126,6 +126,7 @@ func foldEqual(key []byte, f string) bool {
 // between calls, so after a few requests parsing allocates nothing. A Parser
 // is not safe for concurrent use: keep one per goroutine or in a sync.Pool.
 type Parser struct {
+	key   uint64 // mixed into every chain seed (NewKeyedParser); 0 = unkeyed
 	cfg   HashConfig
 	block int
 	jp    fastjson.Parser
@@ -143,6 +144,18 @@ func NewParser(cfg HashConfig) *Parser {
 	}
 	cfg = cfg.WithDefaults()
 	return &Parser{cfg: cfg, block: cfg.BlockBytes()}
+}
+
+// NewKeyedParser is NewParser whose hashes are keyed: key is mixed into
+// every chain seed, so without it nobody can compute the hash of a guessed
+// prompt (the hashes leave the process in cluster messages). Every parser
+// feeding one Router, and every instance of a fleet, must use the same key.
+// The keying is not a MAC: it raises the bar from "hash the guess" to
+// "recover a 64-bit secret".
+func NewKeyedParser(cfg HashConfig, key uint64) *Parser {
+	p := NewParser(cfg)
+	p.key = key
+	return p
 }
 
 // HashConfig returns the parser's effective configuration.
@@ -188,7 +201,7 @@ func (p *Parser) begin(body []byte, out *Prompt) (*fastjson.Value, error) {
 
 func (p *Parser) finish(out *Prompt) {
 	out.Canonical = p.canon
-	p.hash = AppendHashes(p.hash, Seed(out.Model, out.CacheSalt), p.canon, p.block)
+	p.hash = AppendHashes(p.hash, Seed(out.Model, out.CacheSalt)^p.key, p.canon, p.block)
 	out.Hashes = p.hash
 	bpt := p.cfg.BytesPerToken
 	out.Tokens = (p.text+bpt-1)/bpt + p.ids

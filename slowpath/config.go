@@ -2,6 +2,8 @@ package slowpath
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -48,6 +50,13 @@ type Config struct {
 	// saw: X-Forwarded-For and X-Real-IP set to the peer address, Forwarded
 	// dropped. Default none.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// HashKeyFile names a file holding a per-deployment secret (at least 16
+	// bytes, not readable by others). The prefix hashes are keyed with it,
+	// so those that leave the process (the cluster's NATS messages) cannot be
+	// matched against guessed prompts; every instance of a fleet must use the
+	// same file. Empty (default): unkeyed, and a cluster warns at start.
+	// (--record files are keyed with a random key of their own either way.)
+	HashKeyFile string `yaml:"hash_key_file"`
 	// SessionHeader: when a request carries this header its value is the
 	// session key (else the OpenAI `user` field is). Default "X-Session-ID".
 	SessionHeader string `yaml:"session_header"`
@@ -572,6 +581,33 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster.%w", err)
 	}
 	return c.Fastpath.Validate()
+}
+
+// LoadHashKey reads hash_key_file: the parser's key and an id of it (a
+// different one-way digest, safe to send to peers). Zero values without a
+// file.
+func LoadHashKey(path string) (key, id uint64, err error) {
+	if path == "" {
+		return 0, 0, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("hash_key_file: %w", err)
+	}
+	if fi.Mode().Perm()&0o004 != 0 {
+		return 0, 0, fmt.Errorf("hash_key_file: %s is readable by others (mode %v): fix: chmod o-r %s", path, fi.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("hash_key_file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < 16 {
+		return 0, 0, fmt.Errorf("hash_key_file: %s holds %d bytes, want at least 16 (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(b), path)
+	}
+	k := sha256.Sum256(append([]byte("warmpath hash key\x00"), b...))
+	i := sha256.Sum256(append([]byte("warmpath hash key id\x00"), b...))
+	return binary.LittleEndian.Uint64(k[:8]) | 1, binary.LittleEndian.Uint64(i[:8]), nil
 }
 
 // parseTrusted parses trusted_proxies entries: an address is a prefix of

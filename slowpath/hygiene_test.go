@@ -244,7 +244,7 @@ func TestHTTP10Stream(t *testing.T) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body) //nolint:errcheck
-	raw, err := io.ReadAll(c) // to the close
+	raw, err := io.ReadAll(c)                                                                                                                             // to the close
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,12 +88,16 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("slowpath config: %w", err)
 	}
+	key, keyID, err := LoadHashKey(cfg.HashKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
 	rt, err := affinity.NewRouter(cfg.Routing)
 	if err != nil {
 		return nil, err
 	}
 	hc := rt.HashConfig()
-	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewParser(hc) })
+	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewKeyedParser(hc, key) })
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +106,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.Cluster.Enabled() {
 		// Connects in the background; no request waits on it.
 		if s.cluster, err = cluster.Start(cluster.Options{Config: cfg.Cluster, Router: rt,
-			Tenancy: cfg.Tenancy.SaltFrom, Logger: log, Registerer: s.reg}); err != nil {
+			Tenancy: cfg.Tenancy.SaltFrom, HashKeyed: key != 0, KeyID: keyID, Logger: log, Registerer: s.reg}); err != nil {
 			s.stopLoops()
 			return nil, err
 		}
