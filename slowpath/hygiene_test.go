@@ -2,6 +2,7 @@ package slowpath
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -260,4 +261,53 @@ func TestHTTP10Stream(t *testing.T) {
 	if got := metricValue(t, s, "warmpath_slowpath_requests_total", "code", "200"); got != 1 {
 		t.Fatalf("requests_total{code=200} = %v, want 1", got)
 	}
+}
+
+// TestHTTP10StreamDrain: Shutdown drains an HTTP/1.0 stream too (its
+// connection is hijacked, which fasthttp's own drain does not see): past
+// the drain deadline the stream's connection is closed and Shutdown says so.
+func TestHTTP10StreamDrain(t *testing.T) {
+	e := startFakeEngine(t)
+	e.Gate = make(chan struct{})
+	s, err := New(testConfig(e.addr), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	io.WriteString(c, "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body) //nolint:errcheck
+	br := bufio.NewReader(c)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(l, "data: ") {
+			break // the stream is running, gated after its first event
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown returned nil with an HTTP/1.0 stream still in flight")
+	}
+	if _, err := io.ReadAll(br); err != nil {
+		t.Fatalf("the stream's connection was not closed: %v", err)
+	}
+	e.open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the exchange finished", func() bool { return s.inflight.Load() == 0 })
 }

@@ -795,6 +795,18 @@ func appendHTTP10Header(b []byte, h *fasthttp.ResponseHeader) []byte {
 // connection (fasthttp closes it after): the header, then each upstream
 // read as it comes, then the exchange ends as a streamed one does.
 func (ex *exchange) relayHTTP10(c net.Conn) {
+	s, raw := ex.s, c
+	if u, ok := c.(interface{ UnsafeConn() net.Conn }); ok {
+		raw = u.UnsafeConn() // fasthttp's wrapper does not close on Close
+	}
+	s.connMu.Lock()
+	s.conns[raw] = struct{}{} // Shutdown closes it past the drain deadline
+	s.connMu.Unlock()
+	defer func() {
+		s.connMu.Lock()
+		delete(s.conns, raw)
+		s.connMu.Unlock()
+	}()
 	_, werr := c.Write(ex.h10)
 	buf := make([]byte, 16<<10)
 	for werr == nil {

@@ -303,6 +303,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.closeOnce.Do(func() { close(s.closing) })
 	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		// fasthttp does not wait for hijacked connections (HTTP/1.0
+		// streams): the exchanges still in flight are theirs.
+		err = s.waitIdle(ctx)
+	}
 	if err != nil {
 		s.connMu.Lock()
 		n := len(s.conns)
@@ -328,6 +333,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
+	}
+	return nil
+}
+
+// waitIdle waits until no request is in flight or ctx is done.
+func (s *Server) waitIdle(ctx context.Context) error {
+	for s.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	return nil
 }
