@@ -669,6 +669,7 @@ func TestFaultsLongGeneration(t *testing.T) {
 			if m := metricSum(t, s, "warmpath_slowpath_upstream_timeouts_total", "replica", victim.Addr()); int(m) != timedOut {
 				t.Fatalf("upstream_timeouts_total = %v, want %d", m, timedOut)
 			}
+			t.Logf("stream=%v: %d/%d complete, %d answered 504 (every request the slow replica got), 0 retries, slow replica healthy", stream, ok, n, timedOut)
 		})
 	}
 }
