@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -113,11 +114,13 @@ type Config struct {
 	// hash policy). 0 means 64.
 	RingVnodes int `yaml:"ring_vnodes"`
 	// LoadPenaltySeconds (cost policy) is the TTFT cost of each request in
-	// flight on a replica (decode work sharing the batch). 0 means 0.005.
+	// flight on a replica (decode work sharing the batch). 0 means 0.005;
+	// negative turns the term off.
 	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds"`
 	// KVHighWater and KVPenaltySeconds (cost policy): above this KV usage an
 	// engine starts evicting or preempting; the penalty grows linearly to
-	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5.
+	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5; a negative
+	// KVPenaltySeconds turns the term off.
 	KVHighWater      float64 `yaml:"kv_high_water"`
 	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds"`
 	// MaxScan (cost policy) bounds the replicas scored per decision: above
@@ -159,15 +162,11 @@ func (c Config) WithDefaults() Config {
 	if c.RingVnodes == 0 {
 		c.RingVnodes = DefaultRingVnodes
 	}
-	if c.LoadPenaltySeconds == 0 {
-		c.LoadPenaltySeconds = DefaultLoadPenaltySeconds
-	}
+	c.LoadPenaltySeconds = defaultOrOff(c.LoadPenaltySeconds, DefaultLoadPenaltySeconds)
 	if c.KVHighWater == 0 {
 		c.KVHighWater = DefaultKVHighWater
 	}
-	if c.KVPenaltySeconds == 0 {
-		c.KVPenaltySeconds = DefaultKVPenaltySeconds
-	}
+	c.KVPenaltySeconds = defaultOrOff(c.KVPenaltySeconds, DefaultKVPenaltySeconds)
 	if c.MaxScan == 0 {
 		c.MaxScan = DefaultMaxScan
 	}
@@ -177,9 +176,38 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// defaultOrOff resolves a penalty term: 0 takes the default, a negative
+// value is "off" and becomes -0, which multiplies to nothing in the policy
+// and which a second WithDefaults keeps (it is 0 with the sign bit set, not
+// the unset 0).
+func defaultOrOff(v, def float64) float64 {
+	switch {
+	case v < 0 || (v == 0 && math.Signbit(v)):
+		return math.Copysign(0, -1)
+	case v == 0:
+		return def
+	}
+	return v
+}
+
+// finite reports whether f is neither NaN nor an infinity.
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
 // Validate checks every field after defaults; messages name the field and
 // the allowed range.
 func (c Config) Validate() error {
+	for _, f := range [...]struct {
+		name string
+		v    float64
+	}{
+		{"default_prefill_tokens_per_sec", c.DefaultPrefillTokensPerSec}, {"load_factor", c.LoadFactor},
+		{"load_penalty_seconds", c.LoadPenaltySeconds}, {"kv_high_water", c.KVHighWater},
+		{"kv_penalty_seconds", c.KVPenaltySeconds},
+	} {
+		if !finite(f.v) {
+			return fmt.Errorf("%s %g: want a finite number", f.name, f.v)
+		}
+	}
 	c = c.WithDefaults()
 	if err := c.Hash.Validate(); err != nil {
 		return err

@@ -21,6 +21,10 @@ func FuzzCanonicalize(f *testing.F) {
 		`{"model":"m","cache_salt":"s","user":"u","stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"messages":[{"role":"user","content":"\u00e9\n"}]}`,
 		`{"model":"","messages":[]}`,
 		`[]`, `{`, `null`, `{"model":"m","messages":[{"role":"user","content":{"nested":[1,{"a":null}]}}]}`,
+		// ambiguous routing fields (refused): duplicates, other letter cases, lax booleans
+		`{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"a","Stream":true,"ſtream":true,"messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"a","stream":"true","cache_salt":"s","cache_salt":null,"prompt":"p"}`,
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))

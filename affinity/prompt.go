@@ -46,12 +46,87 @@ var (
 	errBadMessage  = fmt.Errorf("%w: messages[] must be objects with a string role", ErrBadRequest)
 	errBadPrompt   = fmt.Errorf("%w: prompt must be a string or an array of strings or token ids", ErrBadRequest)
 	errBadInput    = fmt.Errorf("%w: input is required", ErrBadRequest)
+	errBadStream   = fmt.Errorf("%w: stream must be a boolean (true or false)", ErrBadRequest)
 )
+
+// routingFields are the top-level keys the router reads. Engines resolve a
+// duplicate key to its last occurrence (Python's json, Go's encoding/json)
+// and Go engines match keys case-insensitively, while the router would read
+// the first exact match: a body naming one of these twice, or in another
+// letter case, is routed one way and served another (model "a" routed,
+// model "b" served; a stream buffered; a tenant's cache_salt replaced by
+// null). Such a body is refused, naming the field.
+var routingFields = [...]string{"model", "stream", "stream_options", "cache_salt", "user",
+	"max_tokens", "max_completion_tokens", "messages", "prompt", "input", "tools"}
+
+// errDupField[i] refuses a repeated or differently cased routingFields[i].
+var errDupField = func() (e [len(routingFields)]error) {
+	for i, f := range routingFields {
+		e[i] = fmt.Errorf("%w: %s must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest, f)
+	}
+	return e
+}()
+
+// checkKeys refuses a body whose routing fields appear more than once or in
+// another letter case. It allocates nothing.
+func checkKeys(o *fastjson.Object) error {
+	var seen uint32
+	var err error
+	o.Visit(func(key []byte, _ *fastjson.Value) {
+		if err != nil || len(key) < len("user") || len(key) > 3*len("max_completion_tokens") {
+			return
+		}
+		for i, f := range routingFields {
+			if !foldEqual(key, f) {
+				continue
+			}
+			if seen&(1<<i) != 0 || string(key) != f {
+				err = errDupField[i]
+				return
+			}
+			seen |= 1 << i
+			return
+		}
+	})
+	return err
+}
+
+// foldEqual reports whether key equals the lower-case ASCII field name f
+// under the case folding Go's encoding/json applies to object keys: ASCII
+// letters, plus the Kelvin sign (U+212A) for k and the long s (U+017F) for
+// s, the two non-ASCII runes that fold to ASCII letters.
+func foldEqual(key []byte, f string) bool {
+	j := 0
+	for i := 0; i < len(key); j++ {
+		if j == len(f) {
+			return false
+		}
+		c := key[i]
+		switch {
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+			i++
+		case c == 0xE2 && i+2 < len(key) && key[i+1] == 0x84 && key[i+2] == 0xAA:
+			c = 'k'
+			i += 3
+		case c == 0xC5 && i+1 < len(key) && key[i+1] == 0xBF:
+			c = 's'
+			i += 2
+		default:
+			i++
+		}
+		if c != f[j] {
+			return false
+		}
+	}
+	return j == len(f)
+}
 
 // Parser turns request bodies into a Prompt. It keeps its scratch buffers
 // between calls, so after a few requests parsing allocates nothing. A Parser
 // is not safe for concurrent use: keep one per goroutine or in a sync.Pool.
 type Parser struct {
+	key   uint64 // mixed into every chain seed (NewKeyedParser); 0 = unkeyed
 	cfg   HashConfig
 	block int
 	jp    fastjson.Parser
@@ -71,6 +146,18 @@ func NewParser(cfg HashConfig) *Parser {
 	return &Parser{cfg: cfg, block: cfg.BlockBytes()}
 }
 
+// NewKeyedParser is NewParser whose hashes are keyed: key is mixed into
+// every chain seed, so without it nobody can compute the hash of a guessed
+// prompt (the hashes leave the process in cluster messages). Every parser
+// feeding one Router, and every instance of a fleet, must use the same key.
+// The keying is not a MAC: it raises the bar from "hash the guess" to
+// "recover a 64-bit secret".
+func NewKeyedParser(cfg HashConfig, key uint64) *Parser {
+	p := NewParser(cfg)
+	p.key = key
+	return p
+}
+
 // HashConfig returns the parser's effective configuration.
 func (p *Parser) HashConfig() HashConfig { return p.cfg }
 
@@ -83,11 +170,25 @@ func (p *Parser) begin(body []byte, out *Prompt) (*fastjson.Value, error) {
 	if err != nil || v.Type() != fastjson.TypeObject {
 		return nil, errBadJSON
 	}
+	o, _ := v.Object()
+	if err := checkKeys(o); err != nil {
+		return nil, err
+	}
 	out.Model = v.GetStringBytes("model")
 	if len(out.Model) == 0 {
 		return nil, errBadModel
 	}
-	out.Stream = v.GetBool("stream")
+	if st := o.Get("stream"); st != nil {
+		switch st.Type() {
+		case fastjson.TypeTrue:
+			out.Stream = true
+		case fastjson.TypeFalse, fastjson.TypeNull:
+		default:
+			// vLLM's pydantic reads "true" and 1 as true; the router would
+			// read false and buffer a stream.
+			return nil, errBadStream
+		}
+	}
 	out.IncludeUsage = v.GetBool("stream_options", "include_usage")
 	out.User = v.GetStringBytes("user")
 	out.CacheSalt = v.GetStringBytes("cache_salt")
@@ -100,7 +201,7 @@ func (p *Parser) begin(body []byte, out *Prompt) (*fastjson.Value, error) {
 
 func (p *Parser) finish(out *Prompt) {
 	out.Canonical = p.canon
-	p.hash = AppendHashes(p.hash, Seed(out.Model, out.CacheSalt), p.canon, p.block)
+	p.hash = AppendHashes(p.hash, Seed(out.Model, out.CacheSalt)^p.key, p.canon, p.block)
 	out.Hashes = p.hash
 	bpt := p.cfg.BytesPerToken
 	out.Tokens = (p.text+bpt-1)/bpt + p.ids

@@ -263,7 +263,14 @@ func Open(opts Options) (Datapath, error) {
 		}
 		return nil, fmt.Errorf("fastpath kernel mode: %w", err)
 	}
-	return openKernel(opts, log)
+	dp, err := openKernel(opts, log)
+	if err != nil && mode == ModeAuto && errors.Is(err, ErrUnavailable) {
+		// Something the probe cannot see (bpffs not mounted, an attach
+		// type): still a missing feature, still userspace.
+		log.Warn("fastpath in userspace mode: no in-kernel steering", "reason", err.Error())
+		return NewUserspace(opts.Now), nil
+	}
+	return dp, err
 }
 
 // validIPv4 reports an error naming field unless a is a valid IPv4 address.

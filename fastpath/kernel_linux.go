@@ -85,7 +85,7 @@ func OpenKernel(opts Options) (*Kernel, error) {
 		return nil, fmt.Errorf("adopt maps pinned at %s (from an incompatible version; remove them with fastpath.Uninstall / warmpath --detach): %w", pin, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load xdp_steer: %w", err)
+		return nil, unsupported(fmt.Errorf("load xdp_steer: %w", err))
 	}
 	if opts.EncapSource.IsValid() {
 		if err := validIPv4("encap source", opts.EncapSource); err != nil {
@@ -111,10 +111,20 @@ func OpenKernel(opts Options) (*Kernel, error) {
 	if opts.Interface != "" {
 		if err := k.attach(opts.Interface, opts.Attach); err != nil {
 			k.closeObjs()
-			return nil, err
+			return nil, unsupported(err)
 		}
 	}
 	return k, nil
+}
+
+// unsupported marks err as ErrUnavailable when the kernel lacks a feature
+// (ebpf.ErrNotSupported: a helper, map or attach type the probe could not
+// see), so auto mode falls back instead of exiting.
+func unsupported(err error) error {
+	if errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, ErrUnavailable) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
 }
 
 // ensurePinDir creates dir (mode 0700) on a bpffs mount, mounting bpffs on
@@ -124,12 +134,16 @@ func ensurePinDir(dir string, mount bool) error {
 	parent := filepath.Dir(dir)
 	if !isBPFFS(parent) {
 		if !mount {
-			return fmt.Errorf("pin path %s: %s is not a bpffs mount (mount -t bpf bpf %s)", dir, parent, parent)
+			// A missing kernel feature like any other: auto mode falls back.
+			return fmt.Errorf("%w: pin path %s: %s is not a bpffs mount (mount -t bpf bpf %s)", ErrUnavailable, dir, parent, parent)
 		}
 		if err := os.MkdirAll(parent, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", parent, err)
 		}
 		if err := unix.Mount("bpf", parent, "bpf", 0, "mode=0700"); err != nil {
+			if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENODEV) {
+				return fmt.Errorf("%w: mount bpffs on %s: %w", ErrUnavailable, parent, err)
+			}
 			return fmt.Errorf("mount bpffs on %s: %w", parent, err)
 		}
 	}

@@ -3,13 +3,16 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/warmpath/warmpath/bpf"
 )
 
 var probeOnce = sync.OnceValue(probeKernel)
@@ -33,12 +36,41 @@ func probeKernel() error {
 			return classify(fmt.Sprintf("map type %v", mt), err)
 		}
 	}
-	for _, fn := range []asm.BuiltinFunc{asm.FnFibLookup, asm.FnXdpAdjustHead, asm.FnRedirect, asm.FnKtimeGetNs} {
-		if err := features.HaveProgramHelper(ebpf.XDP, fn); err != nil {
-			return classify(fmt.Sprintf("xdp helper %v", fn), err)
+	spec, err := bpf.LoadWarmpath()
+	if err != nil {
+		return fmt.Errorf("probe: load bpf spec: %w", err)
+	}
+	return probeHelpers(spec, features.HaveProgramHelper)
+}
+
+// probeHelpers checks every helper each program of spec calls, read from
+// the compiled instructions so the list cannot fall behind the C source (a
+// hand-kept list missed bpf_ktime_get_coarse_ns and bpf_xdp_adjust_tail, so
+// an older kernel failed at load instead of falling back).
+func probeHelpers(spec *ebpf.CollectionSpec, have func(ebpf.ProgramType, asm.BuiltinFunc) error) error {
+	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
+		ps := spec.Programs[name]
+		for _, fn := range helpersOf(ps) {
+			if err := have(ps.Type, fn); err != nil {
+				return classify(fmt.Sprintf("%v helper %v (used by %s)", ps.Type, fn, name), err)
+			}
 		}
 	}
 	return nil
+}
+
+// helpersOf lists the helpers a program calls, sorted, once each.
+func helpersOf(ps *ebpf.ProgramSpec) []asm.BuiltinFunc {
+	var out []asm.BuiltinFunc
+	for _, ins := range ps.Instructions {
+		if ins.IsBuiltinCall() {
+			if fn := asm.BuiltinFunc(ins.Constant); !slices.Contains(out, fn) {
+				out = append(out, fn)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // classify wraps err in ErrUnavailable when it means "this host cannot run

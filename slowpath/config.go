@@ -2,6 +2,8 @@ package slowpath
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warmpath/warmpath/affinity"
@@ -39,6 +42,21 @@ type Config struct {
 	// cost-model knobs); see affinity.Config. Zero fields take affinity's
 	// defaults.
 	Routing affinity.Config `yaml:"routing"`
+	// TrustedProxies lists the addresses or CIDR prefixes of proxies in
+	// front of the router whose forwarding headers are believed. A request
+	// from one of them keeps its X-Forwarded-For chain (every line, joined)
+	// with the proxy's address appended, and its X-Real-IP and Forwarded.
+	// From anyone else those three headers are replaced by what the router
+	// saw: X-Forwarded-For and X-Real-IP set to the peer address, Forwarded
+	// dropped. Default none.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// HashKeyFile names a file holding a per-deployment secret (at least 16
+	// bytes, not readable by others). The prefix hashes are keyed with it,
+	// so those that leave the process (the cluster's NATS messages) cannot be
+	// matched against guessed prompts; every instance of a fleet must use the
+	// same file. Empty (default): unkeyed, and a cluster warns at start.
+	// (--record files are keyed with a random key of their own either way.)
+	HashKeyFile string `yaml:"hash_key_file"`
 	// SessionHeader: when a request carries this header its value is the
 	// session key (else the OpenAI `user` field is). Default "X-Session-ID".
 	SessionHeader string `yaml:"session_header"`
@@ -114,6 +132,11 @@ type ReplicaConfig struct {
 type LimitsConfig struct {
 	// MaxBodyBytes is the largest accepted request body. Default 8 MiB.
 	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// MaxResponseBytes bounds a non-streamed engine answer, which the router
+	// holds whole before answering (streams are relayed as they come and not
+	// bounded). An answer over it is a 502 (code response_too_large), not
+	// retried: the engine did the work. Default 128 MiB; [1024, 4 GiB].
+	MaxResponseBytes int `yaml:"max_response_bytes"`
 	// ReadTimeout bounds reading one request (headers and body). Default 30s.
 	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds writing one response; 0 = none (default), because
@@ -127,6 +150,16 @@ type LimitsConfig struct {
 	// as the stream lasts. Every write that moves bytes restarts the clock,
 	// so long streams read at any pace are unaffected. Default 60s; > 0.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
+	// MaxConnections caps open client connections on the API listener; one
+	// over it is answered 503 (code too_many_connections) and closed. 0
+	// (default) = half the soft fd limit at start (warmpath serve raises the
+	// soft limit to the hard one first), -1 = no cap.
+	MaxConnections int `yaml:"max_connections"`
+	// MaxConnectionsPerClient caps open connections from one client IP
+	// address (as the router sees it; every client behind one NAT or proxy
+	// shares it); one over it is answered 503 and closed. 0 (default) = no
+	// cap.
+	MaxConnectionsPerClient int `yaml:"max_connections_per_client"`
 	// MaxInFlight caps concurrent proxied requests in total; 0 = unlimited
 	// (default).
 	MaxInFlight int `yaml:"max_in_flight"`
@@ -209,6 +242,11 @@ type ScrapeConfig struct {
 	// StaleAfter: signals older than this are cleared, so routing falls back
 	// to router-local in-flight counts. Default 5s.
 	StaleAfter time.Duration `yaml:"stale_after"`
+	// BodySizeLimit bounds an engine's /metrics (and /health) body, like
+	// Prometheus' body_size_limit: a larger one fails the scrape (counted in
+	// scrape_body_too_large_total, logged once until a scrape succeeds).
+	// Default 16 MiB; [4096, 1 GiB].
+	BodySizeLimit int `yaml:"body_size_limit"`
 }
 
 // Default returns the configuration used for every field the file omits.
@@ -219,12 +257,13 @@ func Default() Config {
 		ReloadInterval: time.Second,
 		DrainTimeout:   30 * time.Second,
 		Limits: LimitsConfig{
-			MaxBodyBytes: 8 << 20,
-			ReadTimeout:  30 * time.Second,
-			IdleTimeout:  120 * time.Second,
-			StallTimeout: 60 * time.Second,
-			OnLimit:      OnLimitReject,
-			QueueTimeout: 5 * time.Second,
+			MaxBodyBytes:     8 << 20,
+			MaxResponseBytes: 128 << 20,
+			ReadTimeout:      30 * time.Second,
+			IdleTimeout:      120 * time.Second,
+			StallTimeout:     60 * time.Second,
+			OnLimit:          OnLimitReject,
+			QueueTimeout:     5 * time.Second,
 		},
 		Upstream: UpstreamConfig{
 			DialTimeout:         2 * time.Second,
@@ -248,10 +287,11 @@ func Default() Config {
 			MaxEjectTime:        60 * time.Second,
 		},
 		Scrape: ScrapeConfig{
-			Path:       "/metrics",
-			Interval:   time.Second,
-			Timeout:    time.Second,
-			StaleAfter: 5 * time.Second,
+			Path:          "/metrics",
+			Interval:      time.Second,
+			Timeout:       time.Second,
+			StaleAfter:    5 * time.Second,
+			BodySizeLimit: 16 << 20,
 		},
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
@@ -313,9 +353,74 @@ func ParseConfig(b []byte) (Config, error) {
 		return Config{}, fmt.Errorf("decode: %w", err)
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		return Config{}, &ConfigError{Line: fieldLine(b, err.Error()), Err: err}
 	}
 	return cfg, nil
+}
+
+// ConfigError is a value validation refused: the error names the field
+// (its path, e.g. routing.load_factor or replicas[1].weight) and the
+// allowed range; Line is the field's line in the file, 0 when the file
+// does not set it.
+type ConfigError struct {
+	Line int
+	Err  error
+}
+
+func (e *ConfigError) Error() string {
+	if e.Line > 0 {
+		return "line " + strconv.Itoa(e.Line) + ": " + e.Err.Error()
+	}
+	return e.Err.Error()
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// fieldLine finds the line of the field a validation message starts with
+// ("routing.load_factor NaN: ...", "replicas[1].weight: ...") in the YAML
+// source; 0 when it is not there.
+func fieldLine(src []byte, msg string) int {
+	end := strings.IndexAny(msg, " :")
+	if end <= 0 {
+		return 0
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(src, &root) != nil || len(root.Content) == 0 {
+		return 0
+	}
+	n, line := root.Content[0], 0
+	for seg := range strings.SplitSeq(msg[:end], ".") {
+		name, idx, hasIdx := seg, 0, false
+		if i := strings.IndexByte(seg, '['); i > 0 && strings.HasSuffix(seg, "]") {
+			v, err := strconv.Atoi(seg[i+1 : len(seg)-1])
+			if err != nil {
+				return line
+			}
+			name, idx, hasIdx = seg[:i], v, true
+		}
+		if n.Kind != yaml.MappingNode {
+			return line
+		}
+		var next *yaml.Node
+		for k := 0; k+1 < len(n.Content); k += 2 {
+			if n.Content[k].Value == name {
+				line, next = n.Content[k].Line, n.Content[k+1]
+				break
+			}
+		}
+		if next == nil {
+			return line
+		}
+		if hasIdx {
+			if next.Kind != yaml.SequenceNode || idx >= len(next.Content) {
+				return line
+			}
+			next = next.Content[idx]
+			line = next.Line
+		}
+		n = next
+	}
+	return line
 }
 
 // Validate checks every field; the error names the field and its allowed
@@ -379,6 +484,8 @@ func (c *Config) Validate() error {
 	switch {
 	case l.MaxBodyBytes < 1024 || l.MaxBodyBytes > 1<<30:
 		return fmt.Errorf("limits.max_body_bytes: must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
+	case l.MaxResponseBytes < 1024 || l.MaxResponseBytes > 4<<30:
+		return fmt.Errorf("limits.max_response_bytes: must be in [1024, 4294967296], got %d", l.MaxResponseBytes)
 	case l.ReadTimeout <= 0:
 		return fmt.Errorf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
 	case l.WriteTimeout < 0:
@@ -387,6 +494,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("limits.stall_timeout: must be > 0, got %s", l.StallTimeout)
 	case l.IdleTimeout <= 0:
 		return fmt.Errorf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
+	case l.MaxConnections < -1:
+		return fmt.Errorf("limits.max_connections: must be >= -1 (0 = half the fd limit, -1 = no cap), got %d", l.MaxConnections)
+	case l.MaxConnectionsPerClient < 0:
+		return fmt.Errorf("limits.max_connections_per_client: must be >= 0 (0 = no cap), got %d", l.MaxConnectionsPerClient)
 	case l.MaxInFlight < 0:
 		return fmt.Errorf("limits.max_in_flight: must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
 	case l.MaxInFlightPerReplica < 0:
@@ -448,9 +559,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("scrape.timeout: must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
 	case s.Interval > 0 && s.StaleAfter < s.Interval:
 		return fmt.Errorf("scrape.stale_after: must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
+	case s.BodySizeLimit < 4096 || s.BodySizeLimit > 1<<30:
+		return fmt.Errorf("scrape.body_size_limit: must be in [4096, 1073741824], got %d", s.BodySizeLimit)
 	}
 	if err := c.Routing.Validate(); err != nil {
 		return fmt.Errorf("routing.%w", err)
+	}
+	if _, err := parseTrusted(c.TrustedProxies); err != nil {
+		return err
 	}
 	if c.SessionHeader == "" {
 		return errors.New("session_header: must be a header name, got empty")
@@ -474,6 +590,51 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster.%w", err)
 	}
 	return c.Fastpath.Validate()
+}
+
+// LoadHashKey reads hash_key_file: the parser's key and an id of it (a
+// different one-way digest, safe to send to peers). Zero values without a
+// file.
+func LoadHashKey(path string) (key, id uint64, err error) {
+	if path == "" {
+		return 0, 0, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("hash_key_file: %w", err)
+	}
+	if fi.Mode().Perm()&0o004 != 0 {
+		return 0, 0, fmt.Errorf("hash_key_file: %s is readable by others (mode %v): fix: chmod o-r %s", path, fi.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("hash_key_file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < 16 {
+		return 0, 0, fmt.Errorf("hash_key_file: %s holds %d bytes, want at least 16 (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(b), path)
+	}
+	k := sha256.Sum256(append([]byte("warmpath hash key\x00"), b...))
+	i := sha256.Sum256(append([]byte("warmpath hash key id\x00"), b...))
+	return binary.LittleEndian.Uint64(k[:8]) | 1, binary.LittleEndian.Uint64(i[:8]), nil
+}
+
+// parseTrusted parses trusted_proxies entries: an address is a prefix of
+// its full length.
+func parseTrusted(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	for i, v := range list {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			a, aerr := netip.ParseAddr(v)
+			if aerr != nil {
+				return nil, fmt.Errorf("trusted_proxies[%d]: must be an IP address or CIDR prefix, got %q", i, v)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 func checkAddr(field, addr string) error {

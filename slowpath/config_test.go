@@ -130,6 +130,14 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fastpath rebalance interval", "fastpath:\n  rebalance_interval: 1ms", "fastpath.rebalance_interval: must be in [10ms, 1m], got 1ms"},
 		{"fastpath promoter window", "fastpath:\n  promoter:\n    window: 9", "fastpath.promoter.window 9: want 1..8"},
 		{"fastpath promoter unknown field", "fastpath:\n  promoter:\n    windw: 3", "field windw not found"},
+		// Non-finite numbers name the field and its line (issue 15, 9).
+		{"NaN load factor", "routing:\n  load_factor: .nan", "line 2: routing.load_factor NaN: want a finite number"},
+		{"NaN kv high water", "routing:\n  kv_high_water: .nan", "line 2: routing.kv_high_water NaN: want a finite number"},
+		{"Inf load penalty", "routing:\n  load_penalty_seconds: .inf", "line 2: routing.load_penalty_seconds +Inf: want a finite number"},
+		{"-Inf kv penalty", "routing:\n  kv_penalty_seconds: -.inf", "line 2: routing.kv_penalty_seconds -Inf: want a finite number"},
+		{"NaN default prefill rate", "routing:\n  default_prefill_tokens_per_sec: .nan", "line 2: routing.default_prefill_tokens_per_sec NaN: want a finite number"},
+		{"Inf replica prefill rate", "replicas:\n  - {address: 127.0.0.1:1, models: [m]}\n  - {address: 127.0.0.1:2, models: [m], prefill_tokens_per_sec: .inf}", "line 3: replicas[1].prefill_tokens_per_sec: must be >= 0 (0 = routing default), got +Inf"},
+		{"NaN promoter share", "fastpath:\n  promoter:\n    max_share: .nan", "line 3: fastpath.promoter.max_share NaN: want (0, 1]"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

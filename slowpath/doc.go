@@ -20,9 +20,22 @@
 //     fasthttp body stream and is released in CloseWithError, after the last
 //     byte. Nothing from the RequestCtx may be kept past the handler, so the
 //     model name is copied into the exchange.
-//   - Retries happen only before the first response byte; once an upstream
-//     answered with headers the response is committed, and a failure after
-//     that is a broken stream (counted, logged, never retried).
+//   - Retries happen only where the engine cannot have begun the work
+//     (connect error, reset before any response byte, a retryable status);
+//     a response timeout is a 504, never retried nor held against the
+//     replica; once an upstream answered with headers the response is
+//     committed, and a failure after that is a broken stream (counted,
+//     logged, never retried).
+//   - Attempts go over each replica's HostClient pool directly
+//     (upstream.go: AcquireConn/ReleaseConn, not HostClient.Do), so the
+//     wait for the first byte can watch the client socket and cancel the
+//     upstream request when the client leaves; a stream's connection is held
+//     by its exchange and pooled again only when read to its end. Every
+//     path that ends an exchange must release it (upConn.release).
+//   - An HTTP/1.0 client's stream is relayed on the hijacked connection by
+//     one goroutine (fasthttp would chunk it); Shutdown waits for it too.
+//   - The API listener (accept.go) survives EMFILE and friends by backing
+//     off, and caps connections in total and per client address.
 //   - Upstream connections are wrapped (idle.go) so that, once a response
 //     has begun, each read waits at most upstream.idle_timeout; the wrapper
 //     relies on fasthttp setting the read deadline once per request, from

@@ -188,8 +188,6 @@ func TestFaultsUpstream(t *testing.T) {
 		retried      bool
 	}{
 		{name: "close mid-stream", faults: enginesim.Faults{CloseAfterChunks: 2}, stream: true, victimBreaks: true, ejected: true},
-		{name: "hang before first byte stream", faults: enginesim.Faults{Hang: true}, stream: true, ejected: true, retried: true},
-		{name: "hang before first byte json", faults: enginesim.Faults{Hang: true}, ejected: true, retried: true},
 		{name: "stall after first byte", faults: enginesim.Faults{StallAfterChunks: 2}, stream: true, victimBreaks: true, ejected: true},
 		{name: "503 burst", faults: enginesim.Faults{ErrorRate: 1, ErrorStatus: 503}, stream: true, ejected: true, retried: true},
 		{name: "502 burst json", faults: enginesim.Faults{ErrorRate: 1, ErrorStatus: 502}, ejected: true, retried: true},
@@ -314,8 +312,8 @@ func TestFaultsMetricsGarbageAndStall(t *testing.T) {
 				if st.Affinity == nil {
 					return false
 				}
-				isFresh := !st.Engine.Stale && st.Affinity.Signals.At != 0
-				isStale := st.Engine.Stale && st.Affinity.Signals.At == 0 && st.Engine.Error != ""
+				isFresh := !st.Engine.Stale && !st.Affinity.Signals.ScrapedAt.IsZero()
+				isStale := st.Engine.Stale && st.Affinity.Signals.ScrapedAt.IsZero() && st.Engine.Error != ""
 				if (want && !isFresh) || (!want && !isStale) {
 					return false
 				}
@@ -475,7 +473,11 @@ func TestFaultsReplicaRestart(t *testing.T) {
 	// Restart with a long stream in flight on the home replica.
 	done := make(chan sseResult, 1)
 	go func() { done <- doChat(t, url, body("in flight", true)) }()
-	waitCond(t, "stream in flight on the home replica", func() bool { return replicaStatus(t, s, homeName).InFlight == 1 })
+	// In flight at the engine, not only at the router: a restart before
+	// the request arrives would not touch it.
+	waitCond(t, "stream in flight on the home replica", func() bool {
+		return replicaStatus(t, s, homeName).InFlight == 1 && home.Stats().InFlight == 1
+	})
 	ejections := replicaStatus(t, s, homeName).Ejections
 	home.Restart()
 	r := <-done
@@ -582,13 +584,27 @@ func TestFaultsIdleTimeoutJSON(t *testing.T) {
 		c.Scrape.Interval = 0
 		c.Replicas = append([]slowpath.ReplicaConfig{{Address: ln.Addr().String(), Models: []string{e2eModel}}}, c.Replicas...)
 	})
+	// Round-robin: one request to each. The one whose answer stalls
+	// mid-body is a 502: its engine had the request (bytes of its answer
+	// came), so it is not sent to another replica, and it counts against
+	// the replica.
+	var complete, failed int
 	for i := range 2 {
-		if r := doChat(t, url, chatJSON(fmt.Sprintf("json %d", i), false, 4)); !r.complete() {
+		r := doChat(t, url, chatJSON(fmt.Sprintf("json %d", i), false, 4))
+		switch {
+		case r.complete():
+			complete++
+		case r.status == http.StatusBadGateway && strings.Contains(r.body, `"code":"upstream_error"`):
+			failed++
+		default:
 			t.Fatalf("request %d: %+v", i, r)
 		}
 	}
-	if len(stalled) == 0 {
-		t.Fatal("the stalling replica was never tried")
+	if complete != 1 || failed != 1 || len(stalled) == 0 { // stalled also counts the health probe
+		t.Fatalf("%d complete, %d failed, %d stalled; want 1, 1, > 0", complete, failed, len(stalled))
+	}
+	if st := replicaStatus(t, s, ln.Addr().String()); st.ConsecutiveFailures != 1 {
+		t.Fatalf("stalling replica: %d consecutive failures, want 1", st.ConsecutiveFailures)
 	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()
@@ -597,8 +613,64 @@ func TestFaultsIdleTimeoutJSON(t *testing.T) {
 			t.Fatalf("answer attributed to %s", rep)
 		}
 	}
-	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "replica", ln.Addr().String()); n < 1 {
-		t.Fatalf("retries_total{stalling replica} = %v, want >= 1", n)
+	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+		t.Fatalf("retries_total = %v, want 0 (the answer had begun)", n)
+	}
+}
+
+// TestFaultsLongGeneration: a request that outlives
+// upstream.response_timeout (an engine that takes longer than that before
+// its first byte, streamed or not) is a 504 upstream_timeout to its
+// client. It is not sent to another replica (a long generation would start
+// over there, and again) and does not count toward ejection: the replica
+// answers its health checks. Was: retried on up to three replicas and the
+// replica ejected after three.
+func TestFaultsLongGeneration(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			engines := startEngines(t, 3, nil)
+			victim := engines[0]
+			victim.SetFaults(enginesim.Faults{Hang: true})
+			s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+				c.Upstream.ResponseTimeout = 300 * time.Millisecond
+				c.Passive.ConsecutiveFailures = 1 // one counted failure would eject
+				c.Health.Interval, c.Health.Timeout = 50*time.Millisecond, 50*time.Millisecond
+			})
+			const n = 9
+			var ok, timedOut int
+			for i := range n {
+				r := doChat(t, url, chatJSON(fmt.Sprintf("q%d", i), stream, 4))
+				switch {
+				case r.complete():
+					ok++
+				case r.status == http.StatusGatewayTimeout && strings.Contains(r.body, `"code":"upstream_timeout"`):
+					timedOut++
+				default:
+					t.Fatalf("request %d: %+v", i, r)
+				}
+			}
+			hung := victim.Stats().FaultsInjected
+			if timedOut == 0 || int64(timedOut) != hung || ok+timedOut != n {
+				t.Fatalf("%d complete, %d timed out, the slow replica got %d requests; want every one it got to time out and nothing else", ok, timedOut, hung)
+			}
+			var served int64
+			for _, e := range engines[1:] {
+				served += e.Stats().Served[e2eModel]
+			}
+			if served != int64(ok) {
+				t.Fatalf("the other replicas served %d, want %d (no retries)", served, ok)
+			}
+			if r := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); r != 0 {
+				t.Fatalf("retries_total = %v, want 0", r)
+			}
+			if st := replicaStatus(t, s, victim.Addr()); !st.Healthy || st.Ejections != 0 || st.ConsecutiveFailures != 0 {
+				t.Fatalf("slow replica held against: %+v", st)
+			}
+			if m := metricSum(t, s, "warmpath_slowpath_upstream_timeouts_total", "replica", victim.Addr()); int(m) != timedOut {
+				t.Fatalf("upstream_timeouts_total = %v, want %d", m, timedOut)
+			}
+			t.Logf("stream=%v: %d/%d complete, %d answered 504 (every request the slow replica got), 0 retries, slow replica healthy", stream, ok, n, timedOut)
+		})
 	}
 }
 
@@ -723,5 +795,72 @@ func TestFaultsIdleTimeoutLongStream(t *testing.T) {
 	_, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) { c.Upstream.IdleTimeout = 100 * time.Millisecond })
 	if r := doChat(t, url, chatJSON("long", true, 60)); !r.complete() || len(r.events) < 60 {
 		t.Fatalf("healthy long stream cut: %d events, error event %v, [DONE] %v", len(r.events), r.errEv, r.done)
+	}
+}
+
+// TestFaultsClientGoneBeforeAnswer: a client that leaves before its answer
+// began (a non-streamed request while the engine generates, a stream the
+// engine holds before its headers) is noticed while the router waits: it
+// closes the upstream connection, so the engine stops working for nobody,
+// and frees its slots, without waiting for upstream.response_timeout (10 m
+// here, the default) and without blaming the replica. Was: the engine
+// generated to the end (or until response_timeout) with the slot held.
+func TestFaultsClientGoneBeforeAnswer(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream bool
+		faults enginesim.Faults
+	}{
+		{name: "json, engine generating"},
+		{name: "stream, engine holding its headers", stream: true, faults: enginesim.Faults{Hang: true}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			engines := startEngines(t, 1, func(c *enginesim.Config) {
+				c.Timing.StepBase = 2 * time.Second // 20 ms per token: 2000 tokens take ~40 s
+				c.OutputLen = enginesim.OutputLen{Median: 4000, Sigma: 0.01, Min: 2000, Max: 4000}
+			})
+			en := engines[0]
+			en.SetFaults(tc.faults)
+			s, url, _ := startFaultRouter(t, engines, func(c *slowpath.Config) {
+				c.Passive.ConsecutiveFailures = 1
+			})
+			c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			body := chatJSON("a long answer", tc.stream, 2000)
+			if _, err := fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+				t.Fatal(err)
+			}
+			waitCond(t, "the request at the engine", func() bool {
+				st := en.Stats()
+				return st.InFlight == 1 || st.FaultsInjected == 1 // a hung request is not in flight
+			})
+			c.Close() // leave before any byte of the answer
+			waitCond(t, "the engine's request ended", func() bool { return en.Stats().InFlight == 0 })
+			waitCond(t, "router in-flight back to 0", func() bool {
+				return replicaStatus(t, s, en.Addr()).InFlight == 0 &&
+					metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+			})
+			st := en.Stats()
+			if st.Served[e2eModel] != 0 {
+				t.Fatalf("engine finished the abandoned request (served %d)", st.Served[e2eModel])
+			}
+			if !tc.stream && st.Cancelled != 1 {
+				t.Fatalf("engine saw %d cancelled requests, want 1", st.Cancelled)
+			}
+			rs := replicaStatus(t, s, en.Addr())
+			if !rs.Healthy || rs.ConsecutiveFailures != 0 {
+				t.Fatalf("replica blamed for a client leaving: %+v", rs)
+			}
+			if n := metricSum(t, s, "warmpath_slowpath_client_gone_total", "", ""); n != 1 {
+				t.Fatalf("client_gone_total = %v, want 1", n)
+			}
+			if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+				t.Fatalf("retries_total = %v, want 0", n)
+			}
+		})
 	}
 }

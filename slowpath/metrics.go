@@ -25,10 +25,13 @@ type metrics struct {
 	retries       *prometheus.CounterVec   // replica (the one that failed)
 	ejections     *prometheus.CounterVec   // replica
 	broken        *prometheus.CounterVec   // replica
+	clientGone    *prometheus.CounterVec   // replica
+	timeouts      *prometheus.CounterVec   // replica
 	inFlight      prometheus.Gauge
 	replicaFlight *prometheus.GaugeVec // replica
 	healthy       *prometheus.GaugeVec // replica
 	scrapeErrors  *prometheus.CounterVec
+	scrapeBig     *prometheus.CounterVec // replica
 	reloads       *prometheus.CounterVec // result
 	rejected      *prometheus.CounterVec // reason
 
@@ -59,15 +62,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		retries:       prometheus.NewCounterVec(prometheus.CounterOpts(o("retries_total", "Attempts that failed before the first byte and moved to the next ranked replica, by the failing replica.")), []string{"replica"}),
 		ejections:     prometheus.NewCounterVec(prometheus.CounterOpts(o("ejections_total", "Passive ejections after consecutive failures.")), []string{"replica"}),
 		broken:        prometheus.NewCounterVec(prometheus.CounterOpts(o("broken_streams_total", "Responses cut after bytes reached the client (upstream failed mid-stream).")), []string{"replica"}),
+		timeouts:      prometheus.NewCounterVec(prometheus.CounterOpts(o("upstream_timeouts_total", "Requests that hit upstream.response_timeout (answered 504, not retried, not counted against the replica).")), []string{"replica"}),
+		clientGone:    prometheus.NewCounterVec(prometheus.CounterOpts(o("client_gone_total", "Requests whose client left before the answer began: the upstream request was cancelled (connection closed).")), []string{"replica"}),
 		inFlight:      prometheus.NewGauge(prometheus.GaugeOpts(o("in_flight", "Requests currently being proxied."))),
 		replicaFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts(o("replica_in_flight", "Requests currently proxied to each replica.")), []string{"replica"}),
 		healthy:       prometheus.NewGaugeVec(prometheus.GaugeOpts(o("replica_healthy", "1 if the replica receives new requests.")), []string{"replica"}),
 		scrapeErrors:  prometheus.NewCounterVec(prometheus.CounterOpts(o("scrape_errors_total", "Failed engine /metrics scrapes.")), []string{"replica"}),
+		scrapeBig:     prometheus.NewCounterVec(prometheus.CounterOpts(o("scrape_body_too_large_total", "Engine /metrics scrapes refused for a body over scrape.body_size_limit (also in scrape_errors_total).")), []string{"replica"}),
 		reloads:       prometheus.NewCounterVec(prometheus.CounterOpts(o("config_reloads_total", "Replica list reloads by result.")), []string{"result"}),
 		rejected:      prometheus.NewCounterVec(prometheus.CounterOpts(o("rejected_total", "Requests refused before routing, by reason.")), []string{"reason"}),
 	}
 	reg.MustRegister(m.requests, m.decision, m.predicted, m.actual, m.predictionErr, m.ttft, m.e2e,
-		m.retries, m.ejections, m.broken, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.reloads, m.rejected)
+		m.retries, m.ejections, m.broken, m.clientGone, m.timeouts, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.scrapeBig, m.reloads, m.rejected)
 	return m
 }
 
@@ -89,6 +95,7 @@ func (m *metrics) localRequest(code int) {
 // replica is added and deleted when it is removed.
 type replicaMetrics struct {
 	predicted, actual, retries, ejections, broken, scrapeErrors prometheus.Counter
+	clientGone, timeouts, scrapeBig                             prometheus.Counter
 	inFlight, healthy                                           prometheus.Gauge
 	models                                                      []modelMetrics
 }
@@ -122,6 +129,9 @@ func (m *metrics) forReplica(name string, models []string) replicaMetrics {
 		retries:      m.retries.WithLabelValues(name),
 		ejections:    m.ejections.WithLabelValues(name),
 		broken:       m.broken.WithLabelValues(name),
+		clientGone:   m.clientGone.WithLabelValues(name),
+		timeouts:     m.timeouts.WithLabelValues(name),
+		scrapeBig:    m.scrapeBig.WithLabelValues(name),
 		scrapeErrors: m.scrapeErrors.WithLabelValues(name),
 		inFlight:     m.replicaFlight.WithLabelValues(name),
 		healthy:      m.healthy.WithLabelValues(name),
@@ -135,7 +145,7 @@ func (m *metrics) forReplica(name string, models []string) replicaMetrics {
 
 // forgetReplica deletes a removed replica's series.
 func (m *metrics) forgetReplica(name string) {
-	for _, v := range []*prometheus.CounterVec{m.predicted, m.actual, m.retries, m.ejections, m.broken, m.scrapeErrors} {
+	for _, v := range []*prometheus.CounterVec{m.predicted, m.actual, m.retries, m.ejections, m.broken, m.clientGone, m.timeouts, m.scrapeErrors, m.scrapeBig} {
 		v.DeleteLabelValues(name)
 	}
 	m.replicaFlight.DeleteLabelValues(name)

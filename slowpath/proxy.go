@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -40,6 +41,14 @@ var (
 	hdrExpect          = []byte("Expect")
 	hdrXForwardedFor   = []byte("X-Forwarded-For")
 	hdrContentLength   = []byte("Content-Length")
+	hdrAllow           = []byte("Allow")
+	hdrRetryAfter      = []byte("Retry-After")
+	hdrXRealIP         = []byte("X-Real-Ip")
+	hdrForwarded       = []byte("Forwarded")
+
+	strPOST = []byte("POST")
+	strGET  = []byte("GET")
+	strOne  = []byte("1")
 
 	strDataPrefix   = []byte("data:")
 	strDone         = []byte("[DONE]")
@@ -76,6 +85,7 @@ type exchange struct {
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
+	h10     []byte // an HTTP/1.0 client's stream header (relayHTTP10)
 	scratch []byte
 	rep     *replica
 	mm      *modelMetrics
@@ -87,6 +97,8 @@ type exchange struct {
 
 	// streaming state
 	uresp     *fasthttp.Response
+	up        upConn // the stream's upstream connection (see upstream.go)
+	streamEOF bool   // the upstream stream was read to its end
 	stream    io.Reader
 	idle      *idleConn // the stream's upstream connection; released at the first token
 	gotFirst  bool      // FirstToken was called
@@ -115,6 +127,7 @@ func (s *Server) getExchange() *exchange {
 	ex.gotFirst = false
 	ex.output = false
 	ex.upErr, ex.errSent = nil, 0
+	ex.streamEOF = false
 	ex.line = ex.line[:0]
 	ex.lineDrop = false
 	ex.rep = nil
@@ -145,6 +158,13 @@ func (s *Server) putExchange(ex *exchange) {
 // handle is the fasthttp handler, installed once as a method value.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
+	if bareLF(ctx.Request.Header.RawHeaders()) {
+		// fasthttp ends a header line at a bare LF; a proxy or engine that
+		// does not would read two headers as one (or the other way round).
+		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request: a header line ends in a bare LF.", errTypeInvalid, "", "")
+		ctx.SetConnectionClose() // after reject, which resets the response
+		return
+	}
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
 		s.route(ctx, epChat)
@@ -163,6 +183,34 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// bareLF reports whether a raw header block has a line feed without the
+// carriage return before it.
+func bareLF(raw []byte) bool {
+	for i := bytes.IndexByte(raw, '\n'); i >= 0; {
+		if i == 0 || raw[i-1] != '\r' {
+			return true
+		}
+		j := bytes.IndexByte(raw[i+1:], '\n')
+		if j < 0 {
+			return false
+		}
+		i += 1 + j
+	}
+	return false
+}
+
+// expect answers `Expect: 100-continue` (fasthttp's ExpectHandler): a
+// declared body over limits.max_body_bytes is refused with the 413 before
+// the client sends it, instead of a 100 Continue first.
+func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
+	if cl := ctx.Request.Header.ContentLength(); cl > s.cfg.Limits.MaxBodyBytes {
+		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
+			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
+}
+
 // recoverPanic keeps one bad request from taking the process down. A panic
 // mid-exchange leaks that exchange's slots; it is a bug, logged loudly.
 func (s *Server) recoverPanic(ctx *fasthttp.RequestCtx) {
@@ -172,9 +220,14 @@ func (s *Server) recoverPanic(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// reject answers from the router itself and counts it.
+// reject answers from the router itself and counts it. A 429 or 503
+// carries Retry-After: 1 (the limits it reports clear in about a second:
+// a slot frees, a replica is re-admitted at its next probe).
 func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, reason, msg, typ, param, code string) {
 	writeError(ctx, status, msg, typ, param, code)
+	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
+		ctx.Response.Header.SetBytesKV(hdrRetryAfter, strOne)
+	}
 	s.m.localRequest(status)
 	s.m.rejected.WithLabelValues(reason).Inc()
 }
@@ -192,8 +245,8 @@ func isJSONContentType(ct []byte) bool {
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	if !ctx.IsPost() {
-		ctx.Response.Header.Set("Allow", "POST")
 		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use POST", errTypeInvalid, "", "method_not_allowed")
+		ctx.Response.Header.SetBytesKV(hdrAllow, strPOST) // after reject: writeError resets the response
 		return
 	}
 	if !isJSONContentType(ctx.Request.Header.ContentType()) {
@@ -452,9 +505,51 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)
-		err := r.hc.Do(ureq, uresp)
+		started, err := s.attempt(ctx, ex, r, ureq, uresp)
 		status := uresp.StatusCode()
 		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		switch {
+		case err == nil, !started && !errors.Is(err, errClientGone) && !errors.Is(err, fasthttp.ErrTimeout):
+			// Answered, or failed where the engine cannot have begun the
+			// work (connect error, reset before any byte): retryable below.
+		case errors.Is(err, errClientGone):
+			// Nobody to answer: the upstream connection is closed (the
+			// engine cancels), the replica did nothing wrong.
+			s.endAttempt(ex, r, uresp)
+			r.m.clientGone.Inc()
+			r.log.Debug("client left before the answer began; upstream request cancelled")
+			s.reject(ctx, statusClientClosed, "client_gone", "Client closed the request.", errTypeInvalid, "", "")
+			ctx.SetConnectionClose()
+			return
+		case errors.Is(err, fasthttp.ErrBodyTooLarge):
+			// The engine did the work: another replica would do it again
+			// and answer as much. Not the replica's fault either.
+			s.endAttempt(ex, r, uresp)
+			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.cfg.Limits.MaxResponseBytes)
+			s.reject(ctx, fasthttp.StatusBadGateway, "response_too_large",
+				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.cfg.Limits.MaxResponseBytes),
+				errTypeUpstream, "", "response_too_large")
+			return
+		case errors.Is(err, fasthttp.ErrTimeout):
+			// upstream.response_timeout: a long generation looks like this
+			// too. Not retried (another replica would start it over) and
+			// not held against a replica that answers its health checks.
+			s.endAttempt(ex, r, uresp)
+			r.m.timeouts.Inc()
+			r.log.Warn("upstream response timeout", "timeout", s.cfg.Upstream.ResponseTimeout, "started", started)
+			s.reject(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout",
+				"The upstream replica did not answer within the router's response timeout.", errTypeUpstream, "", "upstream_timeout")
+			return
+		default:
+			// The answer began and broke (reset, malformed, stalled past
+			// upstream.idle_timeout): the engine had the request, so it is
+			// not sent again, but a broken answer counts against the replica.
+			s.endAttempt(ex, r, uresp)
+			s.proxyFailed(r, err)
+			r.log.Warn("upstream answer broke before reaching the client", "err", err)
+			s.reject(ctx, fasthttp.StatusBadGateway, "upstream_failed", msgUpstreamFailed, errTypeUpstream, "", "upstream_error")
+			return
+		}
 		badStatus := err == nil && s.retryStatus(status)
 		if badStatus && !last {
 			err = errRetryStatus
@@ -462,6 +557,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		if err != nil {
 			// Nothing reached the client: try the next ranked replica.
 			uresp.CloseBodyStream() //nolint:errcheck // discarding
+			ex.up.release(false)    // a retried status's stream: not drained
 			fasthttp.ReleaseResponse(uresp)
 			s.brain.End(&ex.flight, s.now(), -1, false)
 			r.release()
@@ -507,10 +603,36 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 	if errors.Is(lastErr, errRetryStatus) && lastStatus > 0 {
 		code = lastStatus
 	}
-	s.reject(ctx, code, "upstream_failed", "Upstream replicas failed: "+lastErr.Error(), errTypeUpstream, "", "upstream_error")
+	s.log.Warn("every attempt failed", "model", string(ex.model), "attempts", attempts, "err", lastErr)
+	msg := msgUpstreamFailed
+	if attempts > 1 {
+		msg = "The upstream replicas failed to answer."
+	}
+	s.reject(ctx, code, "upstream_failed", msg, errTypeUpstream, "", "upstream_error")
 }
 
 var errRetryStatus = errors.New("replica answered with a retryable status")
+
+// msgUpstreamFailed is the client's message for a 502; the detail (socket
+// addresses, fasthttp's text) stays in the log.
+const msgUpstreamFailed = "The upstream replica failed to answer."
+
+// endAttempt undoes an attempt that ends the request without an answer
+// from the engine: the flight, both slots and the exchange.
+func (s *Server) endAttempt(ex *exchange, r *replica, uresp *fasthttp.Response) {
+	uresp.CloseBodyStream() //nolint:errcheck // discarding
+	ex.up.release(false)
+	fasthttp.ReleaseResponse(uresp)
+	s.brain.End(&ex.flight, s.now(), -1, false)
+	r.release()
+	s.freed.signal()
+	s.releaseTotal()
+	s.putExchange(ex)
+}
+
+// statusClientClosed is what a request whose client left before its answer
+// began is counted as (nginx's 499; nobody receives it).
+const statusClientClosed = 499
 
 func (s *Server) retryStatus(st int) bool {
 	for _, x := range s.cfg.Upstream.RetryStatuses {
@@ -531,7 +653,11 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	// (`POST http://elsewhere/...`) must not carry the client's authority to
 	// the replica, which would take it as Host.
 	ureq.SetRequestURIBytes(ctx.URI().RequestURI())
+	ureq.URI().DisablePathNormalizing = true
+	ureq.UseHostHeader = true // each attempt's Host is its replica (SetHost), not the URI's
+	ureq.Header.DisableNormalizing()
 	h := &ureq.Header
+	delNominated(h, ctx.Request.Header.PeekAll(fasthttp.HeaderConnection))
 	h.DelBytes(hdrConnection)
 	h.DelBytes(hdrKeepAlive)
 	h.DelBytes(hdrProxyConnection)
@@ -541,21 +667,65 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	h.DelBytes(hdrUpgrade)
 	h.DelBytes(hdrAcceptEncoding)
 	h.DelBytes(hdrExpect) // the router already read the body
+	// Forwarding headers: believed only from trusted_proxies; from anyone
+	// else replaced by what the router saw (every line of them: a second
+	// X-Forwarded-For line would otherwise survive the one set here).
+	trusted := ex.client.IsValid() && s.trustedPeer(ex.client.Addr())
+	if !trusted {
+		h.DelBytes(hdrXRealIP)
+		h.DelBytes(hdrForwarded)
+	}
+	h.DelBytes(hdrXForwardedFor)
 	if ex.client.IsValid() {
 		b := ex.scratch[:0]
-		if prior := ctx.Request.Header.PeekBytes(hdrXForwardedFor); len(prior) > 0 {
-			b = append(append(b, prior...), ", "...)
+		if trusted {
+			for _, v := range ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor) {
+				b = append(append(b, v...), ", "...)
+			}
 		}
+		n := len(b)
 		b = ex.client.Addr().AppendTo(b)
 		ex.scratch = b
 		h.SetBytesKV(hdrXForwardedFor, b)
+		if !trusted {
+			h.SetBytesKV(hdrXRealIP, b[n:])
+		}
 	}
 	ureq.SetBodyRaw(body)
+}
+
+// delNominated deletes the headers a Connection header names (RFC 9110
+// 7.6.1: they are hop-by-hop too), e.g. `Connection: close, X-Secret`.
+func delNominated(h interface{ DelBytes([]byte) }, conn [][]byte) {
+	for _, v := range conn {
+		for len(v) > 0 {
+			var tok []byte
+			if i := bytes.IndexByte(v, ','); i >= 0 {
+				tok, v = v[:i], v[i+1:]
+			} else {
+				tok, v = v, nil
+			}
+			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+				h.DelBytes(tok)
+			}
+		}
+	}
+}
+
+// trustedPeer reports whether a is in trusted_proxies.
+func (s *Server) trustedPeer(a netip.Addr) bool {
+	for _, p := range s.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // copyResponseHeader copies upstream response headers minus hop-by-hop ones.
 func copyResponseHeader(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
 	src.CopyTo(dst)
+	delNominated(dst, src.PeekAll(fasthttp.HeaderConnection))
 	dst.DelBytes(hdrConnection)
 	dst.DelBytes(hdrKeepAlive)
 	dst.DelBytes(hdrTransferEnc)
@@ -571,7 +741,9 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
-	ctx.Response.SetBody(body)
+	// Hand the buffer over instead of copying it: a large answer is held
+	// once. ctx's previous buffer goes back to uresp's pool.
+	uresp.SwapBody(ctx.Response.SwapBody(uresp.SwapBody(nil)))
 	fasthttp.ReleaseResponse(uresp)
 	s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
@@ -593,7 +765,63 @@ func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fast
 	ctx.Response.Header.DelBytes(hdrContentLength)
 	ex.uresp = uresp
 	ex.stream = bs
+	if !ctx.Request.Header.IsHTTP11() {
+		// An HTTP/1.0 client cannot read chunked encoding, which is all
+		// fasthttp writes for a body of unknown length: the stream is
+		// relayed on the hijacked connection, delimited by its close.
+		ex.h10 = appendHTTP10Header(ex.h10[:0], &ctx.Response.Header)
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(ex.relayHTTP10)
+		return
+	}
 	ctx.Response.SetBodyStream(ex, -1)
+}
+
+// appendHTTP10Header appends an HTTP/1.0 status line and h's fields,
+// without framing or connection fields, and Connection: close.
+func appendHTTP10Header(b []byte, h *fasthttp.ResponseHeader) []byte {
+	b = append(b, "HTTP/1.0 "...)
+	b = strconv.AppendInt(b, int64(h.StatusCode()), 10)
+	b = append(b, ' ')
+	b = append(b, fasthttp.StatusMessage(h.StatusCode())...)
+	b = append(b, "\r\n"...)
+	for k, v := range h.All() {
+		if bytes.EqualFold(k, hdrContentLength) || bytes.EqualFold(k, hdrTransferEnc) || bytes.EqualFold(k, hdrConnection) {
+			continue
+		}
+		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
+	}
+	return append(b, "Connection: close\r\n\r\n"...)
+}
+
+// relayHTTP10 writes an HTTP/1.0 client's stream on its hijacked
+// connection (fasthttp closes it after): the header, then each upstream
+// read as it comes, then the exchange ends as a streamed one does.
+func (ex *exchange) relayHTTP10(c net.Conn) {
+	s, raw := ex.s, c
+	if u, ok := c.(interface{ UnsafeConn() net.Conn }); ok {
+		raw = u.UnsafeConn() // fasthttp's wrapper does not close on Close
+	}
+	s.connMu.Lock()
+	s.conns[raw] = struct{}{} // Shutdown closes it past the drain deadline
+	s.connMu.Unlock()
+	defer func() {
+		s.connMu.Lock()
+		delete(s.conns, raw)
+		s.connMu.Unlock()
+	}()
+	_, werr := c.Write(ex.h10)
+	buf := make([]byte, 16<<10)
+	for werr == nil {
+		n, err := ex.Read(buf)
+		if n > 0 {
+			_, werr = c.Write(buf[:n])
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = ex.CloseWithError(werr)
 }
 
 // Read implements io.Reader for fasthttp's chunked writer.
@@ -610,6 +838,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	n, err := ex.stream.Read(p)
+	if err == io.EOF {
+		ex.streamEOF = true
+	}
 	if n > 0 {
 		if ex.status == fasthttp.StatusOK {
 			ex.scan(p[:n]) // the first token is the first SSE event with output
@@ -642,7 +873,9 @@ func (ex *exchange) CloseWithError(werr error) error {
 	}
 	ex.closed = true
 	s := ex.s
+	reuse := ex.streamEOF && ex.upErr == nil && !ex.uresp.ConnectionClose()
 	ex.uresp.CloseBodyStream() //nolint:errcheck // nothing to do about it
+	ex.up.release(reuse)       // not read to its end: closed, the engine cancels
 	fasthttp.ReleaseResponse(ex.uresp)
 	ex.uresp = nil
 	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {
@@ -798,6 +1031,12 @@ func rolePreamble(data []byte) bool {
 	}
 }
 
+// usageScanFrom: bodies longer than this are not parsed whole for their
+// usage (the parser copies its input): only the last "usage" object is.
+const usageScanFrom = 1 << 20
+
+var strUsage = []byte(`"usage"`)
+
 // cachedTokensJSON returns usage.prompt_tokens_details.cached_tokens, or -1.
 func cachedTokensJSON(p *fastjson.Parser, body []byte) int {
 	var o affinity.Outcome
@@ -813,6 +1052,9 @@ func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
 	hasCached, hasTimings := bytes.Contains(body, strCachedTokens), bytes.Contains(body, strTimings)
 	if !hasCached && !hasTimings {
 		return -1
+	}
+	if len(body) > usageScanFrom {
+		return cachedTokensTail(p, body)
 	}
 	v, err := p.ParseBytes(body)
 	if err != nil {
@@ -845,10 +1087,67 @@ func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
 	return cached
 }
 
+// cachedTokensTail reads cached_tokens from the last "usage" object of a
+// large body (engines put usage last), parsing that object alone.
+func cachedTokensTail(p *fastjson.Parser, body []byte) int {
+	i := bytes.LastIndex(body, strUsage)
+	if i < 0 {
+		return -1
+	}
+	rest := bytes.TrimLeft(body[i+len(strUsage):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return -1
+	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	end := objectEnd(rest)
+	if end < 0 {
+		return -1
+	}
+	v, err := p.ParseBytes(rest[:end+1])
+	if err != nil {
+		return -1
+	}
+	c := v.Get("prompt_tokens_details", "cached_tokens")
+	if c == nil {
+		return -1
+	}
+	n, err := c.Int()
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
+// objectEnd returns the index of the '}' closing the JSON object b starts
+// with, or -1.
+func objectEnd(b []byte) int {
+	if len(b) == 0 || b[0] != '{' {
+		return -1
+	}
+	depth, inStr := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inStr && c == '\\':
+			i++
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
 // models answers GET /v1/models: the union of models healthy replicas serve.
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
 		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
+		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
 		return
 	}
 	seen := map[string]bool{}

@@ -2,7 +2,12 @@ package slowpath
 
 import (
 	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
+	"hash"
 	"log/slog"
 	"os"
 	"strconv"
@@ -16,6 +21,12 @@ import (
 // router's chained block hashes (equal leading ids = equal leading prompt
 // bytes), and the partial last block gets an id of its own. output_length is
 // not known to the router and is written as RecordOutputTokens.
+//
+// The ids in the file are not the router's hashes themselves but
+// HMAC-SHA256 of each under a random key of the recorder's own, kept in
+// memory only: equal hashes still give equal ids within the file, but
+// nobody can test a guessed prompt against it (the router's hashes are
+// unkeyed xxh3, computable by anyone).
 //
 // Recording is opt-in (`serve --record FILE`); it copies each event's hashes
 // (allocates) and hands the line to a writer goroutine through a bounded
@@ -33,6 +44,8 @@ type Recorder struct {
 	log     *slog.Logger
 	f       *os.File
 	err     error
+	mac     hash.Hash // keyed; used by the writer goroutine only
+	sum     []byte
 }
 
 // RecordOutputTokens is the output_length written for every recorded request.
@@ -55,7 +68,13 @@ func NewRecorder(path string, limit, blockTokens int, log *slog.Logger) (*Record
 	if err != nil {
 		return nil, fmt.Errorf("record: %w", err)
 	}
-	r := &Recorder{ch: make(chan recLine, 4096), stop: make(chan struct{}), done: make(chan struct{}), bt: blockTokens, log: log, f: f}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("record: key: %w", err)
+	}
+	r := &Recorder{ch: make(chan recLine, 4096), stop: make(chan struct{}), done: make(chan struct{}), bt: blockTokens, log: log, f: f,
+		mac: hmac.New(sha256.New, key)}
 	r.left.Store(int64(limit))
 	go r.write()
 	return r, nil
@@ -84,6 +103,16 @@ func (r *Recorder) ObserveRouted(ev *RoutedEvent) {
 	}
 }
 
+// keyed is the id written for hash h: the first 8 bytes of its HMAC.
+func (r *Recorder) keyed(h uint64) uint64 {
+	var in [8]byte
+	binary.LittleEndian.PutUint64(in[:], h)
+	r.mac.Reset()
+	r.mac.Write(in[:])
+	r.sum = r.mac.Sum(r.sum[:0])
+	return binary.LittleEndian.Uint64(r.sum)
+}
+
 func tailID(last, seq uint64, i int) uint64 {
 	x := last ^ seq*0x9e3779b97f4a7c15 ^ uint64(i)<<48
 	x ^= x >> 31
@@ -97,6 +126,9 @@ func (r *Recorder) write() {
 	w := bufio.NewWriter(r.f)
 	var b []byte
 	put := func(l recLine) {
+		for i, h := range l.hashes {
+			l.hashes[i] = r.keyed(h)
+		}
 		b = appendRecord(b[:0], &l, r.bt)
 		if _, err := w.Write(b); err != nil && r.err == nil {
 			r.err = err

@@ -1,6 +1,7 @@
 package slowpath
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,5 +58,51 @@ func TestRecorderWritesAnalyzableSample(t *testing.T) {
 	// 10 requests over 3 groups: 7 repeat their group's 4 shared blocks (256 tokens)
 	if reuse != 7*256 || total != 10*(5*64+10) {
 		t.Fatalf("reuse %d of %d tokens", reuse, total)
+	}
+}
+
+// TestRecorderKeysHashes: the file's hash_ids are keyed (HMAC under the
+// recorder's own random key), not the router's hashes, which anyone can
+// compute for a guessed prompt; two recorders key differently, equal hashes
+// stay equal within one file.
+func TestRecorderKeysHashes(t *testing.T) {
+	dir := t.TempDir()
+	ids := func(name string) [][]uint64 {
+		path := filepath.Join(dir, name)
+		rec, err := NewRecorder(path, 10, 64, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			rec.ObserveRouted(&RoutedEvent{Model: []byte("m"), Hashes: []uint64{11, 22}, PromptTokens: 128, Start: 1})
+		}
+		if err := rec.Close(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out [][]uint64
+		for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+			var m struct {
+				HashIDs []uint64 `json:"hash_ids"`
+			}
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, m.HashIDs)
+		}
+		return out
+	}
+	a, b := ids("a.jsonl"), ids("b.jsonl")
+	if len(a) != 2 || len(a[0]) != 2 || a[0][0] != a[1][0] || a[0][1] != a[1][1] {
+		t.Fatalf("equal hashes must give equal ids within a file: %v", a)
+	}
+	if a[0][0] == 11 || a[0][1] == 22 {
+		t.Fatalf("router hashes written as is: %v", a[0])
+	}
+	if a[0][0] == b[0][0] {
+		t.Fatal("two recorders used the same key")
 	}
 }

@@ -31,6 +31,7 @@ type replica struct {
 	maxInFlight atomic.Int64 // 0 = unlimited
 	consecFail  atomic.Int32
 	removed     atomic.Bool
+	scrapeBig   atomic.Bool // the last scrape's body was over scrape.body_size_limit
 
 	stop chan struct{}
 	done chan struct{}
@@ -120,10 +121,11 @@ func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
 }
 
 func (s *Server) maxInFlight(rc *ReplicaConfig) int {
+	n := s.cfg.Limits.MaxInFlightPerReplica
 	if rc.MaxInFlight > 0 {
-		return rc.MaxInFlight
+		n = rc.MaxInFlight
 	}
-	return s.cfg.Limits.MaxInFlightPerReplica
+	return capByConns(n, s.cfg.Upstream.MaxConnsPerReplica)
 }
 
 // applyReplicas makes the replica set equal to list: new addresses are
@@ -229,6 +231,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			Addr:                     rc.Address,
 			MaxConns:                 2,
 			MaxIdleConnDuration:      u.MaxIdleConnDuration,
+			MaxResponseBodySize:      s.cfg.Scrape.BodySizeLimit,
 			NoDefaultUserAgentHeader: true,
 			Dial:                     s.dialer(u.DialTimeout),
 		},
@@ -406,6 +409,7 @@ func (s *Server) scrape(r *replica) {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	err := s.get(r, s.cfg.Scrape.Path, s.cfg.Scrape.Timeout, resp)
+	err = s.scrapeSize(r, err)
 	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
 		err = fmt.Errorf("status %d", resp.StatusCode())
 	}

@@ -2,9 +2,13 @@ package slowpath
 
 import (
 	"bufio"
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -93,7 +97,7 @@ func TestScrapeFeedsSignalsAndGoesStale(t *testing.T) {
 	e.MetricsDown.Store(true)
 	waitFor(t, "stale", func() bool { return replicaStatus(t, s, e.addr).Engine.Stale })
 	st = replicaStatus(t, s, e.addr)
-	if st.Affinity.Signals.At != 0 || !strings.Contains(st.Engine.Error, "status 500") {
+	if !st.Affinity.Signals.ScrapedAt.IsZero() || !strings.Contains(st.Engine.Error, "status 500") {
 		t.Fatalf("stale signals must be withdrawn from affinity: %+v / %+v", st.Affinity.Signals, st.Engine)
 	}
 }
@@ -228,4 +232,118 @@ func TestApplyReplicasUpdatesInPlace(t *testing.T) {
 		!strings.Contains(err.Error(), `replicas[0].address: must be host:port, got "nope"`) {
 		t.Fatalf("ApplyReplicas invalid: %v", err)
 	}
+}
+
+// TestReloadRefusesNoReplicas: a reload (file watch or Reload, what SIGHUP
+// calls) of an empty, comment-only, whitespace or replica-less file is
+// refused like any invalid file, as startup refuses it: the running set
+// stays. Was: `: > warmpath.yaml` removed every replica.
+func TestReloadRefusesNoReplicas(t *testing.T) {
+	a := startFakeEngine(t)
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(f+".tmp", []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(f+".tmp", f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := "reload_interval: 10ms\nreplicas:\n  - {address: " + a.addr + ", models: [m]}\n"
+	write(good)
+	s, err := NewFromFile(f, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRouter(t, s)
+	for i, body := range []string{"", "# all commented out\n# replicas:\n", "\n  \n", "reload_interval: 10ms\nreplicas: []\n", "reload_interval: 10ms\nreplicas:\n"} {
+		write(body)
+		waitFor(t, "rejected reload counted", func() bool { return value(t, s.m.reloads.WithLabelValues("error")) >= float64(i+1) })
+		if r := s.Replicas(); len(r) != 1 || r[0].Name != a.addr {
+			t.Fatalf("file %q: replica set changed: %+v", body, r)
+		}
+		if err := s.Reload(); err == nil || !strings.Contains(err.Error(), "replicas: at least one replica required") {
+			t.Fatalf("file %q: Reload: %v", body, err)
+		}
+	}
+	// Startup refuses it too.
+	if _, err := NewFromFile(f, testLogger(t)); err == nil || !strings.Contains(err.Error(), "at least one replica") {
+		t.Fatalf("NewFromFile with no replicas: %v", err)
+	}
+	write(good)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReloadWaitsForStableFile: a file read while it is being written is
+// read again until two reads settle apart agree; a file that never settles
+// is not applied.
+func TestReloadWaitsForStableFile(t *testing.T) {
+	seq := []string{"replicas:\n  - {addr", "replicas:\n  - {address: a:1, models: [m]}\n", "replicas:\n  - {address: a:1, models: [m]}\n"}
+	n := 0
+	read := func(string) ([]byte, error) {
+		b := seq[min(n, len(seq)-1)]
+		n++
+		return []byte(b), nil
+	}
+	b, err := readStable("f", read, 0)
+	if err != nil || string(b) != seq[2] || n != 3 {
+		t.Fatalf("got %q, %v after %d reads; want the settled content after 3", b, err, n)
+	}
+	n = 0
+	changing := func(string) ([]byte, error) { n++; return []byte(strconv.Itoa(n)), nil }
+	if _, err := readStable("f", changing, 0); err == nil || !strings.Contains(err.Error(), "kept changing") {
+		t.Fatalf("never settling: %v", err)
+	}
+}
+
+// TestReloadFileDeletedLogged: a deleted config file keeps the running set
+// and is logged once; it applies again when it comes back.
+func TestReloadFileDeletedLogged(t *testing.T) {
+	a := startFakeEngine(t)
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	good := "reload_interval: 10ms\nreplicas:\n  - {address: " + a.addr + ", models: [m]}\n"
+	if err := os.WriteFile(f, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	s, err := NewFromFile(f, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startRouter(t, s)
+	if err := os.Remove(f); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deletion logged", func() bool { return strings.Contains(logs.String(), "config file unreadable") })
+	if r := s.Replicas(); len(r) != 1 {
+		t.Fatalf("replica set changed: %+v", r)
+	}
+	if err := os.WriteFile(f, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the return logged", func() bool { return strings.Contains(logs.String(), "config file readable again") })
+	if c := strings.Count(logs.String(), "config file unreadable"); c != 1 {
+		t.Fatalf("deletion logged %d times, want once", c)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 )
 
@@ -126,7 +127,7 @@ func splitSample(line []byte) (name, labels []byte, val float64, ok bool) {
 		rest = rest[:k]
 	}
 	v, err := strconv.ParseFloat(string(rest), 64)
-	if err != nil {
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) { // no gauge we read means anything as NaN/Inf
 		return nil, nil, 0, false
 	}
 	return name, labels, v, true

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"reflect"
 	"sync"
@@ -44,7 +46,10 @@ type Server struct {
 	newParser     func() promptParser
 	reg           *prometheus.Registry
 	m             *metrics
+	connM         *connMetrics
+	maxConns      int // limits.max_connections, resolved
 	sessionHeader []byte
+	trusted       []netip.Prefix // trusted_proxies
 
 	srv   *fasthttp.Server
 	admin *http.Server
@@ -83,12 +88,16 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("slowpath config: %w", err)
 	}
+	key, keyID, err := LoadHashKey(cfg.HashKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
 	rt, err := affinity.NewRouter(cfg.Routing)
 	if err != nil {
 		return nil, err
 	}
 	hc := rt.HashConfig()
-	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewParser(hc) })
+	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewKeyedParser(hc, key) })
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +106,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.Cluster.Enabled() {
 		// Connects in the background; no request waits on it.
 		if s.cluster, err = cluster.Start(cluster.Options{Config: cfg.Cluster, Router: rt,
-			Tenancy: cfg.Tenancy.SaltFrom, Logger: log, Registerer: s.reg}); err != nil {
+			Tenancy: cfg.Tenancy.SaltFrom, HashKeyed: key != 0, KeyID: keyID, Logger: log, Registerer: s.reg}); err != nil {
 			s.stopLoops()
 			return nil, err
 		}
@@ -111,13 +120,16 @@ func NewFromFile(path string, log *slog.Logger) (*Server, error) {
 	if err := CheckConfigPerms(path); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(path)
+	b, err := readStable(path, os.ReadFile, settleTime)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
 	cfg, err := ParseConfig(b)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if len(cfg.Replicas) == 0 {
+		return nil, fmt.Errorf("config %s: %w", path, errNoReplicas)
 	}
 	s, err := New(cfg, log)
 	if err != nil {
@@ -169,7 +181,10 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		newParser:     newParser,
 		reg:           reg,
 		m:             newMetrics(reg),
+		connM:         newConnMetrics(reg),
+		maxConns:      resolveMaxConns(cfg.Limits.MaxConnections),
 		sessionHeader: []byte(cfg.SessionHeader),
+		trusted:       must(parseTrusted(cfg.TrustedProxies)), // validated
 		byName:        make(map[string]*replica),
 		epoch:         time.Now(),
 		started:       time.Now(),
@@ -183,6 +198,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	s.srv = &fasthttp.Server{
 		Handler:               s.handle,
 		ErrorHandler:          s.serverError,
+		ExpectHandler:         s.expect,
 		Name:                  "warmpath",
 		ReadTimeout:           l.ReadTimeout,
 		WriteTimeout:          l.WriteTimeout,
@@ -201,12 +217,22 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// The admin listener is loopback by default, but still bounded: a
+	// client that connects and sends nothing, or never reads, is cut.
+	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
 	if err := s.applyReplicas(cfg.Replicas); err != nil {
 		s.stopLoops()
 		return nil, err
 	}
 	return s, nil
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func (s *Server) newExchange() *exchange {
@@ -236,7 +262,11 @@ func (s *Server) Cluster() *cluster.Node { return s.cluster }
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
 // Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(stallListener{ln, s.cfg.Limits.StallTimeout})
+	err := s.srv.Serve(&connListener{
+		Listener: ln, stall: s.cfg.Limits.StallTimeout, log: s.log, m: s.connM,
+		maxConns: int64(s.maxConns), perClient: s.cfg.Limits.MaxConnectionsPerClient,
+		clients: make(map[netip.Addr]int),
+	})
 	select {
 	case <-s.closing:
 		return nil
@@ -273,6 +303,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.closeOnce.Do(func() { close(s.closing) })
 	err := s.srv.ShutdownWithContext(ctx)
+	if err == nil {
+		// fasthttp does not wait for hijacked connections (HTTP/1.0
+		// streams): the exchanges still in flight are theirs.
+		err = s.waitIdle(ctx)
+	}
 	if err != nil {
 		s.connMu.Lock()
 		n := len(s.conns)
@@ -298,6 +333,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
+	}
+	return nil
+}
+
+// waitIdle waits until no request is in flight or ctx is done.
+func (s *Server) waitIdle(ctx context.Context) error {
+	for s.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	return nil
 }
@@ -364,7 +411,7 @@ func (s *Server) Reload() error {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)
 	}
-	b, err := os.ReadFile(path)
+	b, err := readStable(path, os.ReadFile, settleTime)
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)
@@ -372,10 +419,45 @@ func (s *Server) Reload() error {
 	return s.reloadBytes(b)
 }
 
+// errNoReplicas refuses a config file without replicas: an empty,
+// comment-only or truncated file (`: > warmpath.yaml`) would otherwise
+// remove every replica.
+var errNoReplicas = errors.New("replicas: at least one replica required (an empty, comment-only or half-written file?)")
+
+// settleTime is how long a config file's content must stay the same
+// before it is applied (an editor or a script may be writing it in place).
+const settleTime = 50 * time.Millisecond
+
+// readStable reads the file with read until two reads settle apart return
+// the same bytes (up to 20 reads), so a file being written in place is not
+// applied half-written.
+func readStable(path string, read func(string) ([]byte, error), settle time.Duration) ([]byte, error) {
+	b, err := read(path)
+	for range 20 {
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(settle)
+		var again []byte
+		again, err = read(path)
+		if err == nil && bytes.Equal(again, b) {
+			return b, nil
+		}
+		b = again
+	}
+	if err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("config %s kept changing while being read; not applied", path)
+}
+
 func (s *Server) reloadBytes(b []byte) error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	cfg, err := ParseConfig(b)
+	if err == nil && len(cfg.Replicas) == 0 {
+		err = errNoReplicas
+	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		s.log.Error("config reload rejected; keeping the running replica set", "err", err)
@@ -412,6 +494,7 @@ func (s *Server) watchFile() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.ReloadInterval)
 	defer t.Stop()
+	missing := false
 	for {
 		select {
 		case <-s.closing:
@@ -420,12 +503,34 @@ func (s *Server) watchFile() {
 		}
 		b, err := os.ReadFile(s.cfgPath)
 		if err != nil {
-			continue // mid-rename or gone: keep what runs
+			// Gone (or mid-rename): keep what runs, say so once.
+			if !missing {
+				missing = true
+				s.log.Warn("config file unreadable; keeping the running replica set", "path", s.cfgPath, "err", err)
+			}
+			continue
+		}
+		if missing {
+			missing = false
+			s.log.Info("config file readable again", "path", s.cfgPath)
 		}
 		s.reloadMu.Lock()
 		same := bytes.Equal(b, s.lastFile)
 		s.reloadMu.Unlock()
 		if same {
+			continue
+		}
+		if b, err = readStable(s.cfgPath, os.ReadFile, settleTime); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+			continue // the next tick reads it again
+		}
+		if err := CheckConfigPerms(s.cfgPath); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+			s.reloadMu.Lock()
+			s.lastFile = b
+			s.reloadMu.Unlock()
 			continue
 		}
 		s.log.Info("config file changed, reloading", "path", s.cfgPath)
@@ -454,7 +559,7 @@ type ReplicaStatus struct {
 	Engine              struct {
 		Waiting          int       `json:"waiting"`
 		Running          int       `json:"running"`
-		KVUsage          float64   `json:"kv_usage"`
+		KVUsage          float64   `json:"kv_usage_ratio"` // 0..1
 		KVCapacityTokens int       `json:"kv_capacity_tokens"`
 		BatchSlots       int       `json:"batch_slots"` // llama.cpp /props total_slots; 0 = not reported
 		SlotContext      int       `json:"slot_context_tokens"`
@@ -468,16 +573,16 @@ type ReplicaStatus struct {
 
 // AffinityStatus is affinity.ReplicaStatus as /debug/replicas shows it.
 type AffinityStatus struct {
-	Healthy              bool                   `json:"healthy"`
-	Draining             bool                   `json:"draining"`
-	Weight               float64                `json:"weight"`
-	InFlight             int                    `json:"in_flight"`
-	PendingPrefillTokens int                    `json:"pending_prefill_tokens"`
-	PrefillTokensPerSec  float64                `json:"prefill_tokens_per_sec"`
-	CachedBlocks         int                    `json:"cached_blocks"`
-	CapacityBlocks       int                    `json:"capacity_blocks"`
-	Mispredictions       uint64                 `json:"mispredictions"`
-	Signals              affinity.EngineSignals `json:"signals"`
+	Healthy              bool          `json:"healthy"`
+	Draining             bool          `json:"draining"`
+	Weight               float64       `json:"weight"`
+	InFlight             int           `json:"in_flight"`
+	PendingPrefillTokens int           `json:"pending_prefill_tokens"`
+	PrefillTokensPerSec  float64       `json:"prefill_tokens_per_sec"`
+	CachedBlocks         int           `json:"cached_blocks"`
+	CapacityBlocks       int           `json:"capacity_blocks"`
+	Mispredictions       uint64        `json:"mispredictions"`
+	Signals              SignalsStatus `json:"signals"`
 	// PeerInFlight and PeerPendingTokens are the other instances' load on
 	// the replica (cluster mode; 0 alone).
 	PeerInFlight      int `json:"peer_in_flight"`
@@ -494,6 +599,20 @@ type AffinityStatus struct {
 	Confidence          float64 `json:"confidence"`
 	TTFTPredictions     uint64  `json:"ttft_predictions"`
 	TTFTMeanAbsLogError float64 `json:"ttft_mean_abs_log_error"`
+}
+
+// SignalsStatus is affinity.EngineSignals as /debug/replicas shows it: the
+// engine signals the routing brain uses, in the names and units of the
+// rest of the page.
+type SignalsStatus struct {
+	Waiting          int     `json:"waiting"`
+	Running          int     `json:"running"`
+	KVUsage          float64 `json:"kv_usage_ratio"` // 0..1
+	KVCapacityTokens int     `json:"kv_capacity_tokens"`
+	BatchSlots       int     `json:"batch_slots"` // engine-reported (llama.cpp /props); 0 = none
+	// ScrapedAt is when the signals were taken; zero (omitted) when there
+	// are none the brain trusts (never scraped, or withdrawn as stale).
+	ScrapedAt time.Time `json:"scraped_at,omitzero"`
 }
 
 // Replicas returns a snapshot of every replica, sorted by name.
@@ -528,7 +647,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 		st.LastProbeError = r.lastProbeErr
 		st.Engine.Waiting = r.sample.Waiting
 		st.Engine.Running = r.sample.Running
-		st.Engine.KVUsage = r.sample.KVUsage
+		st.Engine.KVUsage = finite(r.sample.KVUsage)
 		st.Engine.KVCapacityTokens = r.sample.KVCapacityTokens
 		st.Engine.BatchSlots, st.Engine.SlotContext = r.props.TotalSlots, r.props.SlotContext
 		st.Engine.ScrapedAt = r.lastScrape
@@ -540,11 +659,11 @@ func (s *Server) Replicas() []ReplicaStatus {
 				Healthy: a.Healthy, Draining: a.Draining, Weight: a.Weight, InFlight: a.InFlight,
 				PendingPrefillTokens: a.PendingPrefillTokens, PrefillTokensPerSec: a.PrefillTokensPerSec,
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
-				Mispredictions: a.Mispredictions, Signals: a.Signals,
+				Mispredictions: a.Mispredictions, Signals: s.signalsStatus(a.Signals),
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
-				BatchSlots: a.BatchSlots, SlotSeconds: a.SlotSeconds, OverheadSeconds: a.OverheadSeconds,
-				EnginePrefillPerSec: a.EnginePrefillRate, Confidence: a.Confidence,
-				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: a.TTFT.MeanLogError,
+				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
+				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
+				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
 		out = append(out, st)
@@ -561,20 +680,44 @@ func sortReplicaStatus(v []ReplicaStatus) {
 	}
 }
 
+// signalsStatus converts the brain's signals; At is on the router's clock.
+func (s *Server) signalsStatus(e affinity.EngineSignals) SignalsStatus {
+	st := SignalsStatus{Waiting: e.Waiting, Running: e.Running, KVUsage: finite(e.KVUsage), KVCapacityTokens: e.KVCapacityTokens, BatchSlots: e.BatchSlots}
+	if e.At != 0 {
+		st.ScrapedAt = s.epoch.Add(time.Duration(e.At))
+	}
+	return st
+}
+
+// finite maps NaN and infinities to 0: JSON has no spelling for them.
+func finite(f float64) float64 {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0
+	}
+	return f
+}
+
 func (s *Server) debugReplicas(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
 	var cs *cluster.Status
 	if s.cluster != nil {
 		st := s.cluster.Status()
 		cs = &st
 	}
-	_ = enc.Encode(struct {
+	// Encoded whole before the status is sent: an encoding error is a 500
+	// with a JSON error body, not a 200 cut short.
+	b, err := json.MarshalIndent(struct {
 		Replicas []ReplicaStatus `json:"replicas"`
 		InFlight int64           `json:"in_flight"`
 		Cluster  *cluster.Status `json:"cluster,omitempty"`
-	}{s.Replicas(), s.inflight.Load(), cs})
+	}{s.Replicas(), s.inflight.Load(), cs}, "", "  ")
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		s.log.Error("debug/replicas: encode", "err", err)
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write(AppendError(nil, "Could not encode the replica status: "+err.Error(), "internal_error", "", ""))
+		return
+	}
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // fasthttpLogger routes fasthttp's own messages to slog at debug level.
@@ -582,49 +725,4 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...))
-}
-
-// stallListener gives every accepted connection a write deadline of d from
-// the start of each write (limits.stall_timeout): a client that stops
-// reading is cut after d without progress, any progress restarts the clock.
-type stallListener struct {
-	net.Listener
-	d time.Duration
-}
-
-func (l stallListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &stallConn{Conn: c, d: l.d}, nil
-}
-
-type stallConn struct {
-	net.Conn
-	d     time.Duration
-	until time.Time // a write deadline set by the server (limits.write_timeout); zero = none
-}
-
-// SetWriteDeadline records the server's own deadline so Write keeps the
-// earlier of the two.
-func (c *stallConn) SetWriteDeadline(t time.Time) error {
-	c.until = t
-	return c.Conn.SetWriteDeadline(t)
-}
-
-func (c *stallConn) SetDeadline(t time.Time) error {
-	c.until = t
-	return c.Conn.SetDeadline(t)
-}
-
-func (c *stallConn) Write(p []byte) (int, error) {
-	dl := time.Now().Add(c.d)
-	if !c.until.IsZero() && c.until.Before(dl) {
-		dl = c.until
-	}
-	if err := c.Conn.SetWriteDeadline(dl); err != nil {
-		return 0, err
-	}
-	return c.Conn.Write(p)
 }

@@ -116,7 +116,7 @@ func TestSoakChurn(t *testing.T) {
 	writeCfg := func(eng []*enginesim.Server) {
 		t.Helper()
 		var b strings.Builder
-		b.WriteString("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nreload_interval: 20ms\nhealth: {interval: 50ms, timeout: 50ms}\nscrape: {interval: 50ms, timeout: 50ms, stale_after: 500ms}\npassive: {eject_time: 100ms, max_eject_time: 400ms}\nreplicas:\n")
+		b.WriteString("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nreload_interval: 20ms\nhealth: {interval: 200ms, timeout: 200ms}\nscrape: {interval: 50ms, timeout: 50ms, stale_after: 500ms}\npassive: {eject_time: 100ms, max_eject_time: 400ms}\nreplicas:\n")
 		for _, en := range eng {
 			fmt.Fprintf(&b, "  - address: %s\n    models: [%s]\n", en.Addr(), e2eModel)
 		}

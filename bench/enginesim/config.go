@@ -60,7 +60,9 @@ type Config struct {
 	// Faults injected from the start (the admin endpoint and SetFaults
 	// change them later). Zero value: no faults.
 	Faults Faults
-	// EnableAdmin serves POST /admin/faults and POST /admin/restart.
+	// EnableAdmin serves POST /admin/faults and POST /admin/restart (anyone
+	// who reaches the engine could inject faults or wipe its cache). Default
+	// false.
 	// Default true.
 	EnableAdmin bool
 
@@ -150,7 +152,7 @@ func DefaultConfig() Config {
 		TimeScale:           1,
 		Timing:              DefaultTiming(),
 		OutputLen:           DefaultOutputLen(),
-		EnableAdmin:         true,
+		EnableAdmin:         false, // fault injection and restarts are for tests: asked for, never by default
 	}
 }
 

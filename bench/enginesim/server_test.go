@@ -30,6 +30,7 @@ func startServer(t *testing.T, mutate func(*Config)) *Server {
 	cfg.NumGPUBlocks = 4096
 	cfg.TimeScale = 0.05
 	cfg.Logger = discardLogger()
+	cfg.EnableAdmin = true // the fault and restart tests use it; "admin off by default" sets it back
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -645,10 +646,15 @@ func TestFaults(t *testing.T) {
 			t.Errorf("ErrorRate clamped to %v, want 1", got)
 		}
 	})
-	t.Run("admin disabled", func(t *testing.T) {
-		s := startServer(t, func(c *Config) { c.EnableAdmin = false })
-		if code, _ := post(t, s, "/admin/restart", ``); code != 404 {
-			t.Errorf("admin restart with admin disabled: %d", code)
+	t.Run("admin off by default", func(t *testing.T) {
+		s := startServer(t, func(c *Config) { c.EnableAdmin = DefaultConfig().EnableAdmin })
+		for _, p := range []string{"/admin/restart", "/admin/faults"} {
+			if code, _ := post(t, s, p, `{"hang":true}`); code != 404 {
+				t.Errorf("POST %s with the default config: %d, want 404", p, code)
+			}
+		}
+		if s.Faults() != (Faults{}) || s.Stats().Restarts != 0 {
+			t.Errorf("default config took the admin calls: faults %+v, restarts %d", s.Faults(), s.Stats().Restarts)
 		}
 	})
 }

@@ -24,12 +24,20 @@ const demoModel = "demo-llama-8b"
 const demoEngines = 3
 
 func runServe(ctx context.Context, args []string, e env) error {
+	// Signals first: a SIGHUP or SIGTERM while the engines, the router and
+	// the listeners start would otherwise kill the process (Go's default
+	// action). One that arrives early is acted on once serving.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	listen := fs.String("listen", ":8080", "API listen address (overrides the config file's `listen`)")
 	admin := fs.String("admin", "127.0.0.1:9090", "metrics and debug listen address (overrides `admin`; \"\" disables)")
 	cfgPath := fs.String("config", "", "YAML config `file` (see slowpath/README.md); reloaded on SIGHUP and on change")
 	demo := fs.Bool("demo", false, "start 3 in-process simulated engines serving \""+demoModel+"\" and route to them")
+	demoAdmin := fs.Bool("demo-admin", false, "with --demo: the engines serve POST /admin/faults and /admin/restart (fault injection; off by default)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath analyze` (hashed prompts only, never text)")
 	recordN := fs.Int("record-requests", 10000, "with --record: stop after this many requests")
@@ -47,6 +55,11 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("serve: --log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+	if soft, hard, err := slowpath.RaiseFDLimit(); err != nil {
+		log.Warn("open-file limit unknown", "err", err)
+	} else {
+		log.Info("open-file limit", "soft", soft, "hard", hard)
+	}
 
 	cfg := slowpath.Default()
 	var fileBytes []byte
@@ -84,7 +97,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	ff.apply(fs, &cfg.Fastpath)
 
 	if *demo {
-		engines, err := startDemoEngines(log)
+		engines, err := startDemoEngines(log, *demoAdmin)
 		if err != nil {
 			return err
 		}
@@ -170,11 +183,6 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 	}
 
-	// Signals are caught before anyone is told we are ready.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
-
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(apiLn) }()
 	if adminLn != nil {
@@ -243,7 +251,7 @@ func demoCurl(hostport string) string {
 
 // startDemoEngines starts the simulated engines on loopback ephemeral ports,
 // 20x faster than life.
-func startDemoEngines(log *slog.Logger) ([]*enginesim.Server, error) {
+func startDemoEngines(log *slog.Logger, admin bool) ([]*enginesim.Server, error) {
 	var out []*enginesim.Server
 	quiet := log
 	for i := range demoEngines {
@@ -254,6 +262,7 @@ func startDemoEngines(log *slog.Logger) ([]*enginesim.Server, error) {
 		c.Logger = quiet
 		c.OutputLen.Median = 40
 		c.OutputLen.Max = 256
+		c.EnableAdmin = admin
 		en, err := enginesim.Start(c, "127.0.0.1:0")
 		if err != nil {
 			for _, o := range out {

@@ -19,6 +19,7 @@ const (
 	dropPublish      = "publish"
 	dropGap          = "gap"
 	dropSubject      = "subject"
+	dropRateLimited  = "rate_limited"
 )
 
 type metrics struct {
@@ -52,7 +53,7 @@ func newMetrics() *metrics {
 	sent := counterVec("updates_sent_total", "Updates published to peers, by kind.", "kind")
 	recv := counterVec("updates_received_total", "Updates received from peers and applied, by kind.", "kind")
 	ud := counterVec("updates_dropped_total", "Updates not sent or not applied, by reason (overflow, disconnected, unknown_replica).", "reason")
-	bd := counterVec("batches_dropped_total", "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale, subject), not published (publish) or never received (gap).", "reason")
+	bd := counterVec("batches_dropped_total", "Batches not applied (decode, mismatch: hash config or duplicate instance name, stale, subject), not published (publish), never received (gap), or snapshot requests not answered (rate_limited).", "reason")
 	m := &metrics{
 		updDropped:       map[string]prometheus.Counter{},
 		batchDropped:     map[string]prometheus.Counter{},
@@ -76,7 +77,7 @@ func newMetrics() *metrics {
 	for _, r := range []string{dropOverflow, dropDisconnected, dropUnknown} {
 		m.updDropped[r] = ud.WithLabelValues(r)
 	}
-	for _, r := range []string{dropDecode, dropMismatch, dropStale, dropPublish, dropGap, dropSubject} {
+	for _, r := range []string{dropDecode, dropMismatch, dropStale, dropPublish, dropGap, dropSubject, dropRateLimited} {
 		m.batchDropped[r] = bd.WithLabelValues(r)
 	}
 	m.cs = []prometheus.Collector{sent, recv, ud, bd, m.batchesSent, m.batchesReceived, m.bytesSent, m.bytesReceived,

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,12 @@ type Options struct {
 	// Tenancy is the tenancy mode (slowpath tenancy.salt_from), part of the
 	// hash fingerprint: "" means "none".
 	Tenancy string
+	// HashKeyed reports whether the prefix hashes are keyed with a
+	// per-deployment secret (slowpath hash_key_file); KeyID identifies the
+	// key (a one-way digest of it), part of the fingerprint, so instances
+	// with different keys do not mix their hashes.
+	HashKeyed bool
+	KeyID     uint64
 	// Logger; nil means slog.Default(). The node adds component=cluster.
 	Logger *slog.Logger
 	// Registerer, if set, gets the node's metrics.
@@ -102,9 +109,12 @@ type Node struct {
 	wMu    sync.Mutex
 	warned map[string]bool // keys logged once (mismatch, stale, no slot)
 
-	snapMu  sync.Mutex // snapshot import (its own subscription goroutine)
-	snapMsg Message
-	snapLoc map[uint32]affinity.ReplicaID
+	snapMu sync.Mutex // snapshot import (its own subscription goroutine)
+	// lastSnap is when the last snapshot was answered (UnixNano; 0 never).
+	lastSnap  atomic.Int64
+	snapEvery atomic.Int64 // ns between snapshot answers: snapshotMinInterval (tests lengthen it)
+	snapMsg   Message
+	snapLoc   map[uint32]affinity.ReplicaID
 }
 
 // maxGap: a sequence jump at least this large is a peer's restart.
@@ -123,6 +133,37 @@ type entryUp struct {
 	add    bool
 }
 
+// Warnings lists what is weak in a cluster setup, one sentence each, for
+// Start to log: a NATS URL without TLS (tls://) carries the fleet's prefix
+// hashes and routing state in the clear; without nkey_seed_file,
+// creds_file or credentials in the URL anyone who reaches the server can
+// read them and inject state; unkeyed hashes let a reader test guessed
+// prompts against them.
+func Warnings(cfg Config, hashKeyed bool) []string {
+	var out []string
+	auth := cfg.NkeySeedFile != "" || cfg.CredsFile != ""
+	for _, raw := range cfg.NATSURL {
+		u, err := url.Parse(raw)
+		if err != nil {
+			continue // Validate reports it
+		}
+		host := u.Host
+		if u.Scheme != "tls" && cfg.TLSCAFile == "" {
+			out = append(out, "cluster: NATS URL "+host+" is plaintext (not tls://): routing state and prefix hashes cross the network readable")
+		}
+		if u.User != nil {
+			auth = true
+		}
+	}
+	if !auth {
+		out = append(out, "cluster: NATS connection unauthenticated (no nkey_seed_file, creds_file or URL credentials): anyone who reaches the server can read and inject routing state")
+	}
+	if !hashKeyed {
+		out = append(out, "cluster: prefix hashes are unkeyed (no hash_key_file): a reader of the NATS traffic can test guessed prompts against them")
+	}
+	return out
+}
+
 // Start connects to NATS (in the background: Start never waits for a
 // server, reachable or not, and the node keeps trying forever, auth errors
 // included), subscribes to the peers' batches and snapshot requests, asks
@@ -134,6 +175,9 @@ func Start(opts Options) (*Node, error) {
 		return nil, err
 	}
 	cfg := n.cfg
+	for _, w := range Warnings(cfg, opts.HashKeyed) {
+		n.log.Warn(w)
+	}
 	if opts.Registerer != nil {
 		if err := n.m.register(opts.Registerer); err != nil {
 			return nil, fmt.Errorf("cluster: register metrics: %w", err)
@@ -259,8 +303,8 @@ func newNode(opts Options) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Node{
-		cfg: cfg, rt: opts.Router, fp: Fingerprint(opts.Router.HashConfig(), ten),
+	n := &Node{
+		cfg: cfg, rt: opts.Router, fp: Fingerprint(opts.Router.HashConfig(), ten) ^ opts.KeyID,
 		log: log.With("component", "cluster", "instance", cfg.Instance), m: newMetrics(),
 		subjOut: cfg.SubjectPrefix + ".u." + cfg.Instance, subjIn: cfg.SubjectPrefix + ".u.*",
 		subjPfx: cfg.SubjectPrefix + ".u.", inc: rand.Uint64() | 1,
@@ -269,7 +313,9 @@ func newNode(opts Options) (*Node, error) {
 		kick: make(chan struct{}, 1), arm: make(chan struct{}, 1), warm: make(chan struct{}, 1), closing: make(chan struct{}),
 		peers: map[string]*peer{}, local: map[uint32]affinity.ReplicaID{},
 		warned: map[string]bool{}, snapLoc: map[uint32]affinity.ReplicaID{},
-	}, nil
+	}
+	n.snapEvery.Store(int64(snapshotMinInterval))
+	return n, nil
 }
 
 // Close publishes what is pending in a last batch that tells the peers

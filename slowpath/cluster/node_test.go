@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -339,5 +340,55 @@ func TestPeerRestartAndDuplicateName(t *testing.T) {
 	b.applyBatch(take(t, a, now), now)
 	if cachedOn(t, rb, "r2:1", hs) != 0 || testutil.ToFloat64(b.m.batchDropped[dropMismatch]) != 1 {
 		t.Fatal("a batch under the receiver's own instance name was applied")
+	}
+}
+
+// TestSnapshotRateLimited: a node answers at most one snapshot request per
+// interval (a snapshot walks the index and fills the wire); the next asker
+// in the interval gets nothing from it (counted), and warms up from a peer
+// that has not answered lately.
+func TestSnapshotRateLimited(t *testing.T) {
+	ns := startNATS(t, 0)
+	ra := newRouter(t, affinity.Config{})
+	a := startNode(t, testCfg(natsURL(ns), "a"), ra)
+	a.snapEvery.Store(int64(time.Hour)) // no wall-clock race: the second request is always within it
+	waitFor(t, "a connected", a.Connected)
+	for p := range 10 {
+		route(t, ra, testReplicas[p%3], chain(100+p, 10))
+	}
+	b := startNode(t, testCfg(natsURL(ns), "b"), newRouter(t, affinity.Config{}))
+	waitFor(t, "b imports a's snapshot", func() bool { return testutil.ToFloat64(b.m.snapshotImported) == 100 })
+	c := startNode(t, testCfg(natsURL(ns), "c"), newRouter(t, affinity.Config{}))
+	waitFor(t, "a refuses c's request", func() bool { return testutil.ToFloat64(a.m.batchDropped[dropRateLimited]) == 1 })
+	waitFor(t, "c warms up from b", func() bool { return testutil.ToFloat64(c.m.snapshotImported) == 100 })
+	if got := testutil.ToFloat64(a.m.snapshotSent); got != 100 {
+		t.Fatalf("a sent %v blocks, want one snapshot's 100", got)
+	}
+}
+
+// TestWarnings: plaintext and unauthenticated NATS and unkeyed hashes are
+// each named at start.
+func TestWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		keyed bool
+		want  []string
+	}{
+		{"plaintext, no auth, unkeyed", Config{NATSURL: URLs{"nats://10.0.0.1:4222"}}, false, []string{"plaintext", "unauthenticated", "unkeyed"}},
+		{"tls, nkey, keyed", Config{NATSURL: URLs{"tls://10.0.0.1:4222"}, NkeySeedFile: "/x"}, true, nil},
+		{"URL credentials", Config{NATSURL: URLs{"tls://u:p@10.0.0.1:4222"}}, true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Warnings(tc.cfg, tc.keyed)
+			if len(got) != len(tc.want) {
+				t.Fatalf("warnings %q, want %d", got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %d %q, want it to say %q", i, got[i], w)
+				}
+			}
+		})
 	}
 }

@@ -81,6 +81,9 @@ func (n *Node) onSnapshotChunk(msg *nats.Msg) {
 	n.m.snapshotImported.Add(float64(blocks))
 }
 
+// snapshotMinInterval spaces the snapshot answers of one node.
+const snapshotMinInterval = time.Second
+
 // onSnapshotRequest answers a peer's warm-up request with this instance's
 // index, chunked under max_batch_bytes.
 func (n *Node) onSnapshotRequest(msg *nats.Msg) {
@@ -92,7 +95,16 @@ func (n *Node) onSnapshotRequest(msg *nats.Msg) {
 	if m.Instance == n.cfg.Instance || m.Fingerprint != n.fp || n.cfg.SnapshotMaxBlocks <= 0 {
 		return
 	}
-	chunks := n.exportChunks(time.Now().UnixNano())
+	// A snapshot costs a walk of the index and up to snapshot_max_blocks
+	// per replica on the wire: at most one answer per snapshotMinInterval,
+	// whoever asks (a starting fleet asks each peer once).
+	now := time.Now().UnixNano()
+	if last := n.lastSnap.Load(); last != 0 && now-last < n.snapEvery.Load() {
+		n.m.batchDropped[dropRateLimited].Inc()
+		return
+	}
+	n.lastSnap.Store(now)
+	chunks := n.exportChunks(now)
 	blocks := 0
 	for _, c := range chunks {
 		if err := n.nc.Publish(msg.Reply, c.data); err != nil {

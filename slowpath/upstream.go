@@ -1,0 +1,184 @@
+package slowpath
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"os"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The proxy sends each attempt itself over the replica's connection pool
+// (HostClient's AcquireConn/ReleaseConn) instead of HostClient.Do, for two
+// things Do cannot give:
+//
+//   - while it waits for the engine's first byte (a non-streamed answer
+//     comes whole after the generation; a busy engine may queue a stream
+//     before its headers) it checks every clientPoll that the client is
+//     still connected; when the client is gone it closes the upstream
+//     connection, so the engine sees the request cancelled and frees its
+//     slot, instead of generating for nobody until response_timeout;
+//   - it knows whether any byte of a response arrived, which decides
+//     whether a failed attempt may be retried.
+//
+// A stream's connection stays with the exchange (upConn) until
+// CloseWithError: pooled again when the stream was read to its end,
+// closed otherwise (the engine then cancels the generation).
+
+// errClientGone: the client closed its connection before the answer began.
+var errClientGone = errors.New("client closed its connection before the answer began")
+
+// clientPoll is how often a wait for an engine's first byte checks that the
+// client is still there: the bound on how long an abandoned request keeps
+// an engine generating.
+const clientPoll = 100 * time.Millisecond
+
+// upConn is an exchange's upstream connection, held from the attempt to the
+// end of its stream. cc is HostClient's *clientConn (unexported: kept as
+// any and handed back through withConn).
+type upConn struct {
+	hc *fasthttp.HostClient
+	cc any
+	br *bufio.Reader
+}
+
+// withConn calls f (a HostClient method taking its connection type) with
+// cc; the type is inferred from f, never spelled.
+func withConn[C any](f func(C), cc any) { f(cc.(C)) }
+
+// release gives the connection back to the pool when reuse is set, else
+// closes it; idempotent.
+func (u *upConn) release(reuse bool) {
+	if u.hc == nil {
+		return
+	}
+	u.hc.ReleaseReader(u.br)
+	if reuse {
+		withConn(u.hc.ReleaseConn, u.cc)
+	} else {
+		withConn(u.hc.CloseConn, u.cc)
+	}
+	*u = upConn{}
+}
+
+// attempt sends ureq to r and reads the answer into uresp: the whole body,
+// bounded by limits.max_response_bytes, or, for a stream (uresp.StreamBody),
+// the headers, the body left to read through uresp.BodyStream() on the
+// connection then held in ex.up. started reports whether any byte of a
+// response arrived.
+func (s *Server) attempt(ctx *fasthttp.RequestCtx, ex *exchange, r *replica, ureq *fasthttp.Request, uresp *fasthttp.Response) (started bool, err error) {
+	stream := uresp.StreamBody
+	for try := 1; ; try++ {
+		var stale bool
+		started, stale, err = s.attemptOnce(ctx, ex, r.hc, ureq, uresp)
+		if err == nil || !stale || try >= staleRetries {
+			return started, err
+		}
+		// A pooled keep-alive connection the engine had closed (its idle
+		// timeout): nothing was read, try a fresh one.
+		uresp.Reset()
+		uresp.StreamBody = stream
+	}
+}
+
+func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthttp.HostClient, ureq *fasthttp.Request, uresp *fasthttp.Response) (started, stale bool, err error) {
+	cc, err := hc.AcquireConn(0, false)
+	if err != nil {
+		return false, false, err
+	}
+	conn := cc.Conn()
+	reused := !cc.LastUseTime().IsZero()
+	uresp.ParseNetConn(conn)
+	now := time.Now()
+	if err = conn.SetWriteDeadline(now.Add(hc.WriteTimeout)); err == nil {
+		bw := hc.AcquireWriter(conn)
+		if err = ureq.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		hc.ReleaseWriter(bw)
+	}
+	if err != nil {
+		hc.CloseConn(cc)
+		return false, reused && isStaleConn(err), err
+	}
+	deadline := now.Add(s.cfg.Upstream.ResponseTimeout)
+	br := hc.AcquireReader(conn)
+	if err = awaitFirstByte(ctx, conn, br, deadline); err != nil {
+		hc.ReleaseReader(br)
+		hc.CloseConn(cc)
+		return false, reused && isStaleConn(err), err
+	}
+	if err = conn.SetReadDeadline(deadline); err != nil {
+		hc.ReleaseReader(br)
+		hc.CloseConn(cc)
+		return true, false, err
+	}
+	if ic, ok := conn.(*idleConn); ok && !uresp.StreamBody {
+		ic.release() // a buffered answer produces output from its first byte
+	}
+	uresp.Header.DisableNormalizing()
+	if err = uresp.ReadLimitBody(br, s.cfg.Limits.MaxResponseBytes); err != nil {
+		hc.ReleaseReader(br)
+		hc.CloseConn(cc)
+		if x, ok := err.(interface{ Timeout() bool }); ok && x.Timeout() && !errors.Is(err, errUpstreamIdle) {
+			err = fasthttp.ErrTimeout
+		}
+		return true, false, err
+	}
+	if uresp.StreamBody && uresp.BodyStream() != nil {
+		ex.up = upConn{hc: hc, cc: cc, br: br}
+		return true, false, nil
+	}
+	hc.ReleaseReader(br)
+	if ureq.ConnectionClose() || uresp.ConnectionClose() {
+		hc.CloseConn(cc)
+	} else {
+		hc.ReleaseConn(cc)
+	}
+	return true, false, nil
+}
+
+// awaitFirstByte waits until br has a byte, the deadline passes
+// (fasthttp.ErrTimeout) or the client of ctx is gone (errClientGone).
+func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, deadline time.Time) error {
+	for {
+		now := time.Now()
+		if !now.Before(deadline) {
+			return fasthttp.ErrTimeout
+		}
+		if err := conn.SetReadDeadline(earlier(deadline, now.Add(clientPoll))); err != nil {
+			return err
+		}
+		_, err := br.Peek(1)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if clientGone(ctx.Conn()) {
+			return errClientGone
+		}
+	}
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// capByConns bounds a replica's in-flight cap (0 = none) by its connection
+// pool: every proxied request holds one upstream connection until it ends,
+// so past upstream.max_conns_per_replica a request could only fail (a 502
+// "no free connections"); capped, it meets limits.on_limit instead (429,
+// or a wait in the queue).
+func capByConns(inFlight, conns int) int {
+	if conns > 0 && (inFlight <= 0 || inFlight > conns) {
+		return conns
+	}
+	return inFlight
+}
