@@ -59,6 +59,11 @@ var (
 var routingFields = [...]string{"model", "stream", "stream_options", "cache_salt", "user",
 	"max_tokens", "max_completion_tokens", "messages", "prompt", "input", "tools"}
 
+// errDupIncludeUsage refuses stream_options.include_usage given twice or in
+// another case: the router would expect a usage chunk the engine does not
+// send (or miss one it does).
+var errDupIncludeUsage = fmt.Errorf("%w: stream_options.include_usage must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest)
+
 // errDupField[i] refuses a repeated or differently cased routingFields[i].
 var errDupField = func() (e [len(routingFields)]error) {
 	for i, f := range routingFields {
@@ -89,6 +94,28 @@ func checkKeys(o *fastjson.Object) error {
 		}
 	})
 	return err
+}
+
+// checkIncludeUsage is checkKeys for the one field of stream_options the
+// router reads.
+func checkIncludeUsage(so *fastjson.Value) error {
+	o, err := so.Object()
+	if err != nil {
+		return nil // not an object: the engine refuses it
+	}
+	n := 0
+	o.Visit(func(key []byte, _ *fastjson.Value) {
+		if foldEqual(key, "include_usage") {
+			if string(key) != "include_usage" {
+				n = 2
+			}
+			n++
+		}
+	})
+	if n > 1 {
+		return errDupIncludeUsage
+	}
+	return nil
 }
 
 // foldEqual reports whether key equals the lower-case ASCII field name f
@@ -187,6 +214,11 @@ func (p *Parser) begin(body []byte, out *Prompt) (*fastjson.Value, error) {
 			// vLLM's pydantic reads "true" and 1 as true; the router would
 			// read false and buffer a stream.
 			return nil, errBadStream
+		}
+	}
+	if so := o.Get("stream_options"); so != nil {
+		if err := checkIncludeUsage(so); err != nil {
+			return nil, err
 		}
 	}
 	out.IncludeUsage = v.GetBool("stream_options", "include_usage")

@@ -284,3 +284,21 @@ func TestPromptFill(t *testing.T) {
 		t.Fatal("SessionKey")
 	}
 }
+
+// TestAmbiguousKeysAllocFree: the duplicate- and case-key checks (top
+// level and stream_options) allocate nothing once the parser is warm.
+func TestAmbiguousKeysAllocFree(t *testing.T) {
+	p := NewParser(HashConfig{})
+	body := []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"user":"u","Temperature":1,"messages":[{"role":"user","content":"hi"}]}`)
+	var pr Prompt
+	if err := p.ParseChat(body, &pr); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = p.ParseChat(body, &pr) }); n != 0 {
+		t.Fatalf("%v allocs per parse, want 0", n)
+	}
+	dup := []byte(`{"model":"m","stream_options":{"include_usage":true,"Include_Usage":false},"messages":[{"role":"user","content":"hi"}]}`)
+	if err := p.ParseChat(dup, &pr); err == nil || !strings.Contains(err.Error(), "stream_options.include_usage") {
+		t.Fatalf("duplicate include_usage: %v", err)
+	}
+}

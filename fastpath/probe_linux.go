@@ -44,9 +44,9 @@ func probeKernel() error {
 }
 
 // probeHelpers checks every helper each program of spec calls, read from
-// the compiled instructions so the list cannot fall behind the C source (a
-// hand-kept list missed bpf_ktime_get_coarse_ns and bpf_xdp_adjust_tail, so
-// an older kernel failed at load instead of falling back).
+// the compiled instructions so the list cannot fall behind the C source: a
+// helper the kernel lacks must make the probe fail (auto mode then falls
+// back), not the program load.
 func probeHelpers(spec *ebpf.CollectionSpec, have func(ebpf.ProgramType, asm.BuiltinFunc) error) error {
 	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
 		ps := spec.Programs[name]

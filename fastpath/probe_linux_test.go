@@ -32,7 +32,7 @@ func TestProbe(t *testing.T) {
 }
 
 // TestProbeCoversEveryHelper: the probe checks each helper the compiled
-// programs call, the two the hand-kept list missed included; a kernel
+// programs call (bpf_ktime_get_coarse_ns and bpf_xdp_adjust_tail too); a kernel
 // without one of them is "unavailable" (auto falls back), naming it.
 func TestProbeCoversEveryHelper(t *testing.T) {
 	spec, err := bpf.LoadWarmpath()

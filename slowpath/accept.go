@@ -19,7 +19,7 @@ import (
 //     when the fd limit is reached, ECONNABORTED, ENOBUFS, ENOMEM, timeouts):
 //     it backs off (5 ms doubling to 1 s), logs once per episode and counts
 //     them, while the connections it already has keep being served; fasthttp
-//     itself returns from Serve on any of them, which ended the process;
+//     itself returns from Serve on any of them, which would end the process;
 //   - caps open connections in total (limits.max_connections) and per client
 //     address (limits.max_connections_per_client): a connection over a cap is
 //     answered 503 with an OpenAI error and closed at once;

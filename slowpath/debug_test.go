@@ -19,8 +19,8 @@ var updateGolden = flag.Bool("update", false, "rewrite golden files under testda
 
 // TestDebugReplicasGolden pins /debug/replicas' field names: snake_case
 // throughout, units in the names (kv_usage_ratio, *_tokens, *_per_sec),
-// times as RFC 3339 (the affinity signals' scrape time too, which was raw
-// nanoseconds on the router's clock under the Go names KVUsage and At).
+// times as RFC 3339 (the affinity signals' scrape time too: not raw
+// nanoseconds on the router's clock, not Go field names like KVUsage).
 func TestDebugReplicasGolden(t *testing.T) {
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	st := ReplicaStatus{Name: "10.0.0.11:8000", ID: 0, Models: []string{"m"}, Host: "10.0.0.11", Healthy: true,
@@ -49,8 +49,8 @@ func TestDebugReplicasGolden(t *testing.T) {
 }
 
 // TestDebugReplicasNaN: an engine reporting NaN (and Inf) gauges still gets
-// a complete, valid /debug/replicas (the non-finite samples are ignored);
-// was an empty 200, the JSON encoder's error ignored.
+// a complete, valid /debug/replicas (the non-finite samples are ignored),
+// never an empty 200 with the JSON encoder's error dropped.
 func TestDebugReplicasNaN(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

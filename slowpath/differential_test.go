@@ -36,6 +36,7 @@ func TestParserDifferential(t *testing.T) {
 		{"user in another case", "/v1/chat/completions", `{"model":"m-a","User":"u",` + msgs + `}`, "user"},
 		{"max_tokens twice", "/v1/completions", `{"model":"m-a","prompt":"a","max_tokens":1,"max_tokens":100000}`, "max_tokens"},
 		{"input twice", "/v1/embeddings", `{"model":"m-a","input":"a","input":"b"}`, "input"},
+		{"include_usage twice", "/v1/chat/completions", `{"model":"m-a","stream":true,"stream_options":{"include_usage":true,"include_usage":false},` + msgs + `}`, "stream_options.include_usage"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

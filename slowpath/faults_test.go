@@ -623,8 +623,8 @@ func TestFaultsIdleTimeoutJSON(t *testing.T) {
 // its first byte, streamed or not) is a 504 upstream_timeout to its
 // client. It is not sent to another replica (a long generation would start
 // over there, and again) and does not count toward ejection: the replica
-// answers its health checks. Was: retried on up to three replicas and the
-// replica ejected after three.
+// answers its health checks (retrying it on up to three replicas and
+// ejecting the replica after three is the failure it catches).
 func TestFaultsLongGeneration(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
@@ -803,8 +803,8 @@ func TestFaultsIdleTimeoutLongStream(t *testing.T) {
 // engine holds before its headers) is noticed while the router waits: it
 // closes the upstream connection, so the engine stops working for nobody,
 // and frees its slots, without waiting for upstream.response_timeout (10 m
-// here, the default) and without blaming the replica. Was: the engine
-// generated to the end (or until response_timeout) with the slot held.
+// here, the default) and without blaming the replica, instead of letting
+// the engine generate to the end with the slot held.
 func TestFaultsClientGoneBeforeAnswer(t *testing.T) {
 	tests := []struct {
 		name   string

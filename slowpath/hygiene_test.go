@@ -132,8 +132,8 @@ func TestRetryAfter(t *testing.T) {
 // TestForwardedHeaders: without trusted_proxies, X-Forwarded-For (every
 // line of it), X-Real-IP and Forwarded from the client are replaced by the
 // address the router saw; from a trusted proxy the whole chain is kept and
-// the proxy's address appended. Was: a second client-sent XFF line
-// survived after the router's appended one.
+// the proxy's address appended. It catches a second client-sent XFF line
+// surviving after the router's appended one.
 func TestForwardedHeaders(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -233,7 +233,7 @@ func TestConnCapMeetsOnLimit(t *testing.T) {
 
 // TestHTTP10Stream: an HTTP/1.0 client's stream is not chunked (it cannot
 // read chunked encoding): the events come as they are, the close ends
-// them. Was: Transfer-Encoding: chunked in an HTTP/1.0 answer.
+// them (no Transfer-Encoding: chunked in an HTTP/1.0 answer).
 func TestHTTP10Stream(t *testing.T) {
 	e := startFakeEngine(t)
 	s, url := newTestServer(t, testConfig(e.addr))

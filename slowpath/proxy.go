@@ -138,6 +138,7 @@ func (s *Server) getExchange() *exchange {
 }
 
 func (s *Server) putExchange(ex *exchange) {
+	ex.up.release(false) // no-op unless a path forgot it: never pool a held connection
 	ex.rep = nil
 	ex.mm = nil
 	ex.stream = nil

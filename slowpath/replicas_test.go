@@ -237,7 +237,7 @@ func TestApplyReplicasUpdatesInPlace(t *testing.T) {
 // TestReloadRefusesNoReplicas: a reload (file watch or Reload, what SIGHUP
 // calls) of an empty, comment-only, whitespace or replica-less file is
 // refused like any invalid file, as startup refuses it: the running set
-// stays. Was: `: > warmpath.yaml` removed every replica.
+// stays: `: > warmpath.yaml` must not remove every replica.
 func TestReloadRefusesNoReplicas(t *testing.T) {
 	a := startFakeEngine(t)
 	f := filepath.Join(t.TempDir(), "c.yaml")

@@ -14,8 +14,8 @@ import (
 // TestServeSignalsDuringStartup: a SIGHUP as soon as serve says anything
 // (its first log line, while it still starts its engines and listeners)
 // neither kills it nor is lost: serve comes up, reloads, and a SIGTERM
-// then stops it cleanly (exit 0). Was: killed by the SIGHUP (Go's default
-// action) because the handler was installed only after the listeners.
+// then stops it cleanly (exit 0). Go's default action for an unhandled
+// SIGHUP kills the process, so the handler must come before the listeners.
 func TestServeSignalsDuringStartup(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
