@@ -45,7 +45,7 @@ func NewCollector(r *Router) *Collector {
 		ttftRatio:    d("ttft_prediction_ratio", "Measured / predicted time to first token of streamed requests (the TTFT model's error).", "replica"),
 		ttftPred:     d("ttft_predicted_seconds_total", "Sum of predicted TTFTs over the requests in ttft_prediction_ratio.", "replica"),
 		ttftAct:      d("ttft_measured_seconds_total", "Sum of measured TTFTs over the same requests.", "replica"),
-		trust:        d("replica_prediction_confidence", "How far the cost policy trusts the replica's predicted cache hits (1 while its TTFT predictions are within 2x, 0 at 4x).", "replica"),
+		trust:        d("replica_prediction_confidence", "How far the cost policy trusts the replica's predicted cache hits: the recent share of predicted cached tokens the engine reported cached (0..1).", "replica"),
 	}
 }
 

@@ -668,6 +668,9 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	} else if ok {
 		r.sampleRate(p, f, now, &o)
 	}
+	if ok && cachedTokens >= 0 && predicted >= r.bt {
+		p.sampleHit(predicted, cachedTokens)
+	}
 	if ok {
 		if f.tail != 0 {
 			k := tailKey(f.tail, f.Replica)

@@ -36,11 +36,11 @@ import (
 //	O_r  the fit's intercept; with known slots, the mean over requests that
 //	     met no queue
 //
-// Every prediction made at Begin is compared with the measured TTFT at End;
-// the replica's error (EWMA of |ln((pred+f)/(actual+f))|, f a small floor)
-// sets how far the cost policy trusts that replica's predicted cache hit
-// (see confidence): a replica whose model is off leans toward load balance
-// until its predictions recover. Requests still waiting for their first
+// Every prediction made at Begin is compared with the measured TTFT at End
+// (EWMA of |ln((pred+f)/(actual+f))|, f a small floor, and a histogram of
+// the ratio, for metrics and backlog's slack); every predicted cache hit
+// with the engine's reported one (confidence): a replica whose hits do not
+// materialise leans toward load balance until they do. Requests still waiting for their first
 // token past their predictions (backlog) make a replica count as full
 // before any of them finishes.
 
@@ -57,11 +57,6 @@ const (
 	slotLearnWaiting = 2
 	// errWeight is the EWMA weight of a TTFT prediction error sample.
 	errWeight = 0.05
-	// trustFullErr and trustNoneErr bound the confidence ramp: a mean
-	// |ln(pred/actual)| up to ln 2 (within 2x) trusts predicted hits fully,
-	// ln 4 (off by 4x) not at all.
-	trustFullErr = 0.6931471805599453
-	trustNoneErr = 1.3862943611198906
 	// engineRateMinTokens: engine prefill timings of fewer tokens are too
 	// coarse (ms resolution) to give a rate.
 	engineRateMinTokens = 16
@@ -80,6 +75,8 @@ type ttftModel struct {
 	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
 	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
 	errN         atomic.Uint64 // predictions checked
+	hitReal      atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
+	hitN         atomic.Uint64 // requests with a predicted hit and a reported one
 	cleanN       int           // intercept samples without queueing (under replica.fitMu)
 	// Over this router's requests awaiting their first token (as many as
 	// replica.pendingReqs): the sums of their Begin times (after pendBase,
@@ -135,20 +132,31 @@ func (p *replica) slotWait(busy int64) float64 {
 	return float64(busy-s+1) * p.slotSeconds() / float64(s)
 }
 
-// confidence is how far the cost policy trusts p's predicted cache hit:
-// 1 while p's TTFT predictions are within about 2x, falling to 0 at 4x.
+// confidence is how far the cost policy trusts p's predicted cache hits:
+// the share of its predicted cached tokens the engine really reported
+// cached, recently (EWMA of min(actual / predicted, 1) over requests with a
+// predicted hit; 1 before fitMinSamples of them). A replica whose hits do
+// not materialise (an index ahead of the engine, llama.cpp's per-slot
+// caches) has its predicted hits discounted, so its decisions lean toward
+// load balance until its predictions come true again.
 func (p *replica) confidence() float64 {
-	if p.model.errN.Load() < fitMinSamples {
+	if p.model.hitN.Load() < fitMinSamples {
 		return 1
 	}
-	e := loadF(&p.model.errEWMA)
-	switch {
-	case e <= trustFullErr:
-		return 1
-	case e >= trustNoneErr:
-		return 0
+	return min(max(loadF(&p.model.hitReal), 0), 1)
+}
+
+// sampleHit folds one request's realised share of its predicted hit.
+func (p *replica) sampleHit(predicted, actual int) {
+	if predicted <= 0 || actual < 0 {
+		return
 	}
-	return 1 - (e-trustFullErr)/(trustNoneErr-trustFullErr)
+	x := min(float64(actual)/float64(predicted), 1)
+	if p.model.hitN.Add(1) == 1 {
+		storeF(&p.model.hitReal, x)
+		return
+	}
+	ewma(&p.model.hitReal, x, errWeight)
 }
 
 // learnSlots takes one scrape's running and waiting counts. A batch-slot

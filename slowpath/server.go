@@ -590,7 +590,8 @@ type AffinityStatus struct {
 	// The TTFT model (affinity/ttft.go): batch slots in use (configured,
 	// engine-reported or learned; 0 = unknown), mean seconds a request
 	// holds one, fitted overhead, the engine's own prefill rate (0 = not
-	// reported), trust in predicted hits (0..1), and predictions checked
+	// reported), trust in predicted hits (the realised share of them,
+	// 0..1), and TTFT predictions checked
 	// with their mean |ln(predicted / measured TTFT)|.
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
