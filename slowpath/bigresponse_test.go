@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -64,6 +65,9 @@ func TestMaxResponseBytes(t *testing.T) {
 			cfg := testConfig(big.addr, big2.addr)
 			cfg.Limits.MaxResponseBytes = limit
 			cfg.Passive.ConsecutiveFailures = 1
+			// Passive health is under test: no active probe (its 20 ms
+			// timeout can miss under -race on busy cores) may eject a replica.
+			cfg.Health.Interval, cfg.Health.Timeout = time.Minute, time.Second
 			s, url := newTestServer(t, cfg)
 			code, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
 			var e struct{ Error struct{ Code, Type string } }
