@@ -1038,12 +1038,6 @@ const usageScanFrom = 1 << 20
 
 var strUsage = []byte(`"usage"`)
 
-// cachedTokensJSON returns usage.prompt_tokens_details.cached_tokens, or -1.
-func cachedTokensJSON(p *fastjson.Parser, body []byte) int {
-	var o affinity.Outcome
-	return usageJSON(p, body, &o)
-}
-
 // usageJSON returns the cached prompt tokens an answer (or a stream's
 // final event) reports: usage.prompt_tokens_details.cached_tokens, else
 // llama.cpp's timings.cache_n; -1 when neither. It also fills o's engine

@@ -78,7 +78,7 @@ func TestCachedTokensJSON(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ex := &exchange{}
-			if got := cachedTokensJSON(&ex.fjParser, []byte(tc.body)); got != tc.want {
+			if got := usageJSON(&ex.fjParser, []byte(tc.body), &ex.timings); got != tc.want {
 				t.Fatalf("got %d, want %d", got, tc.want)
 			}
 		})

@@ -18,9 +18,6 @@ import (
 // the cost policy without batch slots kept bursts on warm replicas queued
 // behind decodes, 6.6 s (18x).
 func TestCostSpreadsHotPrefixOnSmallBatches(t *testing.T) {
-	if testing.Short() {
-		t.Skip("simulates 2 x 400 requests")
-	}
 	oc := workload.DefaultOneCompany()
 	oc.Requests = 400
 	w, err := workload.OneCompany(oc)
