@@ -150,6 +150,18 @@ func TestWarmpathInFront(t *testing.T) {
 			t.Errorf("repeat %d (stream %v): cached_tokens %d, want the 2,048-token system prompt and more", i, log[i].stream, log[i].cached)
 		}
 	}
+	// The observer runs after warmpath finished its side of a response; a
+	// streamed answer can reach the client first, so wait for the last
+	// event (bounded: 500 polls).
+	for range 500 {
+		mu.Lock()
+		n := len(events)
+		mu.Unlock()
+		if n >= len(log) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	mu.Lock()
 	if len(events) != len(log) {
 		t.Errorf("observer saw %d requests, sent %d", len(events), len(log))
