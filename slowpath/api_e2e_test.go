@@ -1,9 +1,12 @@
 package slowpath_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"mime/multipart"
 	"net/http"
 	"strings"
 	"testing"
@@ -233,4 +236,199 @@ func apiWait(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestAPIPassthrough: each pass-through endpoint through warmpath to
+// enginesim (vLLM's shapes), the model list with the engines' fields, and
+// the errors of a bad body.
+func TestAPIPassthrough(t *testing.T) {
+	engines := startEngines(t, 2, func(c *enginesim.Config) {
+		c.LoRAModules = []string{"sql-lora=/adapters/sql"}
+		c.MaxModelLen = 4096
+	})
+	_, _, obs, base := startAPI(t, engines, func(c *slowpath.Config) {
+		c.Limits.MaxBodyBytes = 1 << 20
+		for i := range c.Replicas {
+			c.Replicas[i].Models = append(c.Replicas[i].Models, "sql-lora")
+		}
+	})
+	const j = "application/json"
+	tests := []struct {
+		name, method, path, ct, body string
+		status                       int
+		want                         string // substring of the answer
+	}{
+		{"tokenize", "POST", "/tokenize", j, `{"model":"sim-llama","prompt":"abcdefgh"}`, 200, `"tokens":[1684234849,1751606885]`},
+		{"tokenize without model (one base model and its adapter: ambiguous)", "POST", "/tokenize", j, `{"prompt":"abcd"}`, 400, `you must provide a model parameter`},
+		{"detokenize", "POST", "/detokenize", j, `{"model":"sim-llama","tokens":[1684234849,1751606885]}`, 200, `{"prompt":"abcdefgh"}`},
+		{"rerank v1", "POST", "/v1/rerank", j, `{"model":"sim-llama","query":"red fox","documents":["a blue whale","the red fox jumps"]}`, 200, `"results":[{"index":1,"document":{"text":"the red fox jumps"},"relevance_score":1}`},
+		{"rerank", "POST", "/rerank", j, `{"model":"sim-llama","query":"x","documents":["x"]}`, 200, `"relevance_score":1`},
+		{"rerank v2", "POST", "/v2/rerank", j, `{"model":"sql-lora","query":"x","documents":["y"]}`, 200, `"model":"sql-lora"`},
+		{"score", "POST", "/v1/score", j, `{"model":"sim-llama","text_1":"a b","text_2":["a","c"]}`, 200, `"data":[{"index":0,"object":"score","score":0.5},{"index":1,"object":"score","score":0}]`},
+		{"score unversioned", "POST", "/score", j, `{"model":"sim-llama","text_1":"a","text_2":"a"}`, 200, `"score":1`},
+		{"pooling", "POST", "/pooling", j, `{"model":"sim-llama","input":["one","two"]}`, 200, `"object":"pooling"`},
+		{"version", "GET", "/version", "", "", 200, `{"version":"enginesim"}`},
+		{"+json content type", "POST", "/tokenize", "application/vnd.api+json", `{"model":"sim-llama","prompt":"abcd"}`, 200, `"count":1`},
+		{"unknown model", "POST", "/v1/rerank", j, `{"model":"nope","query":"x","documents":["x"]}`, 404, `"code":"model_not_found"`},
+		{"engine's own 400 passes through", "POST", "/v1/rerank", j, `{"model":"sim-llama","documents":[]}`, 400, `query and a non-empty documents list are required`},
+		{"model twice", "POST", "/v1/score", j, `{"model":"sim-llama","model":"sql-lora","text_1":"a","text_2":"a"}`, 400, `"param":"model"`},
+		{"truncated", "POST", "/v1/score", j, "{\"model\":\"sim-llama\",\n\"text_1\":", 400, `the body is truncated: it ends at byte 31 (line 2, column 10) inside an unfinished value.`},
+		{"not an object", "POST", "/pooling", j, `"x"`, 400, `the body is a JSON string, not an object.`},
+		{"invalid character", "POST", "/v1/responses", j, "{\"model\":\"sim-llama\",\n  \"input\": x}", 400, `invalid character 'x' looking for beginning of value at line 2, column 12 (byte offset 33).`},
+		{"GET on tokenize", "GET", "/tokenize", "", "", 405, `"code":"method_not_allowed"`},
+		{"model card", "GET", "/v1/models/sql-lora", "", "", 200, `"id":"sql-lora","object":"model"`},
+		{"unknown model card", "GET", "/v1/models/nope", "", "", 404, `"code":"model_not_found"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _, body := apiDo(t, tc.method, base+tc.path, tc.ct, tc.body)
+			if st != tc.status || !strings.Contains(body, tc.want) {
+				t.Fatalf("%d %s\nwant %d with %s", st, body, tc.status, tc.want)
+			}
+			if st >= 400 && !strings.HasPrefix(body, `{"error":{"message":`) {
+				t.Fatalf("error not in the OpenAI shape: %s", body)
+			}
+		})
+	}
+	// The model list keeps the engines' fields.
+	st, _, body := apiDo(t, "GET", base+"/v1/models", "", "")
+	var list struct {
+		Data []struct {
+			ID string
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &list); st != 200 || err != nil || len(list.Data) != 2 {
+		t.Fatalf("models %d %s %v", st, body, err)
+	}
+	if list.Data[0].ID != "sim-llama" || list.Data[1].ID != "sql-lora" {
+		t.Fatalf("model ids: %s", body)
+	}
+	if !strings.Contains(body, `{"id":"sim-llama","object":"model","created":`) ||
+		!strings.Contains(body, `"owned_by":"vllm","root":"sim-llama","parent":null,"max_model_len":4096`) ||
+		!strings.Contains(body, `"owned_by":"vllm","root":"/adapters/sql","parent":"sim-llama","max_model_len":4096`) {
+		t.Fatalf("model cards lost the engines' fields: %s", body)
+	}
+	if n := len(obs.counts()); n == 0 {
+		t.Fatal("pass-through requests not observed")
+	}
+}
+
+// multipartBody builds an audio upload: fields, then a file part of n bytes.
+func multipartBody(t *testing.T, n int, fields ...string) (string, string) {
+	t.Helper()
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	for i := 0; i+1 < len(fields); i += 2 {
+		mw.WriteField(fields[i], fields[i+1])
+	}
+	fw, err := mw.CreateFormFile("file", "a.wav")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.Write(bytes.Repeat([]byte{7}, n))
+	mw.Close()
+	return b.String(), mw.FormDataContentType()
+}
+
+// TestAPIAudio: multipart transcriptions and translations, the model read
+// from the form, streamed and not; the whole file reaches the engine; over
+// limits.max_body_bytes is a 413 before anything is forwarded.
+func TestAPIAudio(t *testing.T) {
+	engines := startEngines(t, 2, nil)
+	_, _, _, base := startAPI(t, engines, func(c *slowpath.Config) { c.Limits.MaxBodyBytes = 1 << 20 })
+	body, ct := multipartBody(t, 300_000, "model", e2eModel, "language", "en")
+	st, _, got := apiDo(t, "POST", base+"/v1/audio/transcriptions", ct, body)
+	if st != 200 || !strings.Contains(got, `"text":"300000 bytes of audio`) {
+		t.Fatalf("transcription: %d %s", st, got)
+	}
+	body, ct = multipartBody(t, 1000, "stream", "true", "model", e2eModel)
+	st, h, got := apiDo(t, "POST", base+"/v1/audio/translations", ct, body)
+	if st != 200 || h.Get("Content-Type") != "text/event-stream" || !strings.Contains(got, `"object":"transcription.chunk"`) ||
+		!strings.HasSuffix(got, "data: [DONE]\n\n") {
+		t.Fatalf("streamed translation: %d %v %s", st, h, got)
+	}
+	served := engines[0].Served(e2eModel) + engines[1].Served(e2eModel)
+	for _, tc := range []struct {
+		name, ct, body string
+		status         int
+		want           string
+	}{
+		{"unknown model", ct, strings.Replace(body, e2eModel, "nope", 1), 404, `"code":"model_not_found"`},
+		{"JSON instead of multipart", "application/json", `{"model":"sim-llama"}`, 400, `Content-Type must be multipart/form-data`},
+		{"no boundary", "multipart/form-data", body, 400, `body is not a valid multipart/form-data body`},
+		{"bad stream field", ct, strings.Replace(body, "true", "yes!", 1), 400, `"param":"stream"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _, got := apiDo(t, "POST", base+"/v1/audio/transcriptions", tc.ct, tc.body)
+			if st != tc.status || !strings.Contains(got, tc.want) {
+				t.Fatalf("%d %s, want %d %s", st, got, tc.status, tc.want)
+			}
+		})
+	}
+	// As curl does for a large upload: Expect: 100-continue, so the 413
+	// comes before the body is sent.
+	big, ct := multipartBody(t, 2<<20, "model", e2eModel)
+	req, _ := http.NewRequest("POST", base+"/v1/audio/transcriptions", strings.NewReader(big))
+	req.Header.Set("Content-Type", ct)
+	req.Header.Set("Expect", "100-continue")
+	tr := &http.Transport{ExpectContinueTimeout: 5 * time.Second}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	st, got = resp.StatusCode, string(b)
+	if st != 413 || !strings.Contains(got, `"code":"request_too_large"`) {
+		t.Fatalf("oversized upload: %d %s", st, got)
+	}
+	if n := engines[0].Served(e2eModel) + engines[1].Served(e2eModel); n != served {
+		t.Fatalf("refused uploads reached the engines: %d -> %d", served, n)
+	}
+}
+
+// TestAPICORS: preflight answered for an allowed origin (403 otherwise),
+// answers carry Access-Control-Allow-Origin, and without cors.allowed_origins
+// an OPTIONS is a 405.
+func TestAPICORS(t *testing.T) {
+	engines := startEngines(t, 1, nil)
+	_, _, _, base := startAPI(t, engines, func(c *slowpath.Config) {
+		c.CORS.AllowedOrigins = []string{"https://app.example.com"}
+	})
+	st, h, body := apiDo(t, "OPTIONS", base+"/v1/chat/completions", "", "", "Origin", "https://app.example.com",
+		"Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "authorization, content-type, x-stainless-os")
+	if st != 204 || h.Get("Access-Control-Allow-Origin") != "https://app.example.com" || h.Get("Access-Control-Allow-Methods") != "GET, POST, OPTIONS" ||
+		h.Get("Access-Control-Allow-Headers") != "authorization, content-type, x-stainless-os" || h.Get("Access-Control-Max-Age") != "600" || h.Get("Vary") != "Origin" {
+		t.Fatalf("preflight: %d %v %s", st, h, body)
+	}
+	st, _, body = apiDo(t, "OPTIONS", base+"/v1/chat/completions", "", "", "Origin", "https://evil.example", "Access-Control-Request-Method", "POST")
+	if st != 403 || !strings.Contains(body, `"code":"cors_origin_not_allowed"`) {
+		t.Fatalf("disallowed preflight: %d %s", st, body)
+	}
+	chat := `{"model":"sim-llama","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
+	for _, stream := range []bool{false, true} {
+		b := chat
+		if stream {
+			b = strings.Replace(chat, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+		}
+		st, h, body = apiDo(t, "POST", base+"/v1/chat/completions", "application/json", b, "Origin", "https://app.example.com")
+		if st != 200 || h.Get("Access-Control-Allow-Origin") != "https://app.example.com" || len(h.Values("Access-Control-Allow-Origin")) != 1 {
+			t.Fatalf("stream=%v: %d %v %s", stream, st, h, body)
+		}
+	}
+	st, h, _ = apiDo(t, "POST", base+"/v1/chat/completions", "application/json", chat, "Origin", "https://evil.example")
+	if st != 200 || h.Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("disallowed origin got %v", h)
+	}
+	// Errors carry it too (a browser could not read them otherwise).
+	st, h, _ = apiDo(t, "POST", base+"/v1/chat/completions", "application/json", `{`, "Origin", "https://app.example.com")
+	if st != 400 || h.Get("Access-Control-Allow-Origin") != "https://app.example.com" {
+		t.Fatalf("error without CORS: %d %v", st, h)
+	}
+	_, _, _, plain := startAPI(t, engines, nil)
+	st, _, body = apiDo(t, "OPTIONS", plain+"/v1/chat/completions", "", "", "Origin", "https://app.example.com", "Access-Control-Request-Method", "POST")
+	if st != 405 {
+		t.Fatalf("OPTIONS without cors: %d %s", st, body)
+	}
 }
