@@ -103,3 +103,42 @@ func TestParseResponsesErrors(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseResponses: no panic, canonical bytes bounded by the cap and the
+// body size, hashes consistent with them, deterministic.
+func FuzzParseResponses(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","input":"hi"}`,
+		`{"model":"m","instructions":"be terse","tools":[{"type":"function","name":"f"}],"input":[{"role":"developer","content":[{"type":"input_text","text":"d"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"o"},{"role":"assistant","content":[{"type":"output_text","text":"a"}]},{"role":"user","content":[{"type":"input_image","image_url":"u"},{"type":"input_file","file_id":"f"}]}]}`,
+		`{"model":"m","input":"x","previous_response_id":"resp_1","max_output_tokens":3,"stream":true}`,
+		`{"model":"m","input":[1]}`, `{"model":"m","input":"x","previous_response_id":""}`, `{"model":"m","instructions":null,"input":[]}`,
+		`{"model":"m","input":"x","Previous_response_id":"a"}`, `[]`, `{`,
+	} {
+		f.Add([]byte(s))
+	}
+	const capBytes = 4096
+	cfg := HashConfig{BlockTokens: 4, MaxPromptBytes: capBytes}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var a, b Prompt
+		prevA, errA := NewParser(cfg).ParseResponses(body, &a)
+		prevB, errB := NewParser(cfg).ParseResponses(append([]byte(nil), body...), &b)
+		if (errA == nil) != (errB == nil) {
+			t.Fatalf("nondeterministic error: %v vs %v", errA, errB)
+		}
+		if errA != nil {
+			if !errors.Is(errA, ErrBadRequest) {
+				t.Fatalf("error %v does not wrap ErrBadRequest", errA)
+			}
+			return
+		}
+		if len(a.Canonical) > capBytes || len(a.Canonical) > 6*len(body)+64 {
+			t.Fatalf("canonical %d bytes from a %d-byte body", len(a.Canonical), len(body))
+		}
+		if len(a.Hashes) != len(a.Canonical)/16 || a.Tokens < 0 || len(a.Model) == 0 {
+			t.Fatalf("hashes %d canonical %d tokens %d", len(a.Hashes), len(a.Canonical), a.Tokens)
+		}
+		if string(a.Canonical) != string(b.Canonical) || string(prevA) != string(prevB) || a.Tokens != b.Tokens {
+			t.Fatal("nondeterministic")
+		}
+	})
+}
