@@ -432,3 +432,44 @@ func TestAPICORS(t *testing.T) {
 		t.Fatalf("OPTIONS without cors: %d %s", st, body)
 	}
 }
+
+// TestAPIResponsesEngineErrorEvent: an engine's own `error` event in a
+// Responses stream (vLLM sends one when generation fails) reaches the
+// client unchanged, and the model list keeps the engines' fields as the
+// official client reads them.
+func TestAPIResponsesEngineErrorEvent(t *testing.T) {
+	engines := startEngines(t, 1, func(c *enginesim.Config) { c.TimeScale = 1 }) // ~7 ms per token: time to restart mid-stream
+	_, c, _, _ := startAPI(t, engines, nil)
+	p := respParams("a long answer please", "")
+	p.MaxOutputTokens = openai.Int(400)
+	st := c.Responses.NewStreaming(ctxT(t), p)
+	var types []string
+	var last responses.ResponseStreamEventUnion
+	for st.Next() {
+		ev := st.Current()
+		types = append(types, ev.Type)
+		last = ev
+		if ev.Type == "response.output_text.delta" && len(types) == 5 {
+			engines[0].Restart()
+		}
+	}
+	if err := st.Err(); err != nil {
+		t.Fatalf("the engine's error event must arrive as an event, got %v (events %v)", err, types)
+	}
+	if last.Type != "error" || last.Code != "engine_error" || last.Message != "engine restarted" {
+		t.Fatalf("last event %+v (events %v)", last, types)
+	}
+	ms, err := c.Models.List(ctxT(t))
+	if err != nil || len(ms.Data) != 1 {
+		t.Fatalf("models: %v %+v", err, ms)
+	}
+	m, err := c.Models.Get(ctxT(t), e2eModel)
+	if err != nil || m.OwnedBy != "vllm" || m.JSON.ExtraFields["max_model_len"].Raw() != "131072" || m.JSON.ExtraFields["root"].Raw() != `"`+e2eModel+`"` {
+		t.Fatalf("model card through the client: %v %+v %v", err, m, m.JSON.ExtraFields)
+	}
+	_, err = c.Models.Get(ctxT(t), "nope")
+	var apiErr *openai.Error
+	if !asAPIError(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" {
+		t.Fatalf("unknown model card: %v", err)
+	}
+}
