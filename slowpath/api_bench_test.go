@@ -131,3 +131,35 @@ func TestHandlerAPIAllocs(t *testing.T) {
 		t.Fatalf("%d response ids stored, want every answer's", n)
 	}
 }
+
+// TestNoWorkRequestsDoNotTeach: tokenize calls (and the other requests an
+// engine generates nothing for) leave the replica's learned batch-slot time
+// and prefill rate alone, while a chat request moves them.
+func TestNoWorkRequestsDoNotTeach(t *testing.T) {
+	h := newAPIRig(t)
+	state := func() (float64, float64) {
+		st := h.s.Router().Replicas()[0]
+		return st.SlotSeconds, st.PrefillTokensPerSec
+	}
+	slot0, rate0 := state()
+	h.set(apiCases[3]) // tokenize
+	for range 50 {
+		h.once(t)
+	}
+	h.ctx.Request.Header.SetMethod(fasthttp.MethodGet)
+	h.ctx.Request.SetRequestURI("/version")
+	for range 50 {
+		h.once(t)
+	}
+	h.ctx.Request.Header.SetMethod(fasthttp.MethodPost)
+	if slot, rate := state(); slot != slot0 || rate != rate0 {
+		t.Fatalf("no-work requests moved the model: slot %v -> %v, rate %v -> %v", slot0, slot, rate0, rate)
+	}
+	h.set(apiCases[0]) // chat
+	for range 50 {
+		h.once(t)
+	}
+	if slot, _ := state(); slot == slot0 {
+		t.Fatalf("chat requests left the slot time at %v: the check above proves nothing", slot)
+	}
+}

@@ -93,6 +93,8 @@ func (s *Server) parsePassJSON(ctx *fasthttp.RequestCtx, ex *exchange, body []by
 	}
 	if passJSONPaths[string(ctx.Path())] {
 		ex.prompt.Tokens = len(body) / s.bytesPerToken()
+	} else {
+		ex.api.noWork = true
 	}
 	return nil
 }
@@ -236,6 +238,7 @@ func (s *Server) routeTo(ctx *fasthttp.RequestCtx, r *replica, stream bool) {
 	ex.prompt = affinity.Prompt{Stream: stream}
 	ex.model = ex.model[:0]
 	ex.api.fixed = r
+	ex.api.noWork = true
 	if !s.admit(ex) {
 		s.putExchange(ex)
 		s.reject(ctx, fasthttp.StatusTooManyRequests, "total_limit", "The router is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")

@@ -919,7 +919,7 @@ func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
 	o := ex.timings
-	o.OK, o.CachedTokens = ok && ex.status < 500, ex.cached
+	o.OK, o.CachedTokens = ok && ex.status < 500 && !ex.api.noWork, ex.cached
 	s.brain.EndWith(&ex.flight, now, o)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))

@@ -53,13 +53,18 @@ type apiState struct {
 	prevID []byte   // previous_response_id of the request (copy)
 	fixed  *replica // epFixed: the target chosen before forward
 	seenID bool     // the stream's response id was stored
-	tmp    []byte   // scratch (multipart model field)
+	// noWork: the engine generates nothing for this request (tokenize,
+	// /version, a stored response): its timing must not feed the
+	// replica's prefill and batch-slot models.
+	noWork bool
+	tmp    []byte // scratch (multipart model field)
 }
 
 func (a *apiState) reset() {
 	a.prevID = a.prevID[:0]
 	a.fixed = nil
 	a.seenID = false
+	a.noWork = false
 }
 
 // responseStore maps response ids to the replica (name) that holds them:
