@@ -365,6 +365,10 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, rest string) {
 		s.reject(ctx, fasthttp.StatusServiceUnavailable, "previous_response_unavailable",
 			"The replica holding response '"+id+"' is unavailable right now; retry later.", errTypeUnavailable, "response_id", "replica_unavailable")
 		return
+	case r.full():
+		s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit",
+			"The replica holding response '"+id+"' is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		return
 	}
 	stream := !cancel && bytes.Equal(ctx.QueryArgs().Peek("stream"), strTrue)
 	s.routeTo(ctx, r, stream)
