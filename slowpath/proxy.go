@@ -296,7 +296,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
 		return
 	}
-	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 && ep <= epResponses {
+	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
 		if b, ok := s.saltBody(ctx, ex, body); ok {
 			body = b
 			err = s.parse(ctx, ex, body)

@@ -37,6 +37,11 @@ const (
 	responseStoreTTL = time.Hour
 )
 
+// saltable reports whether tenancy may add cache_salt to the body: JSON
+// generation requests (chat, completions, embeddings, responses), not the
+// pass-through ones (a multipart body, or endpoints without a prompt cache).
+func (e endpoint) saltable() bool { return e <= epResponses }
+
 // apiServer is the per-Server state of the endpoints beyond chat.
 type apiServer struct {
 	responses *responseStore
