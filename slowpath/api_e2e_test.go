@@ -473,3 +473,30 @@ func TestAPIResponsesEngineErrorEvent(t *testing.T) {
 		t.Fatalf("unknown model card: %v", err)
 	}
 }
+
+// TestAPIResponsesTenancy: with tenancy on, a Responses body gets the
+// tenant's cache_salt like a chat body: the same instructions hit the cache
+// within a tenant and not across tenants.
+func TestAPIResponsesTenancy(t *testing.T) {
+	engines := startEngines(t, 1, nil)
+	_, _, _, base := startAPI(t, engines, func(c *slowpath.Config) { c.Tenancy.SaltFrom = slowpath.SaltFromAPIKey })
+	client := func(key string) openai.Client {
+		return openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	}
+	cached := func(c openai.Client, q string) int64 {
+		t.Helper()
+		r, err := c.Responses.New(ctxT(t), respParams(q, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Usage.InputTokensDetails.CachedTokens
+	}
+	a, b := client("sk-tenant-a"), client("sk-tenant-b")
+	cached(a, "warm the cache")
+	if n := cached(a, "same tenant"); n == 0 {
+		t.Fatal("tenant A missed its own cached instructions")
+	}
+	if n := cached(b, "other tenant"); n != 0 {
+		t.Fatalf("tenant B got %d cached tokens of tenant A's instructions", n)
+	}
+}
