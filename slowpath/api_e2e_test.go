@@ -500,3 +500,47 @@ func TestAPIResponsesTenancy(t *testing.T) {
 		t.Fatalf("tenant B got %d cached tokens of tenant A's instructions", n)
 	}
 }
+
+// TestAPIResponsesAcrossRouters: two router instances over the same
+// engines (a fleet behind a balancer), round-robin, the turns of one
+// conversation alternating between them: each router meets previous
+// response ids it never saw, asks the engines which one holds it, and pins
+// the turn there.
+func TestAPIResponsesAcrossRouters(t *testing.T) {
+	engines := startEngines(t, 3, nil)
+	rr := func(c *slowpath.Config) { c.Routing.Policy = "round-robin" }
+	_, a, _, _ := startAPI(t, engines, rr)
+	_, b, obsB, _ := startAPI(t, engines, rr)
+	r, err := a.Responses.New(ctxT(t), respParams("first", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := r.ID
+	for i := range 6 {
+		c := b
+		if i%2 == 1 {
+			c = a
+		}
+		r, err := c.Responses.New(ctxT(t), respParams(fmt.Sprintf("turn %d", i), prev))
+		if err != nil {
+			t.Fatalf("turn %d through router %c: %v", i, "ba"[i%2], err)
+		}
+		if r.Usage.InputTokensDetails.CachedTokens == 0 {
+			t.Fatalf("turn %d: no cached tokens: not on the conversation's replica", i)
+		}
+		prev = r.ID
+	}
+	// A second turn naming the same id on b is pinned from b's own memory.
+	if _, err := b.Responses.New(ctxT(t), respParams("again", r.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if len(obsB.counts()) != 1 {
+		t.Fatalf("router b spread the conversation: %v", obsB.counts())
+	}
+	// An id no engine holds: routed, the engine's 404 passes through.
+	_, err = b.Responses.New(ctxT(t), respParams("x", "resp_nobody_has_it"))
+	var apiErr *openai.Error
+	if !asAPIError(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Param != "response_id" {
+		t.Fatalf("unknown everywhere: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package slowpath
 
 import (
 	"bytes"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -23,8 +24,11 @@ import (
 //	replica unhealthy or ejected        -> 503 replica_unavailable (Retry-After: 1)
 //	replica at its concurrency cap      -> 429 rate_limit_exceeded
 //	replica does not serve the model    -> 400, param previous_response_id
-//	id unknown to the router            -> routed like any request; the engine
-//	                                       answers (vLLM: 404 if it lacks it)
+//	id unknown to the router            -> the replicas serving the model are
+//	                                       asked (GET /v1/responses/{id}); the
+//	                                       one that has it is remembered and
+//	                                       pinned; if none has it, routed like
+//	                                       any request (the engine's 404)
 //
 // GET /v1/responses/{id} and POST /v1/responses/{id}/cancel go to the
 // replica holding id; an id the router does not know is a 404
@@ -165,6 +169,64 @@ func (st *responseStore) len() int {
 	return len(st.m)
 }
 
+// Looking an unknown id up on the engines: only ids shaped like vLLM's
+// (prefix "resp", at most maxResponseIDLen bytes), so a client sending
+// junk ids cannot make every request fan out.
+const maxResponseIDLen = 128
+
+var strRespPrefix = []byte("resp")
+
+// findResponse asks every healthy replica serving the request's model
+// whether it holds previous_response_id (GET /v1/responses/{id}, with the
+// client's Authorization: vLLM checks its API key there too), in parallel
+// over the control connections health checks use, each bounded by
+// health.timeout. A hit is stored. This runs only for ids
+// the router does not know: after a restart, an eviction, or when another
+// router instance of a fleet served the previous turn.
+func (s *Server) findResponse(ctx *fasthttp.RequestCtx, ex *exchange) (string, bool) {
+	id := ex.api.prevID
+	if len(id) > maxResponseIDLen || !bytes.HasPrefix(id, strRespPrefix) {
+		return "", false
+	}
+	var cands []*replica
+	for _, r := range *s.table.Load() {
+		if r != nil && !r.removed.Load() && r.isHealthy() && r.serves(ex.model) {
+			cands = append(cands, r)
+		}
+	}
+	if len(cands) == 0 {
+		return "", false
+	}
+	uri := "/v1/responses/" + url.PathEscape(string(id))
+	auth := string(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	found := make([]bool, len(cands))
+	var wg sync.WaitGroup
+	for i, r := range cands {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			req.SetRequestURI("http://" + r.name + uri)
+			req.Header.SetHost(r.name)
+			if auth != "" {
+				req.Header.Set(fasthttp.HeaderAuthorization, auth)
+			}
+			err := r.ctl.DoTimeout(req, resp, s.cfg.Health.Timeout)
+			found[i] = err == nil && resp.StatusCode() == fasthttp.StatusOK
+		}()
+	}
+	wg.Wait()
+	for i, ok := range found {
+		if ok {
+			s.api.responses.put(id, cands[i].name, s.now())
+			return cands[i].name, true
+		}
+	}
+	return "", false
+}
+
 // replicaByName returns the replica of that name in the serving table.
 func (s *Server) replicaByName(name string) *replica {
 	for _, r := range *s.table.Load() {
@@ -190,6 +252,9 @@ func (s *Server) rank(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	var pin *replica
 	if len(ex.api.prevID) > 0 {
 		name, ok := s.api.responses.get(ex.api.prevID, s.now())
+		if !ok {
+			name, ok = s.findResponse(ctx, ex)
+		}
 		if ok {
 			if pin = s.pinnable(ctx, ex, name); pin == nil {
 				return false
