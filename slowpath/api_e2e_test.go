@@ -530,8 +530,13 @@ func TestAPIResponsesAcrossRouters(t *testing.T) {
 		}
 		prev = r.ID
 	}
-	// A second turn naming the same id on b is pinned from b's own memory.
-	if _, err := b.Responses.New(ctxT(t), respParams("again", r.ID)); err != nil {
+	// The last turn went through a: b retrieves it from the engine that
+	// holds it, then continues it.
+	got, err := b.Responses.Get(ctxT(t), prev, responses.ResponseGetParams{})
+	if err != nil || got.ID != prev || got.OutputText() == "" {
+		t.Fatalf("retrieve through the other router: %v %+v", err, got)
+	}
+	if _, err := b.Responses.New(ctxT(t), respParams("again", prev)); err != nil {
 		t.Fatal(err)
 	}
 	if len(obsB.counts()) != 1 {

@@ -31,8 +31,9 @@ import (
 //	                                       any request (the engine's 404)
 //
 // GET /v1/responses/{id} and POST /v1/responses/{id}/cancel go to the
-// replica holding id; an id the router does not know is a 404
-// (param response_id, vLLM's wording).
+// replica holding id (looked up on the engines when the router does not
+// know it); an id no engine holds is a 404 (param response_id, vLLM's
+// wording).
 
 // Response-store bounds: entries beyond responseStoreMax evict the least
 // recently used; an entry older than responseStoreTTL is gone.
@@ -176,21 +177,20 @@ const maxResponseIDLen = 128
 
 var strRespPrefix = []byte("resp")
 
-// findResponse asks every healthy replica serving the request's model
-// whether it holds previous_response_id (GET /v1/responses/{id}, with the
+// findResponse asks every healthy replica serving model (any replica when
+// model is nil) whether it holds response id (GET /v1/responses/{id}, with the
 // client's Authorization: vLLM checks its API key there too), in parallel
 // over the control connections health checks use, each bounded by
 // health.timeout. A hit is stored. This runs only for ids
 // the router does not know: after a restart, an eviction, or when another
 // router instance of a fleet served the previous turn.
-func (s *Server) findResponse(ctx *fasthttp.RequestCtx, ex *exchange) (string, bool) {
-	id := ex.api.prevID
+func (s *Server) findResponse(ctx *fasthttp.RequestCtx, id, model []byte) (string, bool) {
 	if len(id) > maxResponseIDLen || !bytes.HasPrefix(id, strRespPrefix) {
 		return "", false
 	}
 	var cands []*replica
 	for _, r := range *s.table.Load() {
-		if r != nil && !r.removed.Load() && r.isHealthy() && r.serves(ex.model) {
+		if r != nil && !r.removed.Load() && r.isHealthy() && (model == nil || r.serves(model)) {
 			cands = append(cands, r)
 		}
 	}
@@ -253,7 +253,7 @@ func (s *Server) rank(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	if len(ex.api.prevID) > 0 {
 		name, ok := s.api.responses.get(ex.api.prevID, s.now())
 		if !ok {
-			name, ok = s.findResponse(ctx, ex)
+			name, ok = s.findResponse(ctx, ex.api.prevID, ex.model)
 		}
 		if ok {
 			if pin = s.pinnable(ctx, ex, name); pin == nil {
@@ -421,6 +421,9 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, rest string) {
 		return
 	}
 	name, ok := s.api.responses.get([]byte(id), s.now())
+	if !ok {
+		name, ok = s.findResponse(ctx, []byte(id), nil)
+	}
 	if !ok {
 		s.reject(ctx, fasthttp.StatusNotFound, "response_not_found", "Response with id '"+id+"' not found.", errTypeInvalid, "response_id", "response_not_found")
 		return
