@@ -208,10 +208,14 @@ func holderOf(t *testing.T, engines []*enginesim.Server, id string) *enginesim.S
 	return nil
 }
 
-// startAPI is startE2E that also returns the router's base URL.
+// startAPI is startE2E that also returns the router's base URL. Its
+// health checks (and with them the engine lookups and model-card fetches,
+// bounded by health.timeout) get 1s: a loaded machine under -race must not
+// eject a healthy engine or miss a lookup.
 func startAPI(t *testing.T, engines []*enginesim.Server, mutate func(*slowpath.Config)) (*slowpath.Server, openai.Client, *routed, string) {
 	t.Helper()
 	cfg := e2eConfig(engines)
+	cfg.Health.Interval, cfg.Health.Timeout = time.Second, time.Second
 	if mutate != nil {
 		mutate(&cfg)
 	}
