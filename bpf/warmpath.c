@@ -15,11 +15,6 @@
  *
  * xdp_pass: returns XDP_PASS; the benchmark floor.
  *
- * xdp_steer_bench: xdp_steer followed by an undo of the encapsulation, so
- * BPF_PROG_TEST_RUN with Repeat > 1 measures the steering path on the same
- * input every iteration. Never attached; its input must be a steerable
- * packet (an XDP_TX of an ICMP reply would be "undone" too).
- *
  * Rule: anything not understood is passed untouched (never steered, never
  * dropped). Every header access is preceded by a bounds check.
  *
@@ -28,8 +23,8 @@
  *     absent (hash) or out of range (array); never NULL for an in-range
  *     array or per-CPU array index.
  *   bpf_map_update_elem: 0, or < 0 (e.g. -E2BIG when a hash map is full).
- *   bpf_ktime_get_ns / bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC(_COARSE)
- *     in ns, cannot fail.
+ *   bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE in ns, cannot fail.
+ *   bpf_jiffies64: the tick counter, cannot fail.
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
@@ -67,9 +62,11 @@ struct aff_key {
 };
 
 /*
- * Affinity value, written by Go. last_used_ns (bpf_ktime_get_ns, i.e.
- * CLOCK_MONOTONIC) is refreshed by the program each time the entry decides a
- * connection; gen must equal the backend's generation for the entry to count.
+ * Affinity value, written by Go. last_used_ns (CLOCK_MONOTONIC, written by
+ * the program with bpf_ktime_get_coarse_ns: at most a tick behind, ~35 ns
+ * cheaper here, plenty for idle times of minutes) is refreshed by the
+ * program each time the entry decides a connection; gen must equal the
+ * backend's generation for the entry to count.
  */
 struct aff_val {
 	__u64 last_used_ns;
@@ -87,14 +84,16 @@ struct backend {
 	__u8 pad[3];
 };
 
-/* Flow key: the TCP 5-tuple as seen on the client-facing interface. */
+/*
+ * Flow key: the TCP 4-tuple as seen on the client-facing interface (only TCP
+ * has flows). 12 bytes: the kernel hashes them in one jhash round, ~9 ns
+ * less per lookup than a 16-byte key.
+ */
 struct flow_key {
 	__be32 saddr;
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
-	__u8 proto;
-	__u8 pad[3];
 };
 
 /* Flow decision: backend id and host address, or backend BACKEND_LOCAL. */
@@ -117,9 +116,13 @@ struct config {
  * Per-CPU next-hop cache slot, indexed by backend id: the result of a
  * successful bpf_fib_lookup for dst, and the egress MTU, valid until
  * expires_ns (bpf_ktime_get_coarse_ns). Saves the FIB lookup on most packets.
+ * The coarse clock only moves when jiffies do, so it is read once per tick
+ * (seen_jiffies: the tick it was last read in, and expires_ns had not
+ * passed), not per packet: bpf_jiffies64 is a load, the clock ~7 ns here.
  */
 struct nexthop {
 	__u64 expires_ns;
+	__u64 seen_jiffies;
 	__be32 dst;
 	__be32 src;
 	__u32 ifindex;
@@ -141,7 +144,10 @@ enum counter_idx {
 	C_PASS_FRAGMENT,      /* IPv4 TCP fragment: passed */
 	C_PASS_LOCAL,         /* service packet of a LOCAL flow: passed */
 	C_PASS_NO_STATE,      /* service non-SYN with no flow, no affinity: passed */
-	C_STEERED,            /* encapsulated and redirected/transmitted */
+	C_STEERED,            /* encapsulated and redirected/transmitted; not
+			       * written: Go derives it as the sum of the
+			       * backends' BE_STEERED minus C_STEERED_STACK, so
+			       * a steered packet updates one counter */
 	C_STEERED_STACK,      /* encapsulated and passed: neighbour unresolved */
 	C_DROPPED,            /* steered flow that cannot be forwarded now */
 	C_ERR_MALFORMED,      /* truncated or invalid header: passed */
@@ -208,6 +214,20 @@ struct {
 	__type(value, struct config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } settings SEC(".maps");
+
+/*
+ * Service ports, a bitmap indexed by TCP destination port (bit port & 63 of
+ * slot port >> 6), written by Go with the services map. A clear bit means no
+ * service has this port, so the packet is not for a service: the filter that
+ * lets the flow table come first without charging other traffic a hash
+ * lookup. Not pinned: rebuilt from the services map by each loaded program.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} svc_ports SEC(".maps");
 
 /* Per-CPU rate limit for ICMP replies: a one-second window. Not pinned. */
 struct icmp_budget {
@@ -311,8 +331,9 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 		count(C_AFF_STALE, len);
 		return 0;
 	}
-	/* bpf_ktime_get_ns: CLOCK_MONOTONIC, the clock Go compares with. */
-	av->last_used_ns = bpf_ktime_get_ns();
+	/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, the tick-grained
+	 * view of the clock Go compares with (never ahead of it). */
+	av->last_used_ns = bpf_ktime_get_coarse_ns();
 	*id = av->backend;
 	return be;
 }
@@ -418,66 +439,21 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 }
 
 /*
- * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
- * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
- * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
- * forwards the encapsulated packet and resolves it), STEER_FAIL when the
- * packet cannot be forwarded and is unmodified (route or headroom failure,
- * counted), STEER_FRAG (unmodified, *mtu set) when the encapsulated packet
- * exceeds the egress MTU, STEER_DROP when it was modified but cannot be
- * completed.
+ * next_hop routes an encapsulated packet to dst (bpf_fib_lookup, which also
+ * checks inner_len + 20 against the egress MTU) and fills hop's src,
+ * ifindex, smac, dmac and mtu (0xffff: the lookup checked it). Returns
+ * BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LKUP_RET_NO_NEIGH (src and ifindex
+ * only: the stack resolves the neighbour), STEER_FRAG with *mtu set or
+ * STEER_FAIL (both counted). On success with nh non-NULL it refills that
+ * cache slot, learning the egress MTU with a second lookup.
  */
-static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cfg, __be32 dst,
+				     __u8 tos, __u16 inner_len, struct nexthop *nh, __u64 jiffies,
+				     struct nexthop *hop, __u16 *mtu, __u64 len)
 {
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + sizeof(*eth);
 	struct bpf_fib_lookup fib = {};
-	struct ethhdr old;
-	struct nexthop *nh = 0;
-	struct config *cfg;
-	struct iphdr *outer;
-	__u32 key = 0, flags = 0;
-	__u64 now = 0;
-	__u16 inner_len;
-	__be16 df, ipid;
-	__u8 tos;
+	__u32 flags = 0;
 	long rc, rc2;
-
-	if ((void *)(ip + 1) > end)
-		return STEER_FAIL;
-	cfg = bpf_map_lookup_elem(&settings, &key);
-	if (!cfg)
-		return STEER_FAIL;
-	inner_len = bpf_ntohs(ip->tot_len);
-	if (inner_len > 0xffff - sizeof(struct iphdr)) {
-		count(C_ERR_FRAG_NEEDED, len);
-		return STEER_FAIL;
-	}
-	tos = ip->tos;
-	ipid = ip->id;
-	df = ip->frag_off & bpf_htons(IP_DF);
-	old = *eth;
-
-	if (cfg->nh_ttl_ns) {
-		nh = bpf_map_lookup_elem(&nexthops, &id);
-		/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, never fails. */
-		now = bpf_ktime_get_coarse_ns();
-		if (nh && nh->dst == dst && nh->expires_ns > now) {
-			if (inner_len + sizeof(struct iphdr) > nh->mtu) {
-				count(C_ERR_FRAG_NEEDED, len);
-				*mtu = nh->mtu;
-				return STEER_FRAG;
-			}
-			fib.ifindex = nh->ifindex;
-			fib.ipv4_src = nh->src;
-			__builtin_memcpy(fib.smac, nh->smac, ETH_ALEN);
-			__builtin_memcpy(fib.dmac, nh->dmac, ETH_ALEN);
-			rc = BPF_FIB_LKUP_RET_SUCCESS;
-			goto encap;
-		}
-	}
 
 	fib.family = AF_INET;
 	fib.l4_protocol = IPPROTO_IPIP;
@@ -505,10 +481,15 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		count(C_ERR_FIB, len);
 		return STEER_FAIL;
 	}
+	hop->src = fib.ipv4_src;
+	hop->ifindex = fib.ifindex;
+	hop->mtu = 0xffff;
+	__builtin_memcpy(hop->smac, fib.smac, ETH_ALEN);
+	__builtin_memcpy(hop->dmac, fib.dmac, ETH_ALEN);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS && nh) {
 		/* Learn the egress MTU: the largest tot_len fails with it. */
 		struct bpf_fib_lookup probe = {};
-		__u16 mtu = 0xffff;
+		__u16 egress = 0xffff;
 
 		probe.family = AF_INET;
 		probe.l4_protocol = IPPROTO_IPIP;
@@ -519,19 +500,93 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		probe.ipv4_dst = dst;
 		rc2 = bpf_fib_lookup(ctx, &probe, sizeof(probe), 0);
 		if (rc2 == BPF_FIB_LKUP_RET_FRAG_NEEDED)
-			mtu = probe.mtu_result;
+			egress = probe.mtu_result;
 		if (rc2 == BPF_FIB_LKUP_RET_SUCCESS || rc2 == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
 			nh->dst = dst;
 			nh->src = fib.ipv4_src;
 			nh->ifindex = fib.ifindex;
-			nh->mtu = mtu;
+			nh->mtu = egress;
 			__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
 			__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
-			nh->expires_ns = now + cfg->nh_ttl_ns;
+			nh->expires_ns = bpf_ktime_get_coarse_ns() + cfg->nh_ttl_ns;
+			nh->seen_jiffies = jiffies;
 		}
 	}
+	return rc;
+}
+
+/*
+ * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
+ * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
+ * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
+ * forwards the encapsulated packet and resolves it), STEER_FAIL when the
+ * packet cannot be forwarded and is unmodified (route or headroom failure,
+ * counted), STEER_FRAG (unmodified, *mtu set) when the encapsulated packet
+ * exceeds the egress MTU, STEER_DROP when it was modified but cannot be
+ * completed.
+ *
+ * With the next-hop cache on, a packet whose backend's slot is valid goes
+ * straight to the encapsulation: no route lookup, no clock read within a
+ * tick (see struct nexthop), the MACs written from the slot.
+ */
+static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	struct nexthop *nh = 0, *hop, tmp;
+	struct config *cfg;
+	struct iphdr *outer;
+	__u32 key = 0;
+	__u64 jiffies = 0;
+	__u16 inner_len;
+	__be16 df, ipid;
+	__u8 tos;
+	long rc = BPF_FIB_LKUP_RET_SUCCESS;
+
+	if ((void *)(ip + 1) > end)
+		return STEER_FAIL;
+	/* bpf_map_lookup_elem (array, index 0): never NULL. */
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (!cfg)
+		return STEER_FAIL;
+	inner_len = bpf_ntohs(ip->tot_len);
+	if (inner_len > 0xffff - sizeof(struct iphdr)) {
+		count(C_ERR_FRAG_NEEDED, len);
+		return STEER_FAIL;
+	}
+	tos = ip->tos;
+	ipid = ip->id;
+	df = ip->frag_off & bpf_htons(IP_DF);
+
+	if (cfg->nh_ttl_ns) {
+		/* bpf_map_lookup_elem (per-CPU array): NULL only for id >=
+		 * MAX_BACKENDS. */
+		nh = bpf_map_lookup_elem(&nexthops, &id);
+		/* bpf_jiffies64: the tick counter, never fails. */
+		jiffies = bpf_jiffies64();
+		/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, never
+		 * fails; read at most once per tick per slot. */
+		if (nh && nh->dst == dst && nh->seen_jiffies != jiffies &&
+		    nh->expires_ns > bpf_ktime_get_coarse_ns())
+			nh->seen_jiffies = jiffies;
+		if (nh && nh->dst == dst && nh->seen_jiffies == jiffies) {
+			hop = nh;
+			goto encap;
+		}
+	}
+	rc = next_hop(ctx, cfg, dst, tos, inner_len, nh, jiffies, &tmp, mtu, len);
+	if (rc < 0)
+		return rc;
+	hop = &tmp;
 
 encap:
+	if (inner_len + sizeof(struct iphdr) > hop->mtu) {
+		count(C_ERR_FRAG_NEEDED, len);
+		*mtu = hop->mtu;
+		return STEER_FRAG;
+	}
 	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
 	 * headroom is too small. Invalidates every packet pointer. */
 	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr))) {
@@ -546,12 +601,14 @@ encap:
 		return STEER_DROP;
 
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, hop->smac, ETH_ALEN);
 	} else {
-		/* Keep the frame addressed to us so the stack accepts it. */
-		__builtin_memcpy(eth->h_dest, old.h_dest, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, old.h_source, ETH_ALEN);
+		/* Keep the frame addressed to us so the stack accepts it: the
+		 * original Ethernet header now starts at data + 20, read
+		 * before the outer header overwrites it. */
+		__builtin_memcpy(eth->h_dest, data + sizeof(struct iphdr), ETH_ALEN);
+		__builtin_memcpy(eth->h_source, data + sizeof(struct iphdr) + ETH_ALEN, ETH_ALEN);
 	}
 	eth->h_proto = bpf_htons(ETH_P_IP);
 
@@ -563,7 +620,7 @@ encap:
 	outer->ttl = OUTER_TTL;
 	outer->protocol = IPPROTO_IPIP;
 	outer->check = 0;
-	outer->saddr = fib.ipv4_src;
+	outer->saddr = hop->src;
 	outer->daddr = dst;
 	outer->check = ip_csum(outer);
 
@@ -572,16 +629,32 @@ encap:
 		count(C_STEERED_STACK, len);
 		return XDP_PASS;
 	}
-	count(C_STEERED, len);
-	if (fib.ifindex == ctx->ingress_ifindex)
+	if (hop->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
-	return bpf_redirect(fib.ifindex, 0);
+	return bpf_redirect(hop->ifindex, 0);
+}
+
+/* service_port reports whether some service listens on TCP port (network
+ * order). An array lookup: inlined by the verifier, no hash. */
+static __always_inline int service_port(__be16 port)
+{
+	__u32 p = bpf_ntohs(port), slot = p >> 6;
+	/* bpf_map_lookup_elem (array): never NULL for slot < 1024. */
+	__u64 *bits = bpf_map_lookup_elem(&svc_ports, &slot);
+
+	return bits && (*bits >> (p & 63)) & 1;
 }
 
 /*
  * steer_main is the whole edge decision. Returns an XDP action. Every path
  * that does not steer leaves the packet untouched.
+ *
+ * Order: parse, then the service-port filter (an array lookup). A non-SYN
+ * packet looks up the flow table first and, on a hit, follows it without
+ * the services or affinity maps: a flow entry exists only for a service
+ * (Go deletes a removed service's flows). Everything else (SYNs, flow
+ * misses) checks the services map and decides.
  */
 static __always_inline int steer_main(struct xdp_md *ctx)
 {
@@ -630,11 +703,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	doff = (tcp->doff_res >> 4) * 4;
 	if (doff < sizeof(*tcp) || ihl + doff > tot)
 		goto malformed;
-
-	sk.vip = ip->daddr;
-	sk.port = tcp->dest;
-	sk.proto = IPPROTO_TCP;
-	if (!bpf_map_lookup_elem(&services, &sk)) {
+	if (!service_port(tcp->dest)) {
 		count(C_PASS_NOT_SERVICE, len);
 		return XDP_PASS;
 	}
@@ -644,17 +713,37 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	fk.daddr = ip->daddr;
 	fk.sport = tcp->source;
 	fk.dport = tcp->dest;
-	fk.proto = IPPROTO_TCP;
 
-	fv = bpf_map_lookup_elem(&flows, &fk);
-	if (fv) {
-		dec = *fv;
-		/* A retransmitted SYN follows its decision unless its backend
-		 * went away; then the connection is decided again. */
-		if (syn && dec.backend != BACKEND_LOCAL) {
-			be = usable_backend(dec.backend);
-			if (!be || be->addr != dec.addr)
-				fv = 0;
+	if (!syn) {
+		/* bpf_map_lookup_elem (LRU hash): the value, or NULL. */
+		fv = bpf_map_lookup_elem(&flows, &fk);
+		if (fv) {
+			dec = *fv;
+			goto follow;
+		}
+	}
+
+	sk.vip = ip->daddr;
+	sk.port = tcp->dest;
+	sk.proto = IPPROTO_TCP;
+	if (!bpf_map_lookup_elem(&services, &sk)) {
+		count(C_PASS_NOT_SERVICE, len);
+		return XDP_PASS;
+	}
+
+	fv = 0;
+	if (syn) {
+		fv = bpf_map_lookup_elem(&flows, &fk);
+		if (fv) {
+			dec = *fv;
+			/* A retransmitted SYN follows its decision unless its
+			 * backend went away; then the connection is decided
+			 * again. */
+			if (dec.backend != BACKEND_LOCAL) {
+				be = usable_backend(dec.backend);
+				if (!be || be->addr != dec.addr)
+					fv = 0;
+			}
 		}
 	}
 	if (!fv) {
@@ -690,6 +779,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		}
 	}
 
+follow:
 	if (dec.backend == BACKEND_LOCAL) {
 		count(C_PASS_LOCAL, len);
 		return XDP_PASS;
@@ -734,32 +824,6 @@ SEC("xdp")
 int xdp_steer(struct xdp_md *ctx)
 {
 	return steer_main(ctx);
-}
-
-SEC("xdp")
-int xdp_steer_bench(struct xdp_md *ctx)
-{
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr saved, *eth = data;
-	int act;
-
-	if ((void *)(eth + 1) > end)
-		return steer_main(ctx);
-	saved = *eth;
-	act = steer_main(ctx);
-	if (act != XDP_REDIRECT && act != XDP_TX)
-		return act;
-	/* Undo the encapsulation so the next repetition sees the input. */
-	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct iphdr)))
-		return XDP_ABORTED;
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	eth = data;
-	if ((void *)(eth + 1) > end)
-		return XDP_ABORTED;
-	*eth = saved;
-	return act;
 }
 
 /*

@@ -56,8 +56,6 @@ type WarmpathFlowKey struct {
 	Daddr uint32
 	Sport uint16
 	Dport uint16
-	Proto uint8
-	Pad   [3]uint8
 }
 
 type WarmpathFlowVal struct {
@@ -74,16 +72,17 @@ type WarmpathIcmpBudget struct {
 }
 
 type WarmpathNexthop struct {
-	_         structs.HostLayout
-	ExpiresNs uint64
-	Dst       uint32
-	Src       uint32
-	Ifindex   uint32
-	Mtu       uint16
-	Smac      [6]uint8
-	Dmac      [6]uint8
-	Pad       uint16
-	_         [4]byte
+	_           structs.HostLayout
+	ExpiresNs   uint64
+	SeenJiffies uint64
+	Dst         uint32
+	Src         uint32
+	Ifindex     uint32
+	Mtu         uint16
+	Smac        [6]uint8
+	Dmac        [6]uint8
+	Pad         uint16
+	_           [4]byte
 }
 
 type WarmpathSvcKey struct {
@@ -103,18 +102,18 @@ type WarmpathSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	WarmpathMapAffinity       = "affinity"
-	WarmpathMapBackends       = "backends"
-	WarmpathMapCounters       = "counters"
-	WarmpathMapFlows          = "flows"
-	WarmpathMapIcmpBudget     = "icmp_budget"
-	WarmpathMapNexthops       = "nexthops"
-	WarmpathMapServices       = "services"
-	WarmpathMapSettings       = "settings"
-	WarmpathProgXdpDecap      = "xdp_decap"
-	WarmpathProgXdpPass       = "xdp_pass"
-	WarmpathProgXdpSteer      = "xdp_steer"
-	WarmpathProgXdpSteerBench = "xdp_steer_bench"
+	WarmpathMapAffinity   = "affinity"
+	WarmpathMapBackends   = "backends"
+	WarmpathMapCounters   = "counters"
+	WarmpathMapFlows      = "flows"
+	WarmpathMapIcmpBudget = "icmp_budget"
+	WarmpathMapNexthops   = "nexthops"
+	WarmpathMapServices   = "services"
+	WarmpathMapSettings   = "settings"
+	WarmpathMapSvcPorts   = "svc_ports"
+	WarmpathProgXdpDecap  = "xdp_decap"
+	WarmpathProgXdpPass   = "xdp_pass"
+	WarmpathProgXdpSteer  = "xdp_steer"
 )
 
 // LoadWarmpath returns the embedded CollectionSpec for Warmpath.
@@ -159,10 +158,9 @@ type WarmpathSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type WarmpathProgramSpecs struct {
-	XdpDecap      *ebpf.ProgramSpec `ebpf:"xdp_decap"`
-	XdpPass       *ebpf.ProgramSpec `ebpf:"xdp_pass"`
-	XdpSteer      *ebpf.ProgramSpec `ebpf:"xdp_steer"`
-	XdpSteerBench *ebpf.ProgramSpec `ebpf:"xdp_steer_bench"`
+	XdpDecap *ebpf.ProgramSpec `ebpf:"xdp_decap"`
+	XdpPass  *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	XdpSteer *ebpf.ProgramSpec `ebpf:"xdp_steer"`
 }
 
 // WarmpathMapSpecs contains maps before they are loaded into the kernel.
@@ -177,6 +175,7 @@ type WarmpathMapSpecs struct {
 	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
 	Services   *ebpf.MapSpec `ebpf:"services"`
 	Settings   *ebpf.MapSpec `ebpf:"settings"`
+	SvcPorts   *ebpf.MapSpec `ebpf:"svc_ports"`
 }
 
 // WarmpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -213,6 +212,7 @@ type WarmpathMaps struct {
 	Nexthops   *ebpf.Map `ebpf:"nexthops"`
 	Services   *ebpf.Map `ebpf:"services"`
 	Settings   *ebpf.Map `ebpf:"settings"`
+	SvcPorts   *ebpf.Map `ebpf:"svc_ports"`
 }
 
 func (m *WarmpathMaps) Close() error {
@@ -225,6 +225,7 @@ func (m *WarmpathMaps) Close() error {
 		m.Nexthops,
 		m.Services,
 		m.Settings,
+		m.SvcPorts,
 	)
 }
 
@@ -238,10 +239,9 @@ type WarmpathVariables struct {
 //
 // It can be passed to LoadWarmpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type WarmpathPrograms struct {
-	XdpDecap      *ebpf.Program `ebpf:"xdp_decap"`
-	XdpPass       *ebpf.Program `ebpf:"xdp_pass"`
-	XdpSteer      *ebpf.Program `ebpf:"xdp_steer"`
-	XdpSteerBench *ebpf.Program `ebpf:"xdp_steer_bench"`
+	XdpDecap *ebpf.Program `ebpf:"xdp_decap"`
+	XdpPass  *ebpf.Program `ebpf:"xdp_pass"`
+	XdpSteer *ebpf.Program `ebpf:"xdp_steer"`
 }
 
 func (p *WarmpathPrograms) Close() error {
@@ -249,7 +249,6 @@ func (p *WarmpathPrograms) Close() error {
 		p.XdpDecap,
 		p.XdpPass,
 		p.XdpSteer,
-		p.XdpSteerBench,
 	)
 }
 

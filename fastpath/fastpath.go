@@ -211,7 +211,8 @@ type Options struct {
 	// default probe (run once per process). Tests inject failures here.
 	Probe func() error
 	// Now returns the monotonic clock in nanoseconds, the same clock as
-	// bpf_ktime_get_ns. nil means CLOCK_MONOTONIC (kernel and userspace).
+	// bpf_ktime_get_coarse_ns (its tick-grained view). nil means
+	// CLOCK_MONOTONIC (kernel and userspace).
 	Now func() int64
 }
 
