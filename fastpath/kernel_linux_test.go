@@ -3,6 +3,7 @@ package fastpath
 import (
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -388,6 +389,85 @@ func TestSteerFixtures(t *testing.T) {
 			if bytes := after.Global[PassLocal].Bytes - before.Global[PassLocal].Bytes; tc.want[PassLocal] == 1 && bytes != uint64(len(tc.in)) {
 				t.Errorf("pass_local bytes moved by %d, want %d", bytes, len(tc.in))
 			}
+		})
+	}
+}
+
+// TestServiceRemoval: established packets follow the flow table without
+// the services map, so removing a service must take its flows with it: an
+// established steered flow of a removed service is passed (as the services
+// map alone would decide), while a flow of a service that stays, on another
+// port, is still steered; the port filter forgets the removed port, and
+// brings it back with the service.
+func TestServiceRemoval(t *testing.T) {
+	e := newEdgeEnv(t)
+	k := e.k
+	vip2 := netip.AddrPortFrom(vip.Addr(), vip.Port()+1)
+	client := netip.MustParseAddr("10.1.0.2")
+	for _, err := range []error{
+		k.SetServices([]Service{vip, vip2}),
+		k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}),
+		k.SetAffinity(Affinity{Client: client, Service: vip, Backend: 1, Generation: 1}),
+		k.SetAffinity(Affinity{Client: client, Service: vip2, Backend: 1, Generation: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	to := func(p tcpPkt, svc Service) tcpPkt {
+		p.dst = svc
+		return p
+	}
+	flowKey := func(svc Service) bpf.WarmpathFlowKey {
+		return bpf.WarmpathFlowKey{Saddr: be32(client), Daddr: be32(svc.Addr()), Sport: be16(clientPort), Dport: be16(svc.Port())}
+	}
+	steps := []struct {
+		name    string
+		setup   func()
+		in      tcpPkt
+		verdict uint32
+		want    map[CounterKind]uint64
+	}{
+		{name: "SYN to the first service is steered", in: syn("10.1.0.2", clientPort), verdict: 4,
+			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+		{name: "SYN to the second service is steered", in: to(syn("10.1.0.2", clientPort), vip2), verdict: 4,
+			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+		{name: "first service removed: its established flow passes",
+			setup: func() {
+				if err := k.SetServices([]Service{vip2}); err != nil {
+					t.Fatal(err)
+				}
+				var fv bpf.WarmpathFlowVal
+				if err := k.objs.Flows.Lookup(flowKey(vip), &fv); !errors.Is(err, ebpf.ErrKeyNotExist) {
+					t.Errorf("flow of the removed service: %v, want ErrKeyNotExist", err)
+				}
+				if err := k.objs.Flows.Lookup(flowKey(vip2), &fv); err != nil {
+					t.Errorf("flow of the kept service: %v", err)
+				}
+			},
+			in: ack("10.1.0.2", clientPort), verdict: 2, want: map[CounterKind]uint64{PassNotService: 1}},
+		{name: "the kept service's established flow is still steered", in: to(ack("10.1.0.2", clientPort), vip2),
+			verdict: 4, want: map[CounterKind]uint64{Steered: 1}},
+		{name: "service back: a new connection to it is steered again",
+			setup: func() {
+				if err := k.SetServices([]Service{vip, vip2}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			in: syn("10.1.0.2", clientPort+1), verdict: 4, want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			if st.setup != nil {
+				st.setup()
+			}
+			before := counters(t, k)
+			verdict, _ := e.run(t, k.objs.Steer, st.in.frame())
+			after := counters(t, k)
+			if verdict != st.verdict {
+				t.Fatalf("verdict %s, want %s", xdpVerdicts[verdict], xdpVerdicts[st.verdict])
+			}
+			assertDelta(t, before, after, st.want)
 		})
 	}
 }
