@@ -38,16 +38,27 @@ type WarmpathBackend struct {
 }
 
 type WarmpathConfig struct {
-	_        structs.HostLayout
-	EncapSrc uint32
-	DecapSrc uint32
-	NhTtlNs  uint64
+	_         structs.HostLayout
+	EncapSrc  uint32
+	DecapSrc  uint32
+	NhTtlNs   uint64
+	FlowEpoch uint32
+	Pad       uint32
 }
 
 type WarmpathCounter struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type WarmpathFlowCacheSlot struct {
+	_       structs.HostLayout
+	Key     WarmpathFlowKey
+	Addr    uint32
+	Backend uint32
+	Epoch   uint32
+	Filled  uint64
 }
 
 type WarmpathFlowKey struct {
@@ -105,6 +116,7 @@ const (
 	WarmpathMapAffinity   = "affinity"
 	WarmpathMapBackends   = "backends"
 	WarmpathMapCounters   = "counters"
+	WarmpathMapFlowCache  = "flow_cache"
 	WarmpathMapFlows      = "flows"
 	WarmpathMapIcmpBudget = "icmp_budget"
 	WarmpathMapNexthops   = "nexthops"
@@ -170,6 +182,7 @@ type WarmpathMapSpecs struct {
 	Affinity   *ebpf.MapSpec `ebpf:"affinity"`
 	Backends   *ebpf.MapSpec `ebpf:"backends"`
 	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	FlowCache  *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows      *ebpf.MapSpec `ebpf:"flows"`
 	IcmpBudget *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
@@ -207,6 +220,7 @@ type WarmpathMaps struct {
 	Affinity   *ebpf.Map `ebpf:"affinity"`
 	Backends   *ebpf.Map `ebpf:"backends"`
 	Counters   *ebpf.Map `ebpf:"counters"`
+	FlowCache  *ebpf.Map `ebpf:"flow_cache"`
 	Flows      *ebpf.Map `ebpf:"flows"`
 	IcmpBudget *ebpf.Map `ebpf:"icmp_budget"`
 	Nexthops   *ebpf.Map `ebpf:"nexthops"`
@@ -220,6 +234,7 @@ func (m *WarmpathMaps) Close() error {
 		m.Affinity,
 		m.Backends,
 		m.Counters,
+		m.FlowCache,
 		m.Flows,
 		m.IcmpBudget,
 		m.Nexthops,

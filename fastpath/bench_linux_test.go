@@ -167,15 +167,15 @@ func benchHarness(b *testing.B, target *ebpf.Program, nextPort bool) *ebpf.Progr
 	return p
 }
 
-// deleteSYNFlows removes the flows a nextPort harness run created: client
-// 10.1.0.2 to the VIP, source ports raw+1 ... raw+n as the harness counts
-// them (native-endian adds on the network-order field). Keys are built as
-// bytes so the benchmark runs against any flow_key layout that starts with
-// saddr, daddr, sport, dport (12 bytes, or 16 with proto and padding).
-func deleteSYNFlows(b *testing.B, m *ebpf.Map, raw uint16, n int) {
-	b.Helper()
+// harnessFlows calls fn with the flow key of each packet a nextPort harness
+// run of n repetitions sends from client to the VIP: source ports raw+1 ...
+// raw+n as the harness counts them (native-endian adds on the
+// network-order field). Keys are built as bytes so the benchmark runs
+// against any flow_key layout that starts with saddr, daddr, sport, dport
+// (12 bytes, or 16 with proto and padding).
+func harnessFlows(m *ebpf.Map, client string, raw uint16, n int, fn func(key []byte) error) error {
 	key := make([]byte, m.KeySize())
-	c, v := netip.MustParseAddr("10.1.0.2").As4(), vip.Addr().As4()
+	c, v := netip.MustParseAddr(client).As4(), vip.Addr().As4()
 	copy(key[0:], c[:])
 	copy(key[4:], v[:])
 	binary.BigEndian.PutUint16(key[10:], vip.Port())
@@ -184,10 +184,11 @@ func deleteSYNFlows(b *testing.B, m *ebpf.Map, raw uint16, n int) {
 	}
 	for i := 1; i <= n; i++ {
 		binary.NativeEndian.PutUint16(key[8:], raw+uint16(i))
-		if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			b.Fatalf("delete flow: %v", err)
+		if err := fn(key); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // pinCPU pins the calling (locked) thread to the first CPU it may run on,
@@ -212,13 +213,15 @@ func pinCPU(b *testing.B) {
 // BenchmarkXDPSteer measures, interleaved in every iteration (so the cases
 // share the machine's load), kernelRepeat packets per BPF_PROG_TEST_RUN of:
 // the bare XDP_PASS program (floor), the harness alone (tail call into the
-// bare program), a steered packet of an established flow, and a new SYN
-// (every repetition a new source port: services, affinity, flow insert,
-// encapsulation), both through xdp_steer with the next-hop cache on (the
-// default). Reported: kernel-timed ns per packet of each and the ratios to
-// the floor (est/floor, syn/floor), which include the harness. ns/op is the
-// wall time of one iteration (test runner fixed costs, flow cleanup): ignore
-// it.
+// bare program), a steered packet of an established flow (est), one of
+// kernelRepeat established flows in turn (many: every repetition another
+// flow, so per-CPU caches of recent flows miss and the flow table is a real
+// working set), and a new SYN (every repetition a new source port:
+// services, affinity, flow insert, encapsulation), all through xdp_steer
+// with the next-hop cache on (the default). Reported: kernel-timed ns per
+// packet of each and the ratios to the floor (est/floor, many/floor,
+// syn/floor), which include the harness. ns/op is the wall time of one
+// iteration (test runner fixed costs, flow cleanup): ignore it.
 func BenchmarkXDPSteer(b *testing.B) {
 	e := benchEnv(b)
 	if err := e.k.setSettings(encapSrc, DefaultNextHopTTL); err != nil {
@@ -231,6 +234,16 @@ func BenchmarkXDPSteer(b *testing.B) {
 		b.Fatalf("SYN verdict %d, want 4", v)
 	}
 	synIn := syn("10.1.0.2", 1024).frame()
+	manyIn := ack("10.1.0.50", 1024).frame()
+	// The many flows were decided earlier (steered to backend 1).
+	val := make([]byte, 8)
+	a4 := be1Addr.As4()
+	copy(val, a4[:])
+	binary.NativeEndian.PutUint32(val[4:], 1)
+	if err := harnessFlows(e.k.objs.Flows, "10.1.0.50", binary.NativeEndian.Uint16(manyIn[14+20:]), kernelRepeat,
+		func(key []byte) error { return e.k.objs.Flows.Put(key, val) }); err != nil {
+		b.Fatalf("insert flows: %v", err)
+	}
 	cases := []struct {
 		name string
 		prog *ebpf.Program
@@ -241,6 +254,7 @@ func BenchmarkXDPSteer(b *testing.B) {
 		{"harness", benchHarness(b, floor, false), est, 2},
 		{"est", benchHarness(b, e.k.objs.Steer, false), est, 4},
 		{"syn", benchHarness(b, e.k.objs.Steer, true), synIn, 4},
+		{"many", benchHarness(b, e.k.objs.Steer, true), manyIn, 4},
 	}
 	total := make([]time.Duration, len(cases))
 	raw := binary.NativeEndian.Uint16(synIn[14+20:])
@@ -256,7 +270,15 @@ func BenchmarkXDPSteer(b *testing.B) {
 				total[i] += d
 			}
 			// Every SYN of the next iteration must be new again.
-			deleteSYNFlows(b, e.k.objs.Flows, raw, kernelRepeat)
+			err := harnessFlows(e.k.objs.Flows, "10.1.0.2", raw, kernelRepeat, func(key []byte) error {
+				if err := e.k.objs.Flows.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatalf("delete flows: %v", err)
+			}
 		}
 		return nil
 	})
@@ -268,6 +290,7 @@ func BenchmarkXDPSteer(b *testing.B) {
 	}
 	b.ReportMetric(float64(total[2])/float64(total[0]), "est/floor")
 	b.ReportMetric(float64(total[3])/float64(total[0]), "syn/floor")
+	b.ReportMetric(float64(total[4])/float64(total[0]), "many/floor")
 }
 
 // BenchmarkXDPKernelLoop runs each case kernelRepeat times per

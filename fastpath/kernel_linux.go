@@ -413,6 +413,16 @@ func (k *Kernel) deleteFlows(gone map[Service]bool) error {
 			return fmt.Errorf("delete flow: %w", err)
 		}
 	}
+	// The program's per-CPU flow caches may hold copies: a new epoch
+	// voids them all.
+	var cfg bpf.WarmpathConfig
+	if err := k.objs.Settings.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("read settings: %w", err)
+	}
+	cfg.FlowEpoch++
+	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("write settings: %w", err)
+	}
 	return nil
 }
 

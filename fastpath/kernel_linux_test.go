@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,12 @@ func newEdgeEnvOpts(t testing.TB, opts Options) *edgeEnv {
 // and output.
 func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []byte) {
 	t.Helper()
+	return e.runOn(t, 0, prog, in)
+}
+
+// runOn is run on the given CPU.
+func (e *edgeEnv) runOn(t testing.TB, cpu int, prog *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
 	opts := ebpf.RunOptions{
 		Data:    in,
 		DataOut: make([]byte, len(in)+256),
@@ -109,7 +116,7 @@ func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []by
 		if err := unix.SchedGetaffinity(0, &orig); err != nil {
 			return err
 		}
-		one.Set(0)
+		one.Set(cpu)
 		if err := unix.SchedSetaffinity(0, &one); err != nil {
 			return err
 		}
@@ -393,19 +400,20 @@ func TestSteerFixtures(t *testing.T) {
 	}
 }
 
-// TestServiceRemoval: established packets follow the flow table without
-// the services map, so removing a service must take its flows with it: an
-// established steered flow of a removed service is passed (as the services
-// map alone would decide), while a flow of a service that stays, on another
-// port, is still steered; the port filter forgets the removed port, and
-// brings it back with the service.
+// TestServiceRemoval: established packets follow the flow table (and its
+// per-CPU cache) without the services map, so removing a service must take
+// its flows with it: an established steered flow of a removed service is
+// passed (as the services map alone would decide), while a flow of another
+// VIP on the same port is still steered; the port filter keeps exactly the
+// ports of the services.
 func TestServiceRemoval(t *testing.T) {
 	e := newEdgeEnv(t)
 	k := e.k
-	vip2 := netip.AddrPortFrom(vip.Addr(), vip.Port()+1)
+	vip2 := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.2"), vip.Port())
+	vip3 := netip.AddrPortFrom(vip.Addr(), vip.Port()+1)
 	client := netip.MustParseAddr("10.1.0.2")
 	for _, err := range []error{
-		k.SetServices([]Service{vip, vip2}),
+		k.SetServices([]Service{vip, vip2, vip3}),
 		k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}),
 		k.SetAffinity(Affinity{Client: client, Service: vip, Backend: 1, Generation: 1}),
 		k.SetAffinity(Affinity{Client: client, Service: vip2, Backend: 1, Generation: 1}),
@@ -421,6 +429,13 @@ func TestServiceRemoval(t *testing.T) {
 	flowKey := func(svc Service) bpf.WarmpathFlowKey {
 		return bpf.WarmpathFlowKey{Saddr: be32(client), Daddr: be32(svc.Addr()), Sport: be16(clientPort), Dport: be16(svc.Port())}
 	}
+	portSet := func(port uint16) bool {
+		var bits uint64
+		if err := k.objs.SvcPorts.Lookup(uint32(port>>6), &bits); err != nil {
+			t.Fatal(err)
+		}
+		return bits>>(port&63)&1 == 1
+	}
 	steps := []struct {
 		name    string
 		setup   func()
@@ -430,7 +445,9 @@ func TestServiceRemoval(t *testing.T) {
 	}{
 		{name: "SYN to the first service is steered", in: syn("10.1.0.2", clientPort), verdict: 4,
 			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
-		{name: "SYN to the second service is steered", in: to(syn("10.1.0.2", clientPort), vip2), verdict: 4,
+		{name: "its established packet is steered", in: ack("10.1.0.2", clientPort), verdict: 4,
+			want: map[CounterKind]uint64{Steered: 1}},
+		{name: "SYN to another VIP on the same port is steered", in: to(syn("10.1.0.2", clientPort), vip2), verdict: 4,
 			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
 		{name: "first service removed: its established flow passes",
 			setup: func() {
@@ -443,6 +460,10 @@ func TestServiceRemoval(t *testing.T) {
 				}
 				if err := k.objs.Flows.Lookup(flowKey(vip2), &fv); err != nil {
 					t.Errorf("flow of the kept service: %v", err)
+				}
+				if !portSet(vip.Port()) || portSet(vip3.Port()) {
+					t.Errorf("port filter: %d set %v, %d set %v; want only the kept service's port",
+						vip.Port(), portSet(vip.Port()), vip3.Port(), portSet(vip3.Port()))
 				}
 			},
 			in: ack("10.1.0.2", clientPort), verdict: 2, want: map[CounterKind]uint64{PassNotService: 1}},
@@ -470,6 +491,51 @@ func TestServiceRemoval(t *testing.T) {
 			assertDelta(t, before, after, st.want)
 		})
 	}
+}
+
+// TestFlowCache: established packets are decided from a per-CPU copy of
+// the flow table. The program's own re-decision (a retransmitted SYN whose
+// backend became unusable goes local) replaces its CPU's copy at once;
+// another CPU's copy is used for at most FLOW_CACHE_TICKS jiffies (64) and
+// the flow table decides after that.
+func TestFlowCache(t *testing.T) {
+	e := newEdgeEnv(t)
+	k := e.k
+	multi := runtime.NumCPU() > 1
+	for _, err := range []error{
+		k.SetServices([]Service{vip}),
+		k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}),
+		k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1, Generation: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(cpu int, p tcpPkt, want uint32) {
+		t.Helper()
+		if v, _ := e.runOn(t, cpu, k.objs.Steer, p.frame()); v != want {
+			t.Fatalf("flags %#x on CPU %d: verdict %s, want %s", p.flags, cpu, xdpVerdicts[v], xdpVerdicts[want])
+		}
+	}
+	expect(0, syn("10.1.0.2", clientPort), 4)
+	expect(0, ack("10.1.0.2", clientPort), 4)
+	if multi {
+		expect(1, ack("10.1.0.2", clientPort), 4) // CPU 1 holds a copy now
+	}
+	if err := k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: false, Generation: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// Established flows keep their backend when it turns unhealthy...
+	expect(0, ack("10.1.0.2", clientPort), 4)
+	// ...but a retransmitted SYN is decided again: local.
+	expect(0, syn("10.1.0.2", clientPort), 2)
+	expect(0, ack("10.1.0.2", clientPort), 2)
+	if !multi {
+		return
+	}
+	// CPU 1's copy expires within 64 ticks: one second covers HZ >= 64.
+	time.Sleep(time.Second)
+	expect(1, ack("10.1.0.2", clientPort), 2)
 }
 
 // TestNextHopCache: with the cache on, a steered flow keeps using the cached
