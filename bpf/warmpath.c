@@ -155,6 +155,9 @@ struct nexthop {
 	__u8 smac[ETH_ALEN];
 	__u8 dmac[ETH_ALEN];
 	__u16 pad;
+	/* One's complement sum of the outer header's constant words (TTL,
+	 * protocol, addresses): the per-packet checksum adds four words. */
+	__u32 csum_base;
 };
 
 struct counter {
@@ -471,6 +474,17 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 	return 0;
 }
 
+/* outer_csum_base sums the outer header words that are fixed per next hop:
+ * TTL and protocol, source and destination (byte order independent). */
+static __always_inline __u32 outer_csum_base(__be32 src, __be32 dst)
+{
+	__u8 tp[2] = { OUTER_TTL, IPPROTO_IPIP };
+	__u16 w;
+
+	__builtin_memcpy(&w, tp, sizeof(w));
+	return (__u32)w + (src & 0xffff) + (src >> 16) + (dst & 0xffff) + (dst >> 16);
+}
+
 /*
  * next_hop routes an encapsulated packet to dst (bpf_fib_lookup, which also
  * checks inner_len + 20 against the egress MTU) and fills hop's src,
@@ -517,6 +531,7 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
 	hop->src = fib.ipv4_src;
 	hop->ifindex = fib.ifindex;
 	hop->mtu = 0xffff;
+	hop->csum_base = outer_csum_base(fib.ipv4_src, dst);
 	__builtin_memcpy(hop->smac, fib.smac, ETH_ALEN);
 	__builtin_memcpy(hop->dmac, fib.dmac, ETH_ALEN);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS && nh) {
@@ -539,6 +554,7 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
 			nh->src = fib.ipv4_src;
 			nh->ifindex = fib.ifindex;
 			nh->mtu = egress;
+			nh->csum_base = hop->csum_base;
 			__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
 			__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
 			nh->expires_ns = bpf_ktime_get_coarse_ns() + cfg->nh_ttl_ns;
@@ -562,27 +578,22 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
  * straight to the encapsulation: no route lookup, no clock read within a
  * tick (see struct nexthop), the MACs written from the slot.
  */
-static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+static __always_inline int steer(struct xdp_md *ctx, const struct config *cfg, __u64 jiffies,
+				 __be32 dst, __u32 id, __u64 len, __u16 *mtu)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + sizeof(*eth);
 	struct nexthop *nh = 0, *hop, tmp;
-	struct config *cfg;
 	struct iphdr *outer;
-	__u32 key = 0;
-	__u64 jiffies = 0;
-	__u16 inner_len;
+	__u16 inner_len, *w;
+	__u32 sum;
 	__be16 df, ipid;
 	__u8 tos;
 	long rc = BPF_FIB_LKUP_RET_SUCCESS;
 
 	if ((void *)(ip + 1) > end)
-		return STEER_FAIL;
-	/* bpf_map_lookup_elem (array, index 0): never NULL. */
-	cfg = bpf_map_lookup_elem(&settings, &key);
-	if (!cfg)
 		return STEER_FAIL;
 	inner_len = bpf_ntohs(ip->tot_len);
 	if (inner_len > 0xffff - sizeof(struct iphdr)) {
@@ -597,8 +608,6 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		/* bpf_map_lookup_elem (per-CPU array): NULL only for id >=
 		 * MAX_BACKENDS. */
 		nh = bpf_map_lookup_elem(&nexthops, &id);
-		/* bpf_jiffies64: the tick counter, never fails. */
-		jiffies = bpf_jiffies64();
 		/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, never
 		 * fails; read at most once per tick per slot. */
 		if (nh && nh->dst == dst && nh->seen_jiffies != jiffies &&
@@ -655,7 +664,11 @@ encap:
 	outer->check = 0;
 	outer->saddr = hop->src;
 	outer->daddr = dst;
-	outer->check = ip_csum(outer);
+	w = (__u16 *)outer;
+	sum = hop->csum_base + w[0] + w[1] + w[2] + w[3];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	outer->check = (__u16)~sum;
 
 	count_backend(id, BE_STEERED, len);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
@@ -693,18 +706,16 @@ static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const s
 /* record_flow writes dec for fk to the flow table and to this CPU's cache
  * slot. bpf_map_update_elem: 0 or < 0; on failure the packet still follows
  * dec, only the memory of it is lost (the slot is cleared then). */
-static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec)
+static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec,
+					const struct config *cfg, __u64 jiffies)
 {
 	struct flow_cache_slot *slot = flow_slot(fk);
-	__u32 key = 0;
-	struct config *cfg = bpf_map_lookup_elem(&settings, &key);
-
 	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
 
 	if (!slot)
 		return;
-	if (rc == 0 && cfg) {
-		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, bpf_jiffies64());
+	if (rc == 0) {
+		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
 		return;
 	}
 	/* Not recorded: this CPU's copy must not outlive the table's. */
@@ -746,7 +757,9 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	struct flow_key fk = {};
 	struct flow_val dec = {}, *fv;
 	struct backend *be;
-	__u32 ihl, doff, tot, id = 0;
+	struct config *cfg;
+	__u32 ihl, doff, tot, id = 0, key = 0;
+	__u64 jiffies;
 	int syn, act, fresh = 0;
 	__u16 mtu = 0;
 
@@ -785,6 +798,12 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		count(C_PASS_NOT_SERVICE, len);
 		return XDP_PASS;
 	}
+	/* bpf_map_lookup_elem (array, index 0): never NULL. */
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (!cfg)
+		return XDP_PASS;
+	/* bpf_jiffies64: the tick counter, never fails. */
+	jiffies = bpf_jiffies64();
 
 	syn = (tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	fk.saddr = ip->saddr;
@@ -794,15 +813,10 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 
 	if (!syn) {
 		struct flow_cache_slot *slot = flow_slot(&fk);
-		__u32 key = 0;
-		/* bpf_map_lookup_elem (array, index 0): never NULL. */
-		struct config *cfg = bpf_map_lookup_elem(&settings, &key);
-		/* bpf_jiffies64: the tick counter, never fails. */
-		__u64 now = bpf_jiffies64();
 
-		if (slot && cfg && slot->key.saddr == fk.saddr && slot->key.daddr == fk.daddr &&
+		if (slot && slot->key.saddr == fk.saddr && slot->key.daddr == fk.daddr &&
 		    slot->key.sport == fk.sport && slot->key.dport == fk.dport &&
-		    slot->epoch == cfg->flow_epoch && now - slot->filled < FLOW_CACHE_TICKS) {
+		    slot->epoch == cfg->flow_epoch && jiffies - slot->filled < FLOW_CACHE_TICKS) {
 			dec.addr = slot->addr;
 			dec.backend = slot->backend;
 			goto follow;
@@ -811,8 +825,8 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		fv = bpf_map_lookup_elem(&flows, &fk);
 		if (fv) {
 			dec = *fv;
-			if (slot && cfg)
-				flow_slot_fill(slot, &fk, &dec, cfg->flow_epoch, now);
+			if (slot)
+				flow_slot_fill(slot, &fk, &dec, cfg->flow_epoch, jiffies);
 			goto follow;
 		}
 	}
@@ -863,7 +877,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 			dec.addr = 0;
 			dec.backend = BACKEND_LOCAL;
 		}
-		record_flow(&fk, &dec);
+		record_flow(&fk, &dec, cfg, jiffies);
 		fresh = 1;
 		if (!syn && !be) {
 			count(C_PASS_NO_STATE, len);
@@ -877,14 +891,14 @@ follow:
 		return XDP_PASS;
 	}
 
-	act = steer(ctx, dec.addr, dec.backend, len, &mtu);
+	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu);
 	if (act >= 0)
 		return act;
 	if ((act == STEER_FAIL || act == STEER_FRAG) && fresh && syn) {
 		/* A new connection that cannot reach its backend starts local. */
 		dec.addr = 0;
 		dec.backend = BACKEND_LOCAL;
-		record_flow(&fk, &dec);
+		record_flow(&fk, &dec, cfg, jiffies);
 		count(C_PASS_LOCAL, len);
 		return XDP_PASS;
 	}

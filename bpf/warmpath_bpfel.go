@@ -93,7 +93,7 @@ type WarmpathNexthop struct {
 	Smac        [6]uint8
 	Dmac        [6]uint8
 	Pad         uint16
-	_           [4]byte
+	CsumBase    uint32
 }
 
 type WarmpathSvcKey struct {
