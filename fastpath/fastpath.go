@@ -146,7 +146,9 @@ type Counters struct {
 type Datapath interface {
 	// Mode reports ModeKernel or ModeUserspace.
 	Mode() Mode
-	// SetServices replaces the set of services (IPv4 VIP:port, TCP).
+	// SetServices replaces the set of services (IPv4 VIP:port, TCP). The
+	// kernel datapath also deletes the flows of services no longer listed
+	// (their established connections stop being steered).
 	SetServices(svcs []Service) error
 	// Services returns the current services, sorted.
 	Services() ([]Service, error)
