@@ -167,7 +167,7 @@ type Engine struct {
 	outLen    OutputLen
 	seed      uint64
 	capTokens int
-	slots   []slot // llama.cpp slot model; nil: paged prefix cache
+	slots     []slot // llama.cpp slot model; nil: paged prefix cache
 
 	pool    *blockPool
 	waiting seqQueue
@@ -197,16 +197,16 @@ type EngineStats struct {
 	// usage.prompt_tokens_details.cached_tokens reports). A re-admission
 	// after preemption hits its own recomputed blocks and counts only in
 	// PrefixQueries/PrefixHits.
-	FirstPromptTokens uint64
-	FirstCachedTokens uint64
-	Evictions               uint64 // cached blocks reused for new content
-	Preemptions             uint64
-	Steps                   uint64
-	Submitted, Finished     uint64
-	Aborted                 uint64
-	PromptTokens            uint64 // computed prefill tokens (cache misses)
-	GenerationTokens        uint64
-	BusyTime                time.Duration // sum of step durations
+	FirstPromptTokens   uint64
+	FirstCachedTokens   uint64
+	Evictions           uint64 // cached blocks reused for new content
+	Preemptions         uint64
+	Steps               uint64
+	Submitted, Finished uint64
+	Aborted             uint64
+	PromptTokens        uint64 // computed prefill tokens (cache misses)
+	GenerationTokens    uint64
+	BusyTime            time.Duration // sum of step durations
 }
 
 // KVUsage is the fraction of blocks referenced by requests (vLLM's
