@@ -80,15 +80,15 @@ type Point struct {
 
 // Results is everything a suite run produced.
 type Results struct {
-	Started   time.Time          `json:"started"`
-	Elapsed   float64            `json:"elapsed_seconds"`
-	Seed      uint64             `json:"seed"`
-	Replicas  int                `json:"replicas"`
-	Capacity  map[string]float64 `json:"capacity_rps"`
+	Started  time.Time          `json:"started"`
+	Elapsed  float64            `json:"elapsed_seconds"`
+	Seed     uint64             `json:"seed"`
+	Replicas int                `json:"replicas"`
+	Capacity map[string]float64 `json:"capacity_rps"`
 	// FleetCapacity is each fleet's capacity per workload (fleet section).
 	FleetCapacity map[string]map[string]float64 `json:"fleet_capacity_rps,omitempty"`
-	Workloads []workloadInfo     `json:"workloads"`
-	Points    []Point            `json:"points"`
+	Workloads     []workloadInfo                `json:"workloads"`
+	Points        []Point                       `json:"points"`
 }
 
 type workloadInfo struct {
