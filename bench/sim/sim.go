@@ -193,6 +193,7 @@ type cluster struct {
 	specs              []affinity.ReplicaSpec                      // what each replica was added with (every router the same)
 	onSignals          func(replica int, s affinity.EngineSignals) // tests: every signal the routers get
 	cachedIn, promptIn int64                                       // completed requests' cached and prompt tokens (HitRate)
+	spare              [][]byte                                    // finished requests' engine prompts, for reuse
 
 	ttft, e2e []float64
 	modelErr  []float64 // TTFT model error factors (Result.TTFTModelError)
@@ -426,8 +427,11 @@ func (c *cluster) loop(w *workload.Workload) error {
 		d      affinity.Decision
 		body   []byte
 		msgs   []enginesim.Message
-		text   []byte
+		text   []byte   // every message's text, back to back
+		texts  [][]byte // message -> its text in text
+		ends   []int
 	)
+	tc := newTextCache()
 	cv := newConversations(w)
 	c.conv = cv
 	followers := make([]bool, len(w.Requests))
@@ -487,22 +491,26 @@ func (c *cluster) loop(w *workload.Workload) error {
 		if wr.Conversation >= 0 {
 			answers = cv.answers[wr.Conversation]
 		}
-		content := func(mi int) ([]byte, bool) {
-			if wr.Messages[mi].Role != workload.Assistant {
-				return nil, false
+		// each message's text once, for the body and the engine prompt
+		text, ends = text[:0], ends[:0]
+		na := 0
+		for mi := range wr.Messages {
+			m := &wr.Messages[mi]
+			if m.Role == workload.Assistant && na < len(answers) {
+				text = append(text, answers[na]...)
+			} else {
+				text = tc.appendMessage(text, m)
 			}
-			k := 0
-			for j := 0; j < mi; j++ {
-				if wr.Messages[j].Role == workload.Assistant {
-					k++
-				}
+			if m.Role == workload.Assistant {
+				na++
 			}
-			if k < len(answers) {
-				return answers[k], true
-			}
-			return nil, false
+			ends = append(ends, len(text))
 		}
-		body = workload.AppendChatBodyWith(body[:0], wr, true, content)
+		texts = texts[:0]
+		for mi, end := range ends {
+			texts = append(texts, text[prevEnd(ends, mi):end])
+		}
+		body = workload.AppendChatBodyTexts(body[:0], wr, true, texts)
 		// router CPU: what the proxy does per request (parse, hash,
 		// decide), not the simulator's making of the prompt text
 		start := time.Now()
@@ -515,14 +523,9 @@ func (c *cluster) loop(w *workload.Workload) error {
 		// what the engines will see: their own chat template
 		msgs = msgs[:0]
 		for mi := range wr.Messages {
-			if t, ok := content(mi); ok {
-				text = append(text[:0], t...)
-			} else {
-				text = workload.AppendMessageText(text[:0], &wr.Messages[mi])
-			}
-			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: string(text)})
+			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: transient(texts[mi])})
 		}
-		ep := enginesim.AppendChatPrompt(nil, msgs, nil)
+		ep := enginesim.AppendChatPrompt(c.promptBuf(), msgs, nil)
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
@@ -661,6 +664,33 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	}
 	c.outTokens += int64(r.OutputTokens)
 	c.last = max(c.last, at)
+	c.freePrompt(r)
+}
+
+// prevEnd is where message mi's text starts in the loop's text buffer.
+func prevEnd(ends []int, mi int) int {
+	if mi == 0 {
+		return 0
+	}
+	return ends[mi-1]
+}
+
+// promptBuf returns an empty buffer for an engine prompt, reusing the
+// prompts of finished requests.
+func (c *cluster) promptBuf() []byte {
+	if n := len(c.spare); n > 0 {
+		b := c.spare[n-1]
+		c.spare = c.spare[:n-1]
+		return b[:0]
+	}
+	return nil
+}
+
+// freePrompt gives a finished request's prompt back to promptBuf.
+func (c *cluster) freePrompt(r *enginesim.Request) {
+	if r.Prompt != nil && len(c.spare) < 4096 {
+		c.spare = append(c.spare, r.Prompt)
+	}
 	r.Prompt = nil
 }
 
