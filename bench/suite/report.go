@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/warmpath/warmpath/bench/enginesim"
@@ -204,7 +205,10 @@ func writeReport(opts Options, res *Results) error {
 			p("---|---|")
 		}
 		p("\n")
-		pl := Plot{Title: sw.title, XLabel: sw.param + " (log2)", YLabel: "mean TTFT, seconds (log)", LogY: true}
+		pl := Plot{Title: sw.title, XLabel: sw.param + " (log scale)", YLabel: "mean TTFT, seconds (log)", LogY: true}
+		for _, v := range params {
+			pl.XTicks = append(pl.XTicks, Tick{At: math.Log2(float64(v)), Label: strconv.Itoa(v)})
+		}
 		for _, n := range names {
 			p("| %s |", n)
 			s := Series{Name: n}
