@@ -1,7 +1,8 @@
 package sim
 
 import (
-	"fmt"
+	"errors"
+	"io/fs"
 	"syscall"
 	"testing"
 	"time"
@@ -19,24 +20,50 @@ func cpuTime(b *testing.B) time.Duration {
 }
 
 // BenchmarkSimulateLongPrompts reports simulated requests per CPU-second on
-// a long-prompt trace: 3000 requests of ~8k tokens (a 7680-token document
-// shared by 30 questions of 512 tokens, 100 documents), 16 replicas, the
-// cost policy and round-robin. It uses only Run and the workload generator,
-// so the same file measures an older commit side by side.
+// long-prompt traces, 16 replicas: "docs", 3000 requests of ~8k tokens (a
+// 7680-token document shared by 30 questions of 512 tokens, 100
+// documents), under the cost policy and round-robin; "unique", 1500
+// prompts of 7-9k tokens that share nothing; "mooncake", the Mooncake
+// trace replay (3,993 requests, ~15k tokens on average, 512-token blocks
+// shared across requests) when ../shared/workloads holds it. It uses only
+// Run and the workload generators, so the same file measures an older
+// commit side by side.
 func BenchmarkSimulateLongPrompts(b *testing.B) {
 	c := workload.DefaultSharedPrefix()
 	c.Groups, c.PromptsPerGroup, c.SystemTokens, c.QuestionTokens, c.OutputTokens, c.RPS = 100, 30, 7680, 512, 64, 150
 	c.Seed = 1
-	w, err := workload.SharedPrefix(c)
+	docs, err := workload.SharedPrefix(c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, p := range []string{"cost", "round-robin"} {
-		b.Run(fmt.Sprintf("policy=%s", p), func(b *testing.B) {
+	ns := workload.NoSharingConfig{Requests: 1500, MinTokens: 7168, MaxTokens: 9216, OutputTokens: 64, RPS: 30, Seed: 1}
+	unique, err := workload.NoSharing(ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	moon, err := workload.LoadMooncake("../../../shared/workloads/mooncake-synthetic.jsonl", "", 1)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		w    *workload.Workload
+	}{
+		{"trace=docs/policy=cost", docs}, {"trace=docs/policy=round-robin", docs},
+		{"trace=unique/policy=cost", unique}, {"trace=mooncake/policy=cost", moon},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			if tc.w == nil {
+				b.Skip("no Mooncake trace beside the checkout")
+			}
+			policy := "cost"
+			if tc.name == "trace=docs/policy=round-robin" {
+				policy = "round-robin"
+			}
 			n := 0
 			cpu0 := cpuTime(b)
 			for b.Loop() {
-				r, err := Run(Config{Replicas: 16, Policy: p, Seed: 1}, w)
+				r, err := Run(Config{Replicas: 16, Policy: policy, Seed: 1}, tc.w)
 				if err != nil {
 					b.Fatal(err)
 				}
