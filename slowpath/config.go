@@ -18,7 +18,7 @@ import (
 
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/slowpath/cluster"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Config is the router's whole configuration: one YAML file, decoded
