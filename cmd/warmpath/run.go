@@ -40,6 +40,7 @@ var commands = []command{
 	{"status", "show the pinned fast-path state (services, backends, affinity, counters)", runStatus},
 	{"detach", "remove the XDP program and the pinned fast-path state", runDetach},
 	{"decap", "GPU host: attach the IPIP decap program for the VIP(s) and exit", runDecap},
+	{"check", "validate a config file without serving: every error with its line and field", runCheck},
 	{"version", "print version, Go version and the prefix-hash code path", runVersion},
 	{"bench", "run a bench suite: sim (cluster simulator) or live (real processes)", runBench},
 	{"analyze", "should this workload use prefix-aware routing? (trace or request log)", runAnalyze},
