@@ -83,7 +83,8 @@ func (c HashConfig) BlockBytes() int {
 func (c HashConfig) HashPath() string { return hashPathFor(c.BlockBytes()) }
 
 // Config configures a Router. The zero value is valid: every zero field takes
-// its documented default.
+// its documented default. Fields tagged reload:"live" can change on a
+// running Router (Router.Retune); the others are fixed at NewRouter.
 type Config struct {
 	// Policy names the ranking policy (see PolicyNames). "" means "cost".
 	Policy string `yaml:"policy"`
@@ -97,36 +98,36 @@ type Config struct {
 	DefaultPrefillTokensPerSec float64 `yaml:"default_prefill_tokens_per_sec"`
 	// SignalMaxAge: engine signals older than this (by the request's Now) are
 	// ignored; the router then relies on its own in-flight counts. 0 means 10s.
-	SignalMaxAge time.Duration `yaml:"signal_max_age"`
+	SignalMaxAge time.Duration `yaml:"signal_max_age" reload:"live"`
 	// SessionTTL: how long a session stays pinned to its replica after its
 	// last request (session policy). 0 means 10m.
-	SessionTTL time.Duration `yaml:"session_ttl"`
+	SessionTTL time.Duration `yaml:"session_ttl" reload:"live"`
 	// MaxSessions bounds the session table; new sessions beyond it are not
 	// pinned. 0 means 1<<20.
 	MaxSessions int `yaml:"max_sessions"`
 	// MaxRanked is how many replicas a Decision ranks (the proxy's retry
 	// budget). 0 means 3.
-	MaxRanked int `yaml:"max_ranked"`
+	MaxRanked int `yaml:"max_ranked" reload:"live"`
 	// LoadFactor is the bounded-load factor of the consistent-hash policy: a
 	// replica accepts while in-flight+1 <= LoadFactor * mean. 0 means 1.25.
-	LoadFactor float64 `yaml:"load_factor"`
+	LoadFactor float64 `yaml:"load_factor" reload:"live"`
 	// RingVnodes is the number of ring points per unit of weight (consistent
 	// hash policy). 0 means 64.
 	RingVnodes int `yaml:"ring_vnodes"`
 	// LoadPenaltySeconds (cost policy) is the TTFT cost of each request in
 	// flight on a replica (decode work sharing the batch). 0 means 0.005;
 	// negative turns the term off.
-	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds"`
+	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds" reload:"live"`
 	// KVHighWater and KVPenaltySeconds (cost policy): above this KV usage an
 	// engine starts evicting or preempting; the penalty grows linearly to
 	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5; a negative
 	// KVPenaltySeconds turns the term off.
-	KVHighWater      float64 `yaml:"kv_high_water"`
-	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds"`
+	KVHighWater      float64 `yaml:"kv_high_water" reload:"live"`
+	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds" reload:"live"`
 	// MaxScan (cost policy) bounds the replicas scored per decision: above
 	// it, a random window of MaxScan candidates plus every candidate holding
 	// part of the request's prefix. 0 means 128; negative scores all.
-	MaxScan int `yaml:"max_scan"`
+	MaxScan int `yaml:"max_scan" reload:"live"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.
 	Seed uint64 `yaml:"seed"`

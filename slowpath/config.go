@@ -25,22 +25,24 @@ import (
 // Every field and its default is documented in slowpath/README.md.
 type Config struct {
 	// Listen is the OpenAI-compatible API address. Default ":8080".
-	Listen string `yaml:"listen"`
+	Listen string `yaml:"listen" reload:"restart"`
 	// Admin serves /metrics, /debug/replicas and /health. Default
 	// "127.0.0.1:9090". Empty disables the admin listener.
-	Admin string `yaml:"admin"`
+	Admin string `yaml:"admin" reload:"restart"`
 	// Replicas is the static replica list. Reloaded on SIGHUP and on file
-	// change; nothing else in the file is reloaded.
-	Replicas []ReplicaConfig `yaml:"replicas"`
-	Limits   LimitsConfig    `yaml:"limits"`
-	Upstream UpstreamConfig  `yaml:"upstream"`
-	Health   HealthConfig    `yaml:"health"`
-	Passive  PassiveConfig   `yaml:"passive"`
-	Scrape   ScrapeConfig    `yaml:"scrape"`
+	// change, like every field tagged reload:"live" (reload.go); a change
+	// to any other field is named in the reload warning and needs a
+	// restart.
+	Replicas []ReplicaConfig `yaml:"replicas" reload:"live"`
+	Limits   LimitsConfig    `yaml:"limits" reload:"restart"`
+	Upstream UpstreamConfig  `yaml:"upstream" reload:"restart"`
+	Health   HealthConfig    `yaml:"health" reload:"live"`
+	Passive  PassiveConfig   `yaml:"passive" reload:"live"`
+	Scrape   ScrapeConfig    `yaml:"scrape" reload:"live"`
 	// Routing is the affinity router's configuration (policy, hashing,
 	// cost-model knobs); see affinity.Config. Zero fields take affinity's
 	// defaults.
-	Routing affinity.Config `yaml:"routing"`
+	Routing affinity.Config `yaml:"routing" reload:"restart"`
 	// TrustedProxies lists the addresses or CIDR prefixes of proxies in
 	// front of the router whose forwarding headers are believed. A request
 	// from one of them keeps its X-Forwarded-For chain (every line, joined)
@@ -48,33 +50,33 @@ type Config struct {
 	// From anyone else those three headers are replaced by what the router
 	// saw: X-Forwarded-For and X-Real-IP set to the peer address, Forwarded
 	// dropped. Default none.
-	TrustedProxies []string `yaml:"trusted_proxies"`
+	TrustedProxies []string `yaml:"trusted_proxies" reload:"restart"`
 	// HashKeyFile names a file holding a per-deployment secret (at least 16
 	// bytes, not readable by others). The prefix hashes are keyed with it,
 	// so those that leave the process (the cluster's NATS messages) cannot be
 	// matched against guessed prompts; every instance of a fleet must use the
 	// same file. Empty (default): unkeyed, and a cluster warns at start.
 	// (--record files are keyed with a random key of their own either way.)
-	HashKeyFile string `yaml:"hash_key_file"`
+	HashKeyFile string `yaml:"hash_key_file" reload:"restart"`
 	// SessionHeader: when a request carries this header its value is the
 	// session key (else the OpenAI `user` field is). Default "X-Session-ID".
-	SessionHeader string `yaml:"session_header"`
+	SessionHeader string `yaml:"session_header" reload:"restart"`
 	// ReloadInterval is how often the config file's content is checked for
 	// changes (0 disables watching; SIGHUP still reloads). Default 1s.
-	ReloadInterval time.Duration `yaml:"reload_interval"`
+	ReloadInterval time.Duration `yaml:"reload_interval" reload:"restart"`
 	// DrainTimeout bounds graceful shutdown: in-flight streams get this long
 	// to finish before their connections are closed. Default 30s.
-	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	DrainTimeout time.Duration `yaml:"drain_timeout" reload:"restart"`
 	// Fastpath configures in-kernel steering of promoted clients (XDP on
 	// the edge, package fastpath, glue in slowpath/steer). Off unless
 	// Fastpath.Services lists a VIP. Not reloaded.
-	Fastpath FastpathConfig `yaml:"fastpath"`
+	Fastpath FastpathConfig `yaml:"fastpath" reload:"restart"`
 	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.
-	Tenancy TenancyConfig `yaml:"tenancy"`
+	Tenancy TenancyConfig `yaml:"tenancy" reload:"restart"`
 	// Cluster shares routing state with other warmpath instances over NATS
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
-	Cluster cluster.Config `yaml:"cluster"`
+	Cluster cluster.Config `yaml:"cluster" reload:"restart"`
 }
 
 // TenancyConfig derives a per-tenant cache salt: with SaltFrom "api_key" the
@@ -135,7 +137,7 @@ type LimitsConfig struct {
 	// holds whole before answering (streams are relayed as they come and not
 	// bounded). An answer over it is a 502 (code response_too_large), not
 	// retried: the engine did the work. Default 128 MiB; [1024, 4 GiB].
-	MaxResponseBytes int `yaml:"max_response_bytes"`
+	MaxResponseBytes int `yaml:"max_response_bytes" reload:"live"`
 	// ReadTimeout bounds reading one request (headers and body). Default 30s.
 	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds writing one response; 0 = none (default), because
@@ -161,15 +163,15 @@ type LimitsConfig struct {
 	MaxConnectionsPerClient int `yaml:"max_connections_per_client"`
 	// MaxInFlight caps concurrent proxied requests in total; 0 = unlimited
 	// (default).
-	MaxInFlight int `yaml:"max_in_flight"`
+	MaxInFlight int `yaml:"max_in_flight" reload:"live"`
 	// MaxInFlightPerReplica is the default per-replica cap; 0 = unlimited
 	// (default).
-	MaxInFlightPerReplica int `yaml:"max_in_flight_per_replica"`
+	MaxInFlightPerReplica int `yaml:"max_in_flight_per_replica" reload:"live"`
 	// OnLimit is what happens to a request over a limit: "reject" (429,
 	// default) or "queue" (wait up to QueueTimeout, then 429).
-	OnLimit string `yaml:"on_limit"`
+	OnLimit string `yaml:"on_limit" reload:"live"`
 	// QueueTimeout bounds the wait when OnLimit is "queue". Default 5s.
-	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	QueueTimeout time.Duration `yaml:"queue_timeout" reload:"live"`
 }
 
 // UpstreamConfig tunes the pooled connections to replicas.
@@ -178,7 +180,7 @@ type UpstreamConfig struct {
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// ResponseTimeout bounds a whole upstream response, stream included.
 	// Default 10m.
-	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	ResponseTimeout time.Duration `yaml:"response_timeout" reload:"live"`
 	// IdleTimeout bounds the wait for each next byte of an upstream
 	// response once its first byte (the headers) has arrived, stream or not.
 	// A stream idle this long ends with an SSE error event, counts as a
@@ -197,10 +199,10 @@ type UpstreamConfig struct {
 	// MaxAttempts is how many ranked replicas one request may try (1 = no
 	// retry). Retries happen only before any byte reached the client.
 	// Default 3.
-	MaxAttempts int `yaml:"max_attempts"`
+	MaxAttempts int `yaml:"max_attempts" reload:"live"`
 	// RetryStatuses are upstream statuses retried on the next replica (the
 	// replica answered but could not serve). Default [502, 503, 504].
-	RetryStatuses []int `yaml:"retry_statuses"`
+	RetryStatuses []int `yaml:"retry_statuses" reload:"live"`
 }
 
 // HealthConfig drives active health checks.
@@ -245,7 +247,7 @@ type ScrapeConfig struct {
 	// Prometheus' body_size_limit: a larger one fails the scrape (counted in
 	// scrape_body_too_large_total, logged once until a scrape succeeds).
 	// Default 16 MiB; [4096, 1 GiB].
-	BodySizeLimit int `yaml:"body_size_limit"`
+	BodySizeLimit int `yaml:"body_size_limit" reload:"restart"`
 }
 
 // Default returns the configuration used for every field the file omits.

@@ -128,6 +128,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 		return fmt.Errorf("serve: %w", err)
 	}
+	srv.Registry().MustRegister(buildInfoGauge())
 	var fr *fastpathRun
 	if dp != nil {
 		if fr, err = startFastpath(dp, &cfg.Fastpath, srv, log); err != nil {

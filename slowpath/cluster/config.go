@@ -28,7 +28,7 @@ const (
 type Config struct {
 	// NATSURL lists the NATS servers (nats://host:port), as a YAML list or
 	// one comma-separated string. Empty: no cluster (default).
-	NATSURL URLs `yaml:"nats_url"`
+	NATSURL URLs `yaml:"nats_url" secret:"url"`
 	// SubjectPrefix prefixes every subject (<prefix>.u.<instance>,
 	// <prefix>.snapshot). Instances share state only under the same prefix.
 	// "" means "warmpath".
