@@ -7,7 +7,7 @@ export BPF2GO_CC := $(CLANG)
 export BPF2GO_STRIP := llvm-strip
 TESTFLAGS ?= -race -shuffle=on -count=1 -timeout 12m
 
-.PHONY: help build reproducible licenses licenses-check test test-short soak bench bench-micro bench-once fuzz generate generate-check lint demo clean
+.PHONY: help build reproducible image licenses licenses-check test test-short soak bench bench-micro bench-once fuzz generate generate-check lint demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -27,6 +27,12 @@ build: ## static, reproducible binaries into ./bin (CGO_ENABLED=0, -trimpath, ve
 
 reproducible: ## build twice, from this tree and from a copy elsewhere, and compare the binaries' sha256
 	$(GO) test -count=1 -run '^TestReproducibleBuild$$' -v ./cmd/warmpath
+
+IMAGE ?= warmpath:$(VERSION)
+
+image: ## the container image (deploy/docker/Dockerfile: make build on distroless static, non-root)
+	docker build -f deploy/docker/Dockerfile --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) \
+		--build-arg BUILD_DATE=$(BUILD_DATE) -t $(IMAGE) .
 
 licenses: ## regenerate docs/licenses.md from go.mod and the module cache
 	$(GO) test -count=1 -run '^TestThirdPartyLicenses$$' ./cmd/warmpath -update
