@@ -24,7 +24,7 @@ func runCheck(_ context.Context, args []string, e env) error {
 		fs.PrintDefaults()
 	}
 	path := fs.String("config", "", "YAML config `file` to validate")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *path == "" || fs.NArg() > 0 {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -25,7 +27,7 @@ func TestCheckGolden(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var out, errb syncBuf
 			err := run(context.Background(), []string{"check", "--config", f}, env{stdout: &out, stderr: &errb})
-			got := "exit " + exitCode(err) + "\n--- stdout\n" + out.String() + "--- stderr\n" + errb.String()
+			got := "exit " + exitStatus(err) + "\n--- stdout\n" + out.String() + "--- stderr\n" + errb.String()
 			if err != nil {
 				got += "warmpath: " + err.Error() + "\n"
 			}
@@ -46,15 +48,9 @@ func TestCheckGolden(t *testing.T) {
 	}
 }
 
-// exitCode is what main would exit with.
-func exitCode(err error) string {
-	switch {
-	case err == nil:
-		return "0"
-	case errors.Is(err, errUsage):
-		return "2"
-	}
-	return "1"
+// exitStatus is what main exits with.
+func exitStatus(err error) string {
+	return strconv.Itoa(exitCode(err, io.Discard))
 }
 
 func TestCheckUsage(t *testing.T) {

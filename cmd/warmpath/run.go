@@ -41,6 +41,24 @@ var commands = []command{
 
 var errUsage = errors.New("usage")
 
+// flagError is a bad command line the flag package has already printed,
+// with the command's flags: main exits 2 without printing it again.
+type flagError struct{ err error }
+
+func (e flagError) Error() string        { return e.err.Error() }
+func (e flagError) Unwrap() error        { return e.err }
+func (e flagError) Is(target error) bool { return target == errUsage }
+
+// parseFlags parses args into fs; a bad flag is a flagError, -h is
+// flag.ErrHelp (exit 0).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return flagError{err}
+}
+
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: warmpath <command> [flags]")
 	fmt.Fprintln(w)

@@ -44,7 +44,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	natsURL := fs.String("nats", "", "NATS server `URL`s, comma-separated: share routing state with the other instances (overrides cluster.nats_url)")
 	instance := fs.String("instance", "", "this instance's unique `name` in the fleet (overrides cluster.instance; default the hostname)")
 	ff := addFastpathFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
