@@ -100,7 +100,18 @@ func TestSystemdUnitContents(t *testing.T) {
 	if err != nil || stop <= slowpath.Default().DrainTimeout {
 		t.Errorf("TimeoutStopSec=%s must exceed the default drain_timeout %s", one(t, k, "TimeoutStopSec"), slowpath.Default().DrainTimeout)
 	}
-	start, pre := one(t, k, "ExecStart"), one(t, k, "ExecStartPre")
+	start, pre := one(t, k, "ExecStart"), ""
+	for _, p := range k["ExecStartPre"] {
+		if strings.Contains(p, "/warmpath check ") {
+			pre = p
+		}
+	}
+	// The pin directory the service user writes is created for it.
+	if !slices.ContainsFunc(k["ExecStartPre"], func(p string) bool {
+		return strings.Contains(p, "install -d -o "+user) && strings.HasSuffix(p, slowpath.DefaultFastpath().PinPath)
+	}) {
+		t.Errorf("no ExecStartPre creates %s for %s: %q", slowpath.DefaultFastpath().PinPath, user, k["ExecStartPre"])
+	}
 	cfg := regexp.MustCompile(`--config (\S+)`)
 	if m, p := cfg.FindStringSubmatch(start), cfg.FindStringSubmatch(pre); m == nil || p == nil || m[1] != p[1] ||
 		!strings.Contains(start, "/warmpath serve ") || !strings.Contains(pre, "/warmpath check ") {
