@@ -152,6 +152,7 @@ func verifyUnit(t *testing.T, unit string, dropIns ...string) (string, error) {
 			t.Fatal(err)
 		}
 		for i, di := range dropIns {
+			di = strings.ReplaceAll(di, "/usr/bin/warmpath", exe)
 			if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("%02d.conf", i)), []byte(di), 0o644); err != nil {
 				t.Fatal(err)
 			}
