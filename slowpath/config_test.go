@@ -1,6 +1,7 @@
 package slowpath
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
 	"strings"
@@ -161,6 +162,18 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cfg, err := ParseConfig(b)
 		if err != nil {
+			// Every problem is a FieldError on a line of the input.
+			var ces ConfigErrors
+			if !errors.As(err, &ces) || len(ces) == 0 {
+				t.Fatalf("error %T %v, want ConfigErrors", err, err)
+			}
+			// YAML breaks lines at \n, \r\n and a lone \r.
+			lines := bytes.Count(bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n")), []byte("\n")) + bytes.Count(b, []byte("\r")) - bytes.Count(b, []byte("\r\n")) + 1
+			for _, fe := range ces {
+				if fe.Line < 0 || fe.Line > lines || fe.Err == nil {
+					t.Fatalf("error %q: line %d of %d", fe, fe.Line, lines)
+				}
+			}
 			return
 		}
 		// Whatever parses must validate again identically.

@@ -226,6 +226,9 @@ func decodeError(idx map[int][]nodeRef, msg string) *FieldError {
 		} else if ref.n.Kind == yaml.MappingNode {
 			got = "a mapping"
 		}
+		if ref.path == "" {
+			return &FieldError{Line: line, Err: fmt.Errorf("the file must be a mapping of config fields, got %s", got)}
+		}
 		return &FieldError{Field: ref.path, Line: line, Err: fmt.Errorf("%s: want %s, got %s", ref.path, want, got)}
 	}
 	if m := lineOnlyRe.FindStringSubmatch(msg); m != nil {
