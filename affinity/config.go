@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -194,9 +195,12 @@ func defaultOrOff(v, def float64) float64 {
 // finite reports whether f is neither NaN nor an infinity.
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
-// Validate checks every field after defaults; messages name the field and
-// the allowed range.
+// Validate checks every field after defaults and returns every problem (an
+// errors.Join); messages name the field and the allowed range.
 func (c Config) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	nonFinite := map[string]bool{}
 	for _, f := range [...]struct {
 		name string
 		v    float64
@@ -206,39 +210,49 @@ func (c Config) Validate() error {
 		{"kv_penalty_seconds", c.KVPenaltySeconds},
 	} {
 		if !finite(f.v) {
-			return fmt.Errorf("%s %g: want a finite number", f.name, f.v)
+			add("%s %g: want a finite number", f.name, f.v)
+			nonFinite[f.name] = true
 		}
 	}
 	c = c.WithDefaults()
 	if err := c.Hash.Validate(); err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	if !knownPolicy(c.Policy) {
-		return fmt.Errorf("policy %q: want one of %v", c.Policy, PolicyNames())
+		add("policy %q: want one of %v", c.Policy, PolicyNames())
 	}
-	switch {
-	case c.DefaultKVCapacityTokens < 0:
-		return fmt.Errorf("default_kv_capacity_tokens %d: want >= 0", c.DefaultKVCapacityTokens)
-	case c.DefaultPrefillTokensPerSec < 0:
-		return fmt.Errorf("default_prefill_tokens_per_sec %g: want > 0", c.DefaultPrefillTokensPerSec)
-	case c.SignalMaxAge < 0:
-		return fmt.Errorf("signal_max_age %v: want > 0", c.SignalMaxAge)
-	case c.SessionTTL < 0:
-		return fmt.Errorf("session_ttl %v: want > 0", c.SessionTTL)
-	case c.MaxSessions < 0:
-		return fmt.Errorf("max_sessions %d: want >= 0", c.MaxSessions)
-	case c.MaxRanked < 1 || c.MaxRanked > 64:
-		return fmt.Errorf("max_ranked %d: want 1..64", c.MaxRanked)
-	case c.LoadFactor < 1:
-		return fmt.Errorf("load_factor %g: want >= 1", c.LoadFactor)
-	case c.RingVnodes < 1 || c.RingVnodes > 4096:
-		return fmt.Errorf("ring_vnodes %d: want 1..4096", c.RingVnodes)
-	case c.LoadPenaltySeconds < 0:
-		return fmt.Errorf("load_penalty_seconds %g: want >= 0", c.LoadPenaltySeconds)
-	case c.KVHighWater <= 0 || c.KVHighWater >= 1:
-		return fmt.Errorf("kv_high_water %g: want (0, 1)", c.KVHighWater)
-	case c.KVPenaltySeconds < 0:
-		return fmt.Errorf("kv_penalty_seconds %g: want >= 0", c.KVPenaltySeconds)
+	if c.DefaultKVCapacityTokens < 0 {
+		add("default_kv_capacity_tokens %d: want >= 0", c.DefaultKVCapacityTokens)
 	}
-	return nil
+	if c.DefaultPrefillTokensPerSec < 0 && !nonFinite["default_prefill_tokens_per_sec"] {
+		add("default_prefill_tokens_per_sec %g: want > 0", c.DefaultPrefillTokensPerSec)
+	}
+	if c.SignalMaxAge < 0 {
+		add("signal_max_age %v: want > 0", c.SignalMaxAge)
+	}
+	if c.SessionTTL < 0 {
+		add("session_ttl %v: want > 0", c.SessionTTL)
+	}
+	if c.MaxSessions < 0 {
+		add("max_sessions %d: want >= 0", c.MaxSessions)
+	}
+	if c.MaxRanked < 1 || c.MaxRanked > 64 {
+		add("max_ranked %d: want 1..64", c.MaxRanked)
+	}
+	if c.LoadFactor < 1 && !nonFinite["load_factor"] {
+		add("load_factor %g: want >= 1", c.LoadFactor)
+	}
+	if c.RingVnodes < 1 || c.RingVnodes > 4096 {
+		add("ring_vnodes %d: want 1..4096", c.RingVnodes)
+	}
+	if c.LoadPenaltySeconds < 0 && !nonFinite["load_penalty_seconds"] {
+		add("load_penalty_seconds %g: want >= 0", c.LoadPenaltySeconds)
+	}
+	if (c.KVHighWater <= 0 || c.KVHighWater >= 1) && !nonFinite["kv_high_water"] {
+		add("kv_high_water %g: want (0, 1)", c.KVHighWater)
+	}
+	if c.KVPenaltySeconds < 0 && !nonFinite["kv_penalty_seconds"] {
+		add("kv_penalty_seconds %g: want >= 0", c.KVPenaltySeconds)
+	}
+	return errors.Join(errs...)
 }
