@@ -214,7 +214,7 @@ loop:
 				if err := srv.Reload(); err != nil {
 					log.Error("reload on SIGHUP failed", "err", err)
 				} else {
-					log.Info("reloaded replicas on SIGHUP")
+					log.Info("reloaded the config on SIGHUP")
 				}
 				continue
 			}
