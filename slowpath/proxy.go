@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +25,10 @@ const (
 	epChat endpoint = iota
 	epCompletion
 	epEmbedding
+	epResponses // /v1/responses (responses.go)
+	epPassJSON  // model-routed JSON pass-through: /tokenize, /v1/rerank, ... (passthrough.go)
+	epPassMulti // model-routed multipart pass-through: /v1/audio/* (passthrough.go)
+	epFixed     // no model: the target replica is chosen before forward (passthrough.go)
 )
 
 // package-level header names and paths: no per-request conversions.
@@ -82,6 +85,8 @@ type exchange struct {
 	req     affinity.Request
 	dec     affinity.Decision
 	flight  affinity.Flight
+	ep      endpoint
+	api     apiState // Responses pinning and pass-through state (responses.go)
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
@@ -134,6 +139,7 @@ func (s *Server) getExchange() *exchange {
 	ex.stream = nil
 	ex.uresp = nil
 	ex.idle = nil
+	ex.api.reset()
 	return ex
 }
 
@@ -159,6 +165,9 @@ func (s *Server) putExchange(ex *exchange) {
 // handle is the fasthttp handler, installed once as a method value.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
+	if s.cors != nil && s.cors.preflight(ctx) {
+		return
+	}
 	if bareLF(ctx.Request.Header.RawHeaders()) {
 		// fasthttp ends a header line at a bare LF; a proxy or engine that
 		// does not would read two headers as one (or the other way round).
@@ -180,7 +189,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentTypeBytes(strAppJSON)
 		ctx.SetBodyString(`{"status":"ok"}`)
 	default:
-		s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		if !s.handleAPI(ctx) { // responses.go, passthrough.go, models.go
+			s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		}
+	}
+	if s.cors != nil {
+		s.cors.decorate(ctx)
 	}
 }
 
@@ -241,7 +255,7 @@ func isJSONContentType(ct []byte) bool {
 		ct = ct[:i]
 	}
 	ct = bytes.TrimSpace(ct)
-	return bytes.EqualFold(ct, strAppJSON)
+	return bytes.EqualFold(ct, strAppJSON) || isPlusJSON(ct)
 }
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
@@ -250,8 +264,13 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		ctx.Response.Header.SetBytesKV(hdrAllow, strPOST) // after reject: writeError resets the response
 		return
 	}
-	if !isJSONContentType(ctx.Request.Header.ContentType()) {
-		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+	if ep == epPassMulti {
+		if !isMultipart(ctx.Request.Header.ContentType()) {
+			s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be multipart/form-data, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+			return
+		}
+	} else if !isJSONContentType(ctx.Request.Header.ContentType()) {
+		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json (or application/*+json), got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
 		return
 	}
 	body := ctx.PostBody()
@@ -261,18 +280,14 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	ex := s.getExchange()
 	ex.start = s.now()
-	var err error
-	switch ep {
-	case epChat:
-		err = ex.parser.ParseChat(body, &ex.prompt)
-	case epCompletion:
-		err = ex.parser.ParseCompletion(body, &ex.prompt)
-	default:
-		err = ex.parser.ParseEmbedding(body, &ex.prompt)
-	}
+	ex.ep = ep
+	err := s.parse(ctx, ex, body)
 	if err != nil {
 		s.putExchange(ex)
 		msg, param := badRequest(err)
+		if d := describeJSON(body); d != "" && ep != epPassMulti {
+			msg, param = "We could not parse the JSON body of your request: "+d, ""
+		}
 		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", msg, errTypeInvalid, param, "")
 		return
 	}
@@ -281,17 +296,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
 		return
 	}
-	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 {
+	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
 		if b, ok := s.saltBody(ctx, ex, body); ok {
 			body = b
-			switch ep {
-			case epChat:
-				err = ex.parser.ParseChat(body, &ex.prompt)
-			case epCompletion:
-				err = ex.parser.ParseCompletion(body, &ex.prompt)
-			default:
-				err = ex.parser.ParseEmbedding(body, &ex.prompt)
-			}
+			err = s.parse(ctx, ex, body)
 			if err != nil || len(ex.prompt.CacheSalt) == 0 {
 				s.putExchange(ex)
 				s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt must be a non-empty string", errTypeInvalid, "cache_salt", "")
@@ -468,7 +476,7 @@ func (s *Server) anyFull(model []byte) bool {
 // forward proxies to the best ranked replica, retrying down the ranking
 // while nothing has been written to the client.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
-	if !s.decide(ctx, ex) {
+	if !s.rank(ctx, ex) { // decide, or the pinned / fixed replica (responses.go)
 		s.releaseTotal()
 		s.putExchange(ex)
 		return
@@ -740,6 +748,9 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		if ex.ep == epResponses {
+			s.responseAnswered(ex, body)
+		}
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held
@@ -908,7 +919,7 @@ func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
 	o := ex.timings
-	o.OK, o.CachedTokens = ok && ex.status < 500, ex.cached
+	o.OK, o.CachedTokens = ok && ex.status < 500 && !ex.api.noWork, ex.cached
 	s.brain.EndWith(&ex.flight, now, o)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))
@@ -992,6 +1003,10 @@ func (ex *exchange) sseLine(line []byte) {
 	}
 	data := bytes.TrimSpace(line[len(strDataPrefix):])
 	if len(data) == 0 {
+		return
+	}
+	if ex.ep == epResponses {
+		ex.responsesEvent(data) // named events: their own first token and usage
 		return
 	}
 	if !ex.output && !rolePreamble(data) {
@@ -1136,42 +1151,4 @@ func objectEnd(b []byte) int {
 		}
 	}
 	return -1
-}
-
-// models answers GET /v1/models: the union of models healthy replicas serve.
-func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
-		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
-		return
-	}
-	seen := map[string]bool{}
-	var names []string
-	for _, r := range *s.table.Load() {
-		if r == nil || !r.isHealthy() {
-			continue
-		}
-		for _, m := range r.cfg.Load().Models {
-			if !seen[m] {
-				seen[m] = true
-				names = append(names, m)
-			}
-		}
-	}
-	slices.Sort(names)
-	b := append([]byte(nil), `{"object":"list","data":[`...)
-	for i, m := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m)
-		b = append(b, `,"object":"model","created":`...)
-		b = strconv.AppendInt(b, s.started.Unix(), 10)
-		b = append(b, `,"owned_by":"warmpath"}`...)
-	}
-	b = append(b, "]}"...)
-	ctx.SetContentTypeBytes(strAppJSON)
-	ctx.SetBody(b)
-	s.m.localRequest(fasthttp.StatusOK)
 }
