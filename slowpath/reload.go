@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"reflect"
 	"regexp"
-	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -46,10 +45,9 @@ func (s *Server) publishConfig(next *Config) {
 	close(*s.reloaded.Swap(&ch))
 }
 
-// configLeaf is one configurable value: its YAML path, reload class,
-// secret kind and the two values compared.
+// configLeaf is one configurable value: its YAML path and reload class.
 type configLeaf struct {
-	path, class, secret string
+	path, class string
 }
 
 // walkConfig calls fn for every leaf field of the Config type (slices,
@@ -83,7 +81,7 @@ func walkConfig(a, b reflect.Value, path, class string, fn func(l configLeaf, a,
 			walkConfig(fa, fb, p, c, fn)
 			continue
 		}
-		fn(configLeaf{path: p, class: c, secret: secretKind(f, name)}, fa, fb)
+		fn(configLeaf{path: p, class: c}, fa, fb)
 	}
 }
 
@@ -125,19 +123,43 @@ func applyLive(dst, src *Config) {
 }
 
 // Redacted returns a copy of c with every secret value replaced (see the
-// secret tag above): what /debug/config shows.
+// secret tag above): what /debug/config shows. Lists of blocks (replicas,
+// and any other) are copied and redacted element by element; c is not
+// changed.
 func Redacted(c Config) Config {
-	c.Replicas = slices.Clone(c.Replicas)
-	c.TrustedProxies = slices.Clone(c.TrustedProxies)
-	c.Cluster.NATSURL = slices.Clone(c.Cluster.NATSURL)
-	c.Fastpath.Services = slices.Clone(c.Fastpath.Services)
-	c.Upstream.RetryStatuses = slices.Clone(c.Upstream.RetryStatuses)
-	v := reflect.ValueOf(&c).Elem()
-	walkConfig(v, reflect.Value{}, "", "", func(l configLeaf, f, _ reflect.Value) { redactValue(l.secret, f) })
-	for i := range c.Replicas {
-		walkConfig(reflect.ValueOf(&c.Replicas[i]).Elem(), reflect.Value{}, "", "", func(l configLeaf, f, _ reflect.Value) { redactValue(l.secret, f) })
-	}
+	redactStruct(reflect.ValueOf(&c).Elem())
 	return c
+}
+
+// redactStruct redacts the secret fields of the struct v (addressable),
+// descending into blocks and lists of blocks, which it replaces by copies
+// first so the caller's slices are never written.
+func redactStruct(v reflect.Value) {
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		fv := v.Field(i)
+		switch {
+		case f.Type.Kind() == reflect.Struct:
+			redactStruct(fv)
+		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct && fv.Len() > 0:
+			cp := reflect.MakeSlice(f.Type, fv.Len(), fv.Len())
+			reflect.Copy(cp, fv)
+			for j := range cp.Len() {
+				redactStruct(cp.Index(j))
+			}
+			fv.Set(cp)
+		default:
+			redactValue(secretKind(f, name), fv)
+		}
+	}
 }
 
 func redactValue(kind string, f reflect.Value) {

@@ -295,7 +295,12 @@ func TestRedactByName(t *testing.T) {
 		APIKey     string `yaml:"api_key"`
 		APIKeyFile string `yaml:"api_key_file"`
 	}
+	type tenant struct {
+		Name   string `yaml:"name"`
+		APIKey string `yaml:"api_key"`
+	}
 	type cfg struct {
+		Tenants  []tenant `yaml:"tenants"`
 		Token    string   `yaml:"token"`
 		Password string   `yaml:"nats_password"`
 		Keys     []string `yaml:"api_keys"`
@@ -305,12 +310,16 @@ func TestRedactByName(t *testing.T) {
 		Plain    string   `yaml:"name"`
 		Empty    string   `yaml:"bearer"`
 	}
-	c := cfg{Token: "t", Password: "p", Keys: []string{"k1", "k2"}, Engine: engine{"ek", "/etc/k"}, Seed: 7, Hidden: "h", Plain: "n"}
-	v := reflect.ValueOf(&c).Elem()
-	walkConfig(v, reflect.Value{}, "", "", func(l configLeaf, f, _ reflect.Value) { redactValue(l.secret, f) })
-	want := cfg{Token: redacted, Password: redacted, Keys: []string{redacted, redacted}, Engine: engine{redacted, "/etc/k"}, Seed: 7, Hidden: redacted, Plain: "n"}
+	tenants := []tenant{{"a", "ka"}, {"b", "kb"}}
+	c := cfg{Tenants: tenants, Token: "t", Password: "p", Keys: []string{"k1", "k2"}, Engine: engine{"ek", "/etc/k"}, Seed: 7, Hidden: "h", Plain: "n"}
+	redactStruct(reflect.ValueOf(&c).Elem())
+	want := cfg{Tenants: []tenant{{"a", redacted}, {"b", redacted}}, Token: redacted, Password: redacted, Keys: []string{redacted, redacted},
+		Engine: engine{redacted, "/etc/k"}, Seed: 7, Hidden: redacted, Plain: "n"}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("redacted %+v\nwant %+v", c, want)
+	}
+	if tenants[0].APIKey != "ka" {
+		t.Fatal("redaction wrote through to the caller's slice")
 	}
 }
 
