@@ -154,6 +154,12 @@ type ConsistentHash struct{ cfg Config }
 
 func (*ConsistentHash) Name() string { return "consistent-hash" }
 
+// Retune takes the live knobs; RingVnodes stays (rings are cached).
+func (p *ConsistentHash) Retune(cfg Config) {
+	cfg.RingVnodes = p.cfg.RingVnodes
+	p.cfg = cfg
+}
+
 type hashRing struct {
 	points []uint64
 	owners []ReplicaID
@@ -253,6 +259,13 @@ func newSession(cfg Config) *Session {
 }
 
 func (*Session) Name() string { return "session" }
+
+// Retune takes a new SessionTTL for pins made after it.
+func (s *Session) Retune(cfg Config) {
+	s.mu.Lock()
+	s.ttl = int64(cfg.SessionTTL)
+	s.mu.Unlock()
+}
 
 func (s *Session) Rank(v *View, req *Request, d *Decision) {
 	pinned := NoReplica
@@ -361,6 +374,10 @@ func (s *Session) Sessions() int {
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
+
+// Retune takes the live knobs (the Router holds its write lock: no Rank
+// runs meanwhile).
+func (p *CostPolicy) Retune(cfg Config) { p.cfg = cfg }
 
 func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
@@ -511,4 +528,10 @@ var (
 	_ BeginHook  = (*Session)(nil)
 	_ RemoveHook = (*Session)(nil)
 	_ Policy     = (*CostPolicy)(nil)
+)
+
+var (
+	_ Retuner = (*CostPolicy)(nil)
+	_ Retuner = (*ConsistentHash)(nil)
+	_ Retuner = (*Session)(nil)
 )
