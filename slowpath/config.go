@@ -76,6 +76,15 @@ type Config struct {
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
 	Cluster cluster.Config `yaml:"cluster"`
+
+	// Operations (ops_config.go): graceful-stop order, TLS on the API
+	// listener, TLS and a bearer token towards engines, log format and the
+	// access log. None is reloaded except the TLS key pair's content.
+	Shutdown   ShutdownConfig   `yaml:"shutdown"`
+	TLS        TLSConfig        `yaml:"tls"`
+	EngineTLS  EngineTLSConfig  `yaml:"engine_tls"`
+	EngineAuth EngineAuthConfig `yaml:"engine_auth"`
+	Log        LogConfig        `yaml:"log"`
 }
 
 // TenancyConfig derives a per-tenant cache salt: with SaltFrom "api_key" the
@@ -126,6 +135,12 @@ type ReplicaConfig struct {
 	// port). Empty: Address's host when it is an IPv4 literal; otherwise
 	// the replica is never a fast-path target.
 	Host string `yaml:"host"`
+	// TLS, when set, replaces engine_tls for this replica (the whole block).
+	TLS *EngineTLSConfig `yaml:"tls"`
+	// APIKeyFile / APIKey replace engine_auth for this replica (see
+	// EngineAuthConfig); at most one of the two.
+	APIKeyFile string `yaml:"api_key_file"`
+	APIKey     string `yaml:"api_key"`
 }
 
 // LimitsConfig bounds what clients can make the router do.
@@ -296,6 +311,8 @@ func Default() Config {
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
 		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
+		Shutdown:      ShutdownConfig{DrainDelay: 5 * time.Second},
+		Log:           LogConfig{Format: LogFormatText},
 	}
 }
 
@@ -588,6 +605,9 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Cluster.Validate(); err != nil {
 		return fmt.Errorf("cluster.%w", err)
+	}
+	if err := c.validateOps(); err != nil {
+		return err
 	}
 	return c.Fastpath.Validate()
 }
