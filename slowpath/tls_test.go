@@ -286,7 +286,8 @@ func TestEngineTLSAndKey(t *testing.T) {
 		cfg := testConfig(e.addr)
 		cfg.EngineTLS = EngineTLSConfig{Enabled: true, CAFile: bad, ServerName: "engine.test"}
 		cfg.EngineAuth = EngineAuthConfig{APIKeyFile: keyFile}
-		s, _ := newTestServer(t, cfg)
+		s, url := newTestServer(t, cfg)
+		serving(t, url)
 		waitFor(t, "not ready", func() bool { ok, why := s.Ready(); return !ok && why == NotReadyNoReplica })
 		if st := s.Replicas()[0]; !strings.Contains(st.LastProbeError, "certificate") {
 			t.Fatalf("probe error %q, want a certificate error", st.LastProbeError)
@@ -297,7 +298,8 @@ func TestEngineTLSAndKey(t *testing.T) {
 		cfg.EngineTLS = EngineTLSConfig{Enabled: true, CAFile: caFile, ServerName: "engine.test"}
 		cfg.EngineAuth = EngineAuthConfig{APIKey: "wrong"}
 		cfg.Replicas[0].APIKey = "sk-engine-secret"
-		s, _ := newTestServer(t, cfg)
+		s, url := newTestServer(t, cfg)
+		serving(t, url)
 		waitFor(t, "ready with the replica's key", func() bool { ok, _ := s.Ready(); return ok })
 	})
 	t.Run("key file readable by others", func(t *testing.T) {
@@ -342,5 +344,15 @@ func TestTLSOpenAIClient(t *testing.T) {
 	}
 	if err := st.Err(); err != nil || text.String() != "t0 t1 t2 " {
 		t.Fatalf("stream over https: %q, %v", text.String(), err)
+	}
+}
+
+// serving waits until the router at url answers (its Serve is accepting):
+// a Shutdown that ran before Serve took its listener would leave Serve
+// waiting in Accept.
+func serving(t *testing.T, url string) {
+	t.Helper()
+	if st, _ := getStatus(t, testClient, url+"/livez"); st != 200 {
+		t.Fatalf("livez %d", st)
 	}
 }
