@@ -199,7 +199,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if adminLn != nil {
 		go func() { errc <- srv.ServeAdmin(adminLn) }()
 	}
-	log.Info("warmpath serving", "api", apiLn.Addr().String(), "admin", addrString(adminLn), "replicas", len(cfg.Replicas))
+	log.Info("warmpath serving", "api", apiLn.Addr().String(), "tls", cfg.TLS.Enabled(), "admin", addrString(adminLn), "replicas", len(cfg.Replicas))
 	if *demo {
 		log.Info("demo: try this", "curl", demoCurl(hostPort(apiLn.Addr())))
 		fmt.Fprintf(e.stdout, "\nwarmpath demo: %d simulated engines serving %q behind http://%s\ntry:\n  %s\n\n",
