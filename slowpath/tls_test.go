@@ -356,3 +356,54 @@ func serving(t *testing.T, url string) {
 		t.Fatalf("livez %d", st)
 	}
 }
+
+// TestTLSClientGone: a TLS client that leaves while the engine works on its
+// non-streamed request (Close sends close_notify, then FIN) is noticed as
+// over plain TCP: the upstream request is cancelled and counted in
+// client_gone_total, without waiting for the engine's answer.
+func TestTLSClientGone(t *testing.T) {
+	release := make(chan struct{})
+	var got atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &fasthttp.Server{Logger: quietLogger{}, Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) != "/v1/chat/completions" {
+			return
+		}
+		got.Add(1)
+		select {
+		case <-release:
+		case <-time.After(30 * time.Second):
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[]}`)
+	}}
+	go eng.Serve(ln) //nolint:errcheck
+	t.Cleanup(func() { close(release); _ = eng.Shutdown(); ln.Close() })
+
+	ca := newTestCA(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	c, k := ca.leaf(t, "router.test", 1)
+	writeFile(t, certFile, c)
+	writeFile(t, keyFile, k)
+	cfg := testConfig(ln.Addr().String())
+	cfg.Scrape.Interval = 0
+	cfg.TLS = TLSConfig{CertFile: certFile, KeyFile: keyFile}
+	s, url := newTestServer(t, cfg)
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(url, "http://"), &tls.Config{RootCAs: ca.pool, ServerName: "router.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the request at the engine", func() bool { return got.Load() == 1 })
+	conn.Close()
+	waitFor(t, "the client counted gone", func() bool {
+		return metricValue(t, s, "warmpath_slowpath_client_gone_total", "", "") == 1
+	})
+	waitFor(t, "router in-flight back to 0", func() bool { return s.inflight.Load() == 0 })
+}
