@@ -323,6 +323,9 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	ex.req.Model = ex.model
 	ex.req.Hashes = ex.prompt.Hashes
 	ex.req.PromptTokens = ex.prompt.Tokens
+	// A buffered answer's first byte is its last: it must not teach the
+	// replica's TTFT model (the exchange is pooled, so always set).
+	ex.req.Buffered = !ex.prompt.Stream
 	ex.req.SessionKey = 0
 	if sid := ctx.Request.Header.PeekBytes(s.sessionHeader); len(sid) > 0 {
 		ex.req.SessionKey = xxh3.Hash(sid) | 1

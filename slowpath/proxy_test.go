@@ -558,3 +558,24 @@ func TestClientGoneMidStreamReleasesEverything(t *testing.T) {
 		t.Fatalf("%d %s", st, b)
 	}
 }
+
+// TestBufferedAnswersTeachNoTTFT: a non-streaming answer's first byte
+// arrives with its last, so it must not be read as a time to first token:
+// only the streamed requests are checked against the TTFT model, whatever
+// the pooled exchange served before.
+func TestBufferedAnswersTeachNoTTFT(t *testing.T) {
+	e := startFakeEngine(t)
+	s, url := newTestServer(t, testConfig(e.addr))
+	body := func(stream bool) string {
+		return fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+	}
+	for i, stream := range []bool{true, false, false, true, false, false} {
+		if st, b := post(t, url+"/v1/chat/completions", "application/json", body(stream)); st != 200 {
+			t.Fatalf("request %d: %d %s", i, st, b)
+		}
+	}
+	waitFor(t, "stream bookkeeping", func() bool { return s.inflight.Load() == 0 })
+	if got := s.router.Replicas()[0].TTFT.Checked; got != 2 {
+		t.Fatalf("TTFT predictions checked %d, want the 2 streamed requests only", got)
+	}
+}
