@@ -72,6 +72,9 @@ type Config struct {
 	Fastpath FastpathConfig `yaml:"fastpath"`
 	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.
 	Tenancy TenancyConfig `yaml:"tenancy"`
+	// Tenants: API keys, per-tenant token budgets, priority classes and
+	// the fair queue (see TenantsConfig, tenants.go). Off by default.
+	Tenants TenantsConfig `yaml:"tenants"`
 	// Cluster shares routing state with other warmpath instances over NATS
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
@@ -296,6 +299,7 @@ func Default() Config {
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
 		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
+		Tenants:       DefaultTenants(),
 	}
 }
 
@@ -585,6 +589,9 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
+	}
+	if err := c.Tenants.validate(c); err != nil {
+		return err
 	}
 	if err := c.Cluster.Validate(); err != nil {
 		return fmt.Errorf("cluster.%w", err)

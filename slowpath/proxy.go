@@ -17,6 +17,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/slowpath/tenant"
 	"github.com/zeebo/xxh3"
 )
 
@@ -112,6 +113,7 @@ type exchange struct {
 	status    int
 	fjParser  fastjson.Parser
 	sseParsed bool
+	ten       tenantState // tenants.go
 }
 
 func (s *Server) getExchange() *exchange {
@@ -122,6 +124,7 @@ func (s *Server) getExchange() *exchange {
 		ex = s.newExchange()
 	}
 	ex.cached = -1
+	ex.ten.reset()
 	ex.timings = affinity.Outcome{}
 	ex.closed = false
 	ex.gotFirst = false
@@ -138,6 +141,7 @@ func (s *Server) getExchange() *exchange {
 }
 
 func (s *Server) putExchange(ex *exchange) {
+	s.tenantEnd(ex)      // every path out returns the tenant's charge
 	ex.up.release(false) // no-op unless a path forgot it: never pool a held connection
 	ex.rep = nil
 	ex.mm = nil
@@ -254,6 +258,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
 		return
 	}
+	var key *tenant.Key
+	if s.ten != nil {
+		if key = s.authenticate(ctx); key == nil {
+			return
+		}
+	}
 	body := ctx.PostBody()
 	if len(body) == 0 {
 		s.reject(ctx, fasthttp.StatusBadRequest, "empty_body", "We could not parse the JSON body of your request: the body is empty.", errTypeInvalid, "", "")
@@ -281,7 +291,16 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
 		return
 	}
-	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 {
+	if !s.tenantPrepare(ctx, ex, key) {
+		s.putExchange(ex)
+		return
+	}
+	if ex.ten.salt != nil && len(ex.prompt.CacheSalt) > 0 {
+		s.putExchange(ex)
+		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt is set by the router for this API key", errTypeInvalid, "cache_salt", "")
+		return
+	}
+	if (s.cfg.Tenancy.SaltFrom != SaltFromNone || ex.ten.salt != nil) && len(ex.prompt.CacheSalt) == 0 {
 		if b, ok := s.saltBody(ctx, ex, body); ok {
 			body = b
 			switch ep {
@@ -300,6 +319,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		}
 	}
 	ex.model = append(ex.model[:0], ex.prompt.Model...)
+	if !s.tenantAdmit(ctx, ex, ep) {
+		s.putExchange(ex)
+		return
+	}
 	if !s.admit(ex) {
 		s.putExchange(ex)
 		s.reject(ctx, fasthttp.StatusTooManyRequests, "total_limit", "The router is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
@@ -329,7 +352,9 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 // when the request names no tenant (it stays unsalted).
 func (s *Server) saltBody(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) ([]byte, bool) {
 	var key []byte
-	if s.cfg.Tenancy.SaltFrom == SaltFromAPIKey {
+	if ex.ten.salt != nil {
+		key = ex.ten.salt // the API key's tenant (tenants.salt)
+	} else if s.cfg.Tenancy.SaltFrom == SaltFromAPIKey {
 		key = ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
 	} else {
 		key = ctx.Request.Header.Peek(s.cfg.Tenancy.Header)
@@ -413,6 +438,9 @@ func (s *Server) releaseTotal() {
 // decide ranks replicas; with on_limit=queue it waits for capacity when
 // every candidate is at its limit.
 func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	if s.fq != nil {
+		return s.decideFair(ctx, ex) // queue.go
+	}
 	queue := s.cfg.Limits.OnLimit == OnLimitQueue
 	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
 	for {
@@ -439,18 +467,24 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		} else if queue {
 			s.freed.done()
 		}
-		switch {
-		case errors.Is(err, affinity.ErrModelNotFound):
-			s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
-		case full && s.anyFull(ex.model):
-			s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit", "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
-		case full:
-			s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica serves model `"+string(ex.model)+"` right now.", errTypeUnavailable, "model", "no_replica_available")
-		default:
-			msg, param := badRequest(err)
-			s.reject(ctx, fasthttp.StatusBadRequest, "bad_request", msg, errTypeInvalid, param, "")
-		}
+		s.rejectUndecided(ctx, ex, err, full)
 		return false
+	}
+}
+
+// rejectUndecided answers a request no replica was ranked for: err is
+// Decide's, full whether it found none eligible (rather than failing).
+func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err error, full bool) {
+	switch {
+	case errors.Is(err, affinity.ErrModelNotFound):
+		s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
+	case full && s.anyFull(ex.model):
+		s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit", "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+	case full:
+		s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica serves model `"+string(ex.model)+"` right now.", errTypeUnavailable, "model", "no_replica_available")
+	default:
+		msg, param := badRequest(err)
+		s.reject(ctx, fasthttp.StatusBadRequest, "bad_request", msg, errTypeInvalid, param, "")
 	}
 }
 
@@ -668,6 +702,9 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	h.DelBytes(hdrUpgrade)
 	h.DelBytes(hdrAcceptEncoding)
 	h.DelBytes(hdrExpect) // the router already read the body
+	if ex.ten.key != nil && !s.cfg.Tenants.ForwardKey {
+		h.Del(fasthttp.HeaderAuthorization) // tenants' keys stay at the router
+	}
 	// Forwarding headers: believed only from trusted_proxies; from anyone
 	// else replaced by what the router saw (every line of them: a second
 	// X-Forwarded-For line would otherwise survive the one set here).
@@ -740,6 +777,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		ex.tenantUsage(body)
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held
@@ -997,6 +1035,9 @@ func (ex *exchange) sseLine(line []byte) {
 	if !ex.output && !rolePreamble(data) {
 		ex.output = true
 	}
+	if ex.ten.ticket.Active() && bytes.Contains(data, strUsage) {
+		ex.tenantUsage(data) // the tenant's charge is corrected at the end
+	}
 	if bytes.Equal(data, strDone) || !(bytes.Contains(data, strCachedTokens) || bytes.Contains(data, strTimings)) {
 		return
 	}
@@ -1143,6 +1184,9 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
 		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
 		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
+		return
+	}
+	if s.ten != nil && s.authenticate(ctx) == nil {
 		return
 	}
 	seen := map[string]bool{}

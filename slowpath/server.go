@@ -60,6 +60,12 @@ type Server struct {
 
 	inflight atomic.Int64
 	freed    gate
+	// Tenants (tenants.go, queue.go): keys and ledger (nil without a keys
+	// file), the fair queue (nil unless enabled).
+	ten        *tenants
+	fq         *fairQueue
+	tm         *tenantMetrics
+	prioHeader []byte
 	// exFree is the exchange free list. Not a sync.Pool: a GC would drop
 	// the pooled parsers and their grown scratch buffers, and the next
 	// requests would rebuild them.
@@ -221,6 +227,10 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	// client that connects and sends nothing, or never reads, is cut.
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
+	if err := s.startTenants(); err != nil {
+		s.stopLoops()
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
 	if err := s.applyReplicas(cfg.Replicas); err != nil {
 		s.stopLoops()
 		return nil, err

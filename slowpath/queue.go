@@ -1,0 +1,216 @@
+package slowpath
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/slowpath/tenant"
+)
+
+// fairQueue holds the requests that found every replica for their model
+// at its in-flight cap (tenants.queue). Each model has its own
+// tenant.Scheduler; every freed replica slot (the gate's signal) pops one
+// waiter per model with any queued, which then retries the routing
+// decision; a waiter that still finds no room goes back to the head.
+type fairQueue struct {
+	s      *Server
+	cfg    FairQueueConfig
+	queued atomic.Int64 // requests queued over all models: kick's fast path
+
+	mu      sync.Mutex
+	byModel map[string]*tenant.Scheduler[*waiter]
+	lens    []int // queued per class over all models
+}
+
+// waiter is one queued request.
+type waiter struct {
+	it    tenant.Item[*waiter]
+	ch    chan struct{} // one token: popped (granted) or shed
+	shed  atomic.Bool   // evicted for a tenant over its share
+	model string
+}
+
+// queuePoll is how often the queue is kicked while it holds requests, so
+// capacity that frees without a slot release here (a replica's cap raised
+// by a reload, a replica re-admitted) is found.
+const queuePoll = 100 * time.Millisecond
+
+func newFairQueue(s *Server, cfg FairQueueConfig) *fairQueue {
+	q := &fairQueue{s: s, cfg: cfg, byModel: make(map[string]*tenant.Scheduler[*waiter]), lens: make([]int, len(tenant.Classes))}
+	s.wg.Add(1)
+	go q.poll()
+	return q
+}
+
+func (q *fairQueue) poll() {
+	defer q.s.wg.Done()
+	t := time.NewTicker(queuePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.s.closing:
+			return
+		case <-t.C:
+			q.kick()
+		}
+	}
+}
+
+// busy reports whether requests for model are queued (a newcomer then
+// queues behind them instead of taking a freed slot first).
+func (q *fairQueue) busy(model []byte) bool {
+	if q.queued.Load() == 0 {
+		return false
+	}
+	q.mu.Lock()
+	sc := q.byModel[string(model)]
+	q.mu.Unlock()
+	return sc != nil && sc.Total() > 0
+}
+
+func (q *fairQueue) setLen(class, d int) {
+	q.lens[class] += d
+	q.s.tm.queueLen.WithLabelValues(tenant.Classes[class]).Set(float64(q.lens[class]))
+	q.queued.Add(int64(d))
+}
+
+// push queues ex; ok false when its class is full (and it is not owed a
+// place: see tenant.Scheduler.Push). An evicted waiter is told.
+func (q *fairQueue) push(ex *exchange) (*waiter, bool) {
+	w := &waiter{ch: make(chan struct{}, 1), model: string(ex.model)}
+	w.it = tenant.Item[*waiter]{V: w, Tenant: ex.ten.name, Class: ex.ten.class, Cost: max(ex.ten.est, 1)}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	sc := q.byModel[w.model]
+	if sc == nil {
+		sc = tenant.NewScheduler[*waiter](len(tenant.Classes), int64(q.cfg.Quantum), q.cfg.MaxLength)
+		q.byModel[w.model] = sc
+	}
+	ev, ok := sc.Push(&w.it)
+	if !ok {
+		return nil, false
+	}
+	q.setLen(w.it.Class, 1)
+	if ev != nil {
+		q.setLen(ev.Class, -1)
+		ev.V.shed.Store(true)
+		ev.V.ch <- struct{}{}
+	}
+	return w, true
+}
+
+// kick pops the next waiter of every model with any queued (a slot
+// freed somewhere).
+func (q *fairQueue) kick() {
+	if q.queued.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for m, sc := range q.byModel {
+		it := sc.Pop()
+		if it == nil {
+			delete(q.byModel, m)
+			continue
+		}
+		q.setLen(it.Class, -1)
+		select {
+		case it.V.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// requeue puts a popped waiter that found no room back at its head.
+func (q *fairQueue) requeue(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	sc := q.byModel[w.model]
+	if sc == nil {
+		sc = tenant.NewScheduler[*waiter](len(tenant.Classes), int64(q.cfg.Quantum), q.cfg.MaxLength)
+		q.byModel[w.model] = sc
+	}
+	sc.Requeue(&w.it)
+	q.setLen(w.it.Class, 1)
+}
+
+// remove takes a waiter out (its deadline passed); false when it was
+// popped or shed meanwhile (its token is in ch).
+func (q *fairQueue) remove(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	sc := q.byModel[w.model]
+	if sc == nil || !sc.Remove(&w.it) {
+		return false
+	}
+	q.setLen(w.it.Class, -1)
+	return true
+}
+
+// decideFair is decide with the fair queue: a request that finds every
+// replica for its model at its cap, or others of its model queued,
+// waits its turn up to tenants.queue.timeout.
+func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	q := s.fq
+	class := tenant.Classes[ex.ten.class]
+	deadline := ex.start + int64(q.cfg.Timeout)
+	var w *waiter
+	var enq int64
+	shed := func(status int, reason, msg, typ, code string) bool {
+		s.tm.shed.WithLabelValues(class, ex.ten.name, reason).Inc()
+		s.reject(ctx, status, "queue_"+reason, msg, typ, "", code)
+		return false
+	}
+	for {
+		if w != nil || !q.busy(ex.model) {
+			t0 := s.now()
+			ex.req.Now = t0
+			err := s.brain.Decide(&ex.req, &ex.dec)
+			ex.decided = s.now()
+			s.m.decision.Observe(seconds(ex.decided - t0))
+			if err == nil && len(ex.dec.Ranked) > 0 {
+				if w != nil {
+					s.tm.queueWait.WithLabelValues(class).Observe(seconds(ex.decided - enq))
+				}
+				return true
+			}
+			full := err == nil || errors.Is(err, affinity.ErrNoReplica)
+			if !full || !s.anyFull(ex.model) {
+				s.rejectUndecided(ctx, ex, err, full)
+				return false
+			}
+			if w != nil && s.now() >= deadline {
+				return shed(fasthttp.StatusServiceUnavailable, "timeout", "The request waited the router's queue timeout for a replica of model `"+string(ex.model)+"`; retry later.", errTypeUnavailable, "queue_timeout")
+			}
+		}
+		if w == nil {
+			var ok bool
+			if w, ok = q.push(ex); !ok {
+				return shed(fasthttp.StatusTooManyRequests, "queue_full", "The router's queue for priority class `"+class+"` is full; retry later.", errTypeRateLimit, "rate_limit_exceeded")
+			}
+			enq = s.now()
+		} else {
+			q.requeue(w)
+		}
+		t := time.NewTimer(time.Duration(max(deadline-s.now(), 0)))
+		select {
+		case <-w.ch:
+			t.Stop()
+			if w.shed.Load() {
+				return shed(fasthttp.StatusTooManyRequests, "tenant_share", "Tenant `"+ex.ten.name+"` is over its share of the router's queue for priority class `"+class+"`; retry later.", errTypeRateLimit, "rate_limit_exceeded")
+			}
+		case <-t.C:
+			if q.remove(w) {
+				return shed(fasthttp.StatusServiceUnavailable, "timeout", "The request waited the router's queue timeout for a replica of model `"+string(ex.model)+"`; retry later.", errTypeUnavailable, "queue_timeout")
+			}
+			<-w.ch // popped or shed meanwhile: its token
+			if w.shed.Load() {
+				return shed(fasthttp.StatusTooManyRequests, "tenant_share", "Tenant `"+ex.ten.name+"` is over its share of the router's queue for priority class `"+class+"`; retry later.", errTypeRateLimit, "rate_limit_exceeded")
+			}
+		}
+	}
+}
