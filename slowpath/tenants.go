@@ -60,8 +60,11 @@ type FairQueueConfig struct {
 	// Timeout is a request's longest wait in the queue (then 503).
 	// Default 30s.
 	Timeout time.Duration `yaml:"timeout"`
-	// Quantum is the deficit round-robin quantum in estimated tokens.
-	// Default 4096.
+	// Quantum is the deficit round-robin quantum in estimated tokens: a
+	// tenant gets at most one quantum plus one request ahead of its fair
+	// share of tokens. Smaller is finer-grained (a request costing more
+	// than the quantum waits several rounds, each round a few operations).
+	// Default 512.
 	Quantum int `yaml:"quantum"`
 }
 
@@ -76,7 +79,7 @@ const (
 func DefaultTenants() TenantsConfig {
 	return TenantsConfig{
 		Salt: TenantSaltTenant, DefaultMaxTokens: 1024, PriorityHeader: "X-Warmpath-Priority",
-		Queue: FairQueueConfig{MaxLength: 1024, Timeout: 30 * time.Second, Quantum: 4096},
+		Queue: FairQueueConfig{MaxLength: 1024, Timeout: 30 * time.Second, Quantum: 512},
 	}
 }
 
