@@ -72,6 +72,13 @@ func (q *fairQueue) busy(model []byte) bool {
 	return sc != nil && sc.Total() > 0
 }
 
+// length returns the requests queued in class over all models.
+func (q *fairQueue) length(class int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.lens[class]
+}
+
 func (q *fairQueue) setLen(class, d int) {
 	q.lens[class] += d
 	q.s.tm.queueLen.WithLabelValues(tenant.Classes[class]).Set(float64(q.lens[class]))

@@ -443,7 +443,7 @@ func TestFairQueueTenants(t *testing.T) {
 	// ...the quiet tenant asks for high but its key caps it at low: a
 	// separate class queue, so it does not displace anyone.
 	go func() { res <- tpost(t, base, "sk-quiet", tbody("tag-quiet-low", 40), "X-Warmpath-Priority", "high") }()
-	waitFor(t, "quiet queued in low", func() bool { return s.fq.lens[2] == 1 })
+	waitFor(t, "quiet queued in low", func() bool { return s.fq.length(2) == 1 })
 	// A normal-class request of the quiet tenant (header lowers nothing
 	// past its key's class, so it uses a hold-tenant key here: another
 	// tenant) displaces the flooder's newest.
