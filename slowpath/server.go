@@ -112,9 +112,13 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.Cluster.Enabled() {
 		// Connects in the background; no request waits on it.
 		if s.cluster, err = cluster.Start(cluster.Options{Config: cfg.Cluster, Router: rt,
-			Tenancy: cfg.Tenancy.SaltFrom, HashKeyed: key != 0, KeyID: keyID, Logger: log, Registerer: s.reg}); err != nil {
+			Tenancy: s.tenancyMode(), HashKeyed: key != 0, KeyID: keyID, Logger: log, Registerer: s.reg,
+			Usage: s.usageShare()}); err != nil {
 			s.stopLoops()
 			return nil, err
+		}
+		if s.ten != nil {
+			s.ten.ledger.OnChange = s.cluster.KickUsage // before serving: no request yet
 		}
 	}
 	return s, nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/warmpath/warmpath/slowpath/cluster"
 	"github.com/warmpath/warmpath/slowpath/tenant"
 )
 
@@ -346,4 +347,32 @@ func (ex *exchange) tenantUsage(body []byte) {
 		return -1
 	}
 	ex.ten.in, ex.ten.out = num("prompt_tokens"), num("completion_tokens")
+}
+
+// tenancyMode names how prompts are salted, for the cluster's hash
+// fingerprint (instances salting differently never mix their hashes).
+func (s *Server) tenancyMode() string {
+	if s.cfg.Tenants.KeysFile != "" && s.cfg.Tenants.Salt != TenantSaltNone {
+		return "keys-" + s.cfg.Tenants.Salt
+	}
+	return s.cfg.Tenancy.SaltFrom
+}
+
+// usageShare is the ledger as the cluster shares it (nil without keys).
+func (s *Server) usageShare() cluster.UsageLedger {
+	if s.ten == nil {
+		return nil
+	}
+	return ledgerShare{s}
+}
+
+// ledgerShare puts the router's clock behind the ledger for the cluster.
+type ledgerShare struct{ s *Server }
+
+func (l ledgerShare) LocalUsage(all bool, fn func(tenant string, in, out, inFlight int64)) {
+	l.s.ten.ledger.Local(l.s.now(), all, func(t string, u tenant.Usage) { fn(t, u.In, u.Out, u.InFlight) })
+}
+
+func (l ledgerShare) SetPeerUsage(peer, t string, in, out, inFlight int64) {
+	l.s.ten.ledger.SetPeer(peer, t, tenant.Usage{In: in, Out: out, InFlight: inFlight}, l.s.now())
 }
