@@ -511,6 +511,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 	defer fasthttp.ReleaseRequest(ureq)
 	s.buildUpstream(ctx, ureq, body, ex)
 
+ranked:
 	table := *s.table.Load()
 	attempts := 0
 	var lastErr error
@@ -625,6 +626,16 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			return // exchange finishes in CloseWithError
 		}
 		s.finishBuffered(ctx, ex, uresp)
+		return
+	}
+	if attempts == 0 && s.fq != nil {
+		// Ranked, but each slot went to another request in between: back
+		// to the fair queue (decideFair answers when it gives up).
+		if s.decide(ctx, ex) {
+			goto ranked
+		}
+		s.releaseTotal()
+		s.putExchange(ex)
 		return
 	}
 	// Every attempt failed before the first byte.

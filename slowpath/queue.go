@@ -20,6 +20,7 @@ type fairQueue struct {
 	s      *Server
 	cfg    FairQueueConfig
 	queued atomic.Int64 // requests queued over all models: kick's fast path
+	kicks  atomic.Int64 // kicks so far (poll kicks only when there was none)
 
 	mu      sync.Mutex
 	byModel map[string]*tenant.Scheduler[*waiter]
@@ -34,10 +35,12 @@ type waiter struct {
 	model string
 }
 
-// queuePoll is how often the queue is kicked while it holds requests, so
-// capacity that frees without a slot release here (a replica's cap raised
-// by a reload, a replica re-admitted) is found.
-const queuePoll = 100 * time.Millisecond
+// queuePoll: when no slot was released for this long while requests are
+// queued, the queue is kicked anyway, so capacity that frees without a
+// release here (a replica's cap raised by a reload, a replica
+// re-admitted) is found. Under load releases kick it and the poll adds no
+// competing grant.
+const queuePoll = 250 * time.Millisecond
 
 func newFairQueue(s *Server, cfg FairQueueConfig) *fairQueue {
 	q := &fairQueue{s: s, cfg: cfg, byModel: make(map[string]*tenant.Scheduler[*waiter]), lens: make([]int, len(tenant.Classes))}
@@ -50,12 +53,17 @@ func (q *fairQueue) poll() {
 	defer q.s.wg.Done()
 	t := time.NewTicker(queuePoll)
 	defer t.Stop()
+	last := int64(-1)
 	for {
 		select {
 		case <-q.s.closing:
 			return
 		case <-t.C:
-			q.kick()
+			if k := q.kicks.Load(); k == last {
+				q.kick()
+			} else {
+				last = k
+			}
 		}
 	}
 }
@@ -116,6 +124,7 @@ func (q *fairQueue) kick() {
 	if q.queued.Load() == 0 {
 		return
 	}
+	q.kicks.Add(1)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for m, sc := range q.byModel {

@@ -92,6 +92,11 @@ type Options struct {
 	// binaries were built elsewhere (e.g. from a clean export of a commit).
 	Commit string
 
+	// Scenario runs one part alone: "" everything above; ScenarioTenants
+	// only the flood-vs-quiet-tenant scenario (written to tenants.md and
+	// tenants.json instead of live.md and live.json).
+	Scenario string
+
 	skipOverhead bool // calibration runs
 }
 
@@ -180,6 +185,7 @@ type Results struct {
 	Workloads []WorkloadResult
 	Overhead  []OverheadRow
 	KeepAlive []KeepAliveRow
+	Tenants   *TenantsResult `json:",omitempty"`
 }
 
 // KeepAliveRow is one target of the keep-alive check: requests sent after
@@ -274,6 +280,21 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		if opts.EnginesimBin == "" {
 			opts.EnginesimBin = es
 		}
+	}
+	if opts.Scenario == ScenarioTenants {
+		if res.Tenants, err = runTenants(ctx, opts, tmp); err != nil {
+			return nil, fmt.Errorf("live: tenants: %w", err)
+		}
+		res.Elapsed = time.Since(res.Started)
+		if opts.Out != "" {
+			if err := res.writeTenants(opts.Out); err != nil {
+				return nil, fmt.Errorf("live: %w", err)
+			}
+		}
+		return res, nil
+	}
+	if opts.Scenario != "" {
+		return nil, fmt.Errorf("live: unknown scenario %q (have %q)", opts.Scenario, ScenarioTenants)
 	}
 	nginx := ""
 	switch {

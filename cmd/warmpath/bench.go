@@ -36,6 +36,7 @@ func runBench(ctx context.Context, args []string, e env) error {
 	parallel := fs.Int("parallel", 0, "sim: simulations at once (0 = GOMAXPROCS)")
 	skipNginx := fs.Bool("skip-nginx", false, "live: leave the nginx baseline out")
 	commit := fs.String("commit", "", "live: commit recorded in the report (default: ask git)")
+	scenario := fs.String("scenario", "", "live: run one scenario alone: \""+live.ScenarioTenants+"\" (flood vs quiet tenant, with and without the fair queue; writes tenants.md)")
 	fleets := fs.String("fleets", "", "live: engine fleets, comma-separated (\"\" = all; --smoke: enginesim,enginesim-hetero); of "+strings.Join(live.Fleets(), ", "))
 	so := suite.DefaultScaleOut()
 	routers := fs.String("routers", joinInts(so.Routers), "sim: scale-out section's router counts (none above 1: no section)")
@@ -81,14 +82,18 @@ func runBench(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("bench live: find own executable: %w", err)
 	}
 	res, err := live.Run(ctx, live.Options{Out: *out, Smoke: *smoke, Seed: *seed, Engines: *replicas, SkipNginx: *skipNginx,
-		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: cmdline, Commit: *commit})
+		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: cmdline, Commit: *commit, Scenario: *scenario})
 	if err != nil {
 		return err
 	}
 	if err := res.WriteMarkdown(e.stdout); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "\nreport: %s/live.md\n", *out)
+	report := "live.md"
+	if *scenario != "" {
+		report = *scenario + ".md"
+	}
+	fmt.Fprintf(e.stdout, "\nreport: %s/%s\n", *out, report)
 	return nil
 }
 
