@@ -259,6 +259,9 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		return nil, errUnsupported
 	}
 	opts = opts.withDefaults()
+	if opts.Scenario != "" && opts.Scenario != ScenarioTenants {
+		return nil, fmt.Errorf("live: unknown scenario %q (have %q)", opts.Scenario, ScenarioTenants)
+	}
 	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: suite.Machine(), Started: time.Now().UTC(), Options: opts}
 	if res.Commit == "" {
 		res.Commit = commit()
@@ -292,9 +295,6 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 			}
 		}
 		return res, nil
-	}
-	if opts.Scenario != "" {
-		return nil, fmt.Errorf("live: unknown scenario %q (have %q)", opts.Scenario, ScenarioTenants)
 	}
 	nginx := ""
 	switch {
