@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/valyala/fasthttp"
+	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/slowpath/tenant"
 )
 
@@ -532,4 +534,53 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestTenantSideChannel: against simulated engines (which honour
+// cache_salt), with tenants.salt none tenant B confirms tenant A's secret
+// prompt through cached_tokens; with the default salt (tenant) it cannot,
+// while each tenant still hits its own cache.
+func TestTenantSideChannel(t *testing.T) {
+	secret := strings.Repeat("tenant a's confidential system prompt, many blocks long ", 60)
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + secret + `"}]}`
+	for _, tc := range []struct {
+		salt      string
+		wantCross bool
+	}{{TenantSaltNone, true}, {TenantSaltTenant, false}} {
+		t.Run(tc.salt, func(t *testing.T) {
+			var addrs []string
+			for i := range 2 {
+				c := enginesim.DefaultConfig()
+				c.ServedModelNames = []string{"m"}
+				c.TimeScale = 0.01
+				c.Seed = uint64(i + 1)
+				c.Logger = slog.New(slog.DiscardHandler)
+				en, err := enginesim.Start(c, "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { en.Close() })
+				addrs = append(addrs, en.Addr())
+			}
+			keys := filepath.Join(t.TempDir(), "keys.yaml")
+			writeKeys(t, keys, "keys:\n"+keyEntry("sk-a", "a", "")+keyEntry("sk-b", "b", ""))
+			cfg := testConfig(addrs...)
+			cfg.Tenants.KeysFile = keys
+			cfg.Tenants.Salt = tc.salt
+			_, base := newTestServer(t, cfg)
+			a := map[string]string{"Authorization": "Bearer sk-a"}
+			b := map[string]string{"Authorization": "Bearer sk-b"}
+			if st, _ := tenantPost(t, base, body, a); st != 200 {
+				t.Fatalf("status %d", st)
+			}
+			if st, cached := tenantPost(t, base, body, a); st != 200 || cached == 0 {
+				t.Fatalf("tenant a again: status %d cached %d, want a hit", st, cached)
+			}
+			// The probe: B sends A's prompt.
+			st, cached := tenantPost(t, base, body, b)
+			if st != 200 || (cached > 0) != tc.wantCross {
+				t.Fatalf("tenant b's probe: status %d cached %d, want the side channel open=%v", st, cached, tc.wantCross)
+			}
+		})
+	}
 }
