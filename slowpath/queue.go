@@ -24,7 +24,8 @@ type fairQueue struct {
 
 	mu      sync.Mutex
 	byModel map[string]*tenant.Scheduler[*waiter]
-	lens    []int // queued per class over all models
+	lens    []int                     // queued per class over all models
+	running map[string]map[string]int // model -> tenant -> dispatched from here (reserve only)
 }
 
 // waiter is one queued request.
@@ -43,7 +44,8 @@ type waiter struct {
 const queuePoll = 250 * time.Millisecond
 
 func newFairQueue(s *Server, cfg FairQueueConfig) *fairQueue {
-	q := &fairQueue{s: s, cfg: cfg, byModel: make(map[string]*tenant.Scheduler[*waiter]), lens: make([]int, len(tenant.Classes))}
+	q := &fairQueue{s: s, cfg: cfg, byModel: make(map[string]*tenant.Scheduler[*waiter]), lens: make([]int, len(tenant.Classes)),
+		running: make(map[string]map[string]int)}
 	s.wg.Add(1)
 	go q.poll()
 	return q
@@ -128,9 +130,18 @@ func (q *fairQueue) kick() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for m, sc := range q.byModel {
-		it := sc.Pop()
-		if it == nil {
+		if sc.Total() == 0 {
 			delete(q.byModel, m)
+			continue
+		}
+		var eligible func(string) bool
+		if q.cfg.Reserve > 0 {
+			if slots := q.s.modelSlots(m); slots > 0 {
+				eligible = func(t string) bool { return q.running[m][t] < slots-q.cfg.Reserve }
+			}
+		}
+		it := sc.PopEligible(eligible)
+		if it == nil {
 			continue
 		}
 		q.setLen(it.Class, -1)
@@ -139,6 +150,66 @@ func (q *fairQueue) kick() {
 		default:
 		}
 	}
+}
+
+// atShare reports whether ex's tenant holds its most of the model's
+// slots (tenants.queue.reserve): it then waits its turn in the queue.
+func (q *fairQueue) atShare(ex *exchange) bool {
+	if q.cfg.Reserve <= 0 {
+		return false
+	}
+	slots := q.s.modelSlots(string(ex.model))
+	if slots <= 0 {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.running[string(ex.model)][ex.ten.name] >= slots-q.cfg.Reserve
+}
+
+// dispatched counts ex as running for its tenant (reserve only).
+func (q *fairQueue) dispatched(ex *exchange) {
+	if q.cfg.Reserve <= 0 || ex.ten.dispatched {
+		return
+	}
+	ex.ten.dispatched = true
+	q.mu.Lock()
+	m := q.running[string(ex.model)]
+	if m == nil {
+		m = make(map[string]int)
+		q.running[string(ex.model)] = m
+	}
+	m[ex.ten.name]++
+	q.mu.Unlock()
+}
+
+// finished undoes dispatched and lets the next eligible request go.
+func (q *fairQueue) finished(ex *exchange) {
+	ex.ten.dispatched = false
+	q.mu.Lock()
+	m := q.running[string(ex.model)]
+	if m[ex.ten.name]--; m[ex.ten.name] <= 0 {
+		delete(m, ex.ten.name)
+	}
+	q.mu.Unlock()
+	q.kick()
+}
+
+// modelSlots is the sum of the caps of model's healthy replicas; 0 when
+// one of them has none (unlimited).
+func (s *Server) modelSlots(model string) int {
+	n, mb := 0, []byte(model)
+	for _, r := range *s.table.Load() {
+		if r == nil || !r.isHealthy() || !r.serves(mb) {
+			continue
+		}
+		l := r.maxInFlight.Load()
+		if l <= 0 {
+			return 0
+		}
+		n += int(l)
+	}
+	return n
 }
 
 // requeue puts a popped waiter that found no room back at its head.
@@ -182,7 +253,7 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		return false
 	}
 	for {
-		if w != nil || !q.busy(ex.model) {
+		if (w != nil || !q.busy(ex.model)) && !q.atShare(ex) {
 			t0 := s.now()
 			ex.req.Now = t0
 			err := s.brain.Decide(&ex.req, &ex.dec)
@@ -192,6 +263,7 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				if w != nil {
 					s.tm.queueWait.WithLabelValues(class).Observe(seconds(ex.decided - enq))
 				}
+				q.dispatched(ex)
 				return true
 			}
 			full := err == nil || errors.Is(err, affinity.ErrNoReplica)
@@ -209,6 +281,9 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				return shed(fasthttp.StatusTooManyRequests, "queue_full", "The router's queue for priority class `"+class+"` is full; retry later.", errTypeRateLimit, "rate_limit_exceeded")
 			}
 			enq = s.now()
+			if q.cfg.Reserve > 0 {
+				q.kick() // a reserved slot may be free: no release would come for it
+			}
 		} else {
 			q.requeue(w)
 		}

@@ -67,6 +67,14 @@ type FairQueueConfig struct {
 	// than the quantum waits several rounds, each round a few operations).
 	// Default 512.
 	Quantum int `yaml:"quantum"`
+	// Reserve holds this many of a model's slots (the sum of its healthy
+	// replicas' max_in_flight) back from any one tenant: a tenant may
+	// hold at most slots - reserve of them, so another tenant's request
+	// finds a free slot at once instead of waiting for one to free. It
+	// trades throughput for latency: a tenant alone leaves the reserve
+	// idle. 0 (default): work-conserving, no reserve. Applies only when
+	// every replica of the model has a cap.
+	Reserve int `yaml:"reserve"`
 }
 
 // Tenants salt values.
@@ -104,6 +112,8 @@ func (t *TenantsConfig) validate(c *Config) error {
 		return fmt.Errorf("tenants.queue.timeout: must be > 0, got %s", q.Timeout)
 	case q.Quantum < 1 || q.Quantum > 1<<24:
 		return fmt.Errorf("tenants.queue.quantum: must be in [1, 16777216], got %d", q.Quantum)
+	case q.Reserve < 0 || q.Reserve > 1<<20:
+		return fmt.Errorf("tenants.queue.reserve: must be in [0, 1048576] (0 = none), got %d", q.Reserve)
 	}
 	return nil
 }
@@ -118,6 +128,9 @@ type tenantState struct {
 	budget  tenant.Budget
 	in, out int64 // engine-reported usage; -1 unknown
 	est     int64 // estimated tokens (queue cost)
+	// dispatched: counted in the fair queue's per-tenant running count
+	// (tenants.queue.reserve) until the exchange ends.
+	dispatched bool
 }
 
 func (t *tenantState) reset() {
@@ -309,6 +322,9 @@ func (s *Server) tenantAdmit(ctx *fasthttp.RequestCtx, ex *exchange, ep endpoint
 // tenantEnd returns the exchange's charge, corrected with the engine's
 // usage when it reported one (putExchange: every path out).
 func (s *Server) tenantEnd(ex *exchange) {
+	if ex.ten.dispatched {
+		s.fq.finished(ex)
+	}
 	if ex.ten.ticket.Active() {
 		s.ten.ledger.End(&ex.ten.ticket, ex.ten.in, ex.ten.out, s.now())
 	}

@@ -584,3 +584,31 @@ func TestTenantSideChannel(t *testing.T) {
 		})
 	}
 }
+
+// TestFairQueueReserve: with tenants.queue.reserve 1 on a model of 2
+// slots, a tenant holding 1 waits for its second although a slot is
+// free, and another tenant's request takes that slot at once.
+func TestFairQueueReserve(t *testing.T) {
+	keys := "keys:\n" + keyEntry("sk-hold", "flood", "") + keyEntry("sk-quiet", "quiet", "")
+	e, s, base, held := queueServer(t, keys, func(c *Config) {
+		c.Replicas[0].MaxInFlight = 2
+		c.Tenants.Queue.Reserve = 1
+	})
+	res := make(chan tresp, 1)
+	go func() { res <- tpost(t, base, "sk-hold", tbody("tag-flood2", 10)) }()
+	waitFor(t, "flood's second queued at its share", func() bool { return queued(s) == 1 })
+	if r := tpost(t, base, "sk-quiet", tbody("tag-quiet", 10)); r.status != 200 {
+		t.Fatalf("quiet: %d %s", r.status, r.body)
+	}
+	if got := strings.Join(e.arrivals(), " "); got != "tag-quiet" {
+		t.Fatalf("engine saw %q before the hold ended, want only the quiet request", got)
+	}
+	e.open()
+	if r := <-res; r.status != 200 {
+		t.Fatalf("flood's second: %d %s", r.status, r.body)
+	}
+	<-held
+	if got := strings.Join(e.arrivals(), " "); got != "tag-quiet tag-flood2" {
+		t.Fatalf("order %q", got)
+	}
+}

@@ -50,13 +50,14 @@ type tenantsShape struct {
 	quietTok, quietOut [2]int
 	warmup             time.Duration // flood alone before the quiet tenant starts
 	timeScale          float64       // the engines' --time-scale
+	reserve            int           // tenants.queue.reserve of the last row
 	queueTimeout       time.Duration
 }
 
 func tenantsSizes(o Options) tenantsShape {
 	s := tenantsShape{engines: 2, seqs: 4, floodConc: 32, quietRequests: 120, quietRPS: 4,
 		floodTok: [2]int{512, 1024}, floodOut: [2]int{64, 64}, quietTok: [2]int{128, 256}, quietOut: [2]int{16, 16},
-		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5}
+		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5, reserve: 2}
 	if o.Smoke {
 		s.floodConc, s.quietRequests, s.warmup, s.timeScale = 8, 16, 500*time.Millisecond, o.TimeScale
 	}
@@ -94,22 +95,24 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 		"the quiet tenant sends %d streamed requests of %d-%d-token prompts and %d output tokens, Poisson at %g req/s (model time). "+
 		"Without the fair queue the router has no per-replica cap: the requests pile onto the engines, which queue beyond %d running FIFO. "+
 		"With it, `max_in_flight: %d` per replica (the engines' batch) and `tenants.queue.enabled`: the rest waits at the router, "+
-		"deficit round-robin between the two tenants. Latencies in model seconds.",
+		"deficit round-robin between the two tenants; the last row also holds %d of the %d slots back from any one tenant (`tenants.queue.reserve`). Latencies in model seconds.",
 		sh.engines, sh.seqs, o.TimeScale, sh.floodConc, sh.floodTok[0], sh.floodTok[1], sh.floodOut[0], sh.warmup,
-		sh.quietRequests, sh.quietTok[0], sh.quietTok[1], sh.quietOut[0], sh.quietRPS, sh.seqs, sh.seqs)}
+		sh.quietRequests, sh.quietTok[0], sh.quietTok[1], sh.quietOut[0], sh.quietRPS, sh.seqs, sh.seqs, sh.reserve, sh.engines*sh.seqs)}
 	type cfg struct {
-		name  string
-		flood bool
-		fair  bool
+		name    string
+		flood   bool
+		fair    bool
+		reserve int
 	}
 	var alone float64
 	var aloneP50 float64
 	for _, c := range []cfg{
-		{"quiet tenant alone", false, false},
-		{"flood + quiet, no fair queue", true, false},
-		{"flood + quiet, fair queue", true, true},
+		{"quiet tenant alone", false, false, 0},
+		{"flood + quiet, no fair queue", true, false, 0},
+		{"flood + quiet, fair queue", true, true, 0},
+		{fmt.Sprintf("flood + quiet, fair queue, reserve %d of %d slots", sh.reserve, sh.engines*sh.seqs), true, true, sh.reserve},
 	} {
-		row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.flood, c.fair)
+		row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.flood, c.fair, c.reserve)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
@@ -128,7 +131,7 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 }
 
 func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh tenantsShape, keys string,
-	flood, quiet *workload.Workload, withFlood, fair bool) (*TenantsRow, error) {
+	flood, quiet *workload.Workload, withFlood, fair bool, reserve int) (*TenantsRow, error) {
 	var g child.Group
 	defer g.Stop()
 	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, f.engines, &g)
@@ -141,7 +144,7 @@ func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh te
 	setup.extra = "tenants:\n  keys_file: " + strconv.Quote(keys) + "\n"
 	if fair {
 		setup.maxInFlight = sh.seqs
-		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n", sh.queueTimeout)
+		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n    reserve: %d\n", sh.queueTimeout, reserve)
 	}
 	setup.authKey = "sk-quiet"
 	p, listen, _, err := startWarmpath(ctx, o.WarmpathBin, tmp, setup)

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestSmokeTenants runs the tenants scenario alone at smoke sizes: three
+// TestSmokeTenants runs the tenants scenario alone at smoke sizes: four
 // rows, every quiet request answered, the flood running beside it in the
 // two flood rows, tenants.md and tenants.json written and live.md not.
 func TestSmokeTenants(t *testing.T) {
@@ -21,7 +21,7 @@ func TestSmokeTenants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Tenants == nil || len(res.Tenants.Rows) != 3 || len(res.Workloads) != 0 || len(res.Overhead) != 0 {
+	if res.Tenants == nil || len(res.Tenants.Rows) != 4 || len(res.Workloads) != 0 || len(res.Overhead) != 0 {
 		t.Fatalf("result %+v", res)
 	}
 	for i, r := range res.Tenants.Rows {

@@ -115,14 +115,42 @@ func (s *Scheduler[T]) flowOf(c *class[T], tenant string) *flow[T] {
 
 // Pop takes the next request: from the highest class with any, the DRR
 // choice within it. nil when nothing is queued.
-func (s *Scheduler[T]) Pop() *Item[T] {
+func (s *Scheduler[T]) Pop() *Item[T] { return s.PopEligible(nil) }
+
+// PopEligible is Pop among the tenants eligible reports true for (nil:
+// all): an ineligible tenant (at its share of the capacity) is passed
+// over without earning its quantum, and keeps its place. nil when no
+// eligible tenant has anything queued.
+func (s *Scheduler[T]) PopEligible(eligible func(tenant string) bool) *Item[T] {
 	for ci := range s.classes {
 		c := &s.classes[ci]
 		if c.n == 0 {
 			continue
 		}
+		if eligible != nil {
+			k := 0
+			for k < len(c.ring) && !eligible(c.ring[k].tenant) {
+				k++
+			}
+			if k == len(c.ring) {
+				continue // nobody in this class may go
+			}
+			if k > 0 {
+				// The first eligible tenant takes the turn; those passed
+				// over keep their order behind it.
+				f := c.ring[k]
+				copy(c.ring[1:k+1], c.ring[:k])
+				c.ring[0] = f
+			}
+		}
 		for {
 			f := c.ring[0]
+			if eligible != nil && !eligible(f.tenant) {
+				f.credited = false
+				copy(c.ring, c.ring[1:])
+				c.ring[len(c.ring)-1] = f
+				continue
+			}
 			if !f.credited {
 				f.deficit += s.quantum
 				f.credited = true

@@ -242,3 +242,24 @@ keys:
 		}
 	}
 }
+
+func TestSchedulerEligible(t *testing.T) {
+	s := NewScheduler[string](3, 100, 100)
+	for i := range 3 {
+		s.Push(&Item[string]{V: "f" + string(rune('0'+i)), Tenant: "flood", Class: 1, Cost: 10})
+	}
+	s.Push(&Item[string]{V: "q0", Tenant: "quiet", Class: 1, Cost: 10})
+	capped := func(tenant string) bool { return tenant != "flood" }
+	if it := s.PopEligible(capped); it == nil || it.V != "q0" {
+		t.Fatalf("capped flood: got %v", it)
+	}
+	if it := s.PopEligible(capped); it != nil {
+		t.Fatalf("only the capped tenant left, got %v", it.V)
+	}
+	if s.Len(1) != 3 {
+		t.Fatalf("flood lost its requests: %d", s.Len(1))
+	}
+	if it := s.PopEligible(nil); it == nil || it.V != "f0" {
+		t.Fatalf("uncapped: %v", it)
+	}
+}
