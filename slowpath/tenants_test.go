@@ -612,3 +612,46 @@ func TestFairQueueReserve(t *testing.T) {
 		t.Fatalf("order %q", got)
 	}
 }
+
+// TestTenantsConfig: each bad tenants field is refused naming the field
+// and its line; a missing, unparsable or world-writable keys file stops
+// New with the file's error.
+func TestTenantsConfig(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"tenants:\n  salt: bogus\n", "line 2: tenants.salt: must be tenant, key or none"},
+		{"tenants:\n  default_max_tokens: -1\n", "line 2: tenants.default_max_tokens: must be in [0, 16777216]"},
+		{"tenants:\n  priority_header: \"\"\n", "line 2: tenants.priority_header: must be a header name"},
+		{"tenants:\n  queue:\n    max_length: 0\n", "line 3: tenants.queue.max_length: must be in [1, 1048576]"},
+		{"tenants:\n  queue:\n    timeout: 0s\n", "line 3: tenants.queue.timeout: must be > 0"},
+		{"tenants:\n  queue:\n    quantum: 0\n", "line 3: tenants.queue.quantum: must be in [1, 16777216]"},
+		{"tenants:\n  queue:\n    reserve: -1\n", "line 3: tenants.queue.reserve: must be in [0, 1048576]"},
+		{"tenancy:\n  salt_from: header\ntenants:\n  keys_file: /x\n", "line 4: tenants.keys_file: tenancy.salt_from must be none"},
+		{"tenants:\n  bogus: 1\n", "field bogus not found"},
+	} {
+		if _, err := ParseConfig([]byte(tc.yaml)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	writeKeys(t, bad, "keys:\n  - sha256: 12\n    tenant: a\n")
+	open := filepath.Join(dir, "open.yaml")
+	writeKeys(t, open, "keys: []\n")
+	if err := os.Chmod(open, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{
+		filepath.Join(dir, "missing.yaml"): "no such file",
+		bad:                                "line 2: keys[0].sha256: must be 64 hex digits",
+		open:                               "world-writable",
+	} {
+		cfg := testConfig()
+		cfg.Tenants.KeysFile = path
+		if s, err := New(cfg, testLogger(t)); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "tenants.keys_file") {
+			if s != nil {
+				s.stopLoops()
+			}
+			t.Errorf("%s: got %v, want %q", path, err, want)
+		}
+	}
+}

@@ -81,7 +81,8 @@ type Options struct {
 	// OverheadConcurrency is the throughput phase's concurrency (32 / 4).
 	OverheadConcurrency int
 	// Rounds repeats the overhead bench, targets interleaved, and reports
-	// each figure's median over rounds (3 / 1).
+	// each figure's median over rounds (3 / 1); the tenants scenario
+	// repeats its rows as many times and keeps the median round.
 	Rounds int
 	// Progress gets one line per finished configuration; nil = none.
 	Progress io.Writer `json:"-"`
