@@ -123,7 +123,8 @@ type tenantState struct {
 	key     *tenant.Key
 	name    string // tenant name ("" without keys)
 	class   int
-	salt    []byte // salt material (nil: no tenant salt)
+	salt    []byte // salt material (nil: no tenant salt), in saltBuf
+	saltBuf []byte
 	ticket  tenant.Ticket
 	budget  tenant.Budget
 	in, out int64 // engine-reported usage; -1 unknown
@@ -134,7 +135,7 @@ type tenantState struct {
 }
 
 func (t *tenantState) reset() {
-	*t = tenantState{class: tenant.DefaultClass, in: -1, out: -1}
+	*t = tenantState{class: tenant.DefaultClass, in: -1, out: -1, saltBuf: t.saltBuf[:0]}
 }
 
 // tenants is the server's keys and ledger (nil without a keys file).
@@ -268,9 +269,11 @@ func (s *Server) tenantPrepare(ctx *fasthttp.RequestCtx, ex *exchange, key *tena
 		}
 		switch s.cfg.Tenants.Salt {
 		case TenantSaltTenant:
-			ts.salt = append(append(ts.salt[:0], "warmpath tenant\x00"...), key.Tenant...)
+			ts.saltBuf = append(append(ts.saltBuf[:0], "warmpath tenant\x00"...), key.Tenant...)
+			ts.salt = ts.saltBuf
 		case TenantSaltKey:
-			ts.salt = append(append(ts.salt[:0], "warmpath key\x00"...), key.Hash[:]...)
+			ts.saltBuf = append(append(ts.saltBuf[:0], "warmpath key\x00"...), key.Hash[:]...)
+			ts.salt = ts.saltBuf
 		}
 	}
 	if v := ctx.Request.Header.PeekBytes(s.prioHeader); len(v) > 0 {
