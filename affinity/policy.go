@@ -427,8 +427,9 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		if homesFull && !rp.full(busy, now) {
 			x = 1
 		}
-		inv := 1 / loadF(&rp.rate)
-		est := loadF(&rp.overhead) + max(rp.slotWait(busy), rp.backlog(now)) + queued*inv + x*unc*inv +
+		rate, over := rp.prefill()
+		inv := 1 / rate
+		est := over + max(rp.slotWait(busy), rp.backlog(now)) + queued*inv + x*unc*inv +
 			cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
 		if kv > cfg.KVHighWater {
 			est += cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)

@@ -79,6 +79,25 @@ type Config struct {
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
 	Cluster cluster.Config `yaml:"cluster"`
+	// CORS answers browsers' cross-origin requests (see CORSConfig). Off
+	// unless cors.allowed_origins is set. Not reloaded.
+	CORS CORSConfig `yaml:"cors"`
+}
+
+// CORSConfig lets browser clients on other origins call the API, as vLLM's
+// --allowed-origins does: a request whose Origin is allowed gets
+// Access-Control-Allow-Origin (and the engine's own CORS headers are
+// replaced), and a preflight OPTIONS is answered by the router (204).
+type CORSConfig struct {
+	// AllowedOrigins lists origins (scheme://host[:port], no path) or "*"
+	// for any. Empty (default): CORS off, OPTIONS gets 405.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	// AllowCredentials sends Access-Control-Allow-Credentials: true (the
+	// request's origin is echoed even with "*"). Default false.
+	AllowCredentials bool `yaml:"allow_credentials"`
+	// MaxAge is how long a browser may cache a preflight answer. Default 10m;
+	// [0, 24h].
+	MaxAge time.Duration `yaml:"max_age"`
 }
 
 // TenancyConfig derives a per-tenant cache salt: with SaltFrom "api_key" the
@@ -300,6 +319,7 @@ func Default() Config {
 		Fastpath:      DefaultFastpath(),
 		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
 		Tenants:       DefaultTenants(),
+		CORS:          CORSConfig{MaxAge: 10 * time.Minute},
 	}
 }
 
@@ -591,6 +611,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
 	}
 	if err := c.Tenants.validate(c); err != nil {
+		return err
+	}
+	if err := c.CORS.Validate(); err != nil {
 		return err
 	}
 	if err := c.Cluster.Validate(); err != nil {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +26,10 @@ const (
 	epChat endpoint = iota
 	epCompletion
 	epEmbedding
+	epResponses // /v1/responses (responses.go)
+	epPassJSON  // model-routed JSON pass-through: /tokenize, /v1/rerank, ... (passthrough.go)
+	epPassMulti // model-routed multipart pass-through: /v1/audio/* (passthrough.go)
+	epFixed     // no model: the target replica is chosen before forward (passthrough.go)
 )
 
 // package-level header names and paths: no per-request conversions.
@@ -83,6 +86,8 @@ type exchange struct {
 	req     affinity.Request
 	dec     affinity.Decision
 	flight  affinity.Flight
+	ep      endpoint
+	api     apiState // Responses pinning and pass-through state (responses.go)
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
@@ -137,6 +142,7 @@ func (s *Server) getExchange() *exchange {
 	ex.stream = nil
 	ex.uresp = nil
 	ex.idle = nil
+	ex.api.reset()
 	return ex
 }
 
@@ -163,12 +169,21 @@ func (s *Server) putExchange(ex *exchange) {
 // handle is the fasthttp handler, installed once as a method value.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
+	if s.cors != nil && s.cors.preflight(ctx) {
+		return
+	}
 	if bareLF(ctx.Request.Header.RawHeaders()) {
 		// fasthttp ends a header line at a bare LF; a proxy or engine that
 		// does not would read two headers as one (or the other way round).
 		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request: a header line ends in a bare LF.", errTypeInvalid, "", "")
 		ctx.SetConnectionClose() // after reject, which resets the response
 		return
+	}
+	if s.ten != nil && string(ctx.Path()) != "/health" && s.authenticate(ctx) == nil {
+		if s.cors != nil {
+			s.cors.decorate(ctx) // a browser client reads the 401
+		}
+		return // tenants.go: every API path needs a key
 	}
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
@@ -184,7 +199,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentTypeBytes(strAppJSON)
 		ctx.SetBodyString(`{"status":"ok"}`)
 	default:
-		s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		if !s.handleAPI(ctx) { // responses.go, passthrough.go, models.go
+			s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		}
+	}
+	if s.cors != nil {
+		s.cors.decorate(ctx)
 	}
 }
 
@@ -245,7 +265,7 @@ func isJSONContentType(ct []byte) bool {
 		ct = ct[:i]
 	}
 	ct = bytes.TrimSpace(ct)
-	return bytes.EqualFold(ct, strAppJSON)
+	return bytes.EqualFold(ct, strAppJSON) || isPlusJSON(ct)
 }
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
@@ -254,8 +274,13 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		ctx.Response.Header.SetBytesKV(hdrAllow, strPOST) // after reject: writeError resets the response
 		return
 	}
-	if !isJSONContentType(ctx.Request.Header.ContentType()) {
-		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+	if ep == epPassMulti {
+		if !isMultipart(ctx.Request.Header.ContentType()) {
+			s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be multipart/form-data, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+			return
+		}
+	} else if !isJSONContentType(ctx.Request.Header.ContentType()) {
+		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json (or application/*+json), got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
 		return
 	}
 	var key *tenant.Key
@@ -271,18 +296,14 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	ex := s.getExchange()
 	ex.start = s.now()
-	var err error
-	switch ep {
-	case epChat:
-		err = ex.parser.ParseChat(body, &ex.prompt)
-	case epCompletion:
-		err = ex.parser.ParseCompletion(body, &ex.prompt)
-	default:
-		err = ex.parser.ParseEmbedding(body, &ex.prompt)
-	}
+	ex.ep = ep
+	err := s.parse(ctx, ex, body)
 	if err != nil {
 		s.putExchange(ex)
 		msg, param := badRequest(err)
+		if d := describeJSON(body); d != "" && ep != epPassMulti {
+			msg, param = "We could not parse the JSON body of your request: "+d, ""
+		}
 		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", msg, errTypeInvalid, param, "")
 		return
 	}
@@ -300,17 +321,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt is set by the router for this API key", errTypeInvalid, "cache_salt", "")
 		return
 	}
-	if (s.cfg.Tenancy.SaltFrom != SaltFromNone || ex.ten.salt != nil) && len(ex.prompt.CacheSalt) == 0 {
+	if (s.cfg.Tenancy.SaltFrom != SaltFromNone || ex.ten.salt != nil) && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
 		if b, ok := s.saltBody(ctx, ex, body); ok {
 			body = b
-			switch ep {
-			case epChat:
-				err = ex.parser.ParseChat(body, &ex.prompt)
-			case epCompletion:
-				err = ex.parser.ParseCompletion(body, &ex.prompt)
-			default:
-				err = ex.parser.ParseEmbedding(body, &ex.prompt)
-			}
+			err = s.parse(ctx, ex, body)
 			if err != nil || len(ex.prompt.CacheSalt) == 0 {
 				s.putExchange(ex)
 				s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt must be a non-empty string", errTypeInvalid, "cache_salt", "")
@@ -502,7 +516,7 @@ func (s *Server) anyFull(model []byte) bool {
 // forward proxies to the best ranked replica, retrying down the ranking
 // while nothing has been written to the client.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
-	if !s.decide(ctx, ex) {
+	if !s.rank(ctx, ex) { // decide, or the pinned / fixed replica (responses.go)
 		s.releaseTotal()
 		s.putExchange(ex)
 		return
@@ -789,6 +803,9 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	if ex.status == fasthttp.StatusOK {
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
 		ex.tenantUsage(body)
+		if ex.ep == epResponses {
+			s.responseAnswered(ex, body)
+		}
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held
@@ -957,7 +974,7 @@ func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
 	o := ex.timings
-	o.OK, o.CachedTokens = ok && ex.status < 500, ex.cached
+	o.OK, o.CachedTokens = ok && ex.status < 500 && !ex.api.noWork, ex.cached
 	s.brain.EndWith(&ex.flight, now, o)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))
@@ -1041,6 +1058,10 @@ func (ex *exchange) sseLine(line []byte) {
 	}
 	data := bytes.TrimSpace(line[len(strDataPrefix):])
 	if len(data) == 0 {
+		return
+	}
+	if ex.ep == epResponses {
+		ex.responsesEvent(data) // named events: their own first token and usage
 		return
 	}
 	if !ex.output && !rolePreamble(data) {
@@ -1188,45 +1209,4 @@ func objectEnd(b []byte) int {
 		}
 	}
 	return -1
-}
-
-// models answers GET /v1/models: the union of models healthy replicas serve.
-func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
-		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
-		return
-	}
-	if s.ten != nil && s.authenticate(ctx) == nil {
-		return
-	}
-	seen := map[string]bool{}
-	var names []string
-	for _, r := range *s.table.Load() {
-		if r == nil || !r.isHealthy() {
-			continue
-		}
-		for _, m := range r.cfg.Load().Models {
-			if !seen[m] {
-				seen[m] = true
-				names = append(names, m)
-			}
-		}
-	}
-	slices.Sort(names)
-	b := append([]byte(nil), `{"object":"list","data":[`...)
-	for i, m := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m)
-		b = append(b, `,"object":"model","created":`...)
-		b = strconv.AppendInt(b, s.started.Unix(), 10)
-		b = append(b, `,"owned_by":"warmpath"}`...)
-	}
-	b = append(b, "]}"...)
-	ctx.SetContentTypeBytes(strAppJSON)
-	ctx.SetBody(b)
-	s.m.localRequest(fasthttp.StatusOK)
 }

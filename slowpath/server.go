@@ -82,6 +82,9 @@ type Server struct {
 
 	reloadMu sync.Mutex
 	lastFile []byte
+
+	cors *corsPolicy // nil = CORS off (cors.go)
+	api  *apiServer  // response-id store, merged model cards (responses.go, models.go)
 }
 
 // maxHeaderBytes bounds a request's line and headers (fasthttp's read
@@ -201,6 +204,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		closing:       make(chan struct{}),
 		conns:         make(map[net.Conn]struct{}),
 	}
+	s.cors, s.api = newCORS(cfg.CORS), newAPIServer()
 	empty := []*replica{}
 	s.table.Store(&empty)
 	s.exFree = make(chan *exchange, min(max(256, cfg.Limits.MaxInFlight), 4096))

@@ -300,8 +300,8 @@ func (s *Server) tenantAdmit(ctx *fasthttp.RequestCtx, ex *exchange, ep endpoint
 	if out <= 0 {
 		out = int64(s.cfg.Tenants.DefaultMaxTokens)
 	}
-	if ep == epEmbedding {
-		out = 0
+	if ep != epChat && ep != epCompletion && ep != epResponses {
+		out = 0 // embeddings, pass-through: nothing generated
 	}
 	ts.est = in + out
 	if s.ten == nil || ts.key == nil {

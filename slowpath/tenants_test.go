@@ -209,6 +209,28 @@ func TestTenantAuth(t *testing.T) {
 			if resp.StatusCode != 401 {
 				t.Fatalf("/v1/models without key: %d", resp.StatusCode)
 			}
+			// Every API path but /health needs a key, the Responses API
+			// and the pass-through endpoints included.
+			for _, path := range []string{"/v1/responses", "/tokenize", "/v1/rerank", "/version"} {
+				req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(`{"model":"m","input":"hi","prompt":"hi"}`))
+				if path == "/version" {
+					req.Method = http.MethodGet
+				}
+				resp, err := testClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 401 || !strings.Contains(string(b), `"code":"invalid_api_key"`) {
+					t.Fatalf("%s without key: %d %s", path, resp.StatusCode, b)
+				}
+			}
+			if resp, err := testClient.Get(base + "/health"); err != nil || resp.StatusCode != 200 {
+				t.Fatalf("/health needs no key: %v", err)
+			} else {
+				resp.Body.Close()
+			}
 			// The official client sees an *openai.Error with the code.
 			c := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("sk-wrong"), option.WithMaxRetries(0))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -43,6 +43,7 @@ func runBench(ctx context.Context, args []string, e env) error {
 	syncDelay := fs.Duration("sync-delay", so.SyncDelay, "sim: scale-out peer update propagation delay (virtual time)")
 	syncDelays := fs.String("sync-delays", joinDurations(so.Delays), "sim: scale-out delay sweep (\"\": none)")
 	delayRouters := fs.Int("delay-routers", 4, "sim: router count of the delay sweep")
+	simFleets := fs.String("sim-fleets", strings.Join(suite.DefaultFleets, ","), "sim: fleets of the fleet section (\"\": none); of "+strings.Join(suite.DefaultFleets, ", "))
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -65,8 +66,17 @@ func runBench(ctx context.Context, args []string, e env) error {
 		if err := so.Validate(); err != nil {
 			return fmt.Errorf("bench sim: %w", err)
 		}
+		sf := []string{}
+		for f := range strings.SplitSeq(*simFleets, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				if !slices.Contains(suite.DefaultFleets, f) {
+					return fmt.Errorf("bench sim: --sim-fleets: unknown fleet %q (have %s)", f, strings.Join(suite.DefaultFleets, ", "))
+				}
+				sf = append(sf, f)
+			}
+		}
 		res, err := suite.Run(suite.Options{Out: *out, Smoke: *smoke, Seed: *seed, Replicas: *replicas, Trace: *trace,
-			Parallel: *parallel, Progress: e.stderr, Command: cmdline, ScaleOut: &so})
+			Parallel: *parallel, Progress: e.stderr, Command: cmdline, ScaleOut: &so, Fleets: sf})
 		if err != nil {
 			return err
 		}
