@@ -333,9 +333,9 @@ func (s *Server) tenantEnd(ex *exchange) {
 	}
 }
 
-// tenantUsage reads usage.prompt_tokens and usage.completion_tokens from
-// an answer or a stream's usage chunk (only the last "usage" object is
-// parsed).
+// tenantUsage reads usage.prompt_tokens and usage.completion_tokens
+// (Responses: input_tokens, output_tokens) from an answer or a stream's
+// usage chunk (only the last "usage" object is parsed).
 func (ex *exchange) tenantUsage(body []byte) {
 	if !ex.ten.ticket.Active() {
 		return
@@ -366,6 +366,9 @@ func (ex *exchange) tenantUsage(body []byte) {
 		return -1
 	}
 	ex.ten.in, ex.ten.out = num("prompt_tokens"), num("completion_tokens")
+	if ex.ten.in < 0 && ex.ten.out < 0 { // the Responses API's names
+		ex.ten.in, ex.ten.out = num("input_tokens"), num("output_tokens")
+	}
 }
 
 // tenancyMode names how prompts are salted, for the cluster's hash

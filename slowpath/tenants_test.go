@@ -677,3 +677,32 @@ func TestTenantsConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantUsageParse: the engine's usage is read from chat and
+// completions answers, a stream's usage chunk and Responses answers (the
+// last "usage" object; nothing when absent or malformed).
+func TestTenantUsageParse(t *testing.T) {
+	l := tenant.NewLedger(time.Second)
+	for _, tc := range []struct {
+		body    string
+		in, out int64
+	}{
+		{`{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}`, 12, 5},
+		{`{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":0}}`, 3, 0},
+		{`{"type":"response.completed","response":{"usage":{"input_tokens":40,"output_tokens":9,"total_tokens":49}}}`, 40, 9},
+		{`{"choices":[{"delta":{"content":"usage"}}]}`, -1, -1},
+		{`{"usage":{"prompt_tokens":"x"}}`, -1, -1},
+		{`{"usage":{"prompt_tokens":7`, -1, -1},
+	} {
+		ex := &exchange{}
+		ex.ten.reset()
+		if _, ok := l.Admit("t", tenant.Budget{}, 1, 1, 0, &ex.ten.ticket); !ok {
+			t.Fatal("admit")
+		}
+		ex.tenantUsage([]byte(tc.body))
+		if ex.ten.in != tc.in || ex.ten.out != tc.out {
+			t.Errorf("%s: got %d/%d, want %d/%d", tc.body, ex.ten.in, ex.ten.out, tc.in, tc.out)
+		}
+		l.End(&ex.ten.ticket, -1, -1, 0)
+	}
+}
