@@ -287,21 +287,65 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		} else {
 			q.requeue(w)
 		}
-		t := time.NewTimer(time.Duration(max(deadline-s.now(), 0)))
+		switch q.wait(ctx, w, deadline) {
+		case waitShed:
+			return shed(fasthttp.StatusTooManyRequests, "tenant_share", "Tenant `"+ex.ten.name+"` is over its share of the router's queue for priority class `"+class+"`; retry later.", errTypeRateLimit, "rate_limit_exceeded")
+		case waitTimeout:
+			return shed(fasthttp.StatusServiceUnavailable, "timeout", "The request waited the router's queue timeout for a replica of model `"+string(ex.model)+"`; retry later.", errTypeUnavailable, "queue_timeout")
+		case waitGone:
+			shed(statusClientClosed, "client_gone", "Client closed the request.", errTypeInvalid, "")
+			ctx.SetConnectionClose()
+			return false
+		}
+	}
+}
+
+// wait outcomes.
+const (
+	waitTurn    = iota // popped: try the decision again
+	waitShed           // evicted for its tenant's share
+	waitTimeout        // the deadline passed while queued
+	waitGone           // the client left while queued
+)
+
+// queueClientCheck is how often a queued request's client is checked
+// (a client that left gives up its place instead of reaching an engine).
+const queueClientCheck = 100 * time.Millisecond
+
+// wait blocks a queued waiter until its turn, its eviction, the deadline
+// (on the router's clock) or its client leaving.
+func (q *fairQueue) wait(ctx *fasthttp.RequestCtx, w *waiter, deadline int64) int {
+	t := time.NewTimer(time.Duration(max(deadline-q.s.now(), 0)))
+	defer t.Stop()
+	tick := time.NewTicker(queueClientCheck)
+	defer tick.Stop()
+	for {
 		select {
 		case <-w.ch:
-			t.Stop()
 			if w.shed.Load() {
-				return shed(fasthttp.StatusTooManyRequests, "tenant_share", "Tenant `"+ex.ten.name+"` is over its share of the router's queue for priority class `"+class+"`; retry later.", errTypeRateLimit, "rate_limit_exceeded")
+				return waitShed
 			}
+			return waitTurn
 		case <-t.C:
 			if q.remove(w) {
-				return shed(fasthttp.StatusServiceUnavailable, "timeout", "The request waited the router's queue timeout for a replica of model `"+string(ex.model)+"`; retry later.", errTypeUnavailable, "queue_timeout")
+				return waitTimeout
 			}
 			<-w.ch // popped or shed meanwhile: its token
 			if w.shed.Load() {
-				return shed(fasthttp.StatusTooManyRequests, "tenant_share", "Tenant `"+ex.ten.name+"` is over its share of the router's queue for priority class `"+class+"`; retry later.", errTypeRateLimit, "rate_limit_exceeded")
+				return waitShed
 			}
+			return waitTurn
+		case <-tick.C:
+			if !clientGone(ctx.Conn()) {
+				continue
+			}
+			if !q.remove(w) {
+				<-w.ch
+				if !w.shed.Load() {
+					q.kick() // the turn it was given goes to the next
+				}
+			}
+			return waitGone
 		}
 	}
 }

@@ -706,3 +706,29 @@ func TestTenantUsageParse(t *testing.T) {
 		l.End(&ex.ten.ticket, -1, -1, 0)
 	}
 }
+
+// TestFairQueueClientGone: a queued request whose client closes its
+// connection leaves the queue (counted) and never reaches the engine.
+func TestFairQueueClientGone(t *testing.T) {
+	e, s, base, held := queueServer(t, "", nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := tbody("tag-gone", 10)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	waitFor(t, "queued", func() bool { return queued(s) == 1 })
+	c.Close()
+	waitFor(t, "left the queue", func() bool { return queued(s) == 0 })
+	waitFor(t, "counted", func() bool {
+		return strings.Contains(scrapeAdmin(t, s), `warmpath_slowpath_queue_shed_total{class="normal",reason="client_gone",tenant=""} 1`)
+	})
+	e.open()
+	<-held
+	if r := tpost(t, base, "", tbody("tag-after", 10)); r.status != 200 {
+		t.Fatalf("after: %d", r.status)
+	}
+	if got := strings.Join(e.arrivals(), " "); got != "tag-after" {
+		t.Fatalf("engine saw %q", got)
+	}
+}
