@@ -154,6 +154,12 @@ type ConsistentHash struct{ cfg Config }
 
 func (*ConsistentHash) Name() string { return "consistent-hash" }
 
+// Retune takes the live knobs; RingVnodes stays (rings are cached).
+func (p *ConsistentHash) Retune(cfg Config) {
+	cfg.RingVnodes = p.cfg.RingVnodes
+	p.cfg = cfg
+}
+
 type hashRing struct {
 	points []uint64
 	owners []ReplicaID
@@ -254,6 +260,13 @@ func newSession(cfg Config) *Session {
 
 func (*Session) Name() string { return "session" }
 
+// Retune takes a new SessionTTL for pins made after it.
+func (s *Session) Retune(cfg Config) {
+	s.mu.Lock()
+	s.ttl = int64(cfg.SessionTTL)
+	s.mu.Unlock()
+}
+
 func (s *Session) Rank(v *View, req *Request, d *Decision) {
 	pinned := NoReplica
 	if req.SessionKey != 0 {
@@ -341,18 +354,30 @@ func (s *Session) Sessions() int {
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
-// KV usage. X_r = 1 + N, N the mean over the scored candidates of requests
-// queued for prefill (Load.QueuedRequests), except on a replica that is not
-// full when every replica holding at least half of the best predicted hit
-// is (replica.full: no free batch slot, or a backlog): there X_r = 1, so a
-// prefix too hot for its homes' batches is computed once more where a slot
-// is free instead of waiting for decodes to finish. Ties break at random.
+// KV usage. X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
+// r (Load.QueuedRequests), which a batching engine prefills in the steps
+// this request's prefill joins, N the mean of N_c over the candidates not
+// holding the prefix (less than half the best hit; every candidate when
+// none holds it), the queue those that will join r while it prefills find
+// on a replica that could take a recompute. The prefix's own homes are not
+// in N: in a burst of one shared prompt their queues made an idle cold
+// replica look (1 + N) times dearer than it was and the burst piled onto
+// them (one-company mean TTFT 3.4x round-robin's in the simulator). On a
+// replica that is not full when every replica holding at least half of the
+// best predicted hit is (replica.full: no free batch slot, or a backlog),
+// X_r = 1, so a prefix too hot for its homes' batches is computed once
+// more where a slot is free instead of waiting for
+// decodes to finish. Ties break at random.
 // Above Config.MaxScan candidates it scores a random window of them plus
 // every prefix holder (View.Sample). See README.md for intent and the
 // guards.
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
+
+// Retune takes the live knobs (the Router holds its write lock: no Rank
+// runs meanwhile).
+func (p *CostPolicy) Retune(cfg Config) { p.cfg = cfg }
 
 func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
@@ -375,11 +400,9 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
 	// First pass, per candidate: cached tokens (into sc, overwritten below),
-	// N's sum, and whether the prefix's homes all have full batches.
-	var queuedReqs int64
+	// and whether the prefix's homes all have full batches.
 	best := 0.0
 	for i, id := range cands {
-		rp := v.r.reps[id]
 		c := 0.0
 		switch {
 		case otok != nil:
@@ -392,8 +415,21 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		}
 		sc[i] = c
 		best = max(best, c)
-		b, fresh, waiting := rp.busy(now, maxAge)
-		queuedReqs += rp.queuedReqs(b, fresh, waiting)
+	}
+	// The typical prefill queue a recompute joins: the mean over the
+	// candidates not holding the prefix (less than half the best hit).
+	var coldQueued, cold int64
+	for i, id := range cands {
+		if sc[i] < best/2 || best == 0 {
+			rp := v.r.reps[id]
+			b, fresh, waiting := rp.busy(now, maxAge)
+			coldQueued += rp.queuedReqs(b, fresh, waiting)
+			cold++
+		}
+	}
+	typical := 0.0
+	if cold > 0 {
+		typical = float64(coldQueued) / float64(cold)
 	}
 	homesFull := best > 0
 	if homesFull {
@@ -408,7 +444,6 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			}
 		}
 	}
-	ext := 1 + float64(queuedReqs)/float64(len(cands))
 	for i, id := range cands {
 		// Inlined View.Load and its helpers: this loop runs for every
 		// candidate of every request.
@@ -423,12 +458,12 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			kv = loadF(&rp.sigKV)
 		}
 		unc := max(t-rp.confidence()*sc[i], 0)
-		x := ext
+		rate, over := rp.prefill()
+		inv := 1 / rate
+		x := 1 + max(float64(rp.queuedReqs(busy, fresh, waiting)), typical)
 		if homesFull && !rp.full(busy, now) {
 			x = 1
 		}
-		rate, over := rp.prefill()
-		inv := 1 / rate
 		est := over + max(rp.slotWait(busy), rp.backlog(now)) + queued*inv + x*unc*inv +
 			cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
 		if kv > cfg.KVHighWater {
@@ -493,4 +528,10 @@ var (
 	_ BeginHook  = (*Session)(nil)
 	_ RemoveHook = (*Session)(nil)
 	_ Policy     = (*CostPolicy)(nil)
+)
+
+var (
+	_ Retuner = (*CostPolicy)(nil)
+	_ Retuner = (*ConsistentHash)(nil)
+	_ Retuner = (*Session)(nil)
 )

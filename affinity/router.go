@@ -202,7 +202,44 @@ func NewRouter(cfg Config) (*Router, error) {
 }
 
 // Config returns the effective configuration (defaults filled in).
-func (r *Router) Config() Config { return r.cfg }
+func (r *Router) Config() Config {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.cfg
+}
+
+// Retuner is a policy whose knobs follow Router.Retune.
+type Retuner interface {
+	Retune(cfg Config)
+}
+
+// Retune applies cfg's live fields (tagged reload:"live": signal_max_age,
+// session_ttl, max_ranked, load_factor, load_penalty_seconds,
+// kv_high_water, kv_penalty_seconds, max_scan) to the running router and
+// its policy; decisions after it returns use them. The other fields are
+// fixed at NewRouter (the hashing, the policy, the index sizing) and are
+// ignored here. Index, load and sessions are kept.
+func (r *Router) Retune(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("affinity config: %w", err)
+	}
+	cfg = cfg.WithDefaults()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Field by field: readers of the fixed fields (HashConfig) take no lock.
+	r.cfg.SignalMaxAge = cfg.SignalMaxAge
+	r.cfg.SessionTTL = cfg.SessionTTL
+	r.cfg.MaxRanked = cfg.MaxRanked
+	r.cfg.LoadFactor = cfg.LoadFactor
+	r.cfg.LoadPenaltySeconds = cfg.LoadPenaltySeconds
+	r.cfg.KVHighWater = cfg.KVHighWater
+	r.cfg.KVPenaltySeconds = cfg.KVPenaltySeconds
+	r.cfg.MaxScan = cfg.MaxScan
+	if t, ok := r.policy.(Retuner); ok {
+		t.Retune(r.cfg)
+	}
+	return nil
+}
 
 // HashConfig returns the hashing configuration parsers must use.
 func (r *Router) HashConfig() HashConfig { return r.cfg.Hash }

@@ -413,10 +413,10 @@ func (s *Server) admit(ex *exchange) bool {
 	if s.tryTotal() {
 		return true
 	}
-	if s.cfg.Limits.OnLimit != OnLimitQueue {
+	if s.conf().Limits.OnLimit != OnLimitQueue {
 		return false
 	}
-	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
 	for {
 		c := s.freed.wait()
 		if s.tryTotal() {
@@ -430,7 +430,7 @@ func (s *Server) admit(ex *exchange) bool {
 }
 
 func (s *Server) tryTotal() bool {
-	limit := int64(s.cfg.Limits.MaxInFlight)
+	limit := int64(s.conf().Limits.MaxInFlight)
 	for {
 		n := s.inflight.Load()
 		if limit > 0 && n >= limit {
@@ -455,8 +455,8 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	if s.fq != nil {
 		return s.decideFair(ctx, ex) // queue.go
 	}
-	queue := s.cfg.Limits.OnLimit == OnLimitQueue
-	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
+	queue := s.conf().Limits.OnLimit == OnLimitQueue
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
 	for {
 		var c chan struct{}
 		if queue {
@@ -531,7 +531,7 @@ ranked:
 	var lastErr error
 	lastStatus := 0
 	for i, id := range ex.dec.Ranked {
-		if attempts >= s.cfg.Upstream.MaxAttempts {
+		if attempts >= s.conf().Upstream.MaxAttempts {
 			break
 		}
 		if int(id) < 0 || int(id) >= len(table) {
@@ -557,7 +557,7 @@ ranked:
 		ureq.Header.SetHost(r.name)
 		started, err := s.attempt(ctx, ex, r, ureq, uresp)
 		status := uresp.StatusCode()
-		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		last := attempts >= s.conf().Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
 		switch {
 		case err == nil, !started && !errors.Is(err, errClientGone) && !errors.Is(err, fasthttp.ErrTimeout):
 			// Answered, or failed where the engine cannot have begun the
@@ -575,9 +575,9 @@ ranked:
 			// The engine did the work: another replica would do it again
 			// and answer as much. Not the replica's fault either.
 			s.endAttempt(ex, r, uresp)
-			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.cfg.Limits.MaxResponseBytes)
+			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.conf().Limits.MaxResponseBytes)
 			s.reject(ctx, fasthttp.StatusBadGateway, "response_too_large",
-				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.cfg.Limits.MaxResponseBytes),
+				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.conf().Limits.MaxResponseBytes),
 				errTypeUpstream, "", "response_too_large")
 			return
 		case errors.Is(err, fasthttp.ErrTimeout):
@@ -586,7 +586,7 @@ ranked:
 			// not held against a replica that answers its health checks.
 			s.endAttempt(ex, r, uresp)
 			r.m.timeouts.Inc()
-			r.log.Warn("upstream response timeout", "timeout", s.cfg.Upstream.ResponseTimeout, "started", started)
+			r.log.Warn("upstream response timeout", "timeout", s.conf().Upstream.ResponseTimeout, "started", started)
 			s.reject(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout",
 				"The upstream replica did not answer within the router's response timeout.", errTypeUpstream, "", "upstream_timeout")
 			return
@@ -695,7 +695,7 @@ func (s *Server) endAttempt(ex *exchange, r *replica, uresp *fasthttp.Response) 
 const statusClientClosed = 499
 
 func (s *Server) retryStatus(st int) bool {
-	for _, x := range s.cfg.Upstream.RetryStatuses {
+	for _, x := range s.conf().Upstream.RetryStatuses {
 		if x == st {
 			return true
 		}

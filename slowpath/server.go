@@ -13,6 +13,8 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +39,9 @@ type Server struct {
 	// (the fast-path promotion hook). nil means none.
 	Observer Observer
 
-	cfg           Config
+	cfg           Config                 // as started; restart-only fields are read here
+	live          atomic.Pointer[Config] // running: live fields as last reloaded (conf)
+	reloaded      atomic.Pointer[chan struct{}]
 	cfgPath       string
 	log           *slog.Logger
 	brain         brain
@@ -207,6 +211,10 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	s.cors, s.api = newCORS(cfg.CORS), newAPIServer()
 	empty := []*replica{}
 	s.table.Store(&empty)
+	running := cfg
+	s.live.Store(&running)
+	wake := make(chan struct{})
+	s.reloaded.Store(&wake)
 	s.exFree = make(chan *exchange, min(max(256, cfg.Limits.MaxInFlight), 4096))
 	l := &cfg.Limits
 	s.srv = &fasthttp.Server{
@@ -228,6 +236,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/replicas", s.debugReplicas)
+	mux.HandleFunc("GET /debug/config", s.debugConfig)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
@@ -264,9 +273,9 @@ func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
 // affinity and in RoutedEvent.Start/End), for the fast-path control loop.
 func (s *Server) Now() int64 { return s.now() }
 
-// Config returns the configuration the server runs with (replicas as last
-// applied are in Replicas()).
-func (s *Server) Config() Config { return s.cfg }
+// Config returns the configuration the server runs with: live fields as
+// last reloaded (replicas as last applied are also in Replicas()).
+func (s *Server) Config() Config { return *s.conf() }
 
 // Registry is the Prometheus registry served on the admin address.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
@@ -415,9 +424,10 @@ func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-// Reload re-reads the config file and applies its replica list. Other
-// fields need a restart; a change to them is logged and ignored. An invalid
-// file changes nothing.
+// Reload re-reads the config file and applies its replica list and every
+// other field tagged reload:"live" (routing knobs, limits, timeouts,
+// health, scrape; see reload.go). A change to any other field is named in
+// a warning and ignored until a restart. An invalid file changes nothing.
 func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	path := s.cfgPath
@@ -482,11 +492,23 @@ func (s *Server) reloadBytes(b []byte) error {
 		return fmt.Errorf("reload: %w", err)
 	}
 	s.lastFile = b
-	a, c := cfg, s.cfg
-	a.Replicas, c.Replicas = nil, nil
-	a.Listen, a.Admin = c.Listen, c.Admin // flags may override these
-	if !reflect.DeepEqual(a, c) {
-		s.log.Warn("config reload: only replicas are reloaded; other changes need a restart")
+	cur := s.conf()
+	cfg.Listen, cfg.Admin = cur.Listen, cur.Admin // flags may override these
+	live, restart := configChanges(cur, &cfg)
+	next := *cur
+	applyLive(&next, &cfg)
+	if s.router != nil && !reflect.DeepEqual(next.Routing, cur.Routing) {
+		if err := s.router.Retune(next.Routing); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			return fmt.Errorf("reload: %w", err)
+		}
+	}
+	s.publishConfig(&next)
+	if len(restart) > 0 {
+		s.log.Warn("config reload: these changes need a restart and are not applied", "fields", strings.Join(restart, ","))
+	}
+	if len(live) > 0 {
+		s.log.Info("config reload applied", "fields", strings.Join(live, ","))
 	}
 	if err := s.applyReplicas(cfg.Replicas); err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
@@ -499,11 +521,14 @@ func (s *Server) reloadBytes(b []byte) error {
 // ApplyReplicas replaces the replica list (what a reload does), for callers
 // that manage replicas themselves.
 func (s *Server) ApplyReplicas(list []ReplicaConfig) error {
-	c := s.cfg
-	c.Replicas = list
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	c := *s.conf()
+	c.Replicas = slices.Clone(list)
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	s.publishConfig(&c)
 	return s.applyReplicas(list)
 }
 

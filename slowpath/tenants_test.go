@@ -648,7 +648,7 @@ func TestTenantsConfig(t *testing.T) {
 		{"tenants:\n  queue:\n    quantum: 0\n", "line 3: tenants.queue.quantum: must be in [1, 16777216]"},
 		{"tenants:\n  queue:\n    reserve: -1\n", "line 3: tenants.queue.reserve: must be in [0, 1048576]"},
 		{"tenancy:\n  salt_from: header\ntenants:\n  keys_file: /x\n", "line 4: tenants.keys_file: tenancy.salt_from must be none"},
-		{"tenants:\n  bogus: 1\n", "field bogus not found"},
+		{"tenants:\n  bogus: 1\n", "line 2: tenants.bogus: unknown field"},
 	} {
 		if _, err := ParseConfig([]byte(tc.yaml)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %v, want %q", tc.yaml, err, tc.want)

@@ -42,6 +42,9 @@ func writeReport(opts Options, res *Results) error {
 	for _, wi := range res.Workloads {
 		p("| %s | %d | %.1f%% | %.2f | %s |\n", wi.Name, wi.Requests, 100*wi.Reuse, res.Capacity[wi.Name], wi.Params)
 	}
+	for _, sk := range res.Skipped {
+		p("\nLeft out: %s\n", sk)
+	}
 	p("\nCapacity is the throughput least-request reaches when the whole workload is offered at once; the load levels below are fractions of it.\n\n")
 
 	p("## Headline: TTFT p50 / p99 (seconds) and prompt-cache hit rate\n\n")

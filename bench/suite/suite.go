@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,8 +34,12 @@ type Options struct {
 	Trace string
 	// Parallel runs at once. 0 means GOMAXPROCS.
 	Parallel int
-	// Progress receives a progress bar (nil: none).
+	// Progress receives a progress bar (nil: none). It redraws its line
+	// with carriage returns: give it a terminal.
 	Progress io.Writer
+	// Log receives one line per notable event, such as a workload left out
+	// and why (nil: none). Plain lines, fit for a file or a pipe.
+	Log io.Writer
 	// Command is recorded in the report so anyone can reproduce it.
 	Command string
 	// ScaleOut configures the scale-out section (several routers). nil
@@ -88,7 +93,9 @@ type Results struct {
 	// FleetCapacity is each fleet's capacity per workload (fleet section).
 	FleetCapacity map[string]map[string]float64 `json:"fleet_capacity_rps,omitempty"`
 	Workloads     []workloadInfo                `json:"workloads"`
-	Points        []Point                       `json:"points"`
+	// Skipped names each workload left out, with the reason.
+	Skipped []string `json:"skipped,omitempty"`
+	Points  []Point  `json:"points"`
 }
 
 type workloadInfo struct {
@@ -131,7 +138,7 @@ func Run(opts Options) (*Results, error) {
 	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("suite: %w", err)
 	}
-	ws, err := workloads(opts)
+	ws, skipped, err := workloads(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +151,12 @@ func Run(opts Options) (*Results, error) {
 		}
 	}
 	res := &Results{Started: time.Now(), Seed: opts.Seed, Replicas: opts.Replicas, Capacity: map[string]float64{},
-		FleetCapacity: map[string]map[string]float64{}}
+		FleetCapacity: map[string]map[string]float64{}, Skipped: skipped}
+	for _, s := range skipped {
+		if opts.Log != nil {
+			fmt.Fprintln(opts.Log, "suite: workload "+s)
+		}
+	}
 	policies := sim.Policies()
 	engine := enginesim.DefaultConfig()
 
@@ -341,7 +353,8 @@ func capacity(w *workload.Workload, cfg sim.Config) (float64, error) {
 	return r.RequestsPerSec, nil
 }
 
-func workloads(opts Options) ([]*workload.Workload, error) {
+// workloads builds the suite's workloads; skipped names those left out, with why.
+func workloads(opts Options) (ws []*workload.Workload, skipped []string, err error) {
 	seed := opts.Seed
 	sp := workload.DefaultSharedPrefix()
 	b2b := workload.B2BSaaS()
@@ -377,25 +390,28 @@ func workloads(opts Options) ([]*workload.Workload, error) {
 	} {
 		w, err := mk()
 		if err != nil {
-			return nil, fmt.Errorf("suite: %w", err)
+			return nil, nil, fmt.Errorf("suite: %w", err)
 		}
 		out = append(out, w)
 	}
 	trace := opts.Trace
 	if trace == "" {
-		trace = findTrace()
+		var why string
+		if trace, why = findTrace(); trace == "" {
+			skipped = append(skipped, "mooncake skipped: "+why)
+		}
 	}
 	if trace != "" {
 		w, err := workload.LoadMooncake(trace, "", traceScale)
 		if err != nil {
-			return nil, fmt.Errorf("suite: %w", err)
+			return nil, nil, fmt.Errorf("suite: %w", err)
 		}
 		if opts.Smoke {
 			w.Requests = w.Requests[:60]
 		}
 		out = append(out, w)
 	}
-	return out, nil
+	return out, skipped, nil
 }
 
 func rename(w *workload.Workload, name string) {
@@ -420,16 +436,21 @@ func scaledShared(opts Options, n int) (*workload.Workload, error) {
 	return w, nil
 }
 
-func findTrace() string {
-	for _, p := range []string{"../shared/workloads/mooncake-synthetic.jsonl", "../../shared/workloads/mooncake-synthetic.jsonl",
-		"../../../shared/workloads/mooncake-synthetic.jsonl"} {
+// traceCandidates are where findTrace looks for the Mooncake trace.
+var traceCandidates = []string{"../shared/workloads/mooncake-synthetic.jsonl", "../../shared/workloads/mooncake-synthetic.jsonl",
+	"../../../shared/workloads/mooncake-synthetic.jsonl"}
+
+// findTrace returns the first trace candidate that exists, or "" and why
+// there is none.
+func findTrace() (path, why string) {
+	for _, p := range traceCandidates {
 		if _, err := os.Stat(p); err == nil {
-			return p
+			return p, ""
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			return ""
+			return "", fmt.Sprintf("trace %s unreadable: %v (pass --trace FILE)", p, err)
 		}
 	}
-	return ""
+	return "", "no trace: none of " + strings.Join(traceCandidates, ", ") + " exists (pass --trace FILE, a Mooncake-format JSONL)"
 }
 
 func writeJSON(path string, v any) error {

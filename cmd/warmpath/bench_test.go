@@ -22,6 +22,11 @@ func TestBenchSimSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
 	}
+	// stderr is a buffer, not a terminal: no progress bar redrawn with
+	// carriage returns.
+	if strings.Contains(errb.String(), "\r") {
+		t.Errorf("progress bar written to a non-terminal stderr (%d bytes)", errb.Len())
+	}
 	if _, err := os.Stat(filepath.Join(dir, "report.md")); err != nil || !strings.Contains(out.String(), "report.md") {
 		t.Fatalf("no report: %v, stdout %q", err, out.String())
 	}

@@ -44,7 +44,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	natsURL := fs.String("nats", "", "NATS server `URL`s, comma-separated: share routing state with the other instances (overrides cluster.nats_url)")
 	instance := fs.String("instance", "", "this instance's unique `name` in the fleet (overrides cluster.instance; default the hostname)")
 	ff := addFastpathFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -128,6 +128,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 		return fmt.Errorf("serve: %w", err)
 	}
+	srv.Registry().MustRegister(buildInfoGauge())
 	var fr *fastpathRun
 	if dp != nil {
 		if fr, err = startFastpath(dp, &cfg.Fastpath, srv, log); err != nil {
@@ -213,7 +214,7 @@ loop:
 				if err := srv.Reload(); err != nil {
 					log.Error("reload on SIGHUP failed", "err", err)
 				} else {
-					log.Info("reloaded replicas on SIGHUP")
+					log.Info("reloaded the config on SIGHUP")
 				}
 				continue
 			}
