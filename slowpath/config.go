@@ -81,6 +81,15 @@ type Config struct {
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
 	Cluster cluster.Config `yaml:"cluster" reload:"restart"`
+
+	// Operations (ops_config.go): graceful-stop order, TLS on the API
+	// listener, TLS and a bearer token towards engines, log format and the
+	// access log. None is reloaded except the TLS key pair's content.
+	Shutdown   ShutdownConfig   `yaml:"shutdown" reload:"restart"`
+	TLS        TLSConfig        `yaml:"tls" reload:"restart"`
+	EngineTLS  EngineTLSConfig  `yaml:"engine_tls" reload:"restart"`
+	EngineAuth EngineAuthConfig `yaml:"engine_auth" reload:"restart"`
+	Log        LogConfig        `yaml:"log" reload:"restart"`
 	// CORS answers browsers' cross-origin requests (see CORSConfig). Off
 	// unless cors.allowed_origins is set. Not reloaded.
 	CORS CORSConfig `yaml:"cors" reload:"restart"`
@@ -150,6 +159,12 @@ type ReplicaConfig struct {
 	// port). Empty: Address's host when it is an IPv4 literal; otherwise
 	// the replica is never a fast-path target.
 	Host string `yaml:"host"`
+	// TLS, when set, replaces engine_tls for this replica (the whole block).
+	TLS *EngineTLSConfig `yaml:"tls"`
+	// APIKeyFile / APIKey replace engine_auth for this replica (see
+	// EngineAuthConfig); at most one of the two.
+	APIKeyFile string `yaml:"api_key_file"`
+	APIKey     string `yaml:"api_key"`
 }
 
 // LimitsConfig bounds what clients can make the router do.
@@ -322,6 +337,8 @@ func Default() Config {
 		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
 		Tenants:       DefaultTenants(),
 		CORS:          CORSConfig{MaxAge: 10 * time.Minute},
+		Shutdown:      ShutdownConfig{DrainDelay: 5 * time.Second},
+		Log:           LogConfig{Format: LogFormatText},
 	}
 }
 
@@ -570,6 +587,7 @@ func (c *Config) Validate() error {
 	}
 	v.add(c.Tenants.validate(c))
 	v.add(c.CORS.Validate())
+	v.add(c.validateOps())
 	v.addPrefixed("cluster.", c.Cluster.Validate())
 	v.add(c.Fastpath.Validate())
 	return errors.Join(v...)

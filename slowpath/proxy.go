@@ -116,6 +116,9 @@ type exchange struct {
 	cached    int              // usage.prompt_tokens_details.cached_tokens (or timings.cache_n); -1 unknown
 	timings   affinity.Outcome // the engine's own prefill/decode timings (llama.cpp), when reported
 	status    int
+	firstAt   int64 // s.now() at the first token; 0 = none
+	promptRep int   // usage.prompt_tokens; -1 = not reported
+	outTok    int   // usage.completion_tokens; -1 = not reported
 	fjParser  fastjson.Parser
 	sseParsed bool
 	ten       tenantState // tenants.go
@@ -130,6 +133,7 @@ func (s *Server) getExchange() *exchange {
 	}
 	ex.cached = -1
 	ex.ten.reset()
+	ex.firstAt, ex.promptRep, ex.outTok = 0, -1, -1
 	ex.timings = affinity.Outcome{}
 	ex.closed = false
 	ex.gotFirst = false
@@ -255,6 +259,9 @@ func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, reason, msg, typ, 
 	}
 	s.m.localRequest(status)
 	s.m.rejected.WithLabelValues(reason).Inc()
+	if a := s.ops.access; a != nil {
+		a.local(ctx, status, code)
+	}
 }
 
 func isJSONContentType(ct []byte) bool {
@@ -555,6 +562,7 @@ ranked:
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)
+		s.setEngineAuth(ctx, &ureq.Header, r)
 		started, err := s.attempt(ctx, ex, r, ureq, uresp)
 		status := uresp.StatusCode()
 		last := attempts >= s.conf().Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
@@ -645,6 +653,7 @@ ranked:
 	if attempts == 0 && s.fq != nil {
 		// Ranked, but each slot went to another request in between: back
 		// to the fair queue (decideFair answers when it gives up).
+		ex.ten.front = true
 		if s.decide(ctx, ex) {
 			goto ranked
 		}
@@ -806,6 +815,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 		if ex.ep == epResponses {
 			s.responseAnswered(ex, body)
 		}
+		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, body)
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held
@@ -814,6 +824,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	fasthttp.ReleaseResponse(uresp)
 	s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
+	ex.firstAt = now
 	s.completeAt(ex, true, nil, now)
 }
 
@@ -988,7 +999,8 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 		}
 		s.m.predictionErr.Observe(float64(d))
 	}
-	if obs := s.Observer; obs != nil {
+	s.countTokens(ex, now)
+	if obs, acc := s.Observer, s.ops.access; obs != nil || acc != nil {
 		ex.ev = RoutedEvent{
 			Client:                ex.client,
 			Model:                 ex.model,
@@ -1003,8 +1015,17 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			OK:                    ok && werr == nil,
 			Start:                 ex.decided,
 			End:                   now,
+			Arrival:               ex.start,
+			FirstToken:            ex.firstAt,
+			ReportedPromptTokens:  ex.promptRep,
+			OutputTokens:          ex.outTok,
 		}
-		obs.ObserveRouted(&ex.ev)
+		if obs != nil {
+			obs.ObserveRouted(&ex.ev)
+		}
+		if acc != nil {
+			acc.routed(&ex.ev)
+		}
 	}
 	r.release()
 	s.releaseTotal()
@@ -1048,6 +1069,7 @@ func (ex *exchange) scan(b []byte) {
 func (ex *exchange) firstToken() {
 	ex.gotFirst = true
 	now := ex.s.now()
+	ex.firstAt = now
 	ex.s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
 }
@@ -1066,6 +1088,9 @@ func (ex *exchange) sseLine(line []byte) {
 	}
 	if !ex.output && !rolePreamble(data) {
 		ex.output = true
+	}
+	if bytes.Contains(data, strCompletionTokens) {
+		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, data)
 	}
 	if ex.ten.ticket.Active() && bytes.Contains(data, strUsage) {
 		ex.tenantUsage(data) // the tenant's charge is corrected at the end

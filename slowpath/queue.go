@@ -97,9 +97,14 @@ func (q *fairQueue) setLen(class, d int) {
 
 // push queues ex; ok false when its class is full (and it is not owed a
 // place: see tenant.Scheduler.Push). An evicted waiter is told.
-func (q *fairQueue) push(ex *exchange) (*waiter, bool) {
+func newWaiter(ex *exchange) *waiter {
 	w := &waiter{ch: make(chan struct{}, 1), model: string(ex.model)}
 	w.it = tenant.Item[*waiter]{V: w, Tenant: ex.ten.name, Class: ex.ten.class, Cost: max(ex.ten.est, 1)}
+	return w
+}
+
+func (q *fairQueue) push(ex *exchange) (*waiter, bool) {
+	w := newWaiter(ex)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	sc := q.byModel[w.model]
@@ -275,7 +280,13 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				return shed(fasthttp.StatusServiceUnavailable, "timeout", "The request waited the router's queue timeout for a replica of model `"+string(ex.model)+"`; retry later.", errTypeUnavailable, "queue_timeout")
 			}
 		}
-		if w == nil {
+		if w == nil && ex.ten.front {
+			// Its turn came but the slot went to another request between
+			// the decision and forward: back at the head, not the tail.
+			ex.ten.front = false
+			w, enq = newWaiter(ex), s.now()
+			q.requeue(w)
+		} else if w == nil {
 			var ok bool
 			if w, ok = q.push(ex); !ok {
 				return shed(fasthttp.StatusTooManyRequests, "queue_full", "The router's queue for priority class `"+class+"` is full; retry later.", errTypeRateLimit, "rate_limit_exceeded")

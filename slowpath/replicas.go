@@ -25,12 +25,14 @@ type replica struct {
 	name string
 	hc   *fasthttp.HostClient // proxied traffic
 	ctl  *fasthttp.HostClient // health checks and scrapes
+	auth []byte               // Authorization towards the engine; nil = the client's (tls.go)
 	cfg  atomic.Pointer[ReplicaConfig]
 
 	inflight    atomic.Int64
 	maxInFlight atomic.Int64 // 0 = unlimited
 	consecFail  atomic.Int32
 	removed     atomic.Bool
+	firstRound  bool        // of the starting configuration: its first probe counts toward readiness
 	scrapeBig   atomic.Bool // the last scrape's body was over scrape.body_size_limit
 
 	stop chan struct{}
@@ -153,7 +155,7 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 		rc.Models = slices.Clone(rc.Models)
 		if r, ok := s.byName[rc.Address]; ok {
 			cur := r.cfg.Load()
-			if slices.Equal(cur.Models, rc.Models) {
+			if slices.Equal(cur.Models, rc.Models) && sameEngineConn(cur, &rc) {
 				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens &&
 					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec &&
 					cur.BatchSlots == rc.BatchSlots && r.maxInFlight.Load() == int64(s.maxInFlight(&rc)) {
@@ -168,17 +170,24 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 				updated++
 				continue
 			}
-			// Model list changed: re-add under a fresh id (metrics children
-			// are per model), the old one drains like a removed replica.
+			// Model list (or engine TLS / key) changed: re-add under a fresh
+			// id (metrics children are per model), the old one drains like a
+			// removed replica.
 			s.removeLocked(r, table)
 			updated++
+		}
+		ec, err := s.engineConn(&rc)
+		if err != nil {
+			s.table.Store(&table)
+			return fmt.Errorf("add replica %s: %w", rc.Address, err)
 		}
 		id, err := s.brain.AddReplica(s.spec(&rc))
 		if err != nil {
 			s.table.Store(&table)
 			return fmt.Errorf("add replica %s: %w", rc.Address, err)
 		}
-		r := s.newReplica(id, &rc)
+		r := s.newReplica(id, &rc, ec)
+		r.firstRound = s.ops.starting
 		for int(id) >= len(table) {
 			table = append(table, nil)
 		}
@@ -208,7 +217,7 @@ func (s *Server) removeLocked(r *replica, table []*replica) {
 	r.log.Info("replica removed", "in_flight", r.inflight.Load())
 }
 
-func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
+func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig, ec engineConn) *replica {
 	u := &s.cfg.Upstream
 	r := &replica{
 		id:   id,
@@ -225,7 +234,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			NoDefaultUserAgentHeader:      true,
 			RetryIfErr:                    retryStaleConn,
 			MaxIdemponentCallAttempts:     staleRetries,
-			Dial:                          s.upstreamDialer(u.DialTimeout, u.IdleTimeout),
+			Dial:                          tlsDial(ec.tls, s.upstreamDialer(u.DialTimeout, u.IdleTimeout), u.DialTimeout),
 		},
 		ctl: &fasthttp.HostClient{
 			Addr:                     rc.Address,
@@ -233,7 +242,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			MaxIdleConnDuration:      u.MaxIdleConnDuration,
 			MaxResponseBodySize:      s.cfg.Scrape.BodySizeLimit,
 			NoDefaultUserAgentHeader: true,
-			Dial:                     s.dialer(u.DialTimeout),
+			Dial:                     tlsDial(ec.tls, s.dialer(u.DialTimeout), u.DialTimeout),
 		},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
@@ -245,6 +254,9 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 	r.cfg.Store(rc)
 	r.maxInFlight.Store(int64(s.maxInFlight(rc)))
 	r.m.healthy.Set(1)
+	if r.auth = ec.auth; r.auth != nil {
+		s.ops.anyAuth.Store(true)
+	}
 	return r
 }
 
@@ -347,6 +359,7 @@ func (s *Server) runReplica(r *replica) {
 	wake := s.reloadSignal()
 	hInt, sInt := s.conf().Health.Interval, s.conf().Scrape.Interval
 	s.probe(r)
+	s.ops.firstProbeDone(r)
 	if sInt > 0 {
 		s.scrape(r)
 	}
@@ -396,6 +409,9 @@ func (s *Server) get(r *replica, path string, timeout time.Duration, resp *fasth
 	req.SetRequestURI(path)
 	req.Header.SetHost(r.name)
 	req.Header.SetMethod(fasthttp.MethodGet)
+	if r.auth != nil {
+		req.Header.SetBytesKV(hdrAuthorization, r.auth)
+	}
 	return r.ctl.DoTimeout(req, resp, timeout)
 }
 

@@ -3,6 +3,7 @@ package slowpath
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,6 +90,7 @@ type Server struct {
 
 	cors *corsPolicy // nil = CORS off (cors.go)
 	api  *apiServer  // response-id store, merged model cards (responses.go, models.go)
+	ops  opsState    // readiness, drain, TLS, access log (ready.go, tls.go, accesslog.go)
 }
 
 // maxHeaderBytes bounds a request's line and headers (fasthttp's read
@@ -218,7 +220,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	s.exFree = make(chan *exchange, min(max(256, cfg.Limits.MaxInFlight), 4096))
 	l := &cfg.Limits
 	s.srv = &fasthttp.Server{
-		Handler:               s.handle,
+		Handler:               s.handleTop,
 		ErrorHandler:          s.serverError,
 		ExpectHandler:         s.expect,
 		Name:                  "warmpath",
@@ -240,6 +242,8 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	mux.HandleFunc("GET /readyz", s.adminReadyz)
+	mux.HandleFunc("GET /livez", s.adminLivez)
 	// The admin listener is loopback by default, but still bounded: a
 	// client that connects and sends nothing, or never reads, is cut.
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
@@ -248,7 +252,15 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		s.stopLoops()
 		return nil, fmt.Errorf("slowpath config: %w", err)
 	}
-	if err := s.applyReplicas(cfg.Replicas); err != nil {
+	if err := s.initOps(); err != nil {
+		s.stopLoops()
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
+	s.ops.init(len(cfg.Replicas))
+	s.ops.starting = true
+	err := s.applyReplicas(cfg.Replicas)
+	s.ops.starting = false
+	if err != nil {
 		s.stopLoops()
 		return nil, err
 	}
@@ -289,11 +301,15 @@ func (s *Server) Cluster() *cluster.Node { return s.cluster }
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
 // Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(&connListener{
+	var l net.Listener = &connListener{
 		Listener: ln, stall: s.cfg.Limits.StallTimeout, log: s.log, m: s.connM,
 		maxConns: int64(s.maxConns), perClient: s.cfg.Limits.MaxConnectionsPerClient,
 		clients: make(map[netip.Addr]int),
-	})
+	}
+	if s.ops.cert != nil {
+		l = tls.NewListener(l, s.ops.cert.listenerTLS())
+	}
+	err := s.srv.Serve(l)
 	select {
 	case <-s.closing:
 		return nil
@@ -379,6 +395,7 @@ func (s *Server) waitIdle(ctx context.Context) error {
 func (s *Server) stopLoops() {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.wg.Wait()
+	s.stopOps()
 }
 
 func (s *Server) byNameSnapshot() []*replica {
@@ -435,6 +452,7 @@ func (s *Server) Reload() error {
 	if path == "" {
 		return errors.New("reload: no config file (started without --config)")
 	}
+	_ = s.ReloadTLS() // logged and counted; the replica list reloads either way
 	if err := CheckConfigPerms(path); err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)

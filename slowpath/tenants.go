@@ -132,6 +132,9 @@ type tenantState struct {
 	// dispatched: counted in the fair queue's per-tenant running count
 	// (tenants.queue.reserve) until the exchange ends.
 	dispatched bool
+	// front: forward found every ranked slot taken; the fair queue takes
+	// it back at its tenant's head.
+	front bool
 }
 
 func (t *tenantState) reset() {

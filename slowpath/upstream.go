@@ -115,7 +115,7 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 		hc.CloseConn(cc)
 		return true, false, err
 	}
-	if ic, ok := conn.(*idleConn); ok && !uresp.StreamBody {
+	if ic := idleOf(conn.LocalAddr()); ic != nil && !uresp.StreamBody {
 		ic.release() // a buffered answer produces output from its first byte
 	}
 	uresp.Header.DisableNormalizing()
