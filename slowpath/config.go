@@ -73,6 +73,10 @@ type Config struct {
 	Fastpath FastpathConfig `yaml:"fastpath" reload:"restart"`
 	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.
 	Tenancy TenancyConfig `yaml:"tenancy" reload:"restart"`
+	// Tenants: API keys, per-tenant token budgets, priority classes and
+	// the fair queue (see TenantsConfig, tenants.go). Off by default. The
+	// keys file's content reloads on its own (tenants.go).
+	Tenants TenantsConfig `yaml:"tenants" reload:"restart"`
 	// Cluster shares routing state with other warmpath instances over NATS
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
@@ -331,6 +335,7 @@ func Default() Config {
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
 		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
+		Tenants:       DefaultTenants(),
 		CORS:          CORSConfig{MaxAge: 10 * time.Minute},
 		Shutdown:      ShutdownConfig{DrainDelay: 5 * time.Second},
 		Log:           LogConfig{Format: LogFormatText},
@@ -580,6 +585,7 @@ func (c *Config) Validate() error {
 	default:
 		v.addf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
 	}
+	v.add(c.Tenants.validate(c))
 	v.add(c.CORS.Validate())
 	v.add(c.validateOps())
 	v.addPrefixed("cluster.", c.Cluster.Validate())

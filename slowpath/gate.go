@@ -13,6 +13,9 @@ type gate struct {
 	waiters atomic.Int32
 	mu      sync.Mutex
 	ch      chan struct{}
+	// onSignal, if set before serving, is called on every signal (the
+	// fair queue's kick: a slot freed).
+	onSignal func()
 }
 
 func (g *gate) wait() chan struct{} {
@@ -47,6 +50,9 @@ func (g *gate) sleep(c chan struct{}, deadline time.Time) bool {
 }
 
 func (g *gate) signal() {
+	if g.onSignal != nil {
+		g.onSignal()
+	}
 	if g.waiters.Load() == 0 {
 		return
 	}

@@ -170,3 +170,29 @@ func (m *metrics) forgetReplica(name string) {
 	m.promptTok.DeletePartialMatch(prometheus.Labels{"replica": name})
 	m.outputTok.DeletePartialMatch(prometheus.Labels{"replica": name})
 }
+
+// tenantMetrics are the tenants block's collectors (registered whether or
+// not it is on: they stay empty).
+type tenantMetrics struct {
+	queueLen       *prometheus.GaugeVec     // class
+	queueWait      *prometheus.HistogramVec // class
+	shed           *prometheus.CounterVec   // class, tenant, reason
+	budgetRejected *prometheus.CounterVec   // tenant, limit
+	keyReloads     *prometheus.CounterVec   // result
+}
+
+func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
+	o := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: name, Help: help}
+	}
+	m := &tenantMetrics{
+		queueLen: prometheus.NewGaugeVec(prometheus.GaugeOpts(o("queue_length", "Requests waiting in the fair queue, by priority class.")), []string{"class"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricNamespace, Subsystem: metricSubsystem, Name: "queue_wait_seconds",
+			Help: "Time requests served from the fair queue waited in it, by priority class.", Buckets: latencyBuckets}, []string{"class"}),
+		shed:           prometheus.NewCounterVec(prometheus.CounterOpts(o("queue_shed_total", "Requests the fair queue shed, by class, tenant and reason (queue_full, tenant_share: 429; timeout: 503; client_gone: left while queued).")), []string{"class", "tenant", "reason"}),
+		budgetRejected: prometheus.NewCounterVec(prometheus.CounterOpts(o("tenant_budget_rejected_total", "Requests refused with 429 for a tenant over a budget, by tenant and limit.")), []string{"tenant", "limit"}),
+		keyReloads:     prometheus.NewCounterVec(prometheus.CounterOpts(o("keys_reloads_total", "Keys file reloads by result (ok, error).")), []string{"result"}),
+	}
+	reg.MustRegister(m.queueLen, m.queueWait, m.shed, m.budgetRejected, m.keyReloads)
+	return m
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/slowpath/tenant"
 	"github.com/zeebo/xxh3"
 )
 
@@ -120,6 +121,7 @@ type exchange struct {
 	outTok    int   // usage.completion_tokens; -1 = not reported
 	fjParser  fastjson.Parser
 	sseParsed bool
+	ten       tenantState // tenants.go
 }
 
 func (s *Server) getExchange() *exchange {
@@ -130,6 +132,7 @@ func (s *Server) getExchange() *exchange {
 		ex = s.newExchange()
 	}
 	ex.cached = -1
+	ex.ten.reset()
 	ex.firstAt, ex.promptRep, ex.outTok = 0, -1, -1
 	ex.timings = affinity.Outcome{}
 	ex.closed = false
@@ -148,6 +151,7 @@ func (s *Server) getExchange() *exchange {
 }
 
 func (s *Server) putExchange(ex *exchange) {
+	s.tenantEnd(ex)      // every path out returns the tenant's charge
 	ex.up.release(false) // no-op unless a path forgot it: never pool a held connection
 	ex.rep = nil
 	ex.mm = nil
@@ -178,6 +182,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request: a header line ends in a bare LF.", errTypeInvalid, "", "")
 		ctx.SetConnectionClose() // after reject, which resets the response
 		return
+	}
+	if s.ten != nil && string(ctx.Path()) != "/health" && s.authenticate(ctx) == nil {
+		if s.cors != nil {
+			s.cors.decorate(ctx) // a browser client reads the 401
+		}
+		return // tenants.go: every API path needs a key
 	}
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
@@ -280,6 +290,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json (or application/*+json), got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
 		return
 	}
+	var key *tenant.Key
+	if s.ten != nil {
+		if key = s.authenticate(ctx); key == nil {
+			return
+		}
+	}
 	body := ctx.PostBody()
 	if len(body) == 0 {
 		s.reject(ctx, fasthttp.StatusBadRequest, "empty_body", "We could not parse the JSON body of your request: the body is empty.", errTypeInvalid, "", "")
@@ -303,7 +319,16 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
 		return
 	}
-	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
+	if !s.tenantPrepare(ctx, ex, key) {
+		s.putExchange(ex)
+		return
+	}
+	if ex.ten.salt != nil && len(ex.prompt.CacheSalt) > 0 {
+		s.putExchange(ex)
+		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt is set by the router for this API key", errTypeInvalid, "cache_salt", "")
+		return
+	}
+	if (s.cfg.Tenancy.SaltFrom != SaltFromNone || ex.ten.salt != nil) && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
 		if b, ok := s.saltBody(ctx, ex, body); ok {
 			body = b
 			err = s.parse(ctx, ex, body)
@@ -315,6 +340,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		}
 	}
 	ex.model = append(ex.model[:0], ex.prompt.Model...)
+	if !s.tenantAdmit(ctx, ex, ep) {
+		s.putExchange(ex)
+		return
+	}
 	if !s.admit(ex) {
 		s.putExchange(ex)
 		s.reject(ctx, fasthttp.StatusTooManyRequests, "total_limit", "The router is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
@@ -347,7 +376,9 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 // when the request names no tenant (it stays unsalted).
 func (s *Server) saltBody(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) ([]byte, bool) {
 	var key []byte
-	if s.cfg.Tenancy.SaltFrom == SaltFromAPIKey {
+	if ex.ten.salt != nil {
+		key = ex.ten.salt // the API key's tenant (tenants.salt)
+	} else if s.cfg.Tenancy.SaltFrom == SaltFromAPIKey {
 		key = ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
 	} else {
 		key = ctx.Request.Header.Peek(s.cfg.Tenancy.Header)
@@ -431,6 +462,9 @@ func (s *Server) releaseTotal() {
 // decide ranks replicas; with on_limit=queue it waits for capacity when
 // every candidate is at its limit.
 func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	if s.fq != nil {
+		return s.decideFair(ctx, ex) // queue.go
+	}
 	queue := s.conf().Limits.OnLimit == OnLimitQueue
 	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
 	for {
@@ -457,18 +491,24 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		} else if queue {
 			s.freed.done()
 		}
-		switch {
-		case errors.Is(err, affinity.ErrModelNotFound):
-			s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
-		case full && s.anyFull(ex.model):
-			s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit", "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
-		case full:
-			s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica serves model `"+string(ex.model)+"` right now.", errTypeUnavailable, "model", "no_replica_available")
-		default:
-			msg, param := badRequest(err)
-			s.reject(ctx, fasthttp.StatusBadRequest, "bad_request", msg, errTypeInvalid, param, "")
-		}
+		s.rejectUndecided(ctx, ex, err, full)
 		return false
+	}
+}
+
+// rejectUndecided answers a request no replica was ranked for: err is
+// Decide's, full whether it found none eligible (rather than failing).
+func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err error, full bool) {
+	switch {
+	case errors.Is(err, affinity.ErrModelNotFound):
+		s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
+	case full && s.anyFull(ex.model):
+		s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit", "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+	case full:
+		s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica serves model `"+string(ex.model)+"` right now.", errTypeUnavailable, "model", "no_replica_available")
+	default:
+		msg, param := badRequest(err)
+		s.reject(ctx, fasthttp.StatusBadRequest, "bad_request", msg, errTypeInvalid, param, "")
 	}
 }
 
@@ -495,6 +535,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 	defer fasthttp.ReleaseRequest(ureq)
 	s.buildUpstream(ctx, ureq, body, ex)
 
+ranked:
 	table := *s.table.Load()
 	attempts := 0
 	var lastErr error
@@ -612,6 +653,17 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		s.finishBuffered(ctx, ex, uresp)
 		return
 	}
+	if attempts == 0 && s.fq != nil {
+		// Ranked, but each slot went to another request in between: back
+		// to the fair queue (decideFair answers when it gives up).
+		ex.ten.front = true
+		if s.decide(ctx, ex) {
+			goto ranked
+		}
+		s.releaseTotal()
+		s.putExchange(ex)
+		return
+	}
 	// Every attempt failed before the first byte.
 	s.releaseTotal()
 	s.putExchange(ex)
@@ -687,6 +739,9 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	h.DelBytes(hdrUpgrade)
 	h.DelBytes(hdrAcceptEncoding)
 	h.DelBytes(hdrExpect) // the router already read the body
+	if ex.ten.key != nil && !s.cfg.Tenants.ForwardKey {
+		h.Del(fasthttp.HeaderAuthorization) // tenants' keys stay at the router
+	}
 	// Forwarding headers: believed only from trusted_proxies; from anyone
 	// else replaced by what the router saw (every line of them: a second
 	// X-Forwarded-For line would otherwise survive the one set here).
@@ -759,6 +814,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		ex.tenantUsage(body)
 		if ex.ep == epResponses {
 			s.responseAnswered(ex, body)
 		}
@@ -1038,6 +1094,9 @@ func (ex *exchange) sseLine(line []byte) {
 	}
 	if bytes.Contains(data, strCompletionTokens) {
 		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, data)
+	}
+	if ex.ten.ticket.Active() && bytes.Contains(data, strUsage) {
+		ex.tenantUsage(data) // the tenant's charge is corrected at the end
 	}
 	if bytes.Equal(data, strDone) || !(bytes.Contains(data, strCachedTokens) || bytes.Contains(data, strTimings)) {
 		return

@@ -65,6 +65,12 @@ type Server struct {
 
 	inflight atomic.Int64
 	freed    gate
+	// Tenants (tenants.go, queue.go): keys and ledger (nil without a keys
+	// file), the fair queue (nil unless enabled).
+	ten        *tenants
+	fq         *fairQueue
+	tm         *tenantMetrics
+	prioHeader []byte
 	// exFree is the exchange free list. Not a sync.Pool: a GC would drop
 	// the pooled parsers and their grown scratch buffers, and the next
 	// requests would rebuild them.
@@ -115,9 +121,13 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.Cluster.Enabled() {
 		// Connects in the background; no request waits on it.
 		if s.cluster, err = cluster.Start(cluster.Options{Config: cfg.Cluster, Router: rt,
-			Tenancy: cfg.Tenancy.SaltFrom, HashKeyed: key != 0, KeyID: keyID, Logger: log, Registerer: s.reg}); err != nil {
+			Tenancy: s.tenancyMode(), HashKeyed: key != 0, KeyID: keyID, Logger: log, Registerer: s.reg,
+			Usage: s.usageShare()}); err != nil {
 			s.stopLoops()
 			return nil, err
+		}
+		if s.ten != nil {
+			s.ten.ledger.OnChange = s.cluster.KickUsage // before serving: no request yet
 		}
 	}
 	return s, nil
@@ -238,6 +248,10 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	// client that connects and sends nothing, or never reads, is cut.
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
+	if err := s.startTenants(); err != nil {
+		s.stopLoops()
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
 	if err := s.initOps(); err != nil {
 		s.stopLoops()
 		return nil, fmt.Errorf("slowpath config: %w", err)

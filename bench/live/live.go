@@ -81,7 +81,8 @@ type Options struct {
 	// OverheadConcurrency is the throughput phase's concurrency (32 / 4).
 	OverheadConcurrency int
 	// Rounds repeats the overhead bench, targets interleaved, and reports
-	// each figure's median over rounds (3 / 1).
+	// each figure's median over rounds (3 / 1); the tenants scenario
+	// repeats its rows as many times and keeps the median round.
 	Rounds int
 	// Progress gets one line per finished configuration; nil = none.
 	Progress io.Writer `json:"-"`
@@ -91,6 +92,11 @@ type Options struct {
 	// directory (with "+dirty" for uncommitted changes). Set it when the
 	// binaries were built elsewhere (e.g. from a clean export of a commit).
 	Commit string
+
+	// Scenario runs one part alone: "" everything above; ScenarioTenants
+	// only the flood-vs-quiet-tenant scenario (written to tenants.md and
+	// tenants.json instead of live.md and live.json).
+	Scenario string
 
 	skipOverhead bool // calibration runs
 }
@@ -180,6 +186,7 @@ type Results struct {
 	Workloads []WorkloadResult
 	Overhead  []OverheadRow
 	KeepAlive []KeepAliveRow
+	Tenants   *TenantsResult `json:",omitempty"`
 }
 
 // KeepAliveRow is one target of the keep-alive check: requests sent after
@@ -253,6 +260,9 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		return nil, errUnsupported
 	}
 	opts = opts.withDefaults()
+	if opts.Scenario != "" && opts.Scenario != ScenarioTenants {
+		return nil, fmt.Errorf("live: unknown scenario %q (have %q)", opts.Scenario, ScenarioTenants)
+	}
 	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: suite.Machine(), Started: time.Now().UTC(), Options: opts}
 	if res.Commit == "" {
 		res.Commit = commit()
@@ -274,6 +284,18 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		if opts.EnginesimBin == "" {
 			opts.EnginesimBin = es
 		}
+	}
+	if opts.Scenario == ScenarioTenants {
+		if res.Tenants, err = runTenants(ctx, opts, tmp); err != nil {
+			return nil, fmt.Errorf("live: tenants: %w", err)
+		}
+		res.Elapsed = time.Since(res.Started)
+		if opts.Out != "" {
+			if err := res.writeTenants(opts.Out); err != nil {
+				return nil, fmt.Errorf("live: %w", err)
+			}
+		}
+		return res, nil
 	}
 	nginx := ""
 	switch {

@@ -61,6 +61,13 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 		}
 	}
 
+	if r.Tenants != nil { // the tenants scenario alone
+		if err := b.Flush(); err != nil {
+			return err
+		}
+		r.Tenants.write(w)
+		return nil
+	}
 	r.writeHeadline(b)
 
 	fmt.Fprintf(b, "\n## Routing: real processes over loopback\n\n")

@@ -22,6 +22,9 @@ type routerSetup struct {
 	// second); 0 = enginesim's rate under timeScale.
 	prefillRate float64
 	seed        uint64
+	maxInFlight int    // per replica, 0 = none
+	extra       string // appended top-level YAML (the tenants scenario's block)
+	authKey     string // API key for the readiness check (a keys file is set)
 }
 
 // warmpathConf renders warmpath's YAML config. The engines run timeScale
@@ -46,6 +49,9 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 		if s.kvTokens > 0 {
 			fmt.Fprintf(&b, "    kv_capacity_tokens: %d\n", s.kvTokens)
 		}
+		if s.maxInFlight > 0 {
+			fmt.Fprintf(&b, "    max_in_flight: %d\n", s.maxInFlight)
+		}
 	}
 	fmt.Fprintf(&b, "scrape:\n  interval: %s\n  timeout: %s\n  stale_after: %s\n", scrape, scrape, 5*scrape)
 	fmt.Fprintf(&b, "health:\n  interval: %s\n  timeout: %s\n", health, health)
@@ -57,6 +63,7 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", rate)
 	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts)
 	fmt.Fprintf(&b, "  signal_max_age: %s\n", max(time.Second, time.Duration(float64(10*time.Second)*ts)))
+	b.WriteString(s.extra)
 	return b.String()
 }
 
@@ -95,7 +102,11 @@ func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (p *chil
 		p.Stop(time.Second)
 		return nil, "", "", err
 	}
-	if err := child.WaitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second); err != nil {
+	ready := func() error { return child.WaitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second) }
+	if s.authKey != "" {
+		ready = func() error { return waitKeyed(ctx, "http://"+listen+"/v1/models", s.authKey, 10*time.Second) }
+	}
+	if err := ready(); err != nil {
 		p.Stop(time.Second)
 		return nil, "", "", err
 	}

@@ -126,6 +126,7 @@ func runBenchLive(ctx context.Context, args []string, e env) error {
 	skipNginx := fs.Bool("skip-nginx", false, "leave the nginx baseline out")
 	commit := fs.String("commit", "", "commit recorded in the report (default: ask git)")
 	fleets := fs.String("fleets", "", "engine fleets, comma-separated (\"\" = all; --smoke: enginesim,enginesim-hetero); of "+strings.Join(live.Fleets(), ", "))
+	scenario := fs.String("scenario", "", "run one scenario alone: \""+live.ScenarioTenants+"\" (a flooding tenant vs a quiet one, with and without the fair queue; writes tenants.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -143,14 +144,18 @@ func runBenchLive(ctx context.Context, args []string, e env) error {
 	// Progress lines are plain (one per finished configuration), fit for a
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
-		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit})
+		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario})
 	if err != nil {
 		return err
 	}
 	if err := res.WriteMarkdown(e.stdout); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "\nreport: %s/live.md\n", *c.out)
+	report := "live.md"
+	if *scenario != "" {
+		report = *scenario + ".md"
+	}
+	fmt.Fprintf(e.stdout, "\nreport: %s/%s\n", *c.out, report)
 	return nil
 }
 

@@ -40,6 +40,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer, if set, gets the node's metrics.
 	Registerer prometheus.Registerer
+	// Usage, if set, is shared with the peers: per-tenant budgets fleet
+	// wide (usage.go).
+	Usage UsageLedger
 }
 
 // EntryFunc receives a peer's fast-path affinity entry: client steered to
@@ -115,6 +118,8 @@ type Node struct {
 	snapEvery atomic.Int64 // ns between snapshot answers: snapshotMinInterval (tests lengthen it)
 	snapMsg   Message
 	snapLoc   map[uint32]affinity.ReplicaID
+
+	usage usageState // tenant budgets (usage.go)
 }
 
 // maxGap: a sequence jump at least this large is a peer's restart.
@@ -238,6 +243,10 @@ func Start(opts Options) (*Node, error) {
 	n.wg.Add(2)
 	go n.loop()
 	go n.expireLoop()
+	if err := n.startUsage(opts); err != nil {
+		n.Close()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
 	return n, nil
 }
 
@@ -781,6 +790,10 @@ func (n *Node) expirePeers(now time.Time) {
 
 // onBatch applies one peer's batch (the subscription goroutine).
 func (n *Node) onBatch(msg *nats.Msg) {
+	if isUsage(msg.Data) {
+		n.onUsage(msg)
+		return
+	}
 	n.apply(msg.Subject, msg.Data, time.Now())
 }
 

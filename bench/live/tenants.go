@@ -1,0 +1,282 @@
+package live
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warmpath/warmpath/bench/internal/child"
+	"github.com/warmpath/warmpath/bench/loadgen"
+	"github.com/warmpath/warmpath/bench/workload"
+	"github.com/warmpath/warmpath/slowpath/tenant"
+)
+
+// ScenarioTenants selects the flood-vs-quiet-tenant scenario alone
+// (Options.Scenario).
+const ScenarioTenants = "tenants"
+
+// TenantsResult is the flood-vs-quiet-tenant scenario: one tenant floods
+// the fleet closed-loop while another sends a light open-loop stream; the
+// quiet tenant's TTFT is compared with its TTFT alone on the same fleet.
+type TenantsResult struct {
+	About string
+	Rows  []TenantsRow
+}
+
+// TenantsRow is one configuration. Latencies are model seconds.
+type TenantsRow struct {
+	Config string
+	Quiet  loadgen.Result
+	Flood  *loadgen.Result `json:",omitempty"`
+	// P99Ratio and P50Ratio are the quiet tenant's TTFT over its TTFT
+	// alone.
+	P99Ratio, P50Ratio float64
+	// RoundsP99 is the quiet p99 of every round (the row is the median's).
+	RoundsP99 []float64
+}
+
+// tenantsShape is the scenario's sizes.
+type tenantsShape struct {
+	engines, seqs      int
+	floodConc          int
+	quietRequests      int
+	quietRPS           float64 // model requests per second
+	floodTok, floodOut [2]int  // prompt range, output tokens
+	quietTok, quietOut [2]int
+	warmup             time.Duration // flood alone before the quiet tenant starts
+	timeScale          float64       // the engines' --time-scale
+	reserve            int           // tenants.queue.reserve of the last row
+	queueTimeout       time.Duration
+}
+
+func tenantsSizes(o Options) tenantsShape {
+	s := tenantsShape{engines: 2, seqs: 4, floodConc: 32, quietRequests: 120, quietRPS: 4,
+		floodTok: [2]int{512, 1024}, floodOut: [2]int{64, 64}, quietTok: [2]int{128, 256}, quietOut: [2]int{16, 16},
+		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5, reserve: 2}
+	if o.Smoke {
+		s.floodConc, s.quietRequests, s.warmup, s.timeScale = 8, 16, 500*time.Millisecond, o.TimeScale
+	}
+	return s
+}
+
+// runTenants runs the scenario: quiet alone, then flood + quiet without
+// and with the fair queue, each on fresh engines.
+func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, error) {
+	sh := tenantsSizes(o)
+	// Slower engines than the routing bench's: on a shared 2-core machine
+	// the tail of a 10x-faster-than-life engine is the machine's, not the
+	// queue's.
+	o.TimeScale = sh.timeScale
+	f := fleet{name: "tenants", engines: sh.engines, timeScale: o.TimeScale,
+		args:     func(int) []string { return []string{"--max-num-seqs", strconv.Itoa(sh.seqs)} },
+		kvTokens: 16 * o.EngineKVBlocks, prefillRate: 25000 / o.TimeScale}
+	flood, err := workload.NoSharing(workload.NoSharingConfig{Requests: 512, MinTokens: sh.floodTok[0], MaxTokens: sh.floodTok[1],
+		OutputTokens: sh.floodOut[0], RPS: 1, Seed: o.Seed})
+	if err != nil {
+		return nil, err
+	}
+	quiet, err := workload.NoSharing(workload.NoSharingConfig{Requests: sh.quietRequests, MinTokens: sh.quietTok[0], MaxTokens: sh.quietTok[1],
+		OutputTokens: sh.quietOut[0], RPS: sh.quietRPS, Seed: o.Seed + 1000})
+	if err != nil {
+		return nil, err
+	}
+	keys := filepath.Join(tmp, "tenants-keys.yaml")
+	kf := "keys:\n  - sha256: " + tenant.HashKey("sk-flood") + "\n    tenant: flood\n  - sha256: " + tenant.HashKey("sk-quiet") + "\n    tenant: quiet\n"
+	if err := os.WriteFile(keys, []byte(kf), 0o600); err != nil {
+		return nil, err
+	}
+	res := &TenantsResult{About: fmt.Sprintf("%d enginesim engines with `--max-num-seqs %d` (`--time-scale %g`). "+
+		"The flooding tenant runs %d closed-loop streams of %d-%d-token prompts and %d output tokens (from %s before the quiet tenant starts until it ends); "+
+		"the quiet tenant sends %d streamed requests of %d-%d-token prompts and %d output tokens, Poisson at %g req/s (model time). "+
+		"Without the fair queue the router has no per-replica cap: the requests pile onto the engines, which queue beyond %d running FIFO. "+
+		"With it, `max_in_flight: %d` per replica (the engines' batch) and `tenants.queue.enabled`: the rest waits at the router, "+
+		"deficit round-robin between the two tenants; the last row also holds %d of the %d slots back from any one tenant (`tenants.queue.reserve`). Latencies in model seconds.",
+		sh.engines, sh.seqs, o.TimeScale, sh.floodConc, sh.floodTok[0], sh.floodTok[1], sh.floodOut[0], sh.warmup,
+		sh.quietRequests, sh.quietTok[0], sh.quietTok[1], sh.quietOut[0], sh.quietRPS, sh.seqs, sh.seqs, sh.reserve, sh.engines*sh.seqs)}
+	type cfg struct {
+		name    string
+		flood   bool
+		fair    bool
+		reserve int
+	}
+	cfgs := []cfg{
+		{"quiet tenant alone", false, false, 0},
+		{"flood + quiet, no fair queue", true, false, 0},
+		{"flood + quiet, fair queue", true, true, 0},
+		{fmt.Sprintf("flood + quiet, fair queue, reserve %d of %d slots", sh.reserve, sh.engines*sh.seqs), true, true, sh.reserve},
+	}
+	// Rounds interleave the configurations; each row is the round with
+	// the median quiet p99 (one noisy round on a shared machine does not
+	// make the row).
+	runs := make([][]TenantsRow, len(cfgs))
+	for round := range o.Rounds {
+		for i, c := range cfgs {
+			row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.flood, c.fair, c.reserve)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+			row.Config = c.name
+			progress(o, "tenants: round %d: %s: quiet ok %d/%d TTFT p50 %.3fs p99 %.3fs", round+1, c.name, row.Quiet.OK, row.Quiet.Sent,
+				row.Quiet.TTFT.P50, row.Quiet.TTFT.P99)
+			runs[i] = append(runs[i], *row)
+		}
+	}
+	for i := range cfgs {
+		rs := runs[i]
+		slices.SortFunc(rs, func(a, b TenantsRow) int { return cmp.Compare(a.Quiet.TTFT.P99, b.Quiet.TTFT.P99) })
+		row := rs[len(rs)/2]
+		for _, r := range rs {
+			row.RoundsP99 = append(row.RoundsP99, r.Quiet.TTFT.P99)
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	if alone := res.Rows[0].Quiet.TTFT; alone.P99 > 0 && alone.P50 > 0 {
+		for i := range res.Rows {
+			res.Rows[i].P99Ratio, res.Rows[i].P50Ratio = res.Rows[i].Quiet.TTFT.P99/alone.P99, res.Rows[i].Quiet.TTFT.P50/alone.P50
+		}
+	}
+	return res, nil
+}
+
+func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh tenantsShape, keys string,
+	flood, quiet *workload.Workload, withFlood, fair bool, reserve int) (*TenantsRow, error) {
+	var g child.Group
+	defer g.Stop()
+	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, f.engines, &g)
+	if err != nil {
+		return nil, err
+	}
+	defer stopEngines()
+	setup := routerSetup{policy: "cost", model: workload.DefaultModel, replicas: addrs, kvTokens: f.kvTokens,
+		timeScale: f.timeScale, prefillRate: f.prefillRate, seed: o.Seed}
+	setup.extra = "tenants:\n  keys_file: " + strconv.Quote(keys) + "\n"
+	if fair {
+		setup.maxInFlight = sh.seqs
+		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n    reserve: %d\n", sh.queueTimeout, reserve)
+	}
+	setup.authKey = "sk-quiet"
+	p, listen, _, err := startWarmpath(ctx, o.WarmpathBin, tmp, setup)
+	if err != nil {
+		return nil, err
+	}
+	g.Add(p)
+	url := "http://" + listen
+	hdr := func(key string) http.Header { return http.Header{"Authorization": {"Bearer " + key}} }
+	row := &TenantsRow{}
+	fctx, stopFlood := context.WithCancel(ctx)
+	defer stopFlood()
+	floodDone := make(chan *loadgen.Result, 1)
+	if withFlood {
+		go func() {
+			r, err := loadgen.RunClosed(fctx, loadgen.ClosedConfig{URL: url, Workload: flood, Concurrency: sh.floodConc,
+				Requests: 1 << 20, MaxDuration: 5 * time.Minute, RequestTimeout: 5 * time.Minute, Stream: true, Header: hdr("sk-flood")})
+			if err != nil {
+				r = &loadgen.Result{Errors: []string{err.Error()}}
+			}
+			floodDone <- r
+		}()
+		select {
+		case <-time.After(sh.warmup):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	qr, err := loadgen.Run(ctx, loadgen.Config{URL: url, Workload: quiet, TimeScale: f.timeScale, Stream: true,
+		MaxDuration: 3 * time.Minute, RequestTimeout: 2 * time.Minute, Header: hdr("sk-quiet")})
+	if err != nil {
+		return nil, err
+	}
+	row.Quiet = *qr
+	if withFlood {
+		stopFlood()
+		row.Flood = <-floodDone
+	}
+	if err := g.Failure(); err != nil {
+		return nil, err
+	}
+	if err := engineFailure(); err != nil {
+		return nil, err
+	}
+	return row, nil
+}
+
+// writeTenants puts tenants.md and tenants.json into dir.
+func (r *Results) writeTenants(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	md, err := os.Create(filepath.Join(dir, "tenants.md"))
+	if err != nil {
+		return err
+	}
+	if err := r.WriteMarkdown(md); err != nil {
+		md.Close()
+		return err
+	}
+	if err := md.Close(); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "tenants.json"), append(js, '\n'), 0o644)
+}
+
+// write writes the scenario's section.
+func (t *TenantsResult) write(w io.Writer) {
+	b := bufio.NewWriter(w)
+	defer b.Flush()
+	fmt.Fprintf(b, "\n## Tenants: a flooding tenant and a quiet one\n\n%s\n\n", t.About)
+	fmt.Fprintf(b, "Each row is the round with the median quiet p99 of %d rounds (configurations interleaved, fresh engines for each); every round's p99 is listed, lowest first.\n\n", len(t.Rows[0].RoundsP99))
+	fmt.Fprintf(b, "| configuration | quiet ok/sent | quiet TTFT p50 | quiet TTFT p99 | p50 vs alone | **p99 vs alone** | p99 of each round | quiet statuses | flood completed | flood req/s (wall) | flood statuses |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range t.Rows {
+		fl, frps, fst := "-", "-", "-"
+		if r.Flood != nil {
+			fl, frps, fst = strconv.Itoa(r.Flood.OK), fmt.Sprintf("%.1f", r.Flood.RPS), statuses(r.Flood.StatusCounts)
+		}
+		var each []string
+		for _, p := range r.RoundsP99 {
+			each = append(each, sec(p))
+		}
+		fmt.Fprintf(b, "| %s | %d/%d | %s | %s | %.2fx | **%.2fx** | %s | %s | %s | %s | %s |\n", r.Config, r.Quiet.OK, r.Quiet.Sent,
+			sec(r.Quiet.TTFT.P50), sec(r.Quiet.TTFT.P99), r.P50Ratio, r.P99Ratio, strings.Join(each, ", "), statuses(r.Quiet.StatusCounts), fl, frps, fst)
+	}
+	fmt.Fprintf(b, "\nThe flood's last streams are cancelled when the quiet tenant's run ends (counted as failures in its statuses, status 0).\n")
+}
+
+// waitKeyed polls url with an API key until it answers 200.
+func waitKeyed(ctx context.Context, url, key string, timeout time.Duration) error {
+	c := &http.Client{Timeout: time.Second}
+	defer c.CloseIdleConnections()
+	var last error
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("warmpath not ready at %s after %v: %v", url, timeout, last)
+}
