@@ -225,6 +225,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			NoDefaultUserAgentHeader:      true,
 			RetryIfErr:                    retryStaleConn,
 			MaxIdemponentCallAttempts:     staleRetries,
+			ReadBufferSize:                upstreamReadBuffer,
 			Dial:                          s.upstreamDialer(u.DialTimeout, u.IdleTimeout),
 		},
 		ctl: &fasthttp.HostClient{
