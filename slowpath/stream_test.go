@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+	"github.com/warmpath/warmpath/affinity"
 )
 
 // rawEngine is an engine on a loopback socket that answers every request
@@ -354,4 +356,22 @@ func TestRelayFraming(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzUsageKey: hasUsageKey, the scan's gate, never passes over an event
+// usageJSON would read cached tokens or engine timings from.
+func FuzzUsageKey(f *testing.F) {
+	for _, s := range sseSeeds {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte(`{"choices":[],"timings":{"cache_n":12,"prompt_n":4,"prompt_ms":2.5,"predicted_ms":9}}`))
+	f.Add([]byte(`{"timings":{"predicted_ms":9}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var o affinity.Outcome
+		c := usageJSON(new(fastjson.Parser), b, &o)
+		if (c >= 0 || o != (affinity.Outcome{})) && !hasUsageKey(b) {
+			t.Fatalf("usageJSON reads cached %d, timings %+v from %q, which hasUsageKey passes over", c, o, b)
+		}
+	})
 }
