@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -327,5 +328,61 @@ func BenchmarkRelay(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// BenchmarkHandlerLongPrompt is one proxied non-streaming request with a
+// 400 KB (about 100k-token) prompt through the handler, 100 replicas (the
+// cost policy), the upstream in memory: the router's own work for a long
+// prompt (parse, hash, decide, forward the body, read the answer).
+func BenchmarkHandlerLongPrompt(b *testing.B) {
+	ln := fasthttputil.NewInmemoryListener()
+	srv := &fasthttp.Server{Handler: fastBackend, MaxRequestBodySize: 8 << 20}
+	go srv.Serve(ln) //nolint:errcheck
+	b.Cleanup(func() { _ = srv.Shutdown() })
+	var addrs []string
+	for i := range 100 {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(i+1)) // never dialled
+	}
+	cfg := testConfig(addrs...)
+	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
+	cfg.Scrape.Interval = 0
+	s, err := New(cfg, testLogger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	for _, r := range *s.table.Load() {
+		if r != nil {
+			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
+		}
+	}
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog, ", 400_000/45)
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"` + prompt + `"}]}`)
+	var req fasthttp.Request
+	req.SetRequestURI("/v1/chat/completions")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.SetBody(body)
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5555}, nil)
+	once := func() {
+		ctx.Response.Reset()
+		s.handle(&ctx)
+		if ctx.Response.StatusCode() != 200 {
+			b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+	for range 20 {
+		once()
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		once()
 	}
 }
