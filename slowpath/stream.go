@@ -512,9 +512,17 @@ func (ex *exchange) scan(b []byte) {
 	for len(b) > 0 {
 		if ex.output && !skipChecked && len(ex.line) == 0 && !ex.lineDrop {
 			skipChecked = true
-			if end := bytes.LastIndexByte(b, '\n'); end >= 0 && !hasUsageKey(b[:end]) {
-				b = b[end+1:]
-				continue
+			if end := bytes.LastIndexByte(b, '\n'); end >= 0 {
+				// Whole lines before the first usage key need no look.
+				k := usageKeyIndex(b[:end])
+				if k < 0 {
+					b = b[end+1:]
+					continue
+				}
+				if ls := bytes.LastIndexByte(b[:k], '\n'); ls >= 0 {
+					b = b[ls+1:]
+					continue
+				}
 			}
 		}
 		i := bytes.IndexByte(b, '\n')
@@ -552,28 +560,65 @@ func (ex *exchange) scan(b []byte) {
 // finds the candidates (two substring searches per event cost a fifth of
 // the relay's own work).
 func hasUsageKey(b []byte) bool {
+	i, _, _ := nextUsageKey(b, 0)
+	return i >= 0
+}
+
+// usageKeyIndex is the index of the first key hasUsageKey looks for, or -1.
+func usageKeyIndex(b []byte) int {
+	i, _, _ := nextUsageKey(b, 0)
+	return i
+}
+
+// usageKeysIn reports which kinds of usage key b holds (keyCached,
+// keyTimings), 0 for none.
+func usageKeysIn(b []byte) (kinds uint8) {
 	for off := 0; ; {
+		i, k, next := nextUsageKey(b, off)
+		if i < 0 {
+			return kinds
+		}
+		kinds |= k
+		off = next
+	}
+}
+
+// nextUsageKey finds the first usage key in b whose underscore is at or
+// after off: its index and kind, and where to look for the next one; -1
+// when there is none.
+func nextUsageKey(b []byte, off int) (at int, kind uint8, next int) {
+	for off < len(b) {
 		i := bytes.IndexByte(b[off:], '_')
 		if i < 0 {
-			return false
+			break
 		}
 		i += off
 		off = i + 1
 		for _, k := range usageKeys {
 			if j := i - k.at; j >= 0 && j+len(k.key) <= len(b) && string(b[j:j+len(k.key)]) == k.key {
-				return true
+				return j, k.kind, off
 			}
 		}
 	}
+	return -1, 0, len(b)
 }
+
+// Kinds of usage key: usage's cached tokens, and the members of llama.cpp's
+// timings object that usageJSON reads.
+const (
+	keyCached  uint8 = 1 << iota // "cached_tokens"
+	keyTimings                   // "cache_n", "prompt_n", "prompt_ms", "predicted_ms"
+)
 
 // usageKeys are the keys hasUsageKey looks for, with the offset of their
 // first underscore.
 var usageKeys = [...]struct {
-	key string
-	at  int
+	key  string
+	at   int
+	kind uint8
 }{
-	{`"cached_tokens"`, 7}, {`"cache_n"`, 6}, {`"prompt_n"`, 7}, {`"prompt_ms"`, 7}, {`"predicted_ms"`, 10},
+	{`"cached_tokens"`, 7, keyCached}, {`"cache_n"`, 6, keyTimings}, {`"prompt_n"`, 7, keyTimings},
+	{`"prompt_ms"`, 7, keyTimings}, {`"predicted_ms"`, 10, keyTimings},
 }
 
 // firstToken marks the exchange's first token: the replica's prefill ends

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -374,4 +375,36 @@ func FuzzUsageKey(f *testing.F) {
 			t.Fatalf("usageJSON reads cached %d, timings %+v from %q, which hasUsageKey passes over", c, o, b)
 		}
 	})
+}
+
+// TestUsageTail: an answer over usageScanFrom is read from its last usage
+// and timings objects alone, with what a whole parse finds.
+func TestUsageTail(t *testing.T) {
+	text := strings.Repeat(`lorem \"ipsum\" {dolor} [sit] amet `, (32<<10)/36)
+	cases := []struct {
+		name, tail string
+		cached     int
+		o          affinity.Outcome
+	}{
+		{"usage", `"usage":{"prompt_tokens":90,"prompt_tokens_details":{"cached_tokens":77}}}`, 77, affinity.Outcome{}},
+		{"usage-and-timings", `"usage":{"prompt_tokens":90,"prompt_tokens_details":{"cached_tokens":77}},"timings":{"cache_n":60,"prompt_n":30,"prompt_ms":15,"predicted_ms":200}}`,
+			77, affinity.Outcome{PrefillTokens: 30, PrefillSeconds: 0.015, DecodeSeconds: 0.2}},
+		{"timings-only", `"usage":{"prompt_tokens":90},"timings":{"cache_n":60,"prompt_n":30,"prompt_ms":15}}`, 60, affinity.Outcome{PrefillTokens: 30, PrefillSeconds: 0.015}},
+		{"none", `"usage":{"prompt_tokens":90}}`, -1, affinity.Outcome{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			small := []byte(`{"choices":[{"message":{"content":"x"}}],` + c.tail)
+			big := []byte(`{"choices":[{"message":{"content":"` + text + `"}}],` + c.tail)
+			if len(small) > usageScanFrom || len(big) <= usageScanFrom {
+				t.Fatalf("sizes %d, %d do not straddle %d", len(small), len(big), usageScanFrom)
+			}
+			for _, body := range [][]byte{small, big} {
+				var o affinity.Outcome
+				if got := usageJSON(new(fastjson.Parser), body, &o); got != c.cached || o != c.o {
+					t.Errorf("%d-byte body: cached %d timings %+v, want %d %+v", len(body), got, o, c.cached, c.o)
+				}
+			}
+		})
+	}
 }
