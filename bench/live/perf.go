@@ -591,7 +591,9 @@ func writePerfMarkdown(b io.Writer, rows []PerfRow, shapes []PerfShape, rounds i
 			}
 			if r.Target != "direct" {
 				add = us(r.AddedP50)
-				if ng != nil && ng.AddedP50 > 0 {
+				// A ratio of added latencies means something only when both
+				// stand out of the noise (paced streams: the engine's pace).
+				if ng != nil && ng.AddedP50 > 0 && r.AddedP50 > 0 {
 					ar = fmt.Sprintf("%.2fx", r.AddedP50/ng.AddedP50)
 				}
 			}
