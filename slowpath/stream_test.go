@@ -29,6 +29,9 @@ type rawEngine struct {
 	pieces [][]byte
 	gap    time.Duration
 	close  bool // close the connection after the answer
+	// next, when set, paces the pieces instead of gap: each piece after the
+	// first waits for a value (the client received the one before).
+	next chan struct{}
 }
 
 func startRawEngine(tb testing.TB) *rawEngine {
@@ -60,7 +63,7 @@ func startRawEngine(tb testing.TB) *rawEngine {
 
 func (e *rawEngine) set(gap time.Duration, pieces ...[]byte) {
 	e.mu.Lock()
-	e.pieces, e.gap, e.close = pieces, gap, false
+	e.pieces, e.gap, e.close, e.next = pieces, gap, false, nil
 	e.mu.Unlock()
 }
 
@@ -91,10 +94,17 @@ func (e *rawEngine) serve(c net.Conn) {
 			continue
 		}
 		e.mu.Lock()
-		pieces, gap, closing := e.pieces, e.gap, e.close
+		pieces, gap, closing, next := e.pieces, e.gap, e.close, e.next
 		e.mu.Unlock()
 		for i, p := range pieces {
-			if i > 0 && gap > 0 {
+			switch {
+			case i > 0 && next != nil:
+				select {
+				case <-next:
+				case <-time.After(10 * time.Second):
+					return
+				}
+			case i > 0 && gap > 0:
 				time.Sleep(gap)
 			}
 			if _, err := c.Write(p); err != nil {
@@ -141,11 +151,21 @@ func chunkedPieces(events [][]byte) [][]byte {
 	return out
 }
 
-// writeLog records every write a client connection would see.
-type writeLog struct{ writes [][]byte }
+// writeLog records every write a client connection would see, and
+// signals each on notify when set.
+type writeLog struct {
+	writes [][]byte
+	notify chan struct{}
+}
 
 func (w *writeLog) Write(p []byte) (int, error) {
 	w.writes = append(w.writes, append([]byte(nil), p...))
+	if w.notify != nil {
+		select {
+		case w.notify <- struct{}{}:
+		default:
+		}
+	}
 	return len(p), nil
 }
 
@@ -154,9 +174,10 @@ func (w *writeLog) Write(p []byte) (int, error) {
 // serverWriteBuffer-sized bufio.Writer, flushed at the end), recording the
 // writes.
 type streamRig struct {
-	s   *Server
-	ctx fasthttp.RequestCtx
-	ev  RoutedEvent
+	s      *Server
+	ctx    fasthttp.RequestCtx
+	ev     RoutedEvent
+	notify chan struct{} // passed to the writeLog
 }
 
 func (r *streamRig) ObserveRouted(ev *RoutedEvent) { r.ev = *ev }
@@ -196,7 +217,7 @@ func (r *streamRig) once(tb testing.TB) (writes [][]byte, body []byte) {
 	if r.ctx.Response.StatusCode() != 200 || !r.ctx.Response.IsBodyStream() {
 		tb.Fatalf("status %d stream %v: %s", r.ctx.Response.StatusCode(), r.ctx.Response.IsBodyStream(), r.ctx.Response.Body())
 	}
-	var log writeLog
+	log := writeLog{notify: r.notify}
 	bw := bufio.NewWriterSize(&log, serverWriteBuffer)
 	if err := r.ctx.Response.Write(bw); err != nil {
 		tb.Fatal(err)
@@ -217,8 +238,9 @@ func (r *streamRig) once(tb testing.TB) (writes [][]byte, body []byte) {
 
 // TestRelayCoalesces: events that reach the router together leave in one
 // client write (plus the final write of the chunked terminator); events
-// sent apart each leave at once in their own write, none held for the
-// next; the usage chunk is read either way.
+// sent one at a time (each after the client got the one before) each leave
+// at once in their own write, none held for the next; the usage chunk is
+// read either way.
 func TestRelayCoalesces(t *testing.T) {
 	e := startRawEngine(t)
 	r := newStreamRig(t, e.addr)
@@ -237,14 +259,20 @@ func TestRelayCoalesces(t *testing.T) {
 		t.Errorf("one upstream write: cached %d ok %v, want 48 true", r.ev.CachedTokens, r.ev.OK)
 	}
 
+	// Each event is sent once the client has the one before: none can
+	// arrive together, whatever the scheduling.
 	few := sseEvents(4, 12)
-	e.set(30*time.Millisecond, chunkedPieces(few)...)
+	e.set(0, chunkedPieces(few)...)
+	r.notify = make(chan struct{}, len(few))
+	e.mu.Lock()
+	e.next = r.notify
+	e.mu.Unlock()
 	writes, body = r.once(t)
 	if !bytes.Equal(body, bytes.Join(few, nil)) {
 		t.Fatalf("paced: relayed %q", body)
 	}
 	if len(writes) != len(few)+1 {
-		t.Errorf("%d events sent 30ms apart left in %d client writes, want %d (one each, then the terminator)", len(few), len(writes), len(few)+1)
+		t.Errorf("%d events sent one at a time left in %d client writes, want %d (one each, then the terminator)", len(few), len(writes), len(few)+1)
 	}
 	for i, w := range writes[:len(few)] {
 		if !bytes.HasSuffix(w, []byte("\n\n\r\n")) {

@@ -238,9 +238,14 @@ type PerfRow struct {
 	WritesPerReq float64
 	// P50 is the concurrency-1 latency (wall seconds, to the last byte);
 	// AddedP50 is P50 minus direct's.
-	P50, AddedP50    float64
-	Requests, Failed int
-	Errors           []string
+	P50, AddedP50 float64
+	// CPURatio and AddedRatio are the median over rounds of this target's
+	// figure over nginx's in the same round (0 when there is none); on a
+	// shared machine a round's targets share its noise, so these are the
+	// figures to compare. CPUToBase is the same against the baseline binary.
+	CPURatio, AddedRatio, CPUToBase float64
+	Requests, Failed                int
+	Errors                          []string
 }
 
 // perfTarget is one front of the perf engine.
@@ -298,7 +303,7 @@ func runPerf(ctx context.Context, o Options, tmp, nginx string) ([]PerfRow, []Pe
 		targets[s.Replicas] = ts
 	}
 
-	type sample struct{ cpu, writes, p50 float64 }
+	type sample struct{ cpu, writes, p50, added float64 }
 	samples := map[string][]sample{}
 	fails := map[string]int{}
 	sent := map[string]int{}
@@ -356,9 +361,38 @@ func runPerf(ctx context.Context, o Options, tmp, nginx string) ([]PerfRow, []Pe
 			return nil, nil, err
 		}
 	}
+	// ratio is the median over rounds of f(target) / f(other), rounds where
+	// both are positive; 0 when none.
+	ratio := func(shape, target, other string, f func(sample) float64) float64 {
+		a, b := samples[key(shape, target)], samples[key(shape, other)]
+		var v []float64
+		for i := range min(len(a), len(b)) {
+			if x, y := f(a[i]), f(b[i]); x > 0 && y > 0 {
+				v = append(v, x/y)
+			}
+		}
+		if len(v) == 0 {
+			return 0
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	base := ""
+	if o.BaselineWarmpathBin != "" {
+		base = "warmpath " + o.BaselineLabel
+	}
 	var rows []PerfRow
 	for _, sh := range shapes {
 		var direct float64
+		// Per-round added latency, for the ratios.
+		dl := samples[key(sh.Name, "direct")]
+		for _, t := range targets[sh.Replicas] {
+			for i := range samples[key(sh.Name, t.name)] {
+				if i < len(dl) {
+					samples[key(sh.Name, t.name)][i].added = samples[key(sh.Name, t.name)][i].p50 - dl[i].p50
+				}
+			}
+		}
 		for _, t := range targets[sh.Replicas] {
 			k := key(sh.Name, t.name)
 			ss := samples[k]
@@ -375,6 +409,12 @@ func runPerf(ctx context.Context, o Options, tmp, nginx string) ([]PerfRow, []Pe
 				Requests: sent[k], Failed: fails[k], Errors: errs[k]}
 			if t.name == "direct" {
 				direct = r.P50
+			} else if nginx != "" {
+				r.CPURatio = ratio(sh.Name, t.name, "nginx", func(s sample) float64 { return s.cpu })
+				r.AddedRatio = ratio(sh.Name, t.name, "nginx", func(s sample) float64 { return s.added })
+			}
+			if base != "" && t.name != "direct" {
+				r.CPUToBase = ratio(sh.Name, t.name, base, func(s sample) float64 { return s.cpu })
 			}
 			r.AddedP50 = r.P50 - direct
 			rows = append(rows, r)
@@ -568,36 +608,30 @@ func writePerfMarkdown(b io.Writer, rows []PerfRow, shapes []PerfShape, rounds i
 	for _, sh := range shapes {
 		fmt.Fprintf(b, "- **%s**: %s; %d requests at concurrency %d, %d at concurrency 1.\n", sh.Name, sh.About, sh.Requests, sh.Concurrency, sh.LatencyRequests)
 	}
-	fmt.Fprintf(b, "\n| shape | target | CPU / req | ratio to nginx | writes / req | p50 | added p50 | added p50 ratio to nginx | failed / sent |\n")
-	fmt.Fprintf(b, "|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, sh := range shapes {
-		var ng *PerfRow
-		for i := range rows {
-			if rows[i].Shape == sh.Name && rows[i].Target == "nginx" {
-				ng = &rows[i]
-			}
+	fmt.Fprintf(b, "Ratios are the median over rounds of the ratio within each round (a round's targets share its noise); "+
+		"an added-latency ratio only where both added p50s are positive (paced streams: the engine's pace dominates).\n")
+	fmt.Fprintf(b, "\n| shape | target | CPU / req | CPU ratio to nginx | CPU ratio to baseline | writes / req | p50 | added p50 | added p50 ratio to nginx | failed / sent |\n")
+	fmt.Fprintf(b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	x := func(v float64) string {
+		if v <= 0 {
+			return "—"
 		}
+		return fmt.Sprintf("%.2fx", v)
+	}
+	for _, sh := range shapes {
 		for _, r := range rows {
 			if r.Shape != sh.Name {
 				continue
 			}
-			cpu, cr, wr, add, ar := "—", "—", "—", "—", "—"
+			cpu, wr, add := "—", "—", "—"
 			if r.CPUPerReq >= 0 {
 				cpu = fmt.Sprintf("%.1f µs", 1e6*r.CPUPerReq)
 				wr = fmt.Sprintf("%.2f", r.WritesPerReq)
-				if ng != nil && ng.CPUPerReq > 0 {
-					cr = fmt.Sprintf("%.2fx", r.CPUPerReq/ng.CPUPerReq)
-				}
 			}
 			if r.Target != "direct" {
 				add = us(r.AddedP50)
-				// A ratio of added latencies means something only when both
-				// stand out of the noise (paced streams: the engine's pace).
-				if ng != nil && ng.AddedP50 > 0 && r.AddedP50 > 0 {
-					ar = fmt.Sprintf("%.2fx", r.AddedP50/ng.AddedP50)
-				}
 			}
-			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %d / %d |\n", r.Shape, r.Target, cpu, cr, wr, us(r.P50), add, ar, r.Failed, r.Requests)
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d |\n", r.Shape, r.Target, cpu, x(r.CPURatio), x(r.CPUToBase), wr, us(r.P50), add, x(r.AddedRatio), r.Failed, r.Requests)
 		}
 	}
 	for _, r := range rows {
