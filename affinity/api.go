@@ -87,20 +87,21 @@ type Decision struct {
 // caller keeps it on its stack and passes a pointer back. No allocation.
 type Flight struct {
 	Replica        ReplicaID
-	UncachedTokens int   // predicted prefill tokens not cached on Replica
+	UncachedTokens int   // predicted prefill tokens not cached on Replica (the index's hit discounted by the replica's confidence)
 	PromptTokens   int   // estimated prompt tokens
 	Start          int64 // nanoseconds on the caller's clock
 	FirstTokenAt   int64 // 0 until FirstToken is called
 
-	gen       uint32  // replica generation at Begin (IDs are reused)
-	newBlocks int32   // blocks Begin inserted speculatively
-	queued    int64   // replica's pending prefill tokens at Begin
-	tail      uint64  // deepest block hash inserted at Begin
-	predTTFT  float64 // the replica's TTFT model at Begin, seconds
-	slotWait  float64 // predicted wait for a batch slot at Begin, seconds
-	busy      int32   // requests on the replica at Begin (this one not counted)
-	buffered  bool    // Request.Buffered: no rate sample at FirstToken
-	cont      bool    // the replica's held prefix ended at a finished request's tail
+	predCached int     // the index's predicted cached tokens at Begin, undiscounted
+	gen        uint32  // replica generation at Begin (IDs are reused)
+	newBlocks  int32   // blocks Begin inserted speculatively
+	queued     int64   // replica's pending prefill tokens at Begin
+	tail       uint64  // deepest block hash inserted at Begin
+	predTTFT   float64 // the replica's TTFT model at Begin, seconds
+	slotWait   float64 // predicted wait for a batch slot at Begin, seconds
+	busy       int32   // requests on the replica at Begin (this one not counted)
+	buffered   bool    // Request.Buffered: no rate sample at FirstToken
+	cont       bool    // the replica's held prefix ended at a finished request's tail
 }
 
 // PredictedTTFT is the TTFT, in seconds, the replica's model predicted for

@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -83,7 +84,8 @@ func (c HashConfig) BlockBytes() int {
 func (c HashConfig) HashPath() string { return hashPathFor(c.BlockBytes()) }
 
 // Config configures a Router. The zero value is valid: every zero field takes
-// its documented default.
+// its documented default. Fields tagged reload:"live" can change on a
+// running Router (Router.Retune); the others are fixed at NewRouter.
 type Config struct {
 	// Policy names the ranking policy (see PolicyNames). "" means "cost".
 	Policy string `yaml:"policy"`
@@ -97,36 +99,36 @@ type Config struct {
 	DefaultPrefillTokensPerSec float64 `yaml:"default_prefill_tokens_per_sec"`
 	// SignalMaxAge: engine signals older than this (by the request's Now) are
 	// ignored; the router then relies on its own in-flight counts. 0 means 10s.
-	SignalMaxAge time.Duration `yaml:"signal_max_age"`
+	SignalMaxAge time.Duration `yaml:"signal_max_age" reload:"live"`
 	// SessionTTL: how long a session stays pinned to its replica after its
 	// last request (session policy). 0 means 10m.
-	SessionTTL time.Duration `yaml:"session_ttl"`
+	SessionTTL time.Duration `yaml:"session_ttl" reload:"live"`
 	// MaxSessions bounds the session table; new sessions beyond it are not
 	// pinned. 0 means 1<<20.
 	MaxSessions int `yaml:"max_sessions"`
 	// MaxRanked is how many replicas a Decision ranks (the proxy's retry
 	// budget). 0 means 3.
-	MaxRanked int `yaml:"max_ranked"`
+	MaxRanked int `yaml:"max_ranked" reload:"live"`
 	// LoadFactor is the bounded-load factor of the consistent-hash policy: a
 	// replica accepts while in-flight+1 <= LoadFactor * mean. 0 means 1.25.
-	LoadFactor float64 `yaml:"load_factor"`
+	LoadFactor float64 `yaml:"load_factor" reload:"live"`
 	// RingVnodes is the number of ring points per unit of weight (consistent
 	// hash policy). 0 means 64.
 	RingVnodes int `yaml:"ring_vnodes"`
 	// LoadPenaltySeconds (cost policy) is the TTFT cost of each request in
 	// flight on a replica (decode work sharing the batch). 0 means 0.005;
 	// negative turns the term off.
-	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds"`
+	LoadPenaltySeconds float64 `yaml:"load_penalty_seconds" reload:"live"`
 	// KVHighWater and KVPenaltySeconds (cost policy): above this KV usage an
 	// engine starts evicting or preempting; the penalty grows linearly to
 	// KVPenaltySeconds at full usage. 0 means 0.9 and 0.5; a negative
 	// KVPenaltySeconds turns the term off.
-	KVHighWater      float64 `yaml:"kv_high_water"`
-	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds"`
+	KVHighWater      float64 `yaml:"kv_high_water" reload:"live"`
+	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds" reload:"live"`
 	// MaxScan (cost policy) bounds the replicas scored per decision: above
 	// it, a random window of MaxScan candidates plus every candidate holding
 	// part of the request's prefix. 0 means 128; negative scores all.
-	MaxScan int `yaml:"max_scan"`
+	MaxScan int `yaml:"max_scan" reload:"live"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.
 	Seed uint64 `yaml:"seed"`
@@ -193,9 +195,12 @@ func defaultOrOff(v, def float64) float64 {
 // finite reports whether f is neither NaN nor an infinity.
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
 
-// Validate checks every field after defaults; messages name the field and
-// the allowed range.
+// Validate checks every field after defaults and returns every problem (an
+// errors.Join); messages name the field and the allowed range.
 func (c Config) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	nonFinite := map[string]bool{}
 	for _, f := range [...]struct {
 		name string
 		v    float64
@@ -205,39 +210,49 @@ func (c Config) Validate() error {
 		{"kv_penalty_seconds", c.KVPenaltySeconds},
 	} {
 		if !finite(f.v) {
-			return fmt.Errorf("%s %g: want a finite number", f.name, f.v)
+			add("%s %g: want a finite number", f.name, f.v)
+			nonFinite[f.name] = true
 		}
 	}
 	c = c.WithDefaults()
 	if err := c.Hash.Validate(); err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	if !knownPolicy(c.Policy) {
-		return fmt.Errorf("policy %q: want one of %v", c.Policy, PolicyNames())
+		add("policy %q: want one of %v", c.Policy, PolicyNames())
 	}
-	switch {
-	case c.DefaultKVCapacityTokens < 0:
-		return fmt.Errorf("default_kv_capacity_tokens %d: want >= 0", c.DefaultKVCapacityTokens)
-	case c.DefaultPrefillTokensPerSec < 0:
-		return fmt.Errorf("default_prefill_tokens_per_sec %g: want > 0", c.DefaultPrefillTokensPerSec)
-	case c.SignalMaxAge < 0:
-		return fmt.Errorf("signal_max_age %v: want > 0", c.SignalMaxAge)
-	case c.SessionTTL < 0:
-		return fmt.Errorf("session_ttl %v: want > 0", c.SessionTTL)
-	case c.MaxSessions < 0:
-		return fmt.Errorf("max_sessions %d: want >= 0", c.MaxSessions)
-	case c.MaxRanked < 1 || c.MaxRanked > 64:
-		return fmt.Errorf("max_ranked %d: want 1..64", c.MaxRanked)
-	case c.LoadFactor < 1:
-		return fmt.Errorf("load_factor %g: want >= 1", c.LoadFactor)
-	case c.RingVnodes < 1 || c.RingVnodes > 4096:
-		return fmt.Errorf("ring_vnodes %d: want 1..4096", c.RingVnodes)
-	case c.LoadPenaltySeconds < 0:
-		return fmt.Errorf("load_penalty_seconds %g: want >= 0", c.LoadPenaltySeconds)
-	case c.KVHighWater <= 0 || c.KVHighWater >= 1:
-		return fmt.Errorf("kv_high_water %g: want (0, 1)", c.KVHighWater)
-	case c.KVPenaltySeconds < 0:
-		return fmt.Errorf("kv_penalty_seconds %g: want >= 0", c.KVPenaltySeconds)
+	if c.DefaultKVCapacityTokens < 0 {
+		add("default_kv_capacity_tokens %d: want >= 0", c.DefaultKVCapacityTokens)
 	}
-	return nil
+	if c.DefaultPrefillTokensPerSec < 0 && !nonFinite["default_prefill_tokens_per_sec"] {
+		add("default_prefill_tokens_per_sec %g: want > 0", c.DefaultPrefillTokensPerSec)
+	}
+	if c.SignalMaxAge < 0 {
+		add("signal_max_age %v: want > 0", c.SignalMaxAge)
+	}
+	if c.SessionTTL < 0 {
+		add("session_ttl %v: want > 0", c.SessionTTL)
+	}
+	if c.MaxSessions < 0 {
+		add("max_sessions %d: want >= 0", c.MaxSessions)
+	}
+	if c.MaxRanked < 1 || c.MaxRanked > 64 {
+		add("max_ranked %d: want 1..64", c.MaxRanked)
+	}
+	if c.LoadFactor < 1 && !nonFinite["load_factor"] {
+		add("load_factor %g: want >= 1", c.LoadFactor)
+	}
+	if c.RingVnodes < 1 || c.RingVnodes > 4096 {
+		add("ring_vnodes %d: want 1..4096", c.RingVnodes)
+	}
+	if c.LoadPenaltySeconds < 0 && !nonFinite["load_penalty_seconds"] {
+		add("load_penalty_seconds %g: want >= 0", c.LoadPenaltySeconds)
+	}
+	if (c.KVHighWater <= 0 || c.KVHighWater >= 1) && !nonFinite["kv_high_water"] {
+		add("kv_high_water %g: want (0, 1)", c.KVHighWater)
+	}
+	if c.KVPenaltySeconds < 0 && !nonFinite["kv_penalty_seconds"] {
+		add("kv_penalty_seconds %g: want >= 0", c.KVPenaltySeconds)
+	}
+	return errors.Join(errs...)
 }

@@ -5,13 +5,20 @@ import "github.com/prometheus/client_golang/prometheus"
 // Collector exports a Router's counters and per-replica state to Prometheus
 // (namespace warmpath, subsystem affinity). It reads Stats and Replicas at
 // scrape time, so the hot path pays nothing beyond its atomic counters.
+//
+// A replica's health, its in-flight count and the predicted cached tokens
+// are not exported here: the router in front of affinity owns those facts
+// (its health checks and ejections decide health, its slots count in-flight
+// requests, and it counts predictions beside the engine's reported hits) and
+// exports them once (warmpath_slowpath_replica_healthy, _replica_in_flight,
+// _cached_tokens_predicted_total).
 type Collector struct {
 	r *Router
 
 	decisions, errors, mispredicts, rollbacks, evictions *prometheus.Desc
-	promptTokens, cachedTokens                           *prometheus.Desc
+	promptTokens                                         *prometheus.Desc
 	blocks, pairs, info, credit                          *prometheus.Desc
-	inFlight, pending, rate, cached, capacity, up, drain *prometheus.Desc
+	pending, rate, cached, capacity, drain               *prometheus.Desc
 	slots, slotSec, ttftRatio, ttftPred, ttftAct, trust  *prometheus.Desc
 }
 
@@ -28,17 +35,14 @@ func NewCollector(r *Router) *Collector {
 		rollbacks:    d("rollbacks_total", "Speculative index inserts undone after a failure before the first token."),
 		evictions:    d("index_evictions_total", "(block, replica) pairs evicted by the per-replica LRU bound."),
 		promptTokens: d("prompt_tokens_total", "Estimated prompt tokens of begun requests."),
-		cachedTokens: d("predicted_cached_tokens_total", "Predicted cached prompt tokens of begun requests on their replica."),
 		blocks:       d("index_blocks", "Distinct block hashes tracked."),
 		pairs:        d("index_pairs", "(block, replica) pairs tracked."),
 		info:         d("info", "Active policy and hash path.", "policy", "hash_path"),
 		credit:       d("continuation_credit_tokens", "Measured cached tokens beyond the index on requests continuing a finished prompt (a chat's previous answer)."),
-		inFlight:     d("replica_in_flight", "Router-local requests in flight.", "replica"),
 		pending:      d("replica_pending_prefill_tokens", "Router-local uncached prompt tokens awaiting prefill.", "replica"),
 		rate:         d("replica_prefill_tokens_per_second", "Measured prefill rate estimate.", "replica"),
 		cached:       d("replica_index_blocks", "Blocks the index attributes to the replica.", "replica"),
 		capacity:     d("replica_index_capacity_blocks", "The replica's index bound, in blocks.", "replica"),
-		up:           d("replica_healthy", "1 if the replica is healthy.", "replica"),
 		drain:        d("replica_draining", "1 if the replica is draining.", "replica"),
 		slots:        d("replica_batch_slots", "Batch slots the cost policy assumes (configured, engine-reported or learned); 0 = unknown.", "replica"),
 		slotSec:      d("replica_slot_seconds", "Measured mean time a request holds a batch slot.", "replica"),
@@ -52,8 +56,8 @@ func NewCollector(r *Router) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions,
-		c.promptTokens, c.cachedTokens, c.blocks, c.pairs, c.info, c.credit,
-		c.inFlight, c.pending, c.rate, c.cached, c.capacity, c.up, c.drain,
+		c.promptTokens, c.blocks, c.pairs, c.info, c.credit,
+		c.pending, c.rate, c.cached, c.capacity, c.drain,
 		c.slots, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust} {
 		ch <- d
 	}
@@ -75,7 +79,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	cnt(c.rollbacks, s.Rollbacks)
 	cnt(c.evictions, s.Evictions)
 	cnt(c.promptTokens, s.PromptTokens)
-	cnt(c.cachedTokens, s.PredictedCachedTokens)
 	gauge(c.blocks, float64(s.TrackedBlocks))
 	gauge(c.pairs, float64(s.TrackedPairs))
 	gauge(c.info, 1, c.r.PolicyName(), c.r.cfg.Hash.HashPath())
@@ -87,12 +90,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		return 0
 	}
 	for _, st := range c.r.Replicas() {
-		gauge(c.inFlight, float64(st.InFlight), st.Name)
 		gauge(c.pending, float64(st.PendingPrefillTokens), st.Name)
 		gauge(c.rate, st.PrefillTokensPerSec, st.Name)
 		gauge(c.cached, float64(st.CachedBlocks), st.Name)
 		gauge(c.capacity, float64(st.CapacityBlocks), st.Name)
-		gauge(c.up, b2f(st.Healthy), st.Name)
 		gauge(c.drain, b2f(st.Draining), st.Name)
 		gauge(c.slots, float64(st.BatchSlots), st.Name)
 		gauge(c.slotSec, st.SlotSeconds, st.Name)

@@ -29,9 +29,6 @@ warmpath_affinity_decide_errors_total{reason="no_replica"} 0
 # HELP warmpath_affinity_index_pairs (block, replica) pairs tracked.
 # TYPE warmpath_affinity_index_pairs gauge
 warmpath_affinity_index_pairs 3
-# HELP warmpath_affinity_predicted_cached_tokens_total Predicted cached prompt tokens of begun requests on their replica.
-# TYPE warmpath_affinity_predicted_cached_tokens_total counter
-warmpath_affinity_predicted_cached_tokens_total 48
 # HELP warmpath_affinity_prompt_tokens_total Estimated prompt tokens of begun requests.
 # TYPE warmpath_affinity_prompt_tokens_total counter
 warmpath_affinity_prompt_tokens_total 130
@@ -39,10 +36,6 @@ warmpath_affinity_prompt_tokens_total 130
 # TYPE warmpath_affinity_replica_draining gauge
 warmpath_affinity_replica_draining{replica="r0"} 0
 warmpath_affinity_replica_draining{replica="r1"} 1
-# HELP warmpath_affinity_replica_in_flight Router-local requests in flight.
-# TYPE warmpath_affinity_replica_in_flight gauge
-warmpath_affinity_replica_in_flight{replica="r0"} 1
-warmpath_affinity_replica_in_flight{replica="r1"} 1
 # HELP warmpath_affinity_replica_index_capacity_blocks The replica's index bound, in blocks.
 # TYPE warmpath_affinity_replica_index_capacity_blocks gauge
 warmpath_affinity_replica_index_capacity_blocks{replica="r0"} 100
@@ -53,8 +46,8 @@ warmpath_affinity_replica_pending_prefill_tokens{replica="r0"} 12
 warmpath_affinity_replica_pending_prefill_tokens{replica="r1"} 10
 `
 	names := []string{"warmpath_affinity_decide_errors_total", "warmpath_affinity_index_pairs",
-		"warmpath_affinity_predicted_cached_tokens_total", "warmpath_affinity_prompt_tokens_total",
-		"warmpath_affinity_replica_draining", "warmpath_affinity_replica_in_flight",
+		"warmpath_affinity_prompt_tokens_total",
+		"warmpath_affinity_replica_draining",
 		"warmpath_affinity_replica_index_capacity_blocks", "warmpath_affinity_replica_pending_prefill_tokens"}
 	got := scrape(t, prometheusRegistry(t, r), names)
 	if strings.TrimSpace(got) != strings.TrimSpace(want) {

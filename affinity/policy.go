@@ -154,6 +154,12 @@ type ConsistentHash struct{ cfg Config }
 
 func (*ConsistentHash) Name() string { return "consistent-hash" }
 
+// Retune takes the live knobs; RingVnodes stays (rings are cached).
+func (p *ConsistentHash) Retune(cfg Config) {
+	cfg.RingVnodes = p.cfg.RingVnodes
+	p.cfg = cfg
+}
+
 type hashRing struct {
 	points []uint64
 	owners []ReplicaID
@@ -254,6 +260,13 @@ func newSession(cfg Config) *Session {
 
 func (*Session) Name() string { return "session" }
 
+// Retune takes a new SessionTTL for pins made after it.
+func (s *Session) Retune(cfg Config) {
+	s.mu.Lock()
+	s.ttl = int64(cfg.SessionTTL)
+	s.mu.Unlock()
+}
+
 func (s *Session) Rank(v *View, req *Request, d *Decision) {
 	pinned := NoReplica
 	if req.SessionKey != 0 {
@@ -341,18 +354,30 @@ func (s *Session) Sessions() int {
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
-// KV usage. X_r = 1 + N, N the mean over the scored candidates of requests
-// queued for prefill (Load.QueuedRequests), except on a replica that is not
-// full when every replica holding at least half of the best predicted hit
-// is (replica.full: no free batch slot, or a backlog): there X_r = 1, so a
-// prefix too hot for its homes' batches is computed once more where a slot
-// is free instead of waiting for decodes to finish. Ties break at random.
+// KV usage. X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
+// r (Load.QueuedRequests), which a batching engine prefills in the steps
+// this request's prefill joins, N the mean of N_c over the candidates not
+// holding the prefix (less than half the best hit; every candidate when
+// none holds it), the queue those that will join r while it prefills find
+// on a replica that could take a recompute. The prefix's own homes are not
+// in N: in a burst of one shared prompt their queues made an idle cold
+// replica look (1 + N) times dearer than it was and the burst piled onto
+// them (one-company mean TTFT 3.4x round-robin's in the simulator). On a
+// replica that is not full when every replica holding at least half of the
+// best predicted hit is (replica.full: no free batch slot, or a backlog),
+// X_r = 1, so a prefix too hot for its homes' batches is computed once
+// more where a slot is free instead of waiting for
+// decodes to finish. Ties break at random.
 // Above Config.MaxScan candidates it scores a random window of them plus
 // every prefix holder (View.Sample). See README.md for intent and the
 // guards.
 type CostPolicy struct{ cfg Config }
 
 func (*CostPolicy) Name() string { return "cost" }
+
+// Retune takes the live knobs (the Router holds its write lock: no Rank
+// runs meanwhile).
+func (p *CostPolicy) Retune(cfg Config) { p.cfg = cfg }
 
 func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
@@ -373,13 +398,12 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	}
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
-	// One pass reads each candidate's state once: its cached tokens, N's
-	// sum, whether it is full, and every term of its estimate but the
-	// externality, which needs N and whether the prefix's homes are all
-	// full (both known only after the pass). The estimate is then summed in
-	// the same order as written above, so it is the same float64.
+	// One pass reads each candidate's state once: its cached tokens, N_r,
+	// whether it is full, and every term of its estimate but X_r, which
+	// needs N and whether the prefix's homes are all full (both known only
+	// after the pass). The estimate is then summed in the order written
+	// above, so it is the same float64.
 	cs := v.costScratch(len(cands))
-	var queuedReqs int64
 	best := 0.0
 	for i, id := range cands {
 		rp := v.r.reps[id]
@@ -395,7 +419,6 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		}
 		best = max(best, c)
 		busy, fresh, waiting := rp.busy(now, maxAge)
-		queuedReqs += rp.queuedReqs(busy, fresh, waiting)
 		queued := float64(max(rp.totalPending(), 0))
 		var kv float64
 		if fresh {
@@ -405,33 +428,41 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			kv = loadF(&rp.sigKV)
 		}
 		backlog := rp.backlog(now)
-		inv := 1 / loadF(&rp.rate)
+		rate, over := rp.prefill()
+		inv := 1 / rate
 		e := &cs[i]
 		e.cached = c
+		e.queuedReqs = rp.queuedReqs(busy, fresh, waiting)
 		e.full = rp.fullWith(busy, backlog)
 		e.unc = max(t-rp.confidence()*c, 0)
 		e.inv = inv
-		e.pre = loadF(&rp.overhead) + max(rp.slotWait(busy), backlog) + queued*inv
+		e.pre = over + max(rp.slotWait(busy), backlog) + queued*inv
 		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
 		e.kv = kv > cfg.KVHighWater
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
 	}
+	// The typical prefill queue a recompute joins: the mean over the
+	// candidates not holding the prefix (less than half the best hit).
+	var coldQueued, cold int64
 	homesFull := best > 0
-	if homesFull {
-		for i := range cs {
-			if cs[i].cached >= best/2 && !cs[i].full {
-				homesFull = false
-				break
-			}
+	for i := range cs {
+		if cs[i].cached < best/2 || best == 0 {
+			coldQueued += cs[i].queuedReqs
+			cold++
+		} else if !cs[i].full {
+			homesFull = false
 		}
 	}
-	ext := 1 + float64(queuedReqs)/float64(len(cands))
+	typical := 0.0
+	if cold > 0 {
+		typical = float64(coldQueued) / float64(cold)
+	}
 	sc := v.Scores()
 	for i := range cs {
 		e := &cs[i]
-		x := ext
+		x := 1 + max(float64(e.queuedReqs), typical)
 		if homesFull && !e.full {
 			x = 1
 		}
@@ -476,14 +507,15 @@ func (p *replica) fullWith(busy int64, backlog float64) bool {
 
 // costCand is one candidate's part of a CostPolicy decision.
 type costCand struct {
-	cached float64 // predicted cached tokens
-	unc    float64 // T - c_r C_r, at least 0
-	inv    float64 // 1 / P_r
-	pre    float64 // O_r + max(slotWait_r, backlog_r) + Q_r / P_r
-	pen    float64 // the load penalty
-	kvPen  float64 // the KV penalty, when kv
-	kv     bool    // U_r is past KVHighWater
-	full   bool
+	cached     float64 // predicted cached tokens
+	queuedReqs int64   // N_r
+	unc        float64 // T - c_r C_r, at least 0
+	inv        float64 // 1 / P_r
+	pre        float64 // O_r + max(slotWait_r, backlog_r) + Q_r / P_r
+	pen        float64 // the load penalty
+	kvPen      float64 // the KV penalty, when kv
+	kv         bool    // U_r is past KVHighWater
+	full       bool
 }
 
 // queuedReqs is the replica's share of N: requests waiting for prefill, not
@@ -512,4 +544,10 @@ var (
 	_ BeginHook  = (*Session)(nil)
 	_ RemoveHook = (*Session)(nil)
 	_ Policy     = (*CostPolicy)(nil)
+)
+
+var (
+	_ Retuner = (*CostPolicy)(nil)
+	_ Retuner = (*ConsistentHash)(nil)
+	_ Retuner = (*Session)(nil)
 )

@@ -109,21 +109,21 @@ func TestPolicyChoices(t *testing.T) {
 			state: state{n: 2, inFlight: []int{0, 2}, pending: []int{1, 0}}, system: "cold", want: 1, not: -1},
 		{name: "cost: faster replica wins a long cold prompt", cfg: Config{},
 			state: state{n: 2, rates: []float64{5000, 20000}}, system: sys8k, want: 1, not: -1},
-		{name: "cost: a loaded home keeps its prefix (recomputing it would delay the queue)", cfg: Config{},
+		{name: "cost: a loaded home keeps its prefix while its queue is shorter than a recompute", cfg: Config{},
 			// home r0 holds 16384 tokens (1.64 s to recompute) with 1.23 s of
-			// prefill queued (3 requests): greedy TTFT alone keeps the home too;
-			// the externality (1 + 3/2 queued per replica) x 1.64 s makes
-			// recomputing on r1 cost 4.1 s.
+			// prefill queued (3 requests): waiting there beats recomputing.
 			state: state{n: 2, pending: []int{3, 0}}, warm: map[int]string{0: sys16k},
 			system: sys16k, want: 0, not: -1},
-		{name: "cost: a home queued past break-even with the externality hands the prefix over", cfg: Config{},
-			// 8 replicas, 12 requests (4.9 s) queued on the home: recomputing
-			// elsewhere costs 1.64 s x (1 + 12/8) = 4.1 s.
-			state: state{n: 8, pending: []int{12}}, warm: map[int]string{0: sys16k},
-			system: sys16k, want: -1, not: 0},
-		{name: "cost: below that the home keeps it", cfg: Config{},
-			// 7 queued (2.87 s + 35 ms busy) vs 1.64 s x (1 + 7/8) = 3.07 s.
+		{name: "cost: a home queued past a recompute hands the prefix to an idle replica", cfg: Config{},
+			// 7 requests (2.87 s) queued on the home: recomputing on an idle
+			// replica costs 1.64 s and delays no one there.
 			state: state{n: 8, pending: []int{7}}, warm: map[int]string{0: sys16k},
+			system: sys16k, want: -1, not: 0},
+		{name: "cost: a recompute is dearer where it joins a queue", cfg: Config{},
+			// The home has 7 queued (2.87 s); every other replica has one
+			// queued (0.41 s), which the 1.64 s recompute would delay: 0.41 +
+			// 1.64 x (1 + 1) = 3.69 s. The home keeps the prefix.
+			state: state{n: 8, pending: []int{7, 1, 1, 1, 1, 1, 1, 1}}, warm: map[int]string{0: sys16k},
 			system: sys16k, want: 0, not: -1},
 		{name: "cost: a hot prefix whose home has no free batch slot moves to a free one", cfg: Config{},
 			// r0 holds the 2048-token prompt but runs 10 requests on 4 slots:

@@ -59,6 +59,9 @@ type Router struct {
 	// slotSec (float64 bits) is the EWMA of every replica's slot-time
 	// samples (ttft.go).
 	slotSec atomic.Uint64
+	// fleetPre: every replica's fitted prefill model, the prior of a
+	// replica without samples of its own.
+	fleetPre fleetPrefill
 }
 
 // tailSlots sizes Router.tails: 64K pairs, 512 KiB per Router.
@@ -150,6 +153,10 @@ type replica struct {
 	// fleetSlot is the Router's slotSec: every replica's slot-time samples,
 	// the prior of a replica without its own.
 	fleetSlot *atomic.Uint64
+	// fleetPrefill is the Router's fleet prefill model (fleetPrefill): the
+	// prior of a replica that has no rate of its own yet (fitted false).
+	fleetPrefill *fleetPrefill
+	fitted       atomic.Bool // a configured, engine-reported or fitted rate
 
 	// Peers' load (peer.go): the sums over peer slots of peers[i], kept
 	// apart from this router's own counters, which stay authoritative.
@@ -207,7 +214,44 @@ func NewRouter(cfg Config) (*Router, error) {
 }
 
 // Config returns the effective configuration (defaults filled in).
-func (r *Router) Config() Config { return r.cfg }
+func (r *Router) Config() Config {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.cfg
+}
+
+// Retuner is a policy whose knobs follow Router.Retune.
+type Retuner interface {
+	Retune(cfg Config)
+}
+
+// Retune applies cfg's live fields (tagged reload:"live": signal_max_age,
+// session_ttl, max_ranked, load_factor, load_penalty_seconds,
+// kv_high_water, kv_penalty_seconds, max_scan) to the running router and
+// its policy; decisions after it returns use them. The other fields are
+// fixed at NewRouter (the hashing, the policy, the index sizing) and are
+// ignored here. Index, load and sessions are kept.
+func (r *Router) Retune(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("affinity config: %w", err)
+	}
+	cfg = cfg.WithDefaults()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Field by field: readers of the fixed fields (HashConfig) take no lock.
+	r.cfg.SignalMaxAge = cfg.SignalMaxAge
+	r.cfg.SessionTTL = cfg.SessionTTL
+	r.cfg.MaxRanked = cfg.MaxRanked
+	r.cfg.LoadFactor = cfg.LoadFactor
+	r.cfg.LoadPenaltySeconds = cfg.LoadPenaltySeconds
+	r.cfg.KVHighWater = cfg.KVHighWater
+	r.cfg.KVPenaltySeconds = cfg.KVPenaltySeconds
+	r.cfg.MaxScan = cfg.MaxScan
+	if t, ok := r.policy.(Retuner); ok {
+		t.Retune(r.cfg)
+	}
+	return nil
+}
 
 // HashConfig returns the hashing configuration parsers must use.
 func (r *Router) HashConfig() HashConfig { return r.cfg.Hash }
@@ -272,7 +316,7 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 		r.reps = append(r.reps, nil)
 	}
 	r.gen++
-	p := &replica{id: id, gen: r.gen, fleetSlot: &r.slotSec}
+	p := &replica{id: id, gen: r.gen, fleetSlot: &r.slotSec, fleetPrefill: &r.fleetPre}
 	r.applySpec(p, spec)
 	p.healthy.Store(true)
 	r.reps[id] = p
@@ -295,6 +339,9 @@ func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 			rate = r.cfg.DefaultPrefillTokensPerSec
 		}
 		storeF(&p.rate, rate)
+	}
+	if spec.PrefillTokensPerSec > 0 {
+		p.fitted.Store(true)
 	}
 	p.capMax = r.capBlocks(&spec, int(p.sigKVCap.Load()))
 	p.capEff = p.capMax
@@ -495,12 +542,16 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 	}
 	held := r.idx.insert(id, hs)
 	cached := min(held*r.bt, req.PromptTokens)
-	unc := max(req.PromptTokens-cached, 0)
+	// The prefill the replica is expected to do: the index's hit discounted
+	// by how much of its predicted hits come true there (an engine without
+	// prefix caching computes the whole prompt however warm the index is).
+	unc := max(req.PromptTokens-int(p.confidence()*float64(cached)), 0)
 	wait := p.slotWait(p.totalInFlight())
 	*f = Flight{
 		Replica:        id,
 		UncachedTokens: unc,
 		PromptTokens:   req.PromptTokens,
+		predCached:     cached,
 		Start:          req.Now,
 		gen:            p.gen,
 		queued:         p.totalPending(),
@@ -583,7 +634,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	if o.PrefillSeconds > 0 {
 		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds)
 	}
-	rate := loadF(&p.rate)
+	rate, over0 := p.prefill()
 	switch {
 	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
 		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
@@ -602,7 +653,11 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// the slot wait was overestimated).
 	y := max(dt-f.slotWait, dt/4)
 	p.fitMu.Lock()
-	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, loadF(&p.overhead), loadF(&p.model.engRate))
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, loadF(&p.model.engRate))
+	if !p.fitted.Load() {
+		storeF(&p.overhead, over0)
+		p.fitted.Store(true)
+	}
 	storeF(&p.rate, rate)
 	if s := p.slots(); s > 0 {
 		// With known slots the intercept comes from clean samples only:
@@ -622,6 +677,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	}
 	storeF(&p.overhead, over)
 	p.fitMu.Unlock()
+	r.fleetPre.sample(rate, over)
 }
 
 // Outcome is what a finished request reports back (EndWith).
@@ -656,7 +712,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		return
 	}
 	cachedTokens, ok := o.CachedTokens, o.OK
-	predicted := f.PromptTokens - f.UncachedTokens
+	predicted := f.predCached
 	rollback := !ok && f.FirstTokenAt == 0 && f.newBlocks > 0
 	miss := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens*2 < predicted
 	grow := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens >= predicted

@@ -32,7 +32,8 @@ import (
 //	     duration minus the predicted slot wait (buffered); the router's
 //	     fleet mean, else defaultSlotSeconds, until the first sample
 //	P_r  the engine's reported prefill rate (llama.cpp prompt_n / prompt_ms,
-//	     EWMA) when it reports one, else the robust fit below
+//	     EWMA) when it reports one, else the robust fit below; before a
+//	     replica's first sample, the fleet's (fleetPrefill)
 //	O_r  the fit's intercept; with known slots, the mean over requests that
 //	     met no queue
 //
@@ -57,6 +58,8 @@ const (
 	slotLearnWaiting = 2
 	// errWeight is the EWMA weight of a TTFT prediction error sample.
 	errWeight = 0.05
+	// fleetWeight is the EWMA weight of a fit update in fleetPrefill.
+	fleetWeight = 0.05
 	// engineRateMinTokens: engine prefill timings of fewer tokens are too
 	// coarse (ms resolution) to give a rate.
 	engineRateMinTokens = 16
@@ -233,11 +236,48 @@ func (p *replica) backlog(now int64) float64 {
 // 2 ms plus a tenth of the fitted overhead.
 func (p *replica) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 
+// fleetPrefill is the router's view of a typical replica's prefill model:
+// the geometric mean of fitted prefill rates (rates span orders of
+// magnitude and a sparse fit can be far off, so their logs are averaged)
+// and the mean overhead, both EWMAs over fit updates of any replica. A
+// replica that has served nothing yet is priced with it: with a fixed prior
+// slower than the fleet really is, a replica added to a warm fleet (a
+// scale-up, or one the first requests happened to miss) looks slow, is
+// never chosen, and so never learns otherwise.
+type fleetPrefill struct {
+	logRate, over atomic.Uint64 // float64 bits
+	n             atomic.Uint64
+}
+
+func (f *fleetPrefill) sample(rate, over float64) {
+	if !(rate > 0) {
+		return
+	}
+	if f.n.Add(1) == 1 {
+		storeF(&f.logRate, math.Log(rate))
+		storeF(&f.over, over)
+		return
+	}
+	ewma(&f.logRate, math.Log(rate), fleetWeight)
+	ewma(&f.over, over, fleetWeight)
+}
+
+// prefill is the prefill rate and overhead the cost policy prices p with:
+// its own once it has a configured, engine-reported or fitted rate, else
+// the fleet's (fleetPrefill), else the configured default rate.
+func (p *replica) prefill() (rate, over float64) {
+	if !p.fitted.Load() && p.fleetPrefill != nil && p.fleetPrefill.n.Load() > 0 {
+		return math.Exp(loadF(&p.fleetPrefill.logRate)), loadF(&p.fleetPrefill.over)
+	}
+	return loadF(&p.rate), loadF(&p.overhead)
+}
+
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
 func (p *replica) predictTTFT(unc float64) float64 {
-	inv := 1 / loadF(&p.rate)
-	return loadF(&p.overhead) + p.slotWait(p.totalInFlight()) +
+	rate, over := p.prefill()
+	inv := 1 / rate
+	return over + p.slotWait(p.totalInFlight()) +
 		(float64(max(p.totalPending(), 0))+unc)*inv
 }
 

@@ -346,3 +346,81 @@ func TestEngineBusyCountsOnlyTheExcess(t *testing.T) {
 		t.Fatalf("replica 1 carries 5 requests of another router: ranked %v", d.Ranked)
 	}
 }
+
+// TestNewReplicaPricedLikeTheFleet: a replica that has served nothing is
+// priced with the fleet's fitted prefill model, not the configured default
+// (10,000 tokens/s, 5x slower than this fleet): a replica added to a warm
+// fleet is chosen for a cold prompt as soon as it is the idle one, and so
+// learns its own rate.
+func TestNewReplicaPricedLikeTheFleet(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	const rate = 50000.0 // the fleet's engines: 50,000 tokens/s, 20 ms overhead
+	for i := range 40 {
+		unc := 200 + 100*(i%10)
+		req := &Request{Model: []byte("m"), PromptTokens: unc, Now: int64(i) * 1e9}
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		ttft := 0.02 + float64(unc)/rate
+		r.FirstToken(&f, req.Now+int64(ttft*1e9))
+		r.EndWith(&f, req.Now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0})
+	}
+	fitted := r.Replicas()[0].PrefillTokensPerSec
+	if fitted < rate/2 || fitted > rate*2 {
+		t.Fatalf("fitted rate %.0f tokens/s, want about %.0f", fitted, rate)
+	}
+	id, err := r.AddReplica(ReplicaSpec{Name: "new", Models: []string{"m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Model: []byte("m"), PromptTokens: 4000, Now: 41e9}
+	var f Flight
+	r.Begin(id, req, nil, &f)
+	defer r.End(&f, 42e9, 0, true)
+	// The fleet's model predicts 0.02 + 4000/50000 = 0.1 s; the default
+	// rate would say 0.4 s.
+	if p := f.PredictedTTFT(); p < 0.05 || p > 0.2 {
+		t.Fatalf("new replica's predicted TTFT for 4,000 cold tokens %.3f s, want the fleet's ~0.1 s", p)
+	}
+	// A replica with a configured rate keeps it.
+	cfgd, err := r.AddReplica(ReplicaSpec{Name: "configured", Models: []string{"m"}, PrefillTokensPerSec: 8000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g Flight
+	r.Begin(cfgd, &Request{Model: []byte("m"), PromptTokens: 4000, Now: 41e9}, nil, &g)
+	defer r.End(&g, 42e9, 0, true)
+	if p := g.PredictedTTFT(); p < 0.45 || p > 0.6 {
+		t.Fatalf("configured replica's predicted TTFT %.3f s, want 4000/8000 = 0.5 s", p)
+	}
+}
+
+// TestPendingPrefillCountsUntrustedHitsAsWork: on a replica whose predicted
+// hits never come true (an engine without prefix caching), the prefill
+// queued there counts the whole prompt, not the part the index thinks is
+// cached, so its queue is priced as the work it is.
+func TestPendingPrefillCountsUntrustedHitsAsWork(t *testing.T) {
+	sys := strings.Repeat("abcdefgh", 1024) // 2048 tokens
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	for i := range 60 {
+		req := promptReq(t, sys, fmt.Sprintf("q%d", i))
+		req.Now = int64(i+1) * 1e9
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		r.FirstToken(&f, req.Now+2e8)
+		r.End(&f, req.Now+3e8, 0, true) // the engine never has the prefix cached
+	}
+	if c := r.Replicas()[0].Confidence; c > 0.05 {
+		t.Fatalf("confidence %.2f after 60 unrealised hits", c)
+	}
+	req := promptReq(t, sys, "next")
+	req.Now = 70e9
+	var f Flight
+	r.Begin(ids[0], req, nil, &f)
+	defer r.End(&f, 71e9, 0, true)
+	if f.UncachedTokens < req.PromptTokens*9/10 {
+		t.Fatalf("uncached %d of %d prompt tokens: an untrusted hit counted as no work", f.UncachedTokens, req.PromptTokens)
+	}
+	if p := r.Replicas()[0].PendingPrefillTokens; p < req.PromptTokens*9/10 {
+		t.Fatalf("pending prefill %d tokens, want about the whole %d-token prompt", p, req.PromptTokens)
+	}
+}

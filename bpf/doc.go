@@ -8,9 +8,8 @@
 //     slowpath). The decision is kept in an LRU flow table.
 //   - xdp_decap: GPU host. Strips the outer header of IPIP packets for a
 //     service and passes the inner packet.
-//   - xdp_pass: returns XDP_PASS; benchmark floor.
-//   - xdp_steer_bench: xdp_steer that undoes its encapsulation, for
-//     BPF_PROG_TEST_RUN with Repeat > 1. Never attached.
+//   - xdp_pass: returns XDP_PASS; the dummy program for a veth peer in
+//     tests (a native redirect into a veth needs one on the peer).
 //
 // Only package fastpath imports this package. The generated files are
 // committed so `go build` needs no clang; `make generate` rebuilds them with

@@ -9,5 +9,5 @@ exec go run github.com/cilium/ebpf/cmd/bpf2go \
 	-target bpfel \
 	-go-package bpf \
 	-type svc_key -type svc_val -type aff_key -type aff_val -type backend \
-	-type flow_key -type flow_val -type config -type counter -type nexthop \
+	-type flow_key -type flow_val -type config -type counter -type nexthop -type flow_cache_slot \
 	Warmpath warmpath.c -- -mcpu=v3 -Wall -Werror -I.

@@ -27,7 +27,7 @@ func TestLoad(t *testing.T) {
 	t.Cleanup(func() { _ = objs.Close() })
 	for name, p := range map[string]*ebpf.Program{
 		"xdp_steer": objs.XdpSteer, "xdp_decap": objs.XdpDecap,
-		"xdp_pass": objs.XdpPass, "xdp_steer_bench": objs.XdpSteerBench,
+		"xdp_pass": objs.XdpPass,
 	} {
 		if p.Type() != ebpf.XDP {
 			t.Errorf("%s: type %v, want XDP", name, p.Type())

@@ -15,11 +15,6 @@
  *
  * xdp_pass: returns XDP_PASS; the benchmark floor.
  *
- * xdp_steer_bench: xdp_steer followed by an undo of the encapsulation, so
- * BPF_PROG_TEST_RUN with Repeat > 1 measures the steering path on the same
- * input every iteration. Never attached; its input must be a steerable
- * packet (an XDP_TX of an ICMP reply would be "undone" too).
- *
  * Rule: anything not understood is passed untouched (never steered, never
  * dropped). Every header access is preceded by a bounds check.
  *
@@ -28,8 +23,8 @@
  *     absent (hash) or out of range (array); never NULL for an in-range
  *     array or per-CPU array index.
  *   bpf_map_update_elem: 0, or < 0 (e.g. -E2BIG when a hash map is full).
- *   bpf_ktime_get_ns / bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC(_COARSE)
- *     in ns, cannot fail.
+ *   bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE in ns, cannot fail.
+ *   bpf_jiffies64: the tick counter, cannot fail.
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
@@ -39,6 +34,8 @@
 #define MAX_BACKENDS 256
 #define MAX_AFFINITY 65536
 #define MAX_FLOWS 131072
+#define FLOW_CACHE_SLOTS 4096 /* per CPU; a power of two */
+#define FLOW_CACHE_TICKS 64   /* 64 ms at HZ=1000, 640 ms at HZ=100 */
 #define BACKEND_LOCAL 0xffffffffu
 #define OUTER_TTL 64
 #define IPPROTO_ICMP 1
@@ -67,9 +64,11 @@ struct aff_key {
 };
 
 /*
- * Affinity value, written by Go. last_used_ns (bpf_ktime_get_ns, i.e.
- * CLOCK_MONOTONIC) is refreshed by the program each time the entry decides a
- * connection; gen must equal the backend's generation for the entry to count.
+ * Affinity value, written by Go. last_used_ns (CLOCK_MONOTONIC, written by
+ * the program with bpf_ktime_get_coarse_ns: at most a tick behind, ~35 ns
+ * cheaper here, plenty for idle times of minutes) is refreshed by the
+ * program each time the entry decides a connection; gen must equal the
+ * backend's generation for the entry to count.
  */
 struct aff_val {
 	__u64 last_used_ns;
@@ -87,14 +86,16 @@ struct backend {
 	__u8 pad[3];
 };
 
-/* Flow key: the TCP 5-tuple as seen on the client-facing interface. */
+/*
+ * Flow key: the TCP 4-tuple as seen on the client-facing interface (only TCP
+ * has flows). 12 bytes: the kernel hashes them in one jhash round, ~9 ns
+ * less per lookup than a 16-byte key.
+ */
 struct flow_key {
 	__be32 saddr;
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
-	__u8 proto;
-	__u8 pad[3];
 };
 
 /* Flow decision: backend id and host address, or backend BACKEND_LOCAL. */
@@ -111,15 +112,42 @@ struct config {
 	__be32 decap_src;
 	/* Next-hop cache lifetime; 0 = no cache, bpf_fib_lookup on every packet. */
 	__u64 nh_ttl_ns;
+	/* Bumped by Go when it deletes flows: every flow_cache slot filled
+	 * before is stale. */
+	__u32 flow_epoch;
+	__u32 pad;
+};
+
+/*
+ * Per-CPU flow cache slot: a copy of one flows entry (key and decision),
+ * direct-mapped by a hash of the key, so an established packet usually
+ * finds its decision with an array lookup (inlined) instead of a hash
+ * lookup (~20 ns here). Valid while epoch equals config.flow_epoch and for
+ * FLOW_CACHE_TICKS jiffies after filled. The program's own writes to flows
+ * replace this CPU's slot; another CPU's copy of a re-decided flow lives on
+ * for at most FLOW_CACHE_TICKS (a flow is re-decided only by its SYN, which
+ * cannot follow non-SYN packets of the same 4-tuple that quickly: TCP's
+ * TIME_WAIT, or tcp_tw_reuse's one second).
+ */
+struct flow_cache_slot {
+	struct flow_key key;
+	__be32 addr;
+	__u32 backend;
+	__u32 epoch;
+	__u64 filled;
 };
 
 /*
  * Per-CPU next-hop cache slot, indexed by backend id: the result of a
  * successful bpf_fib_lookup for dst, and the egress MTU, valid until
  * expires_ns (bpf_ktime_get_coarse_ns). Saves the FIB lookup on most packets.
+ * The coarse clock only moves when jiffies do, so it is read once per tick
+ * (seen_jiffies: the tick it was last read in, and expires_ns had not
+ * passed), not per packet: bpf_jiffies64 is a load, the clock ~7 ns here.
  */
 struct nexthop {
 	__u64 expires_ns;
+	__u64 seen_jiffies;
 	__be32 dst;
 	__be32 src;
 	__u32 ifindex;
@@ -127,6 +155,9 @@ struct nexthop {
 	__u8 smac[ETH_ALEN];
 	__u8 dmac[ETH_ALEN];
 	__u16 pad;
+	/* One's complement sum of the outer header's constant words (TTL,
+	 * protocol, addresses): the per-packet checksum adds four words. */
+	__u32 csum_base;
 };
 
 struct counter {
@@ -141,7 +172,10 @@ enum counter_idx {
 	C_PASS_FRAGMENT,      /* IPv4 TCP fragment: passed */
 	C_PASS_LOCAL,         /* service packet of a LOCAL flow: passed */
 	C_PASS_NO_STATE,      /* service non-SYN with no flow, no affinity: passed */
-	C_STEERED,            /* encapsulated and redirected/transmitted */
+	C_STEERED,            /* encapsulated and redirected/transmitted; not
+			       * written: Go derives it as the sum of the
+			       * backends' BE_STEERED minus C_STEERED_STACK, so
+			       * a steered packet updates one counter */
 	C_STEERED_STACK,      /* encapsulated and passed: neighbour unresolved */
 	C_DROPPED,            /* steered flow that cannot be forwarded now */
 	C_ERR_MALFORMED,      /* truncated or invalid header: passed */
@@ -209,6 +243,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } settings SEC(".maps");
 
+/*
+ * Service ports, a bitmap indexed by TCP destination port (bit port & 63 of
+ * slot port >> 6), written by Go with the services map. A clear bit means no
+ * service has this port, so the packet is not for a service: the filter that
+ * lets the flow table come first without charging other traffic a hash
+ * lookup. Not pinned: rebuilt from the services map by each loaded program.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} svc_ports SEC(".maps");
+
 /* Per-CPU rate limit for ICMP replies: a one-second window. Not pinned. */
 struct icmp_budget {
 	__u64 window_ns;
@@ -222,6 +270,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct icmp_budget);
 } icmp_budget SEC(".maps");
+
+/* Not pinned: a cache of flows, rebuilt by each loaded program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FLOW_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct flow_cache_slot);
+} flow_cache SEC(".maps");
 
 /* Not pinned: a cache, rebuilt by each loaded program. */
 struct {
@@ -311,8 +367,9 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 		count(C_AFF_STALE, len);
 		return 0;
 	}
-	/* bpf_ktime_get_ns: CLOCK_MONOTONIC, the clock Go compares with. */
-	av->last_used_ns = bpf_ktime_get_ns();
+	/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, the tick-grained
+	 * view of the clock Go compares with (never ahead of it). */
+	av->last_used_ns = bpf_ktime_get_coarse_ns();
 	*id = av->backend;
 	return be;
 }
@@ -417,67 +474,33 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 	return 0;
 }
 
-/*
- * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
- * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
- * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
- * forwards the encapsulated packet and resolves it), STEER_FAIL when the
- * packet cannot be forwarded and is unmodified (route or headroom failure,
- * counted), STEER_FRAG (unmodified, *mtu set) when the encapsulated packet
- * exceeds the egress MTU, STEER_DROP when it was modified but cannot be
- * completed.
- */
-static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+/* outer_csum_base sums the outer header words that are fixed per next hop:
+ * TTL and protocol, source and destination (byte order independent). */
+static __always_inline __u32 outer_csum_base(__be32 src, __be32 dst)
 {
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + sizeof(*eth);
+	__u8 tp[2] = { OUTER_TTL, IPPROTO_IPIP };
+	__u16 w;
+
+	__builtin_memcpy(&w, tp, sizeof(w));
+	return (__u32)w + (src & 0xffff) + (src >> 16) + (dst & 0xffff) + (dst >> 16);
+}
+
+/*
+ * next_hop routes an encapsulated packet to dst (bpf_fib_lookup, which also
+ * checks inner_len + 20 against the egress MTU) and fills hop's src,
+ * ifindex, smac, dmac and mtu (0xffff: the lookup checked it). Returns
+ * BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LKUP_RET_NO_NEIGH (src and ifindex
+ * only: the stack resolves the neighbour), STEER_FRAG with *mtu set or
+ * STEER_FAIL (both counted). On success with nh non-NULL it refills that
+ * cache slot, learning the egress MTU with a second lookup.
+ */
+static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cfg, __be32 dst,
+				     __u8 tos, __u16 inner_len, struct nexthop *nh, __u64 jiffies,
+				     struct nexthop *hop, __u16 *mtu, __u64 len)
+{
 	struct bpf_fib_lookup fib = {};
-	struct ethhdr old;
-	struct nexthop *nh = 0;
-	struct config *cfg;
-	struct iphdr *outer;
-	__u32 key = 0, flags = 0;
-	__u64 now = 0;
-	__u16 inner_len;
-	__be16 df, ipid;
-	__u8 tos;
+	__u32 flags = 0;
 	long rc, rc2;
-
-	if ((void *)(ip + 1) > end)
-		return STEER_FAIL;
-	cfg = bpf_map_lookup_elem(&settings, &key);
-	if (!cfg)
-		return STEER_FAIL;
-	inner_len = bpf_ntohs(ip->tot_len);
-	if (inner_len > 0xffff - sizeof(struct iphdr)) {
-		count(C_ERR_FRAG_NEEDED, len);
-		return STEER_FAIL;
-	}
-	tos = ip->tos;
-	ipid = ip->id;
-	df = ip->frag_off & bpf_htons(IP_DF);
-	old = *eth;
-
-	if (cfg->nh_ttl_ns) {
-		nh = bpf_map_lookup_elem(&nexthops, &id);
-		/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, never fails. */
-		now = bpf_ktime_get_coarse_ns();
-		if (nh && nh->dst == dst && nh->expires_ns > now) {
-			if (inner_len + sizeof(struct iphdr) > nh->mtu) {
-				count(C_ERR_FRAG_NEEDED, len);
-				*mtu = nh->mtu;
-				return STEER_FRAG;
-			}
-			fib.ifindex = nh->ifindex;
-			fib.ipv4_src = nh->src;
-			__builtin_memcpy(fib.smac, nh->smac, ETH_ALEN);
-			__builtin_memcpy(fib.dmac, nh->dmac, ETH_ALEN);
-			rc = BPF_FIB_LKUP_RET_SUCCESS;
-			goto encap;
-		}
-	}
 
 	fib.family = AF_INET;
 	fib.l4_protocol = IPPROTO_IPIP;
@@ -505,10 +528,16 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		count(C_ERR_FIB, len);
 		return STEER_FAIL;
 	}
+	hop->src = fib.ipv4_src;
+	hop->ifindex = fib.ifindex;
+	hop->mtu = 0xffff;
+	hop->csum_base = outer_csum_base(fib.ipv4_src, dst);
+	__builtin_memcpy(hop->smac, fib.smac, ETH_ALEN);
+	__builtin_memcpy(hop->dmac, fib.dmac, ETH_ALEN);
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS && nh) {
 		/* Learn the egress MTU: the largest tot_len fails with it. */
 		struct bpf_fib_lookup probe = {};
-		__u16 mtu = 0xffff;
+		__u16 egress = 0xffff;
 
 		probe.family = AF_INET;
 		probe.l4_protocol = IPPROTO_IPIP;
@@ -519,19 +548,87 @@ static __always_inline int steer(struct xdp_md *ctx, __be32 dst, __u32 id, __u64
 		probe.ipv4_dst = dst;
 		rc2 = bpf_fib_lookup(ctx, &probe, sizeof(probe), 0);
 		if (rc2 == BPF_FIB_LKUP_RET_FRAG_NEEDED)
-			mtu = probe.mtu_result;
+			egress = probe.mtu_result;
 		if (rc2 == BPF_FIB_LKUP_RET_SUCCESS || rc2 == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
 			nh->dst = dst;
 			nh->src = fib.ipv4_src;
 			nh->ifindex = fib.ifindex;
-			nh->mtu = mtu;
+			nh->mtu = egress;
+			nh->csum_base = hop->csum_base;
 			__builtin_memcpy(nh->smac, fib.smac, ETH_ALEN);
 			__builtin_memcpy(nh->dmac, fib.dmac, ETH_ALEN);
-			nh->expires_ns = now + cfg->nh_ttl_ns;
+			nh->expires_ns = bpf_ktime_get_coarse_ns() + cfg->nh_ttl_ns;
+			nh->seen_jiffies = jiffies;
 		}
 	}
+	return rc;
+}
+
+/*
+ * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
+ * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
+ * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
+ * forwards the encapsulated packet and resolves it), STEER_FAIL when the
+ * packet cannot be forwarded and is unmodified (route or headroom failure,
+ * counted), STEER_FRAG (unmodified, *mtu set) when the encapsulated packet
+ * exceeds the egress MTU, STEER_DROP when it was modified but cannot be
+ * completed.
+ *
+ * With the next-hop cache on, a packet whose backend's slot is valid goes
+ * straight to the encapsulation: no route lookup, no clock read within a
+ * tick (see struct nexthop), the MACs written from the slot.
+ */
+static __always_inline int steer(struct xdp_md *ctx, const struct config *cfg, __u64 jiffies,
+				 __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	struct nexthop *nh = 0, *hop, tmp;
+	struct iphdr *outer;
+	__u16 inner_len, *w;
+	__u32 sum;
+	__be16 df, ipid;
+	__u8 tos;
+	long rc = BPF_FIB_LKUP_RET_SUCCESS;
+
+	if ((void *)(ip + 1) > end)
+		return STEER_FAIL;
+	inner_len = bpf_ntohs(ip->tot_len);
+	if (inner_len > 0xffff - sizeof(struct iphdr)) {
+		count(C_ERR_FRAG_NEEDED, len);
+		return STEER_FAIL;
+	}
+	tos = ip->tos;
+	ipid = ip->id;
+	df = ip->frag_off & bpf_htons(IP_DF);
+
+	if (cfg->nh_ttl_ns) {
+		/* bpf_map_lookup_elem (per-CPU array): NULL only for id >=
+		 * MAX_BACKENDS. */
+		nh = bpf_map_lookup_elem(&nexthops, &id);
+		/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, never
+		 * fails; read at most once per tick per slot. */
+		if (nh && nh->dst == dst && nh->seen_jiffies != jiffies &&
+		    nh->expires_ns > bpf_ktime_get_coarse_ns())
+			nh->seen_jiffies = jiffies;
+		if (nh && nh->dst == dst && nh->seen_jiffies == jiffies) {
+			hop = nh;
+			goto encap;
+		}
+	}
+	rc = next_hop(ctx, cfg, dst, tos, inner_len, nh, jiffies, &tmp, mtu, len);
+	if (rc < 0)
+		return rc;
+	hop = &tmp;
 
 encap:
+	if (inner_len + sizeof(struct iphdr) > hop->mtu) {
+		count(C_ERR_FRAG_NEEDED, len);
+		*mtu = hop->mtu;
+		return STEER_FRAG;
+	}
 	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
 	 * headroom is too small. Invalidates every packet pointer. */
 	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr))) {
@@ -546,12 +643,14 @@ encap:
 		return STEER_DROP;
 
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		__builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, hop->smac, ETH_ALEN);
 	} else {
-		/* Keep the frame addressed to us so the stack accepts it. */
-		__builtin_memcpy(eth->h_dest, old.h_dest, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, old.h_source, ETH_ALEN);
+		/* Keep the frame addressed to us so the stack accepts it: the
+		 * original Ethernet header now starts at data + 20, read
+		 * before the outer header overwrites it. */
+		__builtin_memcpy(eth->h_dest, data + sizeof(struct iphdr), ETH_ALEN);
+		__builtin_memcpy(eth->h_source, data + sizeof(struct iphdr) + ETH_ALEN, ETH_ALEN);
 	}
 	eth->h_proto = bpf_htons(ETH_P_IP);
 
@@ -563,25 +662,88 @@ encap:
 	outer->ttl = OUTER_TTL;
 	outer->protocol = IPPROTO_IPIP;
 	outer->check = 0;
-	outer->saddr = fib.ipv4_src;
+	outer->saddr = hop->src;
 	outer->daddr = dst;
-	outer->check = ip_csum(outer);
+	w = (__u16 *)outer;
+	sum = hop->csum_base + w[0] + w[1] + w[2] + w[3];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	outer->check = (__u16)~sum;
 
 	count_backend(id, BE_STEERED, len);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		count(C_STEERED_STACK, len);
 		return XDP_PASS;
 	}
-	count(C_STEERED, len);
-	if (fib.ifindex == ctx->ingress_ifindex)
+	if (hop->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
-	return bpf_redirect(fib.ifindex, 0);
+	return bpf_redirect(hop->ifindex, 0);
+}
+
+/* flow_slot returns this CPU's cache slot for fk: a multiplicative hash
+ * of the 4-tuple, masked into range (so never NULL in practice). */
+static __always_inline struct flow_cache_slot *flow_slot(const struct flow_key *fk)
+{
+	__u32 h = (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
+	__u32 idx = h >> 20 & (FLOW_CACHE_SLOTS - 1);
+
+	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
+	return bpf_map_lookup_elem(&flow_cache, &idx);
+}
+
+/* flow_slot_fill copies a flows entry into this CPU's cache slot. */
+static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const struct flow_key *fk,
+					   const struct flow_val *fv, __u32 epoch, __u64 jiffies)
+{
+	slot->key = *fk;
+	slot->addr = fv->addr;
+	slot->backend = fv->backend;
+	slot->epoch = epoch;
+	slot->filled = jiffies;
+}
+
+/* record_flow writes dec for fk to the flow table and to this CPU's cache
+ * slot. bpf_map_update_elem: 0 or < 0; on failure the packet still follows
+ * dec, only the memory of it is lost (the slot is cleared then). */
+static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec,
+					const struct config *cfg, __u64 jiffies)
+{
+	struct flow_cache_slot *slot = flow_slot(fk);
+	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
+
+	if (!slot)
+		return;
+	if (rc == 0) {
+		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
+		return;
+	}
+	/* Not recorded: this CPU's copy must not outlive the table's. */
+	slot->key.saddr = 0;
+	slot->epoch = ~0u;
+}
+
+/* service_port reports whether some service listens on TCP port (network
+ * order). An array lookup: inlined by the verifier, no hash. */
+static __always_inline int service_port(__be16 port)
+{
+	__u32 p = bpf_ntohs(port), slot = p >> 6;
+	/* bpf_map_lookup_elem (array): never NULL for slot < 1024. */
+	__u64 *bits = bpf_map_lookup_elem(&svc_ports, &slot);
+
+	return bits && (*bits >> (p & 63)) & 1;
 }
 
 /*
  * steer_main is the whole edge decision. Returns an XDP action. Every path
  * that does not steer leaves the packet untouched.
+ *
+ * Order: parse, then the service-port filter (an array lookup). A non-SYN
+ * packet looks up this CPU's flow cache (an array lookup), then the flow
+ * table, and on a hit follows it without the services or affinity maps: a
+ * flow entry exists only for a service (Go deletes a removed service's
+ * flows and voids the caches). Everything else (SYNs, flow misses) checks
+ * the services map and decides.
  */
 static __always_inline int steer_main(struct xdp_md *ctx)
 {
@@ -595,7 +757,9 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	struct flow_key fk = {};
 	struct flow_val dec = {}, *fv;
 	struct backend *be;
-	__u32 ihl, doff, tot, id = 0;
+	struct config *cfg;
+	__u32 ihl, doff, tot, id = 0, key = 0;
+	__u64 jiffies;
 	int syn, act, fresh = 0;
 	__u16 mtu = 0;
 
@@ -630,6 +794,42 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	doff = (tcp->doff_res >> 4) * 4;
 	if (doff < sizeof(*tcp) || ihl + doff > tot)
 		goto malformed;
+	if (!service_port(tcp->dest)) {
+		count(C_PASS_NOT_SERVICE, len);
+		return XDP_PASS;
+	}
+	/* bpf_map_lookup_elem (array, index 0): never NULL. */
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (!cfg)
+		return XDP_PASS;
+	/* bpf_jiffies64: the tick counter, never fails. */
+	jiffies = bpf_jiffies64();
+
+	syn = (tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	fk.saddr = ip->saddr;
+	fk.daddr = ip->daddr;
+	fk.sport = tcp->source;
+	fk.dport = tcp->dest;
+
+	if (!syn) {
+		struct flow_cache_slot *slot = flow_slot(&fk);
+
+		if (slot && slot->key.saddr == fk.saddr && slot->key.daddr == fk.daddr &&
+		    slot->key.sport == fk.sport && slot->key.dport == fk.dport &&
+		    slot->epoch == cfg->flow_epoch && jiffies - slot->filled < FLOW_CACHE_TICKS) {
+			dec.addr = slot->addr;
+			dec.backend = slot->backend;
+			goto follow;
+		}
+		/* bpf_map_lookup_elem (LRU hash): the value, or NULL. */
+		fv = bpf_map_lookup_elem(&flows, &fk);
+		if (fv) {
+			dec = *fv;
+			if (slot)
+				flow_slot_fill(slot, &fk, &dec, cfg->flow_epoch, jiffies);
+			goto follow;
+		}
+	}
 
 	sk.vip = ip->daddr;
 	sk.port = tcp->dest;
@@ -639,22 +839,19 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 
-	syn = (tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
-	fk.saddr = ip->saddr;
-	fk.daddr = ip->daddr;
-	fk.sport = tcp->source;
-	fk.dport = tcp->dest;
-	fk.proto = IPPROTO_TCP;
-
-	fv = bpf_map_lookup_elem(&flows, &fk);
-	if (fv) {
-		dec = *fv;
-		/* A retransmitted SYN follows its decision unless its backend
-		 * went away; then the connection is decided again. */
-		if (syn && dec.backend != BACKEND_LOCAL) {
-			be = usable_backend(dec.backend);
-			if (!be || be->addr != dec.addr)
-				fv = 0;
+	fv = 0;
+	if (syn) {
+		fv = bpf_map_lookup_elem(&flows, &fk);
+		if (fv) {
+			dec = *fv;
+			/* A retransmitted SYN follows its decision unless its
+			 * backend went away; then the connection is decided
+			 * again. */
+			if (dec.backend != BACKEND_LOCAL) {
+				be = usable_backend(dec.backend);
+				if (!be || be->addr != dec.addr)
+					fv = 0;
+			}
 		}
 	}
 	if (!fv) {
@@ -680,9 +877,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 			dec.addr = 0;
 			dec.backend = BACKEND_LOCAL;
 		}
-		/* bpf_map_update_elem: 0 or < 0; on failure the packet still
-		 * follows dec, only the memory of it is lost. */
-		bpf_map_update_elem(&flows, &fk, &dec, BPF_ANY);
+		record_flow(&fk, &dec, cfg, jiffies);
 		fresh = 1;
 		if (!syn && !be) {
 			count(C_PASS_NO_STATE, len);
@@ -690,19 +885,20 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		}
 	}
 
+follow:
 	if (dec.backend == BACKEND_LOCAL) {
 		count(C_PASS_LOCAL, len);
 		return XDP_PASS;
 	}
 
-	act = steer(ctx, dec.addr, dec.backend, len, &mtu);
+	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu);
 	if (act >= 0)
 		return act;
 	if ((act == STEER_FAIL || act == STEER_FRAG) && fresh && syn) {
 		/* A new connection that cannot reach its backend starts local. */
 		dec.addr = 0;
 		dec.backend = BACKEND_LOCAL;
-		bpf_map_update_elem(&flows, &fk, &dec, BPF_ANY);
+		record_flow(&fk, &dec, cfg, jiffies);
 		count(C_PASS_LOCAL, len);
 		return XDP_PASS;
 	}
@@ -734,32 +930,6 @@ SEC("xdp")
 int xdp_steer(struct xdp_md *ctx)
 {
 	return steer_main(ctx);
-}
-
-SEC("xdp")
-int xdp_steer_bench(struct xdp_md *ctx)
-{
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr saved, *eth = data;
-	int act;
-
-	if ((void *)(eth + 1) > end)
-		return steer_main(ctx);
-	saved = *eth;
-	act = steer_main(ctx);
-	if (act != XDP_REDIRECT && act != XDP_TX)
-		return act;
-	/* Undo the encapsulation so the next repetition sees the input. */
-	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct iphdr)))
-		return XDP_ABORTED;
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	eth = data;
-	if ((void *)(eth + 1) > end)
-		return XDP_ABORTED;
-	*eth = saved;
-	return act;
 }
 
 /*

@@ -38,10 +38,12 @@ type WarmpathBackend struct {
 }
 
 type WarmpathConfig struct {
-	_        structs.HostLayout
-	EncapSrc uint32
-	DecapSrc uint32
-	NhTtlNs  uint64
+	_         structs.HostLayout
+	EncapSrc  uint32
+	DecapSrc  uint32
+	NhTtlNs   uint64
+	FlowEpoch uint32
+	Pad       uint32
 }
 
 type WarmpathCounter struct {
@@ -50,14 +52,21 @@ type WarmpathCounter struct {
 	Bytes   uint64
 }
 
+type WarmpathFlowCacheSlot struct {
+	_       structs.HostLayout
+	Key     WarmpathFlowKey
+	Addr    uint32
+	Backend uint32
+	Epoch   uint32
+	Filled  uint64
+}
+
 type WarmpathFlowKey struct {
 	_     structs.HostLayout
 	Saddr uint32
 	Daddr uint32
 	Sport uint16
 	Dport uint16
-	Proto uint8
-	Pad   [3]uint8
 }
 
 type WarmpathFlowVal struct {
@@ -74,16 +83,17 @@ type WarmpathIcmpBudget struct {
 }
 
 type WarmpathNexthop struct {
-	_         structs.HostLayout
-	ExpiresNs uint64
-	Dst       uint32
-	Src       uint32
-	Ifindex   uint32
-	Mtu       uint16
-	Smac      [6]uint8
-	Dmac      [6]uint8
-	Pad       uint16
-	_         [4]byte
+	_           structs.HostLayout
+	ExpiresNs   uint64
+	SeenJiffies uint64
+	Dst         uint32
+	Src         uint32
+	Ifindex     uint32
+	Mtu         uint16
+	Smac        [6]uint8
+	Dmac        [6]uint8
+	Pad         uint16
+	CsumBase    uint32
 }
 
 type WarmpathSvcKey struct {
@@ -103,18 +113,19 @@ type WarmpathSvcVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	WarmpathMapAffinity       = "affinity"
-	WarmpathMapBackends       = "backends"
-	WarmpathMapCounters       = "counters"
-	WarmpathMapFlows          = "flows"
-	WarmpathMapIcmpBudget     = "icmp_budget"
-	WarmpathMapNexthops       = "nexthops"
-	WarmpathMapServices       = "services"
-	WarmpathMapSettings       = "settings"
-	WarmpathProgXdpDecap      = "xdp_decap"
-	WarmpathProgXdpPass       = "xdp_pass"
-	WarmpathProgXdpSteer      = "xdp_steer"
-	WarmpathProgXdpSteerBench = "xdp_steer_bench"
+	WarmpathMapAffinity   = "affinity"
+	WarmpathMapBackends   = "backends"
+	WarmpathMapCounters   = "counters"
+	WarmpathMapFlowCache  = "flow_cache"
+	WarmpathMapFlows      = "flows"
+	WarmpathMapIcmpBudget = "icmp_budget"
+	WarmpathMapNexthops   = "nexthops"
+	WarmpathMapServices   = "services"
+	WarmpathMapSettings   = "settings"
+	WarmpathMapSvcPorts   = "svc_ports"
+	WarmpathProgXdpDecap  = "xdp_decap"
+	WarmpathProgXdpPass   = "xdp_pass"
+	WarmpathProgXdpSteer  = "xdp_steer"
 )
 
 // LoadWarmpath returns the embedded CollectionSpec for Warmpath.
@@ -159,10 +170,9 @@ type WarmpathSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type WarmpathProgramSpecs struct {
-	XdpDecap      *ebpf.ProgramSpec `ebpf:"xdp_decap"`
-	XdpPass       *ebpf.ProgramSpec `ebpf:"xdp_pass"`
-	XdpSteer      *ebpf.ProgramSpec `ebpf:"xdp_steer"`
-	XdpSteerBench *ebpf.ProgramSpec `ebpf:"xdp_steer_bench"`
+	XdpDecap *ebpf.ProgramSpec `ebpf:"xdp_decap"`
+	XdpPass  *ebpf.ProgramSpec `ebpf:"xdp_pass"`
+	XdpSteer *ebpf.ProgramSpec `ebpf:"xdp_steer"`
 }
 
 // WarmpathMapSpecs contains maps before they are loaded into the kernel.
@@ -172,11 +182,13 @@ type WarmpathMapSpecs struct {
 	Affinity   *ebpf.MapSpec `ebpf:"affinity"`
 	Backends   *ebpf.MapSpec `ebpf:"backends"`
 	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	FlowCache  *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows      *ebpf.MapSpec `ebpf:"flows"`
 	IcmpBudget *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
 	Services   *ebpf.MapSpec `ebpf:"services"`
 	Settings   *ebpf.MapSpec `ebpf:"settings"`
+	SvcPorts   *ebpf.MapSpec `ebpf:"svc_ports"`
 }
 
 // WarmpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -208,11 +220,13 @@ type WarmpathMaps struct {
 	Affinity   *ebpf.Map `ebpf:"affinity"`
 	Backends   *ebpf.Map `ebpf:"backends"`
 	Counters   *ebpf.Map `ebpf:"counters"`
+	FlowCache  *ebpf.Map `ebpf:"flow_cache"`
 	Flows      *ebpf.Map `ebpf:"flows"`
 	IcmpBudget *ebpf.Map `ebpf:"icmp_budget"`
 	Nexthops   *ebpf.Map `ebpf:"nexthops"`
 	Services   *ebpf.Map `ebpf:"services"`
 	Settings   *ebpf.Map `ebpf:"settings"`
+	SvcPorts   *ebpf.Map `ebpf:"svc_ports"`
 }
 
 func (m *WarmpathMaps) Close() error {
@@ -220,11 +234,13 @@ func (m *WarmpathMaps) Close() error {
 		m.Affinity,
 		m.Backends,
 		m.Counters,
+		m.FlowCache,
 		m.Flows,
 		m.IcmpBudget,
 		m.Nexthops,
 		m.Services,
 		m.Settings,
+		m.SvcPorts,
 	)
 }
 
@@ -238,10 +254,9 @@ type WarmpathVariables struct {
 //
 // It can be passed to LoadWarmpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type WarmpathPrograms struct {
-	XdpDecap      *ebpf.Program `ebpf:"xdp_decap"`
-	XdpPass       *ebpf.Program `ebpf:"xdp_pass"`
-	XdpSteer      *ebpf.Program `ebpf:"xdp_steer"`
-	XdpSteerBench *ebpf.Program `ebpf:"xdp_steer_bench"`
+	XdpDecap *ebpf.Program `ebpf:"xdp_decap"`
+	XdpPass  *ebpf.Program `ebpf:"xdp_pass"`
+	XdpSteer *ebpf.Program `ebpf:"xdp_steer"`
 }
 
 func (p *WarmpathPrograms) Close() error {
@@ -249,7 +264,6 @@ func (p *WarmpathPrograms) Close() error {
 		p.XdpDecap,
 		p.XdpPass,
 		p.XdpSteer,
-		p.XdpSteerBench,
 	)
 }
 

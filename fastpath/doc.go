@@ -32,7 +32,8 @@
 //   - The pinned maps are an ABI: a version whose map layouts differ cannot
 //     adopt them (ErrMapIncompatible); Uninstall(pinPath) first (it loads
 //     nothing, so it works across versions).
-//   - Affinity idle times use CLOCK_MONOTONIC (bpf_ktime_get_ns). ExpireIdle
+//   - Affinity idle times use CLOCK_MONOTONIC (the program writes it with
+//     bpf_ktime_get_coarse_ns: at most a tick behind). ExpireIdle
 //     may race with a program refresh; the loser is a connection that goes
 //     to the slowpath once.
 //   - Only this package imports bpf and cilium/ebpf/link.

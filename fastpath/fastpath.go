@@ -146,7 +146,9 @@ type Counters struct {
 type Datapath interface {
 	// Mode reports ModeKernel or ModeUserspace.
 	Mode() Mode
-	// SetServices replaces the set of services (IPv4 VIP:port, TCP).
+	// SetServices replaces the set of services (IPv4 VIP:port, TCP). The
+	// kernel datapath also deletes the flows of services no longer listed
+	// (their established connections stop being steered).
 	SetServices(svcs []Service) error
 	// Services returns the current services, sorted.
 	Services() ([]Service, error)
@@ -211,7 +213,8 @@ type Options struct {
 	// default probe (run once per process). Tests inject failures here.
 	Probe func() error
 	// Now returns the monotonic clock in nanoseconds, the same clock as
-	// bpf_ktime_get_ns. nil means CLOCK_MONOTONIC (kernel and userspace).
+	// bpf_ktime_get_coarse_ns (its tick-grained view). nil means
+	// CLOCK_MONOTONIC (kernel and userspace).
 	Now func() int64
 }
 

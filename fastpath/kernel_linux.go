@@ -87,6 +87,15 @@ func OpenKernel(opts Options) (*Kernel, error) {
 	if err != nil {
 		return nil, unsupported(fmt.Errorf("load xdp_steer: %w", err))
 	}
+	// The port filter is this program's own (not pinned): rebuild it from
+	// the (possibly adopted) services before the program can be attached.
+	if svcs, err := readServices(k.objs.Services); err != nil {
+		k.closeObjs()
+		return nil, err
+	} else if err := k.writeServicePorts(svcs); err != nil {
+		k.closeObjs()
+		return nil, err
+	}
 	if opts.EncapSource.IsValid() {
 		if err := validIPv4("encap source", opts.EncapSource); err != nil {
 			k.closeObjs()
@@ -331,7 +340,90 @@ func (k *Kernel) SetServices(svcs []Service) error {
 		return err
 	}
 	defer k.mu.Unlock()
-	return setServices(k.objs.Services, svcs)
+	old, err := readServices(k.objs.Services)
+	if err != nil {
+		return err
+	}
+	// The port filter first lets the new services' ports through, then
+	// the services map changes, then the flows of removed services go
+	// (a non-SYN packet follows its flow entry without the services map),
+	// and last the filter drops ports no service has any more.
+	if err := k.writeServicePorts(append(old, svcs...)); err != nil {
+		return err
+	}
+	if err := setServices(k.objs.Services, svcs); err != nil {
+		return err
+	}
+	gone := make(map[Service]bool)
+	for _, s := range old {
+		gone[s] = true
+	}
+	for _, s := range svcs {
+		delete(gone, s)
+	}
+	if err := k.deleteFlows(gone); err != nil {
+		return err
+	}
+	return k.writeServicePorts(svcs)
+}
+
+// writeServicePorts sets the svc_ports bitmap to exactly the ports of svcs.
+func (k *Kernel) writeServicePorts(svcs []Service) error {
+	const slots = 1024
+	var bits [slots]uint64
+	for _, s := range svcs {
+		bits[s.Port()>>6] |= 1 << (s.Port() & 63)
+	}
+	keys := make([]uint32, slots)
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := k.objs.SvcPorts.BatchUpdate(keys, bits[:], nil); err != nil {
+		// Older kernels lack batch ops on arrays: one by one.
+		for i := range bits {
+			if err := k.objs.SvcPorts.Put(uint32(i), bits[i]); err != nil {
+				return fmt.Errorf("write service ports: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// deleteFlows removes the flow entries of the services in gone.
+func (k *Kernel) deleteFlows(gone map[Service]bool) error {
+	if len(gone) == 0 {
+		return nil
+	}
+	var (
+		key   bpf.WarmpathFlowKey
+		val   bpf.WarmpathFlowVal
+		stale []bpf.WarmpathFlowKey
+	)
+	it := k.objs.Flows.Iterate()
+	for it.Next(&key, &val) {
+		if gone[netip.AddrPortFrom(addrFrom(key.Daddr), port16(key.Dport))] {
+			stale = append(stale, key)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read flows: %w", err)
+	}
+	for _, key := range stale {
+		if err := k.objs.Flows.Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete flow: %w", err)
+		}
+	}
+	// The program's per-CPU flow caches may hold copies: a new epoch
+	// voids them all.
+	var cfg bpf.WarmpathConfig
+	if err := k.objs.Settings.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("read settings: %w", err)
+	}
+	cfg.FlowEpoch++
+	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("write settings: %w", err)
+	}
+	return nil
 }
 
 func setServices(m *ebpf.Map, svcs []Service) error {
@@ -673,16 +765,24 @@ func readCounters(m *ebpf.Map, ncpu int) (Counters, error) {
 	for i := range NumCounterKinds {
 		c.Global[i] = sum(int(i))
 	}
+	// The program counts a steered packet once, per backend (BE_STEERED,
+	// which also counts steered_stack): the global steered is derived.
+	var steered Counter
 	for id := range MaxBackends {
 		base := int(NumCounterKinds) + id*backendSlots
 		if base+backendSlots > n {
 			break
 		}
 		b := BackendCounters{ID: BackendID(id), Steered: sum(base), SYN: sum(base + 1), Sampled: sum(base + 2)}
+		steered.Packets += b.Steered.Packets
+		steered.Bytes += b.Steered.Bytes
 		if b.Steered != (Counter{}) || b.SYN != (Counter{}) || b.Sampled != (Counter{}) {
 			c.Backends = append(c.Backends, b)
 		}
 	}
+	stack := c.Global[SteeredStack]
+	c.Global[Steered].Packets += steered.Packets - min(stack.Packets, steered.Packets)
+	c.Global[Steered].Bytes += steered.Bytes - min(stack.Bytes, steered.Bytes)
 	return c, nil
 }
 

@@ -3,9 +3,11 @@ package fastpath
 import (
 	"bytes"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -51,8 +53,7 @@ type edgeEnv struct {
 	ifindex int
 	pin     string
 	extra   struct {
-		Bench *ebpf.Program `ebpf:"xdp_steer_bench"`
-		Pass  *ebpf.Program `ebpf:"xdp_pass"`
+		Pass *ebpf.Program `ebpf:"xdp_pass"`
 	}
 }
 
@@ -86,16 +87,22 @@ func newEdgeEnvOpts(t testing.TB, opts Options) *edgeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := spec.LoadAndAssign(&e.extra, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pin}}); err != nil {
-		t.Fatalf("load bench programs: %v", err)
+	if err := spec.LoadAndAssign(&e.extra, nil); err != nil {
+		t.Fatalf("load xdp_pass: %v", err)
 	}
-	t.Cleanup(func() { _ = e.extra.Bench.Close(); _ = e.extra.Pass.Close() })
+	t.Cleanup(func() { _ = e.extra.Pass.Close() })
 	return e
 }
 
 // run runs prog on in as if received on wpin, on CPU 0; returns verdict
 // and output.
 func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
+	return e.runOn(t, 0, prog, in)
+}
+
+// runOn is run on the given CPU.
+func (e *edgeEnv) runOn(t testing.TB, cpu int, prog *ebpf.Program, in []byte) (uint32, []byte) {
 	t.Helper()
 	opts := ebpf.RunOptions{
 		Data:    in,
@@ -109,7 +116,7 @@ func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []by
 		if err := unix.SchedGetaffinity(0, &orig); err != nil {
 			return err
 		}
-		one.Set(0)
+		one.Set(cpu)
 		if err := unix.SchedSetaffinity(0, &one); err != nil {
 			return err
 		}
@@ -393,6 +400,144 @@ func TestSteerFixtures(t *testing.T) {
 	}
 }
 
+// TestServiceRemoval: established packets follow the flow table (and its
+// per-CPU cache) without the services map, so removing a service must take
+// its flows with it: an established steered flow of a removed service is
+// passed (as the services map alone would decide), while a flow of another
+// VIP on the same port is still steered; the port filter keeps exactly the
+// ports of the services.
+func TestServiceRemoval(t *testing.T) {
+	e := newEdgeEnv(t)
+	k := e.k
+	vip2 := netip.AddrPortFrom(netip.MustParseAddr("10.100.0.2"), vip.Port())
+	vip3 := netip.AddrPortFrom(vip.Addr(), vip.Port()+1)
+	client := netip.MustParseAddr("10.1.0.2")
+	for _, err := range []error{
+		k.SetServices([]Service{vip, vip2, vip3}),
+		k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}),
+		k.SetAffinity(Affinity{Client: client, Service: vip, Backend: 1, Generation: 1}),
+		k.SetAffinity(Affinity{Client: client, Service: vip2, Backend: 1, Generation: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	to := func(p tcpPkt, svc Service) tcpPkt {
+		p.dst = svc
+		return p
+	}
+	flowKey := func(svc Service) bpf.WarmpathFlowKey {
+		return bpf.WarmpathFlowKey{Saddr: be32(client), Daddr: be32(svc.Addr()), Sport: be16(clientPort), Dport: be16(svc.Port())}
+	}
+	portSet := func(port uint16) bool {
+		var bits uint64
+		if err := k.objs.SvcPorts.Lookup(uint32(port>>6), &bits); err != nil {
+			t.Fatal(err)
+		}
+		return bits>>(port&63)&1 == 1
+	}
+	steps := []struct {
+		name    string
+		setup   func()
+		in      tcpPkt
+		verdict uint32
+		want    map[CounterKind]uint64
+	}{
+		{name: "SYN to the first service is steered", in: syn("10.1.0.2", clientPort), verdict: 4,
+			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+		{name: "its established packet is steered", in: ack("10.1.0.2", clientPort), verdict: 4,
+			want: map[CounterKind]uint64{Steered: 1}},
+		{name: "SYN to another VIP on the same port is steered", in: to(syn("10.1.0.2", clientPort), vip2), verdict: 4,
+			want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+		{name: "first service removed: its established flow passes",
+			setup: func() {
+				if err := k.SetServices([]Service{vip2}); err != nil {
+					t.Fatal(err)
+				}
+				var fv bpf.WarmpathFlowVal
+				if err := k.objs.Flows.Lookup(flowKey(vip), &fv); !errors.Is(err, ebpf.ErrKeyNotExist) {
+					t.Errorf("flow of the removed service: %v, want ErrKeyNotExist", err)
+				}
+				if err := k.objs.Flows.Lookup(flowKey(vip2), &fv); err != nil {
+					t.Errorf("flow of the kept service: %v", err)
+				}
+				if !portSet(vip.Port()) || portSet(vip3.Port()) {
+					t.Errorf("port filter: %d set %v, %d set %v; want only the kept service's port",
+						vip.Port(), portSet(vip.Port()), vip3.Port(), portSet(vip3.Port()))
+				}
+			},
+			in: ack("10.1.0.2", clientPort), verdict: 2, want: map[CounterKind]uint64{PassNotService: 1}},
+		{name: "the kept service's established flow is still steered", in: to(ack("10.1.0.2", clientPort), vip2),
+			verdict: 4, want: map[CounterKind]uint64{Steered: 1}},
+		{name: "service back: a new connection to it is steered again",
+			setup: func() {
+				if err := k.SetServices([]Service{vip, vip2}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			in: syn("10.1.0.2", clientPort+1), verdict: 4, want: map[CounterKind]uint64{FlowNewSteer: 1, Steered: 1}},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			if st.setup != nil {
+				st.setup()
+			}
+			before := counters(t, k)
+			verdict, _ := e.run(t, k.objs.Steer, st.in.frame())
+			after := counters(t, k)
+			if verdict != st.verdict {
+				t.Fatalf("verdict %s, want %s", xdpVerdicts[verdict], xdpVerdicts[st.verdict])
+			}
+			assertDelta(t, before, after, st.want)
+		})
+	}
+}
+
+// TestFlowCache: established packets are decided from a per-CPU copy of
+// the flow table. The program's own re-decision (a retransmitted SYN whose
+// backend became unusable goes local) replaces its CPU's copy at once;
+// another CPU's copy is used for at most FLOW_CACHE_TICKS jiffies (64) and
+// the flow table decides after that.
+func TestFlowCache(t *testing.T) {
+	e := newEdgeEnv(t)
+	k := e.k
+	multi := runtime.NumCPU() > 1
+	for _, err := range []error{
+		k.SetServices([]Service{vip}),
+		k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}),
+		k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1, Generation: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(cpu int, p tcpPkt, want uint32) {
+		t.Helper()
+		if v, _ := e.runOn(t, cpu, k.objs.Steer, p.frame()); v != want {
+			t.Fatalf("flags %#x on CPU %d: verdict %s, want %s", p.flags, cpu, xdpVerdicts[v], xdpVerdicts[want])
+		}
+	}
+	expect(0, syn("10.1.0.2", clientPort), 4)
+	expect(0, ack("10.1.0.2", clientPort), 4)
+	if multi {
+		expect(1, ack("10.1.0.2", clientPort), 4) // CPU 1 holds a copy now
+	}
+	if err := k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: false, Generation: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// Established flows keep their backend when it turns unhealthy...
+	expect(0, ack("10.1.0.2", clientPort), 4)
+	// ...but a retransmitted SYN is decided again: local.
+	expect(0, syn("10.1.0.2", clientPort), 2)
+	expect(0, ack("10.1.0.2", clientPort), 2)
+	if !multi {
+		return
+	}
+	// CPU 1's copy expires within 64 ticks: one second covers HZ >= 64.
+	time.Sleep(time.Second)
+	expect(1, ack("10.1.0.2", clientPort), 2)
+}
+
 // TestNextHopCache: with the cache on, a steered flow keeps using the cached
 // next hop (a route change is not seen until the entry expires), the cached
 // MTU is still enforced, and changing the settings flushes the cache.
@@ -460,7 +605,8 @@ func TestNextHopCache(t *testing.T) {
 }
 
 // TestAffinityRefreshClock: the program refreshes last_used_ns on the clock
-// Go compares with (CLOCK_MONOTONIC), so ExpireIdle sees real idle times.
+// Go compares with (CLOCK_MONOTONIC; the program reads its tick-grained
+// CLOCK_MONOTONIC_COARSE view), so ExpireIdle sees real idle times.
 func TestAffinityRefreshClock(t *testing.T) {
 	e := newEdgeEnv(t)
 	k := e.k
@@ -479,7 +625,7 @@ func TestAffinityRefreshClock(t *testing.T) {
 	if err := k.objs.Affinity.Put(&key, &val); err != nil { // idle since boot
 		t.Fatal(err)
 	}
-	before := monoNow()
+	before := coarseNow(t)
 	if v, _ := e.run(t, k.objs.Steer, syn("10.1.0.2", clientPort).frame()); v != 4 {
 		t.Fatalf("verdict %s", xdpVerdicts[v])
 	}
@@ -493,6 +639,16 @@ func TestAffinityRefreshClock(t *testing.T) {
 	if n, err := k.ExpireIdle(time.Hour); err != nil || n != 0 {
 		t.Fatalf("refreshed entry expired: %d %v", n, err)
 	}
+}
+
+// coarseNow reads CLOCK_MONOTONIC_COARSE, the clock of bpf_ktime_get_coarse_ns.
+func coarseNow(t *testing.T) int64 {
+	t.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return ts.Nano()
 }
 
 // TestCollectorKernel: the collector reads the real per-CPU counters.

@@ -76,7 +76,7 @@ func TestPinReload(t *testing.T) {
 	must(k.SetServices([]Service{vip}))
 	must(k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 7}}))
 	must(k.SetAffinity(a))
-	fk := bpf.WarmpathFlowKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4, Proto: 6}
+	fk := bpf.WarmpathFlowKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 4}
 	must(k.objs.Flows.Put(&fk, &bpf.WarmpathFlowVal{Addr: be32(be1Addr), Backend: 1}))
 	must(k.Close())
 	if !xdpAttached(ns, "wpin") {

@@ -75,7 +75,7 @@ func TestHTTPAbuse(t *testing.T) {
 	const (
 		proxied   = "" // the engine's answer: forwarded
 		malformed = `{"error":{"message":"Malformed HTTP request.","type":"invalid_request_error","param":null,"code":null}}`
-		notObject = `{"error":{"message":"We could not parse the JSON body of your request: body is not a JSON object","type":"invalid_request_error","param":null,"code":null}}`
+		tooDeep   = `{"error":{"message":"We could not parse the JSON body of your request: the body nests deeper than 300 levels at line 1, column %d (byte offset %d).","type":"invalid_request_error","param":null,"code":null}}`
 	)
 	post := func(target string, hdrs []string, body string) string {
 		return rawReq("POST "+target+" HTTP/1.1", append([]string{"Host: x", "Content-Type: application/json", "Content-Length: " + fmt.Sprint(len(body))}, hdrs...), body)
@@ -120,9 +120,9 @@ func TestHTTPAbuse(t *testing.T) {
 			`{"error":{"message":"Invalid URL (CONNECT /` + evil + `)","type":"invalid_request_error","param":null,"code":"unknown_url"}}`, false},
 		// Bodies: the parser never recurses or trusts lengths.
 		{"invalid UTF-8 in content", post("/v1/chat/completions", nil, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\xc3\"}]}"), 200, proxied, false},
-		{"100k nested arrays", post("/v1/chat/completions", nil, strings.Repeat("[", 100000)), 400, notObject, false},
-		{"100k nested arrays as messages", post("/v1/chat/completions", nil, `{"model":"m","messages":`+strings.Repeat("[", 100000)+`]}`), 400, notObject, false},
-		{"100k nested objects in content", post("/v1/chat/completions", nil, `{"model":"m","messages":[{"role":"user","content":`+strings.Repeat(`{"a":`, 100000)+`1`+strings.Repeat("}", 100000)+`}]}`), 400, notObject, false},
+		{"100k nested arrays", post("/v1/chat/completions", nil, strings.Repeat("[", 100000)), 400, fmt.Sprintf(tooDeep, 301, 300), false},
+		{"100k nested arrays as messages", post("/v1/chat/completions", nil, `{"model":"m","messages":`+strings.Repeat("[", 100000)+`]}`), 400, fmt.Sprintf(tooDeep, 324, 323), false},
+		{"100k nested objects in content", post("/v1/chat/completions", nil, `{"model":"m","messages":[{"role":"user","content":`+strings.Repeat(`{"a":`, 100000)+`1`+strings.Repeat("}", 100000)+`}]}`), 400, fmt.Sprintf(tooDeep, 1536, 1535), false},
 		{"10,000 messages", post("/v1/chat/completions", nil, many), 200, proxied, false},
 		{"max_tokens 1e12", post("/v1/chat/completions", nil, `{"model":"m","max_tokens":1e12,"messages":[{"role":"user","content":"x"}]}`), 200, proxied, false},
 		{"unknown model", post("/v1/chat/completions", nil, `{"model":"`+evil+`","messages":[{"role":"user","content":"x"}]}`), 404,

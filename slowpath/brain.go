@@ -26,6 +26,7 @@ type promptParser interface {
 	ParseChat(body []byte, out *affinity.Prompt) error
 	ParseCompletion(body []byte, out *affinity.Prompt) error
 	ParseEmbedding(body []byte, out *affinity.Prompt) error
+	ParseResponses(body []byte, out *affinity.Prompt) (prev []byte, err error)
 }
 
 var (

@@ -3,6 +3,7 @@
 package slowpath
 
 import (
+	"crypto/tls"
 	"net"
 	"syscall"
 )
@@ -12,7 +13,13 @@ import (
 // finds the end of the stream or an error. Bytes waiting (a pipelined
 // request) or none yet mean the client is there. A connection that is not
 // a socket counts as there.
+//
+// Under TLS, bytes waiting are ambiguous: a client that closes sends a
+// close_notify record before its FIN, which the peek sees as data. There
+// the socket's own state decides: a peer that sent its FIN (CLOSE_WAIT) is
+// gone (peerClosed; Linux only, elsewhere such a client counts as there).
 func clientGone(c net.Conn) bool {
+	_, isTLS := c.(*tls.Conn)
 	for {
 		if u, ok := c.(interface{ NetConn() net.Conn }); ok {
 			c = u.NetConn()
@@ -38,6 +45,8 @@ func clientGone(c net.Conn) bool {
 			gone = true
 		case n == 0:
 			gone = true
+		case isTLS:
+			gone = peerClosed(int(fd))
 		}
 	})
 	return gone || err != nil

@@ -13,12 +13,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/slowpath/cluster"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Config is the router's whole configuration: one YAML file, decoded
@@ -26,22 +25,24 @@ import (
 // Every field and its default is documented in slowpath/README.md.
 type Config struct {
 	// Listen is the OpenAI-compatible API address. Default ":8080".
-	Listen string `yaml:"listen"`
+	Listen string `yaml:"listen" reload:"restart"`
 	// Admin serves /metrics, /debug/replicas and /health. Default
 	// "127.0.0.1:9090". Empty disables the admin listener.
-	Admin string `yaml:"admin"`
+	Admin string `yaml:"admin" reload:"restart"`
 	// Replicas is the static replica list. Reloaded on SIGHUP and on file
-	// change; nothing else in the file is reloaded.
-	Replicas []ReplicaConfig `yaml:"replicas"`
-	Limits   LimitsConfig    `yaml:"limits"`
-	Upstream UpstreamConfig  `yaml:"upstream"`
-	Health   HealthConfig    `yaml:"health"`
-	Passive  PassiveConfig   `yaml:"passive"`
-	Scrape   ScrapeConfig    `yaml:"scrape"`
+	// change, like every field tagged reload:"live" (reload.go); a change
+	// to any other field is named in the reload warning and needs a
+	// restart.
+	Replicas []ReplicaConfig `yaml:"replicas" reload:"live"`
+	Limits   LimitsConfig    `yaml:"limits" reload:"restart"`
+	Upstream UpstreamConfig  `yaml:"upstream" reload:"restart"`
+	Health   HealthConfig    `yaml:"health" reload:"live"`
+	Passive  PassiveConfig   `yaml:"passive" reload:"live"`
+	Scrape   ScrapeConfig    `yaml:"scrape" reload:"live"`
 	// Routing is the affinity router's configuration (policy, hashing,
 	// cost-model knobs); see affinity.Config. Zero fields take affinity's
 	// defaults.
-	Routing affinity.Config `yaml:"routing"`
+	Routing affinity.Config `yaml:"routing" reload:"restart"`
 	// TrustedProxies lists the addresses or CIDR prefixes of proxies in
 	// front of the router whose forwarding headers are believed. A request
 	// from one of them keeps its X-Forwarded-For chain (every line, joined)
@@ -49,33 +50,61 @@ type Config struct {
 	// From anyone else those three headers are replaced by what the router
 	// saw: X-Forwarded-For and X-Real-IP set to the peer address, Forwarded
 	// dropped. Default none.
-	TrustedProxies []string `yaml:"trusted_proxies"`
+	TrustedProxies []string `yaml:"trusted_proxies" reload:"restart"`
 	// HashKeyFile names a file holding a per-deployment secret (at least 16
 	// bytes, not readable by others). The prefix hashes are keyed with it,
 	// so those that leave the process (the cluster's NATS messages) cannot be
 	// matched against guessed prompts; every instance of a fleet must use the
 	// same file. Empty (default): unkeyed, and a cluster warns at start.
 	// (--record files are keyed with a random key of their own either way.)
-	HashKeyFile string `yaml:"hash_key_file"`
+	HashKeyFile string `yaml:"hash_key_file" reload:"restart"`
 	// SessionHeader: when a request carries this header its value is the
 	// session key (else the OpenAI `user` field is). Default "X-Session-ID".
-	SessionHeader string `yaml:"session_header"`
+	SessionHeader string `yaml:"session_header" reload:"restart"`
 	// ReloadInterval is how often the config file's content is checked for
 	// changes (0 disables watching; SIGHUP still reloads). Default 1s.
-	ReloadInterval time.Duration `yaml:"reload_interval"`
+	ReloadInterval time.Duration `yaml:"reload_interval" reload:"restart"`
 	// DrainTimeout bounds graceful shutdown: in-flight streams get this long
 	// to finish before their connections are closed. Default 30s.
-	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	DrainTimeout time.Duration `yaml:"drain_timeout" reload:"restart"`
 	// Fastpath configures in-kernel steering of promoted clients (XDP on
 	// the edge, package fastpath, glue in slowpath/steer). Off unless
 	// Fastpath.Services lists a VIP. Not reloaded.
-	Fastpath FastpathConfig `yaml:"fastpath"`
+	Fastpath FastpathConfig `yaml:"fastpath" reload:"restart"`
 	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.
-	Tenancy TenancyConfig `yaml:"tenancy"`
+	Tenancy TenancyConfig `yaml:"tenancy" reload:"restart"`
 	// Cluster shares routing state with other warmpath instances over NATS
 	// (see slowpath/cluster). Off unless cluster.nats_url is set. Not
 	// reloaded.
-	Cluster cluster.Config `yaml:"cluster"`
+	Cluster cluster.Config `yaml:"cluster" reload:"restart"`
+
+	// Operations (ops_config.go): graceful-stop order, TLS on the API
+	// listener, TLS and a bearer token towards engines, log format and the
+	// access log. None is reloaded except the TLS key pair's content.
+	Shutdown   ShutdownConfig   `yaml:"shutdown" reload:"restart"`
+	TLS        TLSConfig        `yaml:"tls" reload:"restart"`
+	EngineTLS  EngineTLSConfig  `yaml:"engine_tls" reload:"restart"`
+	EngineAuth EngineAuthConfig `yaml:"engine_auth" reload:"restart"`
+	Log        LogConfig        `yaml:"log" reload:"restart"`
+	// CORS answers browsers' cross-origin requests (see CORSConfig). Off
+	// unless cors.allowed_origins is set. Not reloaded.
+	CORS CORSConfig `yaml:"cors" reload:"restart"`
+}
+
+// CORSConfig lets browser clients on other origins call the API, as vLLM's
+// --allowed-origins does: a request whose Origin is allowed gets
+// Access-Control-Allow-Origin (and the engine's own CORS headers are
+// replaced), and a preflight OPTIONS is answered by the router (204).
+type CORSConfig struct {
+	// AllowedOrigins lists origins (scheme://host[:port], no path) or "*"
+	// for any. Empty (default): CORS off, OPTIONS gets 405.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	// AllowCredentials sends Access-Control-Allow-Credentials: true (the
+	// request's origin is echoed even with "*"). Default false.
+	AllowCredentials bool `yaml:"allow_credentials"`
+	// MaxAge is how long a browser may cache a preflight answer. Default 10m;
+	// [0, 24h].
+	MaxAge time.Duration `yaml:"max_age"`
 }
 
 // TenancyConfig derives a per-tenant cache salt: with SaltFrom "api_key" the
@@ -126,6 +155,12 @@ type ReplicaConfig struct {
 	// port). Empty: Address's host when it is an IPv4 literal; otherwise
 	// the replica is never a fast-path target.
 	Host string `yaml:"host"`
+	// TLS, when set, replaces engine_tls for this replica (the whole block).
+	TLS *EngineTLSConfig `yaml:"tls"`
+	// APIKeyFile / APIKey replace engine_auth for this replica (see
+	// EngineAuthConfig); at most one of the two.
+	APIKeyFile string `yaml:"api_key_file"`
+	APIKey     string `yaml:"api_key"`
 }
 
 // LimitsConfig bounds what clients can make the router do.
@@ -136,7 +171,7 @@ type LimitsConfig struct {
 	// holds whole before answering (streams are relayed as they come and not
 	// bounded). An answer over it is a 502 (code response_too_large), not
 	// retried: the engine did the work. Default 128 MiB; [1024, 4 GiB].
-	MaxResponseBytes int `yaml:"max_response_bytes"`
+	MaxResponseBytes int `yaml:"max_response_bytes" reload:"live"`
 	// ReadTimeout bounds reading one request (headers and body). Default 30s.
 	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds writing one response; 0 = none (default), because
@@ -162,15 +197,15 @@ type LimitsConfig struct {
 	MaxConnectionsPerClient int `yaml:"max_connections_per_client"`
 	// MaxInFlight caps concurrent proxied requests in total; 0 = unlimited
 	// (default).
-	MaxInFlight int `yaml:"max_in_flight"`
+	MaxInFlight int `yaml:"max_in_flight" reload:"live"`
 	// MaxInFlightPerReplica is the default per-replica cap; 0 = unlimited
 	// (default).
-	MaxInFlightPerReplica int `yaml:"max_in_flight_per_replica"`
+	MaxInFlightPerReplica int `yaml:"max_in_flight_per_replica" reload:"live"`
 	// OnLimit is what happens to a request over a limit: "reject" (429,
 	// default) or "queue" (wait up to QueueTimeout, then 429).
-	OnLimit string `yaml:"on_limit"`
+	OnLimit string `yaml:"on_limit" reload:"live"`
 	// QueueTimeout bounds the wait when OnLimit is "queue". Default 5s.
-	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	QueueTimeout time.Duration `yaml:"queue_timeout" reload:"live"`
 }
 
 // UpstreamConfig tunes the pooled connections to replicas.
@@ -179,7 +214,7 @@ type UpstreamConfig struct {
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// ResponseTimeout bounds a whole upstream response, stream included.
 	// Default 10m.
-	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	ResponseTimeout time.Duration `yaml:"response_timeout" reload:"live"`
 	// IdleTimeout bounds the wait for each next byte of an upstream
 	// response once its first byte (the headers) has arrived, stream or not.
 	// A stream idle this long ends with an SSE error event, counts as a
@@ -198,10 +233,10 @@ type UpstreamConfig struct {
 	// MaxAttempts is how many ranked replicas one request may try (1 = no
 	// retry). Retries happen only before any byte reached the client.
 	// Default 3.
-	MaxAttempts int `yaml:"max_attempts"`
+	MaxAttempts int `yaml:"max_attempts" reload:"live"`
 	// RetryStatuses are upstream statuses retried on the next replica (the
 	// replica answered but could not serve). Default [502, 503, 504].
-	RetryStatuses []int `yaml:"retry_statuses"`
+	RetryStatuses []int `yaml:"retry_statuses" reload:"live"`
 }
 
 // HealthConfig drives active health checks.
@@ -246,7 +281,7 @@ type ScrapeConfig struct {
 	// Prometheus' body_size_limit: a larger one fails the scrape (counted in
 	// scrape_body_too_large_total, logged once until a scrape succeeds).
 	// Default 16 MiB; [4096, 1 GiB].
-	BodySizeLimit int `yaml:"body_size_limit"`
+	BodySizeLimit int `yaml:"body_size_limit" reload:"restart"`
 }
 
 // Default returns the configuration used for every field the file omits.
@@ -296,6 +331,9 @@ func Default() Config {
 		SessionHeader: "X-Session-ID",
 		Fastpath:      DefaultFastpath(),
 		Tenancy:       TenancyConfig{SaltFrom: SaltFromNone, Header: "X-Tenant"},
+		CORS:          CORSConfig{MaxAge: 10 * time.Minute},
+		Shutdown:      ShutdownConfig{DrainDelay: 5 * time.Second},
+		Log:           LogConfig{Format: LogFormatText},
 	}
 }
 
@@ -344,252 +382,209 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
-// ParseConfig strictly decodes YAML over Default() and validates it.
+// ParseConfig strictly decodes YAML over Default() and validates it. Its
+// error is a ConfigErrors: every problem in the file at once, each with its
+// field path and line (configerr.go).
 func ParseConfig(b []byte) (Config, error) {
 	cfg := Default()
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
+	var errs ConfigErrors
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("decode: %w", err)
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return Config{}, ConfigErrors{syntaxError(b, err)}
+		}
+		errs = decodeErrors(b, te)
 	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, &ConfigError{Line: fieldLine(b, err.Error()), Err: err}
+	if errs = append(errs, validationErrors(b, cfg.Validate(), errs)...); len(errs) > 0 {
+		errs.sort()
+		return Config{}, errs
 	}
 	return cfg, nil
 }
 
-// ConfigError is a value validation refused: the error names the field
-// (its path, e.g. routing.load_factor or replicas[1].weight) and the
-// allowed range; Line is the field's line in the file, 0 when the file
-// does not set it.
-type ConfigError struct {
-	Line int
-	Err  error
-}
-
-func (e *ConfigError) Error() string {
-	if e.Line > 0 {
-		return "line " + strconv.Itoa(e.Line) + ": " + e.Err.Error()
-	}
-	return e.Err.Error()
-}
-
-func (e *ConfigError) Unwrap() error { return e.Err }
-
-// fieldLine finds the line of the field a validation message starts with
-// ("routing.load_factor NaN: ...", "replicas[1].weight: ...") in the YAML
-// source; 0 when it is not there.
-func fieldLine(src []byte, msg string) int {
-	end := strings.IndexAny(msg, " :")
-	if end <= 0 {
-		return 0
-	}
-	var root yaml.Node
-	if yaml.Unmarshal(src, &root) != nil || len(root.Content) == 0 {
-		return 0
-	}
-	n, line := root.Content[0], 0
-	for seg := range strings.SplitSeq(msg[:end], ".") {
-		name, idx, hasIdx := seg, 0, false
-		if i := strings.IndexByte(seg, '['); i > 0 && strings.HasSuffix(seg, "]") {
-			v, err := strconv.Atoi(seg[i+1 : len(seg)-1])
-			if err != nil {
-				return line
-			}
-			name, idx, hasIdx = seg[:i], v, true
-		}
-		if n.Kind != yaml.MappingNode {
-			return line
-		}
-		var next *yaml.Node
-		for k := 0; k+1 < len(n.Content); k += 2 {
-			if n.Content[k].Value == name {
-				line, next = n.Content[k].Line, n.Content[k+1]
-				break
-			}
-		}
-		if next == nil {
-			return line
-		}
-		if hasIdx {
-			if next.Kind != yaml.SequenceNode || idx >= len(next.Content) {
-				return line
-			}
-			next = next.Content[idx]
-			line = next.Line
-		}
-		n = next
-	}
-	return line
-}
-
-// Validate checks every field; the error names the field and its allowed
-// range.
+// Validate checks every field and returns every problem at once (an
+// errors.Join, one error per field, each naming the field and its allowed
+// range).
 func (c *Config) Validate() error {
+	var v fieldErrs
 	if c.Listen == "" {
-		return errors.New("listen: must be a host:port address, got empty")
-	}
-	if err := checkAddr("listen", c.Listen); err != nil {
-		return err
+		v.addf("listen: must be a host:port address, got empty")
+	} else {
+		v.add(checkAddr("listen", c.Listen))
 	}
 	if c.Admin != "" {
-		if err := checkAddr("admin", c.Admin); err != nil {
-			return err
-		}
+		v.add(checkAddr("admin", c.Admin))
 	}
 	seen := make(map[string]int, len(c.Replicas))
 	for i := range c.Replicas {
 		r := &c.Replicas[i]
 		f := "replicas[" + strconv.Itoa(i) + "]"
 		if r.Address == "" {
-			return fmt.Errorf("%s.address: required (host:port)", f)
+			v.addf("%s.address: required (host:port)", f)
+		} else if err := checkAddr(f+".address", r.Address); err != nil {
+			v.add(err)
+		} else if j, dup := seen[r.Address]; dup {
+			v.addf("%s.address: %q duplicates replicas[%d]", f, r.Address, j)
+		} else {
+			seen[r.Address] = i
 		}
-		if err := checkAddr(f+".address", r.Address); err != nil {
-			return err
-		}
-		if j, dup := seen[r.Address]; dup {
-			return fmt.Errorf("%s.address: %q duplicates replicas[%d]", f, r.Address, j)
-		}
-		seen[r.Address] = i
 		if len(r.Models) == 0 {
-			return fmt.Errorf("%s.models: at least one model name required", f)
+			v.addf("%s.models: at least one model name required", f)
 		}
 		for j, m := range r.Models {
 			if m == "" {
-				return fmt.Errorf("%s.models[%d]: must not be empty", f, j)
+				v.addf("%s.models[%d]: must not be empty", f, j)
 			}
 		}
 		if !(r.Weight >= 0 && r.Weight <= 1000) { // also rejects NaN
-			return fmt.Errorf("%s.weight: must be in [0, 1000] (0 means 1), got %g", f, r.Weight)
+			v.addf("%s.weight: must be in [0, 1000] (0 means 1), got %g", f, r.Weight)
 		}
 		if r.BatchSlots < 0 {
-			return fmt.Errorf("%s.batch_slots: must be >= 0 (0 = discover from the engine), got %d", f, r.BatchSlots)
+			v.addf("%s.batch_slots: must be >= 0 (0 = discover from the engine), got %d", f, r.BatchSlots)
 		}
 		if r.KVCapacityTokens < 0 {
-			return fmt.Errorf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)
+			v.addf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)
 		}
 		if !(r.PrefillTokensPerSec >= 0) || math.IsInf(r.PrefillTokensPerSec, 0) {
-			return fmt.Errorf("%s.prefill_tokens_per_sec: must be >= 0 (0 = routing default), got %g", f, r.PrefillTokensPerSec)
+			v.addf("%s.prefill_tokens_per_sec: must be >= 0 (0 = routing default), got %g", f, r.PrefillTokensPerSec)
 		}
 		if r.MaxInFlight < 0 {
-			return fmt.Errorf("%s.max_in_flight: must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", f, r.MaxInFlight)
+			v.addf("%s.max_in_flight: must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", f, r.MaxInFlight)
 		}
 		if r.Host != "" {
 			if a, err := netip.ParseAddr(r.Host); err != nil || !a.Is4() {
-				return fmt.Errorf("%s.host: must be an IPv4 address (the GPU host), got %q", f, r.Host)
+				v.addf("%s.host: must be an IPv4 address (the GPU host), got %q", f, r.Host)
 			}
 		}
 	}
 	l := &c.Limits
-	switch {
-	case l.MaxBodyBytes < 1024 || l.MaxBodyBytes > 1<<30:
-		return fmt.Errorf("limits.max_body_bytes: must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
-	case l.MaxResponseBytes < 1024 || l.MaxResponseBytes > 4<<30:
-		return fmt.Errorf("limits.max_response_bytes: must be in [1024, 4294967296], got %d", l.MaxResponseBytes)
-	case l.ReadTimeout <= 0:
-		return fmt.Errorf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
-	case l.WriteTimeout < 0:
-		return fmt.Errorf("limits.write_timeout: must be >= 0 (0 = none), got %s", l.WriteTimeout)
-	case l.StallTimeout <= 0:
-		return fmt.Errorf("limits.stall_timeout: must be > 0, got %s", l.StallTimeout)
-	case l.IdleTimeout <= 0:
-		return fmt.Errorf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
-	case l.MaxConnections < -1:
-		return fmt.Errorf("limits.max_connections: must be >= -1 (0 = half the fd limit, -1 = no cap), got %d", l.MaxConnections)
-	case l.MaxConnectionsPerClient < 0:
-		return fmt.Errorf("limits.max_connections_per_client: must be >= 0 (0 = no cap), got %d", l.MaxConnectionsPerClient)
-	case l.MaxInFlight < 0:
-		return fmt.Errorf("limits.max_in_flight: must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
-	case l.MaxInFlightPerReplica < 0:
-		return fmt.Errorf("limits.max_in_flight_per_replica: must be >= 0 (0 = unlimited), got %d", l.MaxInFlightPerReplica)
-	case l.OnLimit != OnLimitReject && l.OnLimit != OnLimitQueue:
-		return fmt.Errorf("limits.on_limit: must be %q or %q, got %q", OnLimitReject, OnLimitQueue, l.OnLimit)
-	case l.OnLimit == OnLimitQueue && l.QueueTimeout <= 0:
-		return fmt.Errorf("limits.queue_timeout: must be > 0 when on_limit is queue, got %s", l.QueueTimeout)
+	if l.MaxBodyBytes < 1024 || l.MaxBodyBytes > 1<<30 {
+		v.addf("limits.max_body_bytes: must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
+	}
+	if l.MaxResponseBytes < 1024 || l.MaxResponseBytes > 4<<30 {
+		v.addf("limits.max_response_bytes: must be in [1024, 4294967296], got %d", l.MaxResponseBytes)
+	}
+	if l.ReadTimeout <= 0 {
+		v.addf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
+	}
+	if l.WriteTimeout < 0 {
+		v.addf("limits.write_timeout: must be >= 0 (0 = none), got %s", l.WriteTimeout)
+	}
+	if l.StallTimeout <= 0 {
+		v.addf("limits.stall_timeout: must be > 0, got %s", l.StallTimeout)
+	}
+	if l.IdleTimeout <= 0 {
+		v.addf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
+	}
+	if l.MaxConnections < -1 {
+		v.addf("limits.max_connections: must be >= -1 (0 = half the fd limit, -1 = no cap), got %d", l.MaxConnections)
+	}
+	if l.MaxConnectionsPerClient < 0 {
+		v.addf("limits.max_connections_per_client: must be >= 0 (0 = no cap), got %d", l.MaxConnectionsPerClient)
+	}
+	if l.MaxInFlight < 0 {
+		v.addf("limits.max_in_flight: must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
+	}
+	if l.MaxInFlightPerReplica < 0 {
+		v.addf("limits.max_in_flight_per_replica: must be >= 0 (0 = unlimited), got %d", l.MaxInFlightPerReplica)
+	}
+	if l.OnLimit != OnLimitReject && l.OnLimit != OnLimitQueue {
+		v.addf("limits.on_limit: must be %q or %q, got %q", OnLimitReject, OnLimitQueue, l.OnLimit)
+	}
+	if l.OnLimit == OnLimitQueue && l.QueueTimeout <= 0 {
+		v.addf("limits.queue_timeout: must be > 0 when on_limit is queue, got %s", l.QueueTimeout)
 	}
 	u := &c.Upstream
-	switch {
-	case u.DialTimeout <= 0:
-		return fmt.Errorf("upstream.dial_timeout: must be > 0, got %s", u.DialTimeout)
-	case u.ResponseTimeout <= 0:
-		return fmt.Errorf("upstream.response_timeout: must be > 0, got %s", u.ResponseTimeout)
-	case u.IdleTimeout <= 0:
-		return fmt.Errorf("upstream.idle_timeout: must be > 0, got %s", u.IdleTimeout)
-	case u.MaxConnsPerReplica < 1:
-		return fmt.Errorf("upstream.max_conns_per_replica: must be >= 1, got %d", u.MaxConnsPerReplica)
-	case u.MaxIdleConnDuration <= 0:
-		return fmt.Errorf("upstream.max_idle_conn_duration: must be > 0, got %s", u.MaxIdleConnDuration)
-	case u.MaxAttempts < 1 || u.MaxAttempts > 16:
-		return fmt.Errorf("upstream.max_attempts: must be in [1, 16], got %d", u.MaxAttempts)
+	if u.DialTimeout <= 0 {
+		v.addf("upstream.dial_timeout: must be > 0, got %s", u.DialTimeout)
+	}
+	if u.ResponseTimeout <= 0 {
+		v.addf("upstream.response_timeout: must be > 0, got %s", u.ResponseTimeout)
+	}
+	if u.IdleTimeout <= 0 {
+		v.addf("upstream.idle_timeout: must be > 0, got %s", u.IdleTimeout)
+	}
+	if u.MaxConnsPerReplica < 1 {
+		v.addf("upstream.max_conns_per_replica: must be >= 1, got %d", u.MaxConnsPerReplica)
+	}
+	if u.MaxIdleConnDuration <= 0 {
+		v.addf("upstream.max_idle_conn_duration: must be > 0, got %s", u.MaxIdleConnDuration)
+	}
+	if u.MaxAttempts < 1 || u.MaxAttempts > 16 {
+		v.addf("upstream.max_attempts: must be in [1, 16], got %d", u.MaxAttempts)
 	}
 	for i, st := range u.RetryStatuses {
 		if st < 500 || st > 599 {
-			return fmt.Errorf("upstream.retry_statuses[%d]: must be in [500, 599], got %d", i, st)
+			v.addf("upstream.retry_statuses[%d]: must be in [500, 599], got %d", i, st)
 		}
 	}
 	h := &c.Health
-	switch {
-	case h.Path == "" || h.Path[0] != '/':
-		return fmt.Errorf("health.path: must start with '/', got %q", h.Path)
-	case h.Interval <= 0:
-		return fmt.Errorf("health.interval: must be > 0, got %s", h.Interval)
-	case h.Timeout <= 0 || h.Timeout > h.Interval:
-		return fmt.Errorf("health.timeout: must be in (0, health.interval=%s], got %s", h.Interval, h.Timeout)
-	case h.HealthyThreshold < 1 || h.HealthyThreshold > 100:
-		return fmt.Errorf("health.healthy_threshold: must be in [1, 100], got %d", h.HealthyThreshold)
-	case h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > 100:
-		return fmt.Errorf("health.unhealthy_threshold: must be in [1, 100], got %d", h.UnhealthyThreshold)
+	if h.Path == "" || h.Path[0] != '/' {
+		v.addf("health.path: must start with '/', got %q", h.Path)
+	}
+	if h.Interval <= 0 {
+		v.addf("health.interval: must be > 0, got %s", h.Interval)
+	} else if h.Timeout <= 0 || h.Timeout > h.Interval {
+		v.addf("health.timeout: must be in (0, health.interval=%s], got %s", h.Interval, h.Timeout)
+	}
+	if h.HealthyThreshold < 1 || h.HealthyThreshold > 100 {
+		v.addf("health.healthy_threshold: must be in [1, 100], got %d", h.HealthyThreshold)
+	}
+	if h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > 100 {
+		v.addf("health.unhealthy_threshold: must be in [1, 100], got %d", h.UnhealthyThreshold)
 	}
 	p := &c.Passive
-	switch {
-	case p.ConsecutiveFailures < 0:
-		return fmt.Errorf("passive.consecutive_failures: must be >= 0 (0 = never eject), got %d", p.ConsecutiveFailures)
-	case p.EjectTime <= 0:
-		return fmt.Errorf("passive.eject_time: must be > 0, got %s", p.EjectTime)
-	case p.MaxEjectTime < p.EjectTime:
-		return fmt.Errorf("passive.max_eject_time: must be >= passive.eject_time=%s, got %s", p.EjectTime, p.MaxEjectTime)
+	if p.ConsecutiveFailures < 0 {
+		v.addf("passive.consecutive_failures: must be >= 0 (0 = never eject), got %d", p.ConsecutiveFailures)
+	}
+	if p.EjectTime <= 0 {
+		v.addf("passive.eject_time: must be > 0, got %s", p.EjectTime)
+	} else if p.MaxEjectTime < p.EjectTime {
+		v.addf("passive.max_eject_time: must be >= passive.eject_time=%s, got %s", p.EjectTime, p.MaxEjectTime)
 	}
 	s := &c.Scrape
-	switch {
-	case s.Path == "" || s.Path[0] != '/':
-		return fmt.Errorf("scrape.path: must start with '/', got %q", s.Path)
-	case s.Interval < 0:
-		return fmt.Errorf("scrape.interval: must be >= 0 (0 = off), got %s", s.Interval)
-	case s.Interval > 0 && (s.Timeout <= 0 || s.Timeout > s.Interval):
-		return fmt.Errorf("scrape.timeout: must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
-	case s.Interval > 0 && s.StaleAfter < s.Interval:
-		return fmt.Errorf("scrape.stale_after: must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
-	case s.BodySizeLimit < 4096 || s.BodySizeLimit > 1<<30:
-		return fmt.Errorf("scrape.body_size_limit: must be in [4096, 1073741824], got %d", s.BodySizeLimit)
+	if s.Path == "" || s.Path[0] != '/' {
+		v.addf("scrape.path: must start with '/', got %q", s.Path)
 	}
-	if err := c.Routing.Validate(); err != nil {
-		return fmt.Errorf("routing.%w", err)
+	if s.Interval < 0 {
+		v.addf("scrape.interval: must be >= 0 (0 = off), got %s", s.Interval)
 	}
-	if _, err := parseTrusted(c.TrustedProxies); err != nil {
-		return err
+	if s.Interval > 0 && (s.Timeout <= 0 || s.Timeout > s.Interval) {
+		v.addf("scrape.timeout: must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
 	}
+	if s.Interval > 0 && s.StaleAfter < s.Interval {
+		v.addf("scrape.stale_after: must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
+	}
+	if s.BodySizeLimit < 4096 || s.BodySizeLimit > 1<<30 {
+		v.addf("scrape.body_size_limit: must be in [4096, 1073741824], got %d", s.BodySizeLimit)
+	}
+	v.addPrefixed("routing.", c.Routing.Validate())
+	v.add(checkTrusted(c.TrustedProxies))
 	if c.SessionHeader == "" {
-		return errors.New("session_header: must be a header name, got empty")
+		v.addf("session_header: must be a header name, got empty")
 	}
 	if c.ReloadInterval < 0 {
-		return fmt.Errorf("reload_interval: must be >= 0 (0 = no file watch), got %s", c.ReloadInterval)
+		v.addf("reload_interval: must be >= 0 (0 = no file watch), got %s", c.ReloadInterval)
 	}
 	if c.DrainTimeout < 0 {
-		return fmt.Errorf("drain_timeout: must be >= 0, got %s", c.DrainTimeout)
+		v.addf("drain_timeout: must be >= 0, got %s", c.DrainTimeout)
 	}
 	switch c.Tenancy.SaltFrom {
 	case SaltFromNone, SaltFromAPIKey:
 	case SaltFromHeader:
 		if c.Tenancy.Header == "" {
-			return errors.New("tenancy.header: must be set when salt_from is header")
+			v.addf("tenancy.header: must be set when salt_from is header")
 		}
 	default:
-		return fmt.Errorf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
+		v.addf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
 	}
-	if err := c.Cluster.Validate(); err != nil {
-		return fmt.Errorf("cluster.%w", err)
-	}
-	return c.Fastpath.Validate()
+	v.add(c.CORS.Validate())
+	v.add(c.validateOps())
+	v.addPrefixed("cluster.", c.Cluster.Validate())
+	v.add(c.Fastpath.Validate())
+	return errors.Join(v...)
 }
 
 // LoadHashKey reads hash_key_file: the parser's key and an id of it (a
@@ -635,6 +630,17 @@ func parseTrusted(list []string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// checkTrusted reports every bad trusted_proxies entry.
+func checkTrusted(list []string) error {
+	var v fieldErrs
+	for i, e := range list {
+		if _, err := parseTrusted([]string{e}); err != nil {
+			v.addf("trusted_proxies[%d]: must be an IP address or CIDR prefix, got %q", i, e)
+		}
+	}
+	return errors.Join(v...)
 }
 
 func checkAddr(field, addr string) error {

@@ -1,6 +1,8 @@
 package slowpath
 
 import (
+	"bytes"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -94,9 +96,9 @@ func TestParseConfigErrors(t *testing.T) {
 	tests := []struct {
 		name, yaml, want string
 	}{
-		{"unknown top-level field", "listne: :8080", "field listne not found"},
-		{"unknown nested field", "health:\n  intervall: 1s", "field intervall not found"},
-		{"bad duration", "health:\n  interval: soon", "cannot unmarshal"},
+		{"unknown top-level field", "listne: :8080", "line 1: listne: unknown field"},
+		{"unknown nested field", "health:\n  intervall: 1s", "line 2: health.intervall: unknown field"},
+		{"bad duration", "health:\n  interval: soon", `line 2: health.interval: want a duration such as 30s or 1m30s, got "soon"`},
 		{"listen not host:port", "listen: 8080", `listen: must be host:port, got "8080"`},
 		{"admin bad port", "admin: 127.0.0.1:99999", `admin: port must be in [0, 65535], got "99999"`},
 		{"replica without address", "replicas:\n  - models: [m]", "replicas[0].address: required (host:port)"},
@@ -129,7 +131,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fastpath pin path", "fastpath:\n  pin_path: bpf/warmpath", `fastpath.pin_path: must be an absolute path on bpffs, got "bpf/warmpath"`},
 		{"fastpath rebalance interval", "fastpath:\n  rebalance_interval: 1ms", "fastpath.rebalance_interval: must be in [10ms, 1m], got 1ms"},
 		{"fastpath promoter window", "fastpath:\n  promoter:\n    window: 9", "fastpath.promoter.window 9: want 1..8"},
-		{"fastpath promoter unknown field", "fastpath:\n  promoter:\n    windw: 3", "field windw not found"},
+		{"fastpath promoter unknown field", "fastpath:\n  promoter:\n    windw: 3", "line 3: fastpath.promoter.windw: unknown field"},
 		// Non-finite numbers name the field and its line (issue 15, 9).
 		{"NaN load factor", "routing:\n  load_factor: .nan", "line 2: routing.load_factor NaN: want a finite number"},
 		{"NaN kv high water", "routing:\n  kv_high_water: .nan", "line 2: routing.kv_high_water NaN: want a finite number"},
@@ -160,6 +162,18 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cfg, err := ParseConfig(b)
 		if err != nil {
+			// Every problem is a FieldError on a line of the input.
+			var ces ConfigErrors
+			if !errors.As(err, &ces) || len(ces) == 0 {
+				t.Fatalf("error %T %v, want ConfigErrors", err, err)
+			}
+			// YAML breaks lines at \n, \r\n and a lone \r.
+			lines := bytes.Count(bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n")), []byte("\n")) + bytes.Count(b, []byte("\r")) - bytes.Count(b, []byte("\r\n")) + 1
+			for _, fe := range ces {
+				if fe.Line < 0 || fe.Line > lines || fe.Err == nil {
+					t.Fatalf("error %q: line %d of %d", fe, fe.Line, lines)
+				}
+			}
 			return
 		}
 		// Whatever parses must validate again identically.
@@ -167,4 +181,39 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("parsed config fails Validate: %v", err)
 		}
 	})
+}
+
+// TestParseConfigEveryError: one file with problems in several sections
+// gives one FieldError per problem, each with its field and line.
+func TestParseConfigEveryError(t *testing.T) {
+	src := "listen: nope\n" + // 1
+		"limits:\n" + // 2
+		"  read_timeout: soon\n" + // 3
+		"  max_body_bytes: 1\n" + // 4
+		"health:\n" + // 5
+		"  path: health\n" + // 6
+		"  bogus: 1\n" + // 7
+		"routing:\n" + // 8
+		"  kv_high_water: .nan\n" // 9
+	_, err := ParseConfig([]byte(src))
+	var ces ConfigErrors
+	if !errors.As(err, &ces) {
+		t.Fatalf("err %T %v, want ConfigErrors", err, err)
+	}
+	want := []struct {
+		field string
+		line  int
+	}{{"listen", 1}, {"limits.read_timeout", 3}, {"limits.max_body_bytes", 4}, {"health.path", 6}, {"health.bogus", 7}, {"routing.kv_high_water", 9}}
+	if len(ces) != len(want) {
+		t.Fatalf("got %d errors:\n%v\nwant %d", len(ces), err, len(want))
+	}
+	for i, w := range want {
+		if ces[i].Field != w.field || ces[i].Line != w.line {
+			t.Errorf("error %d = %q (field %q line %d), want field %q line %d", i, ces[i], ces[i].Field, ces[i].Line, w.field, w.line)
+		}
+	}
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "listen" {
+		t.Fatalf("errors.As FieldError: %v", fe)
+	}
 }

@@ -1,8 +1,10 @@
 // Package slowpath is warmpath's L7 router: a fasthttp reverse proxy for the
 // OpenAI-compatible API (/v1/chat/completions, /v1/completions,
-// /v1/embeddings, /v1/models) that asks affinity/ which replica answers a
-// request fastest and proxies it there, body byte for byte, streaming SSE
-// back event by event.
+// /v1/responses, /v1/embeddings, /v1/models) that asks affinity/ which
+// replica answers a request fastest and proxies it there, body byte for
+// byte, streaming SSE back event by event; vLLM's other endpoints
+// (/tokenize, /v1/rerank, /v1/score, /pooling, /v1/audio/*, /version) are
+// passed through to a replica serving the model (passthrough.go).
 //
 // It owns: the config file (strict YAML, Validate naming the field), the
 // replica set (static list reloaded on SIGHUP or file change), active health
@@ -45,4 +47,10 @@
 //     ReplicaID, and its Flights are generation-checked.
 //   - Observer runs on the request goroutine after the response completed:
 //     it must not block or keep the event.
+//   - A Responses API response is engine state (responses.go): the router
+//     remembers response id -> replica name in a bounded LRU with a TTL and
+//     pins previous_response_id requests to it; the name is resolved against
+//     the serving table at each use, so a removed replica is seen as gone.
+//   - CORS (cors.go) decorates the response after the handler chose it;
+//     an HTTP/1.0 stream's header is written before that and carries none.
 package slowpath

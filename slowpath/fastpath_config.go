@@ -1,7 +1,7 @@
 package slowpath
 
 import (
-	"fmt"
+	"errors"
 	"net/netip"
 	"strconv"
 	"time"
@@ -81,51 +81,53 @@ func (f *FastpathConfig) ServiceAddrs() []netip.AddrPort {
 	return out
 }
 
-// Validate checks the block; the error names the field and its range.
+// Validate checks the block and returns every problem (an errors.Join);
+// each error names the field and its range.
 func (f *FastpathConfig) Validate() error {
+	var v fieldErrs
 	switch f.Mode {
 	case FastpathAuto, FastpathKernel, FastpathUserspace:
 	default:
-		return fmt.Errorf("fastpath.mode: must be %q, %q or %q, got %q", FastpathAuto, FastpathKernel, FastpathUserspace, f.Mode)
+		v.addf("fastpath.mode: must be %q, %q or %q, got %q", FastpathAuto, FastpathKernel, FastpathUserspace, f.Mode)
 	}
 	switch f.Attach {
 	case "auto", "driver", "generic":
 	default:
-		return fmt.Errorf("fastpath.attach: must be \"auto\", \"driver\" or \"generic\", got %q", f.Attach)
+		v.addf("fastpath.attach: must be \"auto\", \"driver\" or \"generic\", got %q", f.Attach)
 	}
 	seen := map[netip.AddrPort]int{}
 	for i, s := range f.Services {
 		field := "fastpath.services[" + strconv.Itoa(i) + "]"
 		a, err := netip.ParseAddrPort(s)
 		if err != nil || !a.Addr().Is4() || a.Port() == 0 {
-			return fmt.Errorf("%s: must be an IPv4 VIP:port with port > 0, got %q", field, s)
+			v.addf("%s: must be an IPv4 VIP:port with port > 0, got %q", field, s)
+			continue
 		}
 		if j, dup := seen[a]; dup {
-			return fmt.Errorf("%s: %q duplicates fastpath.services[%d]", field, s, j)
+			v.addf("%s: %q duplicates fastpath.services[%d]", field, s, j)
+			continue
 		}
 		seen[a] = i
 	}
 	if len(f.Services) > 64 {
-		return fmt.Errorf("fastpath.services: at most 64, got %d", len(f.Services))
+		v.addf("fastpath.services: at most 64, got %d", len(f.Services))
 	}
 	if f.EncapSource != "" {
 		if a, err := netip.ParseAddr(f.EncapSource); err != nil || !a.Is4() {
-			return fmt.Errorf("fastpath.encap_source: must be an IPv4 address of the edge, got %q", f.EncapSource)
+			v.addf("fastpath.encap_source: must be an IPv4 address of the edge, got %q", f.EncapSource)
 		}
 	}
 	if f.Enabled() && f.Mode != FastpathUserspace && f.Interface == "" {
-		return fmt.Errorf("fastpath.interface: required (the client-facing interface for XDP) when fastpath.services is set and mode is %q", f.Mode)
+		v.addf("fastpath.interface: required (the client-facing interface for XDP) when fastpath.services is set and mode is %q", f.Mode)
 	}
 	if f.PinPath == "" || f.PinPath[0] != '/' {
-		return fmt.Errorf("fastpath.pin_path: must be an absolute path on bpffs, got %q", f.PinPath)
+		v.addf("fastpath.pin_path: must be an absolute path on bpffs, got %q", f.PinPath)
 	}
 	if f.RebalanceInterval < 10*time.Millisecond || f.RebalanceInterval > time.Minute {
-		return fmt.Errorf("fastpath.rebalance_interval: must be in [10ms, 1m], got %s", f.RebalanceInterval)
+		v.addf("fastpath.rebalance_interval: must be in [10ms, 1m], got %s", f.RebalanceInterval)
 	}
-	if err := f.Promoter.Validate(); err != nil {
-		return fmt.Errorf("fastpath.promoter.%w", err)
-	}
-	return nil
+	v.addPrefixed("fastpath.promoter.", f.Promoter.Validate())
+	return errors.Join(v...)
 }
 
 // replicaHost returns the fast-path host of a replica: Host, else the

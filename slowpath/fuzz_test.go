@@ -5,7 +5,8 @@ import (
 	"testing"
 )
 
-// FuzzHandler feeds arbitrary bodies to the routed endpoints: the router
+// FuzzHandler feeds arbitrary bodies to the routed endpoints (Responses
+// and pass-through included): the router
 // must answer 200 (proxied), 400 or 404 (unknown model) with a JSON body,
 // never panic, and leave no slot taken.
 func FuzzHandler(f *testing.F) {
@@ -16,14 +17,17 @@ func FuzzHandler(f *testing.F) {
 		`{"model":"zz","messages":[{"role":"user","content":"x"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"tools":[{"type":"function"}]}`,
 		`{"model":"m","stream":true,"messages":[]}`,
+		`{"model":"m","instructions":"i","input":[{"role":"user","content":"x"}],"previous_response_id":"x"}`,
+		`{"model":"m","input":"x","previous_response_id":"nope"}`,
+		`{"prompt":"x"}`, `{"model":"m","query":"q","documents":["d"]}`,
 		`[]`, `{`, `{"model":null}`, "\x00",
 	} {
-		f.Add(uint8(0), []byte(s))
-		f.Add(uint8(1), []byte(s))
-		f.Add(uint8(2), []byte(s))
+		for ep := range 6 {
+			f.Add(uint8(ep), []byte(s))
+		}
 	}
 	h := newHandlerRig(f)
-	paths := []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+	paths := []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/tokenize", "/v1/rerank"}
 	f.Fuzz(func(t *testing.T, ep uint8, body []byte) {
 		if bytes.Contains(body, []byte(`"stream"`)) {
 			return // the rig reads buffered answers only

@@ -20,7 +20,7 @@ func TestIdleTimeoutConfig(t *testing.T) {
 		{name: "set", yaml: "upstream:\n  idle_timeout: 5s", want: 5 * time.Second},
 		{name: "zero", yaml: "upstream:\n  idle_timeout: 0s", err: "upstream.idle_timeout: must be > 0, got 0s"},
 		{name: "negative", yaml: "upstream:\n  idle_timeout: -1s", err: "upstream.idle_timeout: must be > 0, got -1s"},
-		{name: "misspelt", yaml: "upstream:\n  idle_timout: 5s", err: "field idle_timout not found"},
+		{name: "misspelt", yaml: "upstream:\n  idle_timout: 5s", err: "line 2: upstream.idle_timout: unknown field"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,9 +31,13 @@ type metrics struct {
 	replicaFlight *prometheus.GaugeVec // replica
 	healthy       *prometheus.GaugeVec // replica
 	scrapeErrors  *prometheus.CounterVec
-	scrapeBig     *prometheus.CounterVec // replica
-	reloads       *prometheus.CounterVec // result
-	rejected      *prometheus.CounterVec // reason
+	scrapeBig     *prometheus.CounterVec   // replica
+	reloads       *prometheus.CounterVec   // result
+	rejected      *prometheus.CounterVec   // reason
+	promptTok     *prometheus.CounterVec   // model, replica
+	outputTok     *prometheus.CounterVec   // model, replica
+	itl           *prometheus.HistogramVec // model
+	ops           opsMetrics               // opsmetrics.go
 
 	// children resolved once for requests that never reached a replica.
 	local [600]atomic.Pointer[prometheus.Counter]
@@ -41,6 +45,9 @@ type metrics struct {
 
 // sub-millisecond buckets: a decision is microseconds.
 var decisionBuckets = []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2}
+
+// itlBuckets: decode steps take milliseconds to tens of milliseconds.
+var itlBuckets = []float64{0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1}
 
 var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
 
@@ -72,6 +79,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reloads:       prometheus.NewCounterVec(prometheus.CounterOpts(o("config_reloads_total", "Replica list reloads by result.")), []string{"result"}),
 		rejected:      prometheus.NewCounterVec(prometheus.CounterOpts(o("rejected_total", "Requests refused before routing, by reason.")), []string{"reason"}),
 	}
+	m.promptTok = prometheus.NewCounterVec(prometheus.CounterOpts(o("prompt_tokens_total", "Prompt tokens the engine reported (usage.prompt_tokens), by model and replica.")), []string{"model", "replica"})
+	m.outputTok = prometheus.NewCounterVec(prometheus.CounterOpts(o("output_tokens_total", "Output tokens the engine reported (usage.completion_tokens), by model and replica.")), []string{"model", "replica"})
+	m.itl = prometheus.NewHistogramVec(h("inter_token_latency_seconds", "Mean time between output tokens of a streamed response: (last byte - first token) / (completion_tokens - 1), one sample per response that reported at least 2 completion tokens.", itlBuckets), []string{"model"})
+	reg.MustRegister(m.promptTok, m.outputTok, m.itl)
+	m.ops = newOpsMetrics(reg)
 	reg.MustRegister(m.requests, m.decision, m.predicted, m.actual, m.predictionErr, m.ttft, m.e2e,
 		m.retries, m.ejections, m.broken, m.clientGone, m.timeouts, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.scrapeBig, m.reloads, m.rejected)
 	return m
@@ -104,6 +116,9 @@ type replicaMetrics struct {
 type modelMetrics struct {
 	name      []byte
 	ttft, e2e prometheus.Observer
+	itl       prometheus.Observer
+	promptTok prometheus.Counter
+	outputTok prometheus.Counter
 	codes     [600]atomic.Pointer[prometheus.Counter]
 	m         *metrics
 	replica   string
@@ -138,7 +153,8 @@ func (m *metrics) forReplica(name string, models []string) replicaMetrics {
 	}
 	rm.models = make([]modelMetrics, len(models))
 	for i, mod := range models {
-		rm.models[i] = modelMetrics{name: []byte(mod), ttft: m.ttft.WithLabelValues(mod), e2e: m.e2e.WithLabelValues(mod), m: m, replica: name}
+		rm.models[i] = modelMetrics{name: []byte(mod), ttft: m.ttft.WithLabelValues(mod), e2e: m.e2e.WithLabelValues(mod), m: m, replica: name,
+			itl: m.itl.WithLabelValues(mod), promptTok: m.promptTok.WithLabelValues(mod, name), outputTok: m.outputTok.WithLabelValues(mod, name)}
 	}
 	return rm
 }
@@ -151,4 +167,6 @@ func (m *metrics) forgetReplica(name string) {
 	m.replicaFlight.DeleteLabelValues(name)
 	m.healthy.DeleteLabelValues(name)
 	m.requests.DeletePartialMatch(prometheus.Labels{"replica": name})
+	m.promptTok.DeletePartialMatch(prometheus.Labels{"replica": name})
+	m.outputTok.DeletePartialMatch(prometheus.Labels{"replica": name})
 }

@@ -33,6 +33,10 @@ type RoutedEvent struct {
 	Status                int      // upstream HTTP status
 	OK                    bool     // the response completed without error
 	Start, End            int64    // decision and completion, ns on the router's clock (the one given to affinity)
+	Arrival               int64    // the request's arrival, same clock
+	FirstToken            int64    // the first output token (whole answer when not streamed), same clock; 0 = none
+	ReportedPromptTokens  int      // usage.prompt_tokens from the engine; -1 = not reported
+	OutputTokens          int      // usage.completion_tokens from the engine; -1 = not reported
 }
 
 // FirstBlock is Hashes[0], or 0 without a prompt (embeddings).

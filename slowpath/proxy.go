@@ -9,8 +9,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -26,6 +24,10 @@ const (
 	epChat endpoint = iota
 	epCompletion
 	epEmbedding
+	epResponses // /v1/responses (responses.go)
+	epPassJSON  // model-routed JSON pass-through: /tokenize, /v1/rerank, ... (passthrough.go)
+	epPassMulti // model-routed multipart pass-through: /v1/audio/* (passthrough.go)
+	epFixed     // no model: the target replica is chosen before forward (passthrough.go)
 )
 
 // package-level header names and paths: no per-request conversions.
@@ -82,6 +84,8 @@ type exchange struct {
 	req     affinity.Request
 	dec     affinity.Decision
 	flight  affinity.Flight
+	ep      endpoint
+	api     apiState // Responses pinning and pass-through state (responses.go)
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
@@ -110,6 +114,9 @@ type exchange struct {
 	cached    int              // usage.prompt_tokens_details.cached_tokens (or timings.cache_n); -1 unknown
 	timings   affinity.Outcome // the engine's own prefill/decode timings (llama.cpp), when reported
 	status    int
+	firstAt   int64 // s.now() at the first token; 0 = none
+	promptRep int   // usage.prompt_tokens; -1 = not reported
+	outTok    int   // usage.completion_tokens; -1 = not reported
 	fjParser  fastjson.Parser
 	sseParsed bool
 	rl        relay // the stream's upstream decoder and write buffer (stream.go)
@@ -123,6 +130,7 @@ func (s *Server) getExchange() *exchange {
 		ex = s.newExchange()
 	}
 	ex.cached = -1
+	ex.firstAt, ex.promptRep, ex.outTok = 0, -1, -1
 	ex.timings = affinity.Outcome{}
 	ex.closed = false
 	ex.gotFirst = false
@@ -135,6 +143,7 @@ func (s *Server) getExchange() *exchange {
 	ex.stream = nil
 	ex.uresp = nil
 	ex.idle = nil
+	ex.api.reset()
 	return ex
 }
 
@@ -160,6 +169,9 @@ func (s *Server) putExchange(ex *exchange) {
 // handle is the fasthttp handler, installed once as a method value.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
+	if s.cors != nil && s.cors.preflight(ctx) {
+		return
+	}
 	if bareLF(ctx.Request.Header.RawHeaders()) {
 		// fasthttp ends a header line at a bare LF; a proxy or engine that
 		// does not would read two headers as one (or the other way round).
@@ -181,7 +193,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentTypeBytes(strAppJSON)
 		ctx.SetBodyString(`{"status":"ok"}`)
 	default:
-		s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		if !s.handleAPI(ctx) { // responses.go, passthrough.go, models.go
+			s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		}
+	}
+	if s.cors != nil {
+		s.cors.decorate(ctx)
 	}
 }
 
@@ -232,6 +249,9 @@ func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, reason, msg, typ, 
 	}
 	s.m.localRequest(status)
 	s.m.rejected.WithLabelValues(reason).Inc()
+	if a := s.ops.access; a != nil {
+		a.local(ctx, status, code)
+	}
 }
 
 func isJSONContentType(ct []byte) bool {
@@ -242,7 +262,7 @@ func isJSONContentType(ct []byte) bool {
 		ct = ct[:i]
 	}
 	ct = bytes.TrimSpace(ct)
-	return bytes.EqualFold(ct, strAppJSON)
+	return bytes.EqualFold(ct, strAppJSON) || isPlusJSON(ct)
 }
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
@@ -251,8 +271,13 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		ctx.Response.Header.SetBytesKV(hdrAllow, strPOST) // after reject: writeError resets the response
 		return
 	}
-	if !isJSONContentType(ctx.Request.Header.ContentType()) {
-		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+	if ep == epPassMulti {
+		if !isMultipart(ctx.Request.Header.ContentType()) {
+			s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be multipart/form-data, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+			return
+		}
+	} else if !isJSONContentType(ctx.Request.Header.ContentType()) {
+		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json (or application/*+json), got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
 		return
 	}
 	body := ctx.PostBody()
@@ -262,18 +287,14 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	ex := s.getExchange()
 	ex.start = s.now()
-	var err error
-	switch ep {
-	case epChat:
-		err = ex.parser.ParseChat(body, &ex.prompt)
-	case epCompletion:
-		err = ex.parser.ParseCompletion(body, &ex.prompt)
-	default:
-		err = ex.parser.ParseEmbedding(body, &ex.prompt)
-	}
+	ex.ep = ep
+	err := s.parse(ctx, ex, body)
 	if err != nil {
 		s.putExchange(ex)
 		msg, param := badRequest(err)
+		if d := describeJSON(body); d != "" && ep != epPassMulti {
+			msg, param = "We could not parse the JSON body of your request: "+d, ""
+		}
 		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", msg, errTypeInvalid, param, "")
 		return
 	}
@@ -282,17 +303,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
 		return
 	}
-	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 {
+	if s.cfg.Tenancy.SaltFrom != SaltFromNone && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
 		if b, ok := s.saltBody(ctx, ex, body); ok {
 			body = b
-			switch ep {
-			case epChat:
-				err = ex.parser.ParseChat(body, &ex.prompt)
-			case epCompletion:
-				err = ex.parser.ParseCompletion(body, &ex.prompt)
-			default:
-				err = ex.parser.ParseEmbedding(body, &ex.prompt)
-			}
+			err = s.parse(ctx, ex, body)
 			if err != nil || len(ex.prompt.CacheSalt) == 0 {
 				s.putExchange(ex)
 				s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt must be a non-empty string", errTypeInvalid, "cache_salt", "")
@@ -309,6 +323,9 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	ex.req.Model = ex.model
 	ex.req.Hashes = ex.prompt.Hashes
 	ex.req.PromptTokens = ex.prompt.Tokens
+	// A buffered answer's first byte is its last: it must not teach the
+	// replica's TTFT model (the exchange is pooled, so always set).
+	ex.req.Buffered = !ex.prompt.Stream
 	ex.req.SessionKey = 0
 	if sid := ctx.Request.Header.PeekBytes(s.sessionHeader); len(sid) > 0 {
 		ex.req.SessionKey = xxh3.Hash(sid) | 1
@@ -375,10 +392,10 @@ func (s *Server) admit(ex *exchange) bool {
 	if s.tryTotal() {
 		return true
 	}
-	if s.cfg.Limits.OnLimit != OnLimitQueue {
+	if s.conf().Limits.OnLimit != OnLimitQueue {
 		return false
 	}
-	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
 	for {
 		c := s.freed.wait()
 		if s.tryTotal() {
@@ -392,7 +409,7 @@ func (s *Server) admit(ex *exchange) bool {
 }
 
 func (s *Server) tryTotal() bool {
-	limit := int64(s.cfg.Limits.MaxInFlight)
+	limit := int64(s.conf().Limits.MaxInFlight)
 	for {
 		n := s.inflight.Load()
 		if limit > 0 && n >= limit {
@@ -414,8 +431,8 @@ func (s *Server) releaseTotal() {
 // decide ranks replicas; with on_limit=queue it waits for capacity when
 // every candidate is at its limit.
 func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
-	queue := s.cfg.Limits.OnLimit == OnLimitQueue
-	deadline := s.epoch.Add(time.Duration(ex.start) + s.cfg.Limits.QueueTimeout)
+	queue := s.conf().Limits.OnLimit == OnLimitQueue
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
 	for {
 		var c chan struct{}
 		if queue {
@@ -469,7 +486,7 @@ func (s *Server) anyFull(model []byte) bool {
 // forward proxies to the best ranked replica, retrying down the ranking
 // while nothing has been written to the client.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
-	if !s.decide(ctx, ex) {
+	if !s.rank(ctx, ex) { // decide, or the pinned / fixed replica (responses.go)
 		s.releaseTotal()
 		s.putExchange(ex)
 		return
@@ -483,7 +500,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 	var lastErr error
 	lastStatus := 0
 	for i, id := range ex.dec.Ranked {
-		if attempts >= s.cfg.Upstream.MaxAttempts {
+		if attempts >= s.conf().Upstream.MaxAttempts {
 			break
 		}
 		if int(id) < 0 || int(id) >= len(table) {
@@ -507,9 +524,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)
+		s.setEngineAuth(ctx, &ureq.Header, r)
 		started, err := s.attempt(ctx, ex, r, ureq, uresp)
 		status := uresp.StatusCode()
-		last := attempts >= s.cfg.Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		last := attempts >= s.conf().Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
 		switch {
 		case err == nil, !started && !errors.Is(err, errClientGone) && !errors.Is(err, fasthttp.ErrTimeout):
 			// Answered, or failed where the engine cannot have begun the
@@ -527,9 +545,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			// The engine did the work: another replica would do it again
 			// and answer as much. Not the replica's fault either.
 			s.endAttempt(ex, r, uresp)
-			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.cfg.Limits.MaxResponseBytes)
+			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.conf().Limits.MaxResponseBytes)
 			s.reject(ctx, fasthttp.StatusBadGateway, "response_too_large",
-				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.cfg.Limits.MaxResponseBytes),
+				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.conf().Limits.MaxResponseBytes),
 				errTypeUpstream, "", "response_too_large")
 			return
 		case errors.Is(err, fasthttp.ErrTimeout):
@@ -538,7 +556,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 			// not held against a replica that answers its health checks.
 			s.endAttempt(ex, r, uresp)
 			r.m.timeouts.Inc()
-			r.log.Warn("upstream response timeout", "timeout", s.cfg.Upstream.ResponseTimeout, "started", started)
+			r.log.Warn("upstream response timeout", "timeout", s.conf().Upstream.ResponseTimeout, "started", started)
 			s.reject(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout",
 				"The upstream replica did not answer within the router's response timeout.", errTypeUpstream, "", "upstream_timeout")
 			return
@@ -637,7 +655,7 @@ func (s *Server) endAttempt(ex *exchange, r *replica, uresp *fasthttp.Response) 
 const statusClientClosed = 499
 
 func (s *Server) retryStatus(st int) bool {
-	for _, x := range s.cfg.Upstream.RetryStatuses {
+	for _, x := range s.conf().Upstream.RetryStatuses {
 		if x == st {
 			return true
 		}
@@ -741,6 +759,10 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		if ex.ep == epResponses {
+			s.responseAnswered(ex, body)
+		}
+		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, body)
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held
@@ -749,6 +771,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	fasthttp.ReleaseResponse(uresp)
 	s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
+	ex.firstAt = now
 	s.completeAt(ex, true, nil, now)
 }
 
@@ -759,7 +782,7 @@ func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
 	o := ex.timings
-	o.OK, o.CachedTokens = ok && ex.status < 500, ex.cached
+	o.OK, o.CachedTokens = ok && ex.status < 500 && !ex.api.noWork, ex.cached
 	s.brain.EndWith(&ex.flight, now, o)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))
@@ -773,7 +796,8 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 		}
 		s.m.predictionErr.Observe(float64(d))
 	}
-	if obs := s.Observer; obs != nil {
+	s.countTokens(ex, now)
+	if obs, acc := s.Observer, s.ops.access; obs != nil || acc != nil {
 		ex.ev = RoutedEvent{
 			Client:                ex.client,
 			Model:                 ex.model,
@@ -788,8 +812,17 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			OK:                    ok && werr == nil,
 			Start:                 ex.decided,
 			End:                   now,
+			Arrival:               ex.start,
+			FirstToken:            ex.firstAt,
+			ReportedPromptTokens:  ex.promptRep,
+			OutputTokens:          ex.outTok,
 		}
-		obs.ObserveRouted(&ex.ev)
+		if obs != nil {
+			obs.ObserveRouted(&ex.ev)
+		}
+		if acc != nil {
+			acc.routed(&ex.ev)
+		}
 	}
 	r.release()
 	s.releaseTotal()
@@ -809,7 +842,7 @@ var strUsage = []byte(`"usage"`)
 // timings from llama.cpp's `timings` object (prompt_n, prompt_ms,
 // predicted_ms), leaving o alone when there is none.
 func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
-	keys := usageKeysIn(body) // one byte search; substring searches cost ~10 µs on 32 KiB of text
+	keys := usageKeysIn(body) & (keyCached | keyTimings) // one byte search; substring searches cost ~10 µs on 32 KiB of text
 	if keys == 0 {
 		return -1
 	}
@@ -930,42 +963,4 @@ func objectEnd(b []byte) int {
 		}
 	}
 	return -1
-}
-
-// models answers GET /v1/models: the union of models healthy replicas serve.
-func (s *Server) models(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
-		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
-		return
-	}
-	seen := map[string]bool{}
-	var names []string
-	for _, r := range *s.table.Load() {
-		if r == nil || !r.isHealthy() {
-			continue
-		}
-		for _, m := range r.cfg.Load().Models {
-			if !seen[m] {
-				seen[m] = true
-				names = append(names, m)
-			}
-		}
-	}
-	slices.Sort(names)
-	b := append([]byte(nil), `{"object":"list","data":[`...)
-	for i, m := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m)
-		b = append(b, `,"object":"model","created":`...)
-		b = strconv.AppendInt(b, s.started.Unix(), 10)
-		b = append(b, `,"owned_by":"warmpath"}`...)
-	}
-	b = append(b, "]}"...)
-	ctx.SetContentTypeBytes(strAppJSON)
-	ctx.SetBody(b)
-	s.m.localRequest(fasthttp.StatusOK)
 }

@@ -336,14 +336,16 @@ func TestModelsEndpoint(t *testing.T) {
 	if out.Object != "list" || strings.Join(ids, ",") != "llama,lora-a,qwen" {
 		t.Fatalf("models: %+v", out)
 	}
-	// Multi-model filtering: qwen only goes to b.
+	// Multi-model filtering: qwen only goes to b (/v1/models above asked
+	// each engine for its own list).
+	a0, b0 := a.requests.Load(), b.requests.Load()
 	for range 5 {
 		st, body := post(t, url+"/v1/chat/completions", "application/json", strings.Replace(chatBody, `"m"`, `"qwen"`, 1))
 		if st != 200 {
 			t.Fatalf("%d %s", st, body)
 		}
 	}
-	if a.requests.Load() != 0 || b.requests.Load() != 5 {
+	if a.requests.Load() != a0 || b.requests.Load() != b0+5 {
 		t.Fatalf("qwen requests went to a=%d b=%d, want 0/5", a.requests.Load(), b.requests.Load())
 	}
 }
@@ -554,5 +556,26 @@ func TestClientGoneMidStreamReleasesEverything(t *testing.T) {
 	// The router keeps serving.
 	if st, b := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
 		t.Fatalf("%d %s", st, b)
+	}
+}
+
+// TestBufferedAnswersTeachNoTTFT: a non-streaming answer's first byte
+// arrives with its last, so it must not be read as a time to first token:
+// only the streamed requests are checked against the TTFT model, whatever
+// the pooled exchange served before.
+func TestBufferedAnswersTeachNoTTFT(t *testing.T) {
+	e := startFakeEngine(t)
+	s, url := newTestServer(t, testConfig(e.addr))
+	body := func(stream bool) string {
+		return fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+	}
+	for i, stream := range []bool{true, false, false, true, false, false} {
+		if st, b := post(t, url+"/v1/chat/completions", "application/json", body(stream)); st != 200 {
+			t.Fatalf("request %d: %d %s", i, st, b)
+		}
+	}
+	waitFor(t, "stream bookkeeping", func() bool { return s.inflight.Load() == 0 })
+	if got := s.router.Replicas()[0].TTFT.Checked; got != 2 {
+		t.Fatalf("TTFT predictions checked %d, want the 2 streamed requests only", got)
 	}
 }

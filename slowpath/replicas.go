@@ -25,12 +25,14 @@ type replica struct {
 	name string
 	hc   *fasthttp.HostClient // proxied traffic
 	ctl  *fasthttp.HostClient // health checks and scrapes
+	auth []byte               // Authorization towards the engine; nil = the client's (tls.go)
 	cfg  atomic.Pointer[ReplicaConfig]
 
 	inflight    atomic.Int64
 	maxInFlight atomic.Int64 // 0 = unlimited
 	consecFail  atomic.Int32
 	removed     atomic.Bool
+	firstRound  bool        // of the starting configuration: its first probe counts toward readiness
 	scrapeBig   atomic.Bool // the last scrape's body was over scrape.body_size_limit
 
 	stop chan struct{}
@@ -121,7 +123,7 @@ func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
 }
 
 func (s *Server) maxInFlight(rc *ReplicaConfig) int {
-	n := s.cfg.Limits.MaxInFlightPerReplica
+	n := s.conf().Limits.MaxInFlightPerReplica
 	if rc.MaxInFlight > 0 {
 		n = rc.MaxInFlight
 	}
@@ -153,10 +155,10 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 		rc.Models = slices.Clone(rc.Models)
 		if r, ok := s.byName[rc.Address]; ok {
 			cur := r.cfg.Load()
-			if slices.Equal(cur.Models, rc.Models) {
+			if slices.Equal(cur.Models, rc.Models) && sameEngineConn(cur, &rc) {
 				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens &&
 					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec &&
-					cur.BatchSlots == rc.BatchSlots {
+					cur.BatchSlots == rc.BatchSlots && r.maxInFlight.Load() == int64(s.maxInFlight(&rc)) {
 					continue
 				}
 				if err := s.brain.UpdateReplica(r.id, s.spec(&rc)); err != nil {
@@ -168,17 +170,24 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 				updated++
 				continue
 			}
-			// Model list changed: re-add under a fresh id (metrics children
-			// are per model), the old one drains like a removed replica.
+			// Model list (or engine TLS / key) changed: re-add under a fresh
+			// id (metrics children are per model), the old one drains like a
+			// removed replica.
 			s.removeLocked(r, table)
 			updated++
+		}
+		ec, err := s.engineConn(&rc)
+		if err != nil {
+			s.table.Store(&table)
+			return fmt.Errorf("add replica %s: %w", rc.Address, err)
 		}
 		id, err := s.brain.AddReplica(s.spec(&rc))
 		if err != nil {
 			s.table.Store(&table)
 			return fmt.Errorf("add replica %s: %w", rc.Address, err)
 		}
-		r := s.newReplica(id, &rc)
+		r := s.newReplica(id, &rc, ec)
+		r.firstRound = s.ops.starting
 		for int(id) >= len(table) {
 			table = append(table, nil)
 		}
@@ -208,7 +217,7 @@ func (s *Server) removeLocked(r *replica, table []*replica) {
 	r.log.Info("replica removed", "in_flight", r.inflight.Load())
 }
 
-func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
+func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig, ec engineConn) *replica {
 	u := &s.cfg.Upstream
 	r := &replica{
 		id:   id,
@@ -226,7 +235,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			RetryIfErr:                    retryStaleConn,
 			MaxIdemponentCallAttempts:     staleRetries,
 			ReadBufferSize:                upstreamReadBuffer,
-			Dial:                          s.upstreamDialer(u.DialTimeout, u.IdleTimeout),
+			Dial:                          tlsDial(ec.tls, s.upstreamDialer(u.DialTimeout, u.IdleTimeout), u.DialTimeout),
 		},
 		ctl: &fasthttp.HostClient{
 			Addr:                     rc.Address,
@@ -234,7 +243,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 			MaxIdleConnDuration:      u.MaxIdleConnDuration,
 			MaxResponseBodySize:      s.cfg.Scrape.BodySizeLimit,
 			NoDefaultUserAgentHeader: true,
-			Dial:                     s.dialer(u.DialTimeout),
+			Dial:                     tlsDial(ec.tls, s.dialer(u.DialTimeout), u.DialTimeout),
 		},
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
@@ -246,6 +255,9 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig) *replica {
 	r.cfg.Store(rc)
 	r.maxInFlight.Store(int64(s.maxInFlight(rc)))
 	r.m.healthy.Set(1)
+	if r.auth = ec.auth; r.auth != nil {
+		s.ops.anyAuth.Store(true)
+	}
 	return r
 }
 
@@ -306,7 +318,8 @@ func (s *Server) setHealthyLocked(r *replica, h bool, why string) {
 // status) and ejects the replica after Passive.ConsecutiveFailures.
 func (s *Server) proxyFailed(r *replica, err error) {
 	n := r.consecFail.Add(1)
-	th := s.cfg.Passive.ConsecutiveFailures
+	pc := &s.conf().Passive
+	th := pc.ConsecutiveFailures
 	if th <= 0 || int(n) < th {
 		return
 	}
@@ -316,13 +329,13 @@ func (s *Server) proxyFailed(r *replica, err error) {
 		return
 	}
 	now := time.Now()
-	if now.Sub(r.admittedAt) > s.cfg.Passive.MaxEjectTime {
+	if now.Sub(r.admittedAt) > pc.MaxEjectTime {
 		r.ejections = 0 // behaved for long enough: start over
 	}
 	r.ejections++
-	d := s.cfg.Passive.EjectTime << min(r.ejections-1, 16)
-	if d > s.cfg.Passive.MaxEjectTime || d <= 0 {
-		d = s.cfg.Passive.MaxEjectTime
+	d := pc.EjectTime << min(r.ejections-1, 16)
+	if d > pc.MaxEjectTime || d <= 0 {
+		d = pc.MaxEjectTime
 	}
 	r.ejectedUntil = now.Add(d)
 	r.activeOK = 0
@@ -337,23 +350,24 @@ func (r *replica) proxyOK() {
 	}
 }
 
-// runReplica is the replica's control loop: health probes and scrapes.
+// runReplica is the replica's control loop: health probes and scrapes, at
+// the intervals of the running config (a reload that changes them resets
+// the tickers; scrape.interval 0 stops scraping).
 func (s *Server) runReplica(r *replica) {
 	defer s.wg.Done()
 	defer close(r.done)
 	defer r.ctl.CloseIdleConnections()
+	wake := s.reloadSignal()
+	hInt, sInt := s.conf().Health.Interval, s.conf().Scrape.Interval
 	s.probe(r)
-	if s.cfg.Scrape.Interval > 0 {
+	s.ops.firstProbeDone(r)
+	if sInt > 0 {
 		s.scrape(r)
 	}
-	ht := time.NewTicker(s.cfg.Health.Interval)
+	ht := time.NewTicker(hInt)
 	defer ht.Stop()
-	var sc <-chan time.Time
-	if s.cfg.Scrape.Interval > 0 {
-		st := time.NewTicker(s.cfg.Scrape.Interval)
-		defer st.Stop()
-		sc = st.C
-	}
+	st := time.NewTicker(scrapeTick(sInt))
+	defer st.Stop()
 	for {
 		select {
 		case <-r.stop:
@@ -362,10 +376,32 @@ func (s *Server) runReplica(r *replica) {
 			return
 		case <-ht.C:
 			s.probe(r)
-		case <-sc:
-			s.scrape(r)
+		case <-st.C:
+			if sInt > 0 {
+				s.scrape(r)
+			}
+		case <-wake:
+			wake = s.reloadSignal()
+			c := s.conf()
+			if c.Health.Interval != hInt {
+				hInt = c.Health.Interval
+				ht.Reset(hInt)
+			}
+			if c.Scrape.Interval != sInt {
+				sInt = c.Scrape.Interval
+				st.Reset(scrapeTick(sInt))
+			}
 		}
 	}
+}
+
+// scrapeTick is the scrape ticker's period: scrape.interval, or an hour
+// while scraping is off (the ticks are ignored then).
+func scrapeTick(d time.Duration) time.Duration {
+	if d <= 0 {
+		return time.Hour
+	}
+	return d
 }
 
 func (s *Server) get(r *replica, path string, timeout time.Duration, resp *fasthttp.Response) error {
@@ -374,6 +410,9 @@ func (s *Server) get(r *replica, path string, timeout time.Duration, resp *fasth
 	req.SetRequestURI(path)
 	req.Header.SetHost(r.name)
 	req.Header.SetMethod(fasthttp.MethodGet)
+	if r.auth != nil {
+		req.Header.SetBytesKV(hdrAuthorization, r.auth)
+	}
 	return r.ctl.DoTimeout(req, resp, timeout)
 }
 
@@ -381,11 +420,12 @@ func (s *Server) get(r *replica, path string, timeout time.Duration, resp *fasth
 func (s *Server) probe(r *replica) {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	err := s.get(r, s.cfg.Health.Path, s.cfg.Health.Timeout, resp)
+	hc := &s.conf().Health
+	err := s.get(r, hc.Path, hc.Timeout, resp)
 	if err == nil && (resp.StatusCode() < 200 || resp.StatusCode() > 299) {
 		err = fmt.Errorf("status %d", resp.StatusCode())
 	}
-	h := &s.cfg.Health
+	h := &s.conf().Health
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
@@ -409,7 +449,8 @@ func (s *Server) probe(r *replica) {
 func (s *Server) scrape(r *replica) {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	err := s.get(r, s.cfg.Scrape.Path, s.cfg.Scrape.Timeout, resp)
+	sc := &s.conf().Scrape
+	err := s.get(r, sc.Path, sc.Timeout, resp)
 	err = s.scrapeSize(r, err)
 	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
 		err = fmt.Errorf("status %d", resp.StatusCode())
@@ -446,7 +487,7 @@ func (s *Server) scrape(r *replica) {
 	if err != nil {
 		r.m.scrapeErrors.Inc()
 		r.scrapeErr = err.Error()
-		if !r.stale && now.Sub(r.lastScrape) > s.cfg.Scrape.StaleAfter {
+		if !r.stale && now.Sub(r.lastScrape) > s.conf().Scrape.StaleAfter {
 			r.stale = true
 			// Too old to trust: clear, so routing uses in-flight counts.
 			s.brain.SetSignals(r.id, affinity.EngineSignals{}) // At 0 = never: ignored
@@ -475,7 +516,7 @@ func (s *Server) scrape(r *replica) {
 // readProps reads llama.cpp's /props with resp (reset first).
 func (s *Server) readProps(r *replica, resp *fasthttp.Response) (engineProps, error) {
 	resp.Reset()
-	if err := s.get(r, "/props", s.cfg.Scrape.Timeout, resp); err != nil {
+	if err := s.get(r, "/props", s.conf().Scrape.Timeout, resp); err != nil {
 		return engineProps{}, err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

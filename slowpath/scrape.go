@@ -18,8 +18,13 @@ type engineSample struct {
 	// requests processed); a decrease means the engine restarted and lost its
 	// cache. -1 = not reported.
 	Counter float64
-	Known   bool // at least one known gauge was present
-	Llama   bool // llama.cpp's names: its /props gives the batch slots
+	// PrefixQueries and PrefixHits are the engine's own prefix-cache
+	// counters, in tokens (vLLM prefix_cache_queries_total /
+	// prefix_cache_hits_total); HitRatio is SGLang's cache_hit_rate. -1 =
+	// not reported.
+	PrefixQueries, PrefixHits, HitRatio float64
+	Known                               bool // at least one known gauge was present
+	Llama                               bool // llama.cpp's names: its /props gives the batch slots
 }
 
 // metric families we read, by engine.
@@ -31,6 +36,11 @@ var (
 	mVLLMGPUUsage  = []byte("vllm:gpu_cache_usage_perc") // vLLM < 0.10 name
 	mVLLMCacheInfo = []byte("vllm:cache_config_info")
 	mVLLMPrompt    = []byte("vllm:prompt_tokens_total")
+	mVLLMQueries   = []byte("vllm:prefix_cache_queries_total")
+	mVLLMHits      = []byte("vllm:prefix_cache_hits_total")
+	mVLLMGPUQuery  = []byte("vllm:gpu_prefix_cache_queries_total") // vLLM < 0.10 names
+	mVLLMGPUHits   = []byte("vllm:gpu_prefix_cache_hits_total")
+	mSGLHitRate    = []byte("sglang:cache_hit_rate")
 	// SGLang
 	mSGLWaiting   = []byte("sglang:num_queue_reqs")
 	mSGLRunning   = []byte("sglang:num_running_reqs")
@@ -53,7 +63,7 @@ var (
 // or llama.cpp server. Unknown lines are skipped; it never fails, a body with
 // none of the known names returns Known=false.
 func parseEngineMetrics(body []byte) engineSample {
-	s := engineSample{Counter: -1}
+	s := engineSample{Counter: -1, PrefixQueries: -1, PrefixHits: -1, HitRatio: -1}
 	var usageSum float64
 	var usageN int
 	for len(body) > 0 {
@@ -87,6 +97,12 @@ func parseEngineMetrics(body []byte) engineSample {
 			if c := capacityFromLabels(labels); c > 0 {
 				s.KVCapacityTokens = c
 			}
+		case bytes.Equal(name, mVLLMQueries), bytes.Equal(name, mVLLMGPUQuery):
+			s.PrefixQueries = max(s.PrefixQueries, 0) + val
+		case bytes.Equal(name, mVLLMHits), bytes.Equal(name, mVLLMGPUHits):
+			s.PrefixHits = max(s.PrefixHits, 0) + val
+		case bytes.Equal(name, mSGLHitRate):
+			s.HitRatio = min(max(val, 0), 1)
 		case bytes.Equal(name, mVLLMPrompt), bytes.Equal(name, mSGLPrompt), bytes.Equal(name, mLlamaPrompt):
 			if s.Counter < 0 {
 				s.Counter = 0

@@ -3,6 +3,7 @@ package slowpath
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +40,9 @@ type Server struct {
 	// (the fast-path promotion hook). nil means none.
 	Observer Observer
 
-	cfg           Config
+	cfg           Config                 // as started; restart-only fields are read here
+	live          atomic.Pointer[Config] // running: live fields as last reloaded (conf)
+	reloaded      atomic.Pointer[chan struct{}]
 	cfgPath       string
 	log           *slog.Logger
 	brain         brain
@@ -76,6 +81,10 @@ type Server struct {
 
 	reloadMu sync.Mutex
 	lastFile []byte
+
+	cors *corsPolicy // nil = CORS off (cors.go)
+	api  *apiServer  // response-id store, merged model cards (responses.go, models.go)
+	ops  opsState    // readiness, drain, TLS, access log (ready.go, tls.go, accesslog.go)
 }
 
 // maxHeaderBytes bounds a request's line and headers (fasthttp's read
@@ -191,12 +200,17 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		closing:       make(chan struct{}),
 		conns:         make(map[net.Conn]struct{}),
 	}
+	s.cors, s.api = newCORS(cfg.CORS), newAPIServer()
 	empty := []*replica{}
 	s.table.Store(&empty)
+	running := cfg
+	s.live.Store(&running)
+	wake := make(chan struct{})
+	s.reloaded.Store(&wake)
 	s.exFree = make(chan *exchange, min(max(256, cfg.Limits.MaxInFlight), 4096))
 	l := &cfg.Limits
 	s.srv = &fasthttp.Server{
-		Handler:               s.handle,
+		Handler:               s.handleTop,
 		ErrorHandler:          s.serverError,
 		ExpectHandler:         s.expect,
 		Name:                  "warmpath",
@@ -215,14 +229,25 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/replicas", s.debugReplicas)
+	mux.HandleFunc("GET /debug/config", s.debugConfig)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	mux.HandleFunc("GET /readyz", s.adminReadyz)
+	mux.HandleFunc("GET /livez", s.adminLivez)
 	// The admin listener is loopback by default, but still bounded: a
 	// client that connects and sends nothing, or never reads, is cut.
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
-	if err := s.applyReplicas(cfg.Replicas); err != nil {
+	if err := s.initOps(); err != nil {
+		s.stopLoops()
+		return nil, fmt.Errorf("slowpath config: %w", err)
+	}
+	s.ops.init(len(cfg.Replicas))
+	s.ops.starting = true
+	err := s.applyReplicas(cfg.Replicas)
+	s.ops.starting = false
+	if err != nil {
 		s.stopLoops()
 		return nil, err
 	}
@@ -247,9 +272,9 @@ func (s *Server) now() int64 { return int64(time.Since(s.epoch)) }
 // affinity and in RoutedEvent.Start/End), for the fast-path control loop.
 func (s *Server) Now() int64 { return s.now() }
 
-// Config returns the configuration the server runs with (replicas as last
-// applied are in Replicas()).
-func (s *Server) Config() Config { return s.cfg }
+// Config returns the configuration the server runs with: live fields as
+// last reloaded (replicas as last applied are also in Replicas()).
+func (s *Server) Config() Config { return *s.conf() }
 
 // Registry is the Prometheus registry served on the admin address.
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
@@ -263,11 +288,15 @@ func (s *Server) Cluster() *cluster.Node { return s.cluster }
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
 // Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.srv.Serve(&connListener{
+	var l net.Listener = &connListener{
 		Listener: ln, stall: s.cfg.Limits.StallTimeout, log: s.log, m: s.connM,
 		maxConns: int64(s.maxConns), perClient: s.cfg.Limits.MaxConnectionsPerClient,
 		clients: make(map[netip.Addr]int),
-	})
+	}
+	if s.ops.cert != nil {
+		l = tls.NewListener(l, s.ops.cert.listenerTLS())
+	}
+	err := s.srv.Serve(l)
 	select {
 	case <-s.closing:
 		return nil
@@ -353,6 +382,7 @@ func (s *Server) waitIdle(ctx context.Context) error {
 func (s *Server) stopLoops() {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.wg.Wait()
+	s.stopOps()
 }
 
 func (s *Server) byNameSnapshot() []*replica {
@@ -398,9 +428,10 @@ func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-// Reload re-reads the config file and applies its replica list. Other
-// fields need a restart; a change to them is logged and ignored. An invalid
-// file changes nothing.
+// Reload re-reads the config file and applies its replica list and every
+// other field tagged reload:"live" (routing knobs, limits, timeouts,
+// health, scrape; see reload.go). A change to any other field is named in
+// a warning and ignored until a restart. An invalid file changes nothing.
 func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	path := s.cfgPath
@@ -408,6 +439,7 @@ func (s *Server) Reload() error {
 	if path == "" {
 		return errors.New("reload: no config file (started without --config)")
 	}
+	_ = s.ReloadTLS() // logged and counted; the replica list reloads either way
 	if err := CheckConfigPerms(path); err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("reload: %w", err)
@@ -465,11 +497,23 @@ func (s *Server) reloadBytes(b []byte) error {
 		return fmt.Errorf("reload: %w", err)
 	}
 	s.lastFile = b
-	a, c := cfg, s.cfg
-	a.Replicas, c.Replicas = nil, nil
-	a.Listen, a.Admin = c.Listen, c.Admin // flags may override these
-	if !reflect.DeepEqual(a, c) {
-		s.log.Warn("config reload: only replicas are reloaded; other changes need a restart")
+	cur := s.conf()
+	cfg.Listen, cfg.Admin = cur.Listen, cur.Admin // flags may override these
+	live, restart := configChanges(cur, &cfg)
+	next := *cur
+	applyLive(&next, &cfg)
+	if s.router != nil && !reflect.DeepEqual(next.Routing, cur.Routing) {
+		if err := s.router.Retune(next.Routing); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			return fmt.Errorf("reload: %w", err)
+		}
+	}
+	s.publishConfig(&next)
+	if len(restart) > 0 {
+		s.log.Warn("config reload: these changes need a restart and are not applied", "fields", strings.Join(restart, ","))
+	}
+	if len(live) > 0 {
+		s.log.Info("config reload applied", "fields", strings.Join(live, ","))
 	}
 	if err := s.applyReplicas(cfg.Replicas); err != nil {
 		s.m.reloads.WithLabelValues("error").Inc()
@@ -482,11 +526,14 @@ func (s *Server) reloadBytes(b []byte) error {
 // ApplyReplicas replaces the replica list (what a reload does), for callers
 // that manage replicas themselves.
 func (s *Server) ApplyReplicas(list []ReplicaConfig) error {
-	c := s.cfg
-	c.Replicas = list
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	c := *s.conf()
+	c.Replicas = slices.Clone(list)
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	s.publishConfig(&c)
 	return s.applyReplicas(list)
 }
 

@@ -510,7 +510,7 @@ func (ex *exchange) CloseWithError(werr error) error {
 func (ex *exchange) scan(b []byte) {
 	skipChecked := false
 	for len(b) > 0 {
-		if ex.output && !skipChecked && len(ex.line) == 0 && !ex.lineDrop {
+		if ex.output && ex.ep != epResponses && !skipChecked && len(ex.line) == 0 && !ex.lineDrop {
 			skipChecked = true
 			if end := bytes.LastIndexByte(b, '\n'); end >= 0 {
 				// Whole lines before the first usage key need no look.
@@ -560,21 +560,21 @@ func (ex *exchange) scan(b []byte) {
 // finds the candidates (two substring searches per event cost a fifth of
 // the relay's own work).
 func hasUsageKey(b []byte) bool {
-	i, _, _ := nextUsageKey(b, 0)
+	i, _, _ := nextUsageKey(b, 0, keyCached|keyTimings)
 	return i >= 0
 }
 
-// usageKeyIndex is the index of the first key hasUsageKey looks for, or -1.
+// usageKeyIndex is the index of the first key sseLine reads anything from
+// (hasUsageKey's, and "completion_tokens"), or -1.
 func usageKeyIndex(b []byte) int {
-	i, _, _ := nextUsageKey(b, 0)
+	i, _, _ := nextUsageKey(b, 0, keyCached|keyTimings|keyTokens)
 	return i
 }
 
-// usageKeysIn reports which kinds of usage key b holds (keyCached,
-// keyTimings), 0 for none.
+// usageKeysIn reports which kinds of usage key b holds, 0 for none.
 func usageKeysIn(b []byte) (kinds uint8) {
 	for off := 0; ; {
-		i, k, next := nextUsageKey(b, off)
+		i, k, next := nextUsageKey(b, off, keyCached|keyTimings|keyTokens)
 		if i < 0 {
 			return kinds
 		}
@@ -583,10 +583,10 @@ func usageKeysIn(b []byte) (kinds uint8) {
 	}
 }
 
-// nextUsageKey finds the first usage key in b whose underscore is at or
-// after off: its index and kind, and where to look for the next one; -1
-// when there is none.
-func nextUsageKey(b []byte, off int) (at int, kind uint8, next int) {
+// nextUsageKey finds the first usage key of a kind in mask in b whose
+// underscore is at or after off: its index and kind, and where to look for
+// the next one; -1 when there is none.
+func nextUsageKey(b []byte, off int, mask uint8) (at int, kind uint8, next int) {
 	for off < len(b) {
 		i := bytes.IndexByte(b[off:], '_')
 		if i < 0 {
@@ -595,7 +595,7 @@ func nextUsageKey(b []byte, off int) (at int, kind uint8, next int) {
 		i += off
 		off = i + 1
 		for _, k := range usageKeys {
-			if j := i - k.at; j >= 0 && j+len(k.key) <= len(b) && string(b[j:j+len(k.key)]) == k.key {
+			if j := i - k.at; k.kind&mask != 0 && j >= 0 && j+len(k.key) <= len(b) && string(b[j:j+len(k.key)]) == k.key {
 				return j, k.kind, off
 			}
 		}
@@ -608,6 +608,7 @@ func nextUsageKey(b []byte, off int) (at int, kind uint8, next int) {
 const (
 	keyCached  uint8 = 1 << iota // "cached_tokens"
 	keyTimings                   // "cache_n", "prompt_n", "prompt_ms", "predicted_ms"
+	keyTokens                    // "completion_tokens" (usageTokens)
 )
 
 // usageKeys are the keys hasUsageKey looks for, with the offset of their
@@ -618,7 +619,7 @@ var usageKeys = [...]struct {
 	kind uint8
 }{
 	{`"cached_tokens"`, 7, keyCached}, {`"cache_n"`, 6, keyTimings}, {`"prompt_n"`, 7, keyTimings},
-	{`"prompt_ms"`, 7, keyTimings}, {`"predicted_ms"`, 10, keyTimings},
+	{`"prompt_ms"`, 7, keyTimings}, {`"predicted_ms"`, 10, keyTimings}, {`"completion_tokens"`, 11, keyTokens},
 }
 
 // firstToken marks the exchange's first token: the replica's prefill ends
@@ -626,6 +627,7 @@ var usageKeys = [...]struct {
 func (ex *exchange) firstToken() {
 	ex.gotFirst = true
 	now := ex.s.now()
+	ex.firstAt = now
 	ex.s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
 }
@@ -638,8 +640,15 @@ func (ex *exchange) sseLine(line []byte) {
 	if len(data) == 0 {
 		return
 	}
+	if ex.ep == epResponses {
+		ex.responsesEvent(data) // named events: their own first token and usage
+		return
+	}
 	if !ex.output && !rolePreamble(data) {
 		ex.output = true
+	}
+	if bytes.Contains(data, strCompletionTokens) {
+		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, data)
 	}
 	if bytes.Equal(data, strDone) || !hasUsageKey(data) {
 		return

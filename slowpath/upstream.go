@@ -103,7 +103,7 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 		hc.CloseConn(cc)
 		return false, reused && isStaleConn(err), err
 	}
-	deadline := now.Add(s.cfg.Upstream.ResponseTimeout)
+	deadline := now.Add(s.conf().Upstream.ResponseTimeout)
 	br := hc.AcquireReader(conn)
 	if err = awaitFirstByte(ctx, conn, br, deadline); err != nil {
 		hc.ReleaseReader(br)
@@ -115,11 +115,11 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 		hc.CloseConn(cc)
 		return true, false, err
 	}
-	if ic, ok := conn.(*idleConn); ok && !uresp.StreamBody {
+	if ic := idleOf(conn.LocalAddr()); ic != nil && !uresp.StreamBody {
 		ic.release() // a buffered answer produces output from its first byte
 	}
 	uresp.Header.DisableNormalizing()
-	if err = uresp.ReadLimitBody(br, s.cfg.Limits.MaxResponseBytes); err != nil {
+	if err = uresp.ReadLimitBody(br, s.conf().Limits.MaxResponseBytes); err != nil {
 		hc.ReleaseReader(br)
 		hc.CloseConn(cc)
 		if x, ok := err.(interface{ Timeout() bool }); ok && x.Timeout() && !errors.Is(err, errUpstreamIdle) {

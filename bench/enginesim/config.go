@@ -42,6 +42,15 @@ type Config struct {
 	// DisablePrefixCaching turns automatic prefix caching off
 	// (--no-enable-prefix-caching). Zero value: caching on, like vLLM V1.
 	DisablePrefixCaching bool
+	// Slots > 0 switches to llama.cpp's server model (-np / --parallel):
+	// Slots requests run at once (MaxNumSeqs is ignored), each in its own
+	// slot of NumGPUBlocks/Slots blocks of context, and there is no shared
+	// paged prefix cache: each slot keeps the tokens of the last request it
+	// ran, and a request reuses only the common prefix with the slot it is
+	// given (llama.cpp picks the idle slot whose cached prompt shares the
+	// largest fraction of the request, above --slot-prompt-similarity 0.1,
+	// else the least recently used idle slot). 0: vLLM's paged cache.
+	Slots int
 
 	// TimeScale maps model time to wall time in the HTTP server: wall =
 	// model × TimeScale. 1 is real time, 0.01 runs 100× faster than life.
@@ -74,16 +83,22 @@ type Config struct {
 //
 //	step = StepBase + prefill_tokens×PerPrefillToken + decode_seqs×PerDecodeSeq
 //	       + decode_context_tokens×PerContextToken
+//	       + prefill_attention_pairs/1000×PerPrefillKPairs
 //
 // prefill_tokens counts only tokens computed in the step: cached prefix
 // tokens cost nothing. decode_context_tokens is the sum, over sequences
 // decoding in the step, of the tokens already in their KV cache (attention
-// reads). All values are model time; see README.md for the calibration.
+// reads). prefill_attention_pairs is the attention work of the prefill
+// chunks: a chunk of n tokens after c computed ones attends to
+// n×c + n(n+1)/2 (query, key) pairs, so a cold prompt of L tokens costs
+// about L²/2 pairs: the quadratic term of long prompts. All values are model
+// time; see README.md for the calibration.
 type Timing struct {
-	StepBase        time.Duration // default 7ms
-	PerPrefillToken time.Duration // default 40µs
-	PerDecodeSeq    time.Duration // default 80µs
-	PerContextToken time.Duration // default 50ns
+	StepBase         time.Duration // default 7ms
+	PerPrefillToken  time.Duration // default 40µs
+	PerDecodeSeq     time.Duration // default 80µs
+	PerContextToken  time.Duration // default 50ns
+	PerPrefillKPairs time.Duration // per 1000 prefill attention pairs; default 1.31µs
 }
 
 // DefaultTiming is calibrated to Llama-3.1-8B-Instruct, bf16, on one H100
@@ -94,6 +109,9 @@ func DefaultTiming() Timing {
 		PerPrefillToken: 40 * time.Microsecond,
 		PerDecodeSeq:    80 * time.Microsecond,
 		PerContextToken: 50 * time.Nanosecond,
+		// attention: 4 × 32 layers × 4096 dims = 524k FLOP per (query,
+		// key) pair at the same 400 TFLOP/s as PerPrefillToken (README.md)
+		PerPrefillKPairs: 1310 * time.Nanosecond,
 	}
 }
 
@@ -183,6 +201,9 @@ func (c Config) Validate() error {
 	if c.MaxNumSeqs < 1 {
 		bad("MaxNumSeqs: %d must be >= 1", c.MaxNumSeqs)
 	}
+	if c.Slots < 0 || (c.Slots > 0 && c.Slots > c.NumGPUBlocks) {
+		bad("Slots: %d not in [0, NumGPUBlocks=%d]", c.Slots, c.NumGPUBlocks)
+	}
 	if c.MaxNumBatchedTokens < 1 {
 		bad("MaxNumBatchedTokens: %d must be >= 1", c.MaxNumBatchedTokens)
 	}
@@ -193,7 +214,7 @@ func (c Config) Validate() error {
 		bad("TimeScale: %v must be > 0 and finite", c.TimeScale)
 	}
 	t := c.Timing
-	if t.StepBase < 0 || t.PerPrefillToken < 0 || t.PerDecodeSeq < 0 || t.PerContextToken < 0 {
+	if t.StepBase < 0 || t.PerPrefillToken < 0 || t.PerDecodeSeq < 0 || t.PerContextToken < 0 || t.PerPrefillKPairs < 0 {
 		bad("Timing: durations must be >= 0")
 	}
 	if t.StepBase+t.PerPrefillToken+t.PerDecodeSeq <= 0 {

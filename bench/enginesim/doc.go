@@ -13,9 +13,11 @@
 //     Submit, NextEventTime and Advance and receives token and finish events
 //     through an Observer.
 //   - Server, an OpenAI-compatible HTTP server (/v1/chat/completions,
-//     /v1/completions, /v1/models, /health, /metrics with vLLM's metric
-//     names, /admin/faults, /admin/restart) that runs one Engine on the wall
-//     clock scaled by Config.TimeScale, with fault injection.
+//     /v1/completions, /v1/responses with a response store, /v1/models,
+//     /health, /metrics with vLLM's metric names, /admin/faults,
+//     /admin/restart, and vLLM's /tokenize, /detokenize, rerank, score,
+//     /pooling and audio endpoints) that runs one Engine on the wall clock
+//     scaled by Config.TimeScale, with fault injection.
 //
 // The engine deliberately shares no code with affinity/: its tokenizer
 // (4 bytes per token), chat template and block hashing are its own.

@@ -139,9 +139,18 @@ type seq struct {
 	committed int // leading blocks registered in the prefix cache
 	numNew    int // tokens scheduled in the current step
 	arrival   int64
+	slot      int // llama.cpp slot model: the slot it runs in, -1 none
 	state     uint8
 	inBatch   bool
 	scheduled bool
+}
+
+// slot is one llama.cpp server slot (Config.Slots): the chained block
+// hashes of the last request it ran, kept as its prompt cache.
+type slot struct {
+	hashes   []uint64
+	lastUsed int64
+	busy     bool
 }
 
 // Engine is the deterministic virtual-time core: paged KV cache with
@@ -158,6 +167,7 @@ type Engine struct {
 	outLen    OutputLen
 	seed      uint64
 	capTokens int
+	slots     []slot // llama.cpp slot model; nil: paged prefix cache
 
 	pool    *blockPool
 	waiting seqQueue
@@ -180,16 +190,23 @@ type Engine struct {
 type EngineStats struct {
 	Waiting, Running        int
 	UsedBlocks, TotalBlocks int
-	PrefixQueries           uint64 // tokens looked up in the prefix cache
-	PrefixHits              uint64 // tokens found
-	Evictions               uint64 // cached blocks reused for new content
-	Preemptions             uint64
-	Steps                   uint64
-	Submitted, Finished     uint64
-	Aborted                 uint64
-	PromptTokens            uint64 // computed prefill tokens (cache misses)
-	GenerationTokens        uint64
-	BusyTime                time.Duration // sum of step durations
+	PrefixQueries           uint64 // tokens looked up in the prefix cache, at every admission (re-admissions after preemption too)
+	PrefixHits              uint64 // tokens found, likewise
+	// FirstPromptTokens and FirstCachedTokens count each request once, when
+	// it is first scheduled: its prompt and its cached prefix then (what
+	// usage.prompt_tokens_details.cached_tokens reports). A re-admission
+	// after preemption hits its own recomputed blocks and counts only in
+	// PrefixQueries/PrefixHits.
+	FirstPromptTokens   uint64
+	FirstCachedTokens   uint64
+	Evictions           uint64 // cached blocks reused for new content
+	Preemptions         uint64
+	Steps               uint64
+	Submitted, Finished uint64
+	Aborted             uint64
+	PromptTokens        uint64 // computed prefill tokens (cache misses)
+	GenerationTokens    uint64
+	BusyTime            time.Duration // sum of step durations
 }
 
 // KVUsage is the fraction of blocks referenced by requests (vLLM's
@@ -220,6 +237,12 @@ func NewEngine(cfg Config) (*Engine, error) {
 		pool:      newBlockPool(cfg.NumGPUBlocks),
 		scratch:   make([]byte, 0, cfg.BlockSize*BytesPerToken),
 		pendingAt: NoEvent,
+	}
+	if cfg.Slots > 0 {
+		// llama.cpp: n_ctx split evenly across the slots, whole blocks
+		e.slots = make([]slot, cfg.Slots)
+		e.maxSeqs = cfg.Slots
+		e.capTokens = cfg.NumGPUBlocks / cfg.Slots * cfg.BlockSize
 	}
 	return e, nil
 }
@@ -270,6 +293,7 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	s.promptLen, s.numTokens, s.target = p, p, target
 	s.arrival = now
 	s.state = stWaiting
+	s.slot = -1
 	s.root = xxh3.HashStringSeed(r.CacheSalt, xxh3.HashString(r.Adapter)^0x5eed)
 	*r = Request{ID: r.ID, Prompt: r.Prompt, Adapter: r.Adapter, CacheSalt: r.CacheSalt,
 		MaxTokens: r.MaxTokens, Data: r.Data,
@@ -369,6 +393,7 @@ func (e *Engine) plan(t int64) {
 	e.batch = e.batch[:0]
 	budget := e.budget
 	prefill, decodes, ctx := 0, 0, 0
+	var pairs int64 // prefill attention (query, key) pairs
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
@@ -395,6 +420,7 @@ func (e *Engine) plan(t int64) {
 			ctx += s.computed
 		} else {
 			prefill += n
+			pairs += int64(n)*int64(s.computed) + int64(n)*int64(n+1)/2
 		}
 		s.numNew = n
 		s.inBatch = true
@@ -407,7 +433,12 @@ func (e *Engine) plan(t int64) {
 			break
 		}
 		e.hits = e.hits[:0]
-		if e.caching {
+		computed, sl := 0, -1
+		if e.slots != nil {
+			var hit int
+			sl, hit = e.pickSlot(s)
+			computed = hit * e.bs
+		} else if e.caching {
 			maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
 			for k := range maxHit {
 				b := e.pool.lookup(s.hashes[k])
@@ -416,10 +447,10 @@ func (e *Engine) plan(t int64) {
 				}
 				e.hits = append(e.hits, b)
 			}
+			computed = len(e.hits) * e.bs
 		}
-		computed := len(e.hits) * e.bs
 		n := min(s.numTokens-computed, budget)
-		need := e.blocksFor(computed+n) - len(e.hits)
+		need := e.blocksFor(computed+n) - len(e.hits) // slot model: its whole context is its own
 		avail := e.pool.nfree
 		for _, b := range e.hits {
 			if e.pool.inFree[b] {
@@ -437,7 +468,12 @@ func (e *Engine) plan(t int64) {
 			s.blocks = append(s.blocks, e.pool.alloc())
 		}
 		s.computed, s.committed = computed, len(e.hits)
-		if e.caching {
+		if sl >= 0 {
+			s.slot = sl
+			e.slots[sl].busy = true
+			s.committed = computed / e.bs
+		}
+		if e.caching || e.slots != nil {
 			e.st.PrefixQueries += uint64(s.numTokens)
 			e.st.PrefixHits += uint64(computed)
 		}
@@ -445,6 +481,8 @@ func (e *Engine) plan(t int64) {
 			s.scheduled = true
 			s.req.CachedTokens = computed
 			s.req.ScheduledAt = t
+			e.st.FirstPromptTokens += uint64(s.promptLen)
+			e.st.FirstCachedTokens += uint64(computed)
 		}
 		e.waiting.popFront()
 		s.state = stRunning
@@ -454,6 +492,7 @@ func (e *Engine) plan(t int64) {
 		e.batch = append(e.batch, s)
 		budget -= n
 		prefill += n
+		pairs += int64(n)*int64(computed) + int64(n)*int64(n+1)/2
 	}
 	if len(e.batch) == 0 {
 		e.stepActive = false
@@ -464,7 +503,8 @@ func (e *Engine) plan(t int64) {
 	}
 	tm := e.timing
 	dur := tm.StepBase + time.Duration(prefill)*tm.PerPrefillToken +
-		time.Duration(decodes)*tm.PerDecodeSeq + time.Duration(ctx)*tm.PerContextToken
+		time.Duration(decodes)*tm.PerDecodeSeq + time.Duration(ctx)*tm.PerContextToken +
+		time.Duration(pairs*int64(tm.PerPrefillKPairs)/1000)
 	e.stepActive = true
 	e.stepStart, e.stepEnd, e.lastDur = t, t+int64(dur), dur
 	e.st.Steps++
@@ -476,6 +516,7 @@ func (e *Engine) plan(t int64) {
 // will recompute its prompt and generated tokens (vLLM's RECOMPUTE mode).
 func (e *Engine) preempt(v *seq) {
 	e.freeBlocks(v)
+	e.releaseSlot(v, 0, -1)
 	v.computed, v.committed = 0, 0
 	v.state = stWaiting
 	v.req.Preemptions++
@@ -507,7 +548,7 @@ func (e *Engine) complete(obs Observer) {
 		}
 		s.computed += s.numNew
 		s.numNew = 0
-		if e.caching {
+		if e.caching && e.slots == nil {
 			k := s.committed
 			for ; k < s.computed/e.bs && k < len(s.hashes); k++ {
 				e.pool.commit(s.blocks[k], s.hashes[k])
@@ -535,6 +576,7 @@ func (e *Engine) complete(obs Observer) {
 			}
 			r.FinishedAt = at
 			r.seq = nil // OnFinish may resubmit r
+			e.releaseSlot(s, at, len(s.hashes))
 			e.freeBlocks(s)
 			s.state = stDone
 			finished = true
@@ -579,6 +621,7 @@ func (e *Engine) Abort(r *Request, now int64) bool {
 			}
 		}
 	}
+	e.releaseSlot(s, now, s.computed/e.bs)
 	e.freeBlocks(s)
 	r.Finish, r.FinishedAt, r.seq = FinishAbort, now, nil
 	e.st.Aborted++
@@ -618,8 +661,64 @@ func (e *Engine) Reset() {
 	e.running = e.running[:0]
 	e.batch = e.batch[:0]
 	e.pool.reset()
+	for i := range e.slots {
+		e.slots[i] = slot{hashes: e.slots[i].hashes[:0]}
+	}
 	e.stepActive = false
 	e.pendingAt = NoEvent
+}
+
+// pickSlot is llama.cpp's slot choice for s (server get_available_slot):
+// among idle slots, the one whose cached prompt shares the largest fraction
+// of s's blocks, if above 0.1 (--slot-prompt-similarity default); else the
+// least recently used idle slot. It returns the slot and the blocks s
+// reuses from it (at most all but the last prompt token, as llama.cpp
+// always evaluates the last one). The caller checks a slot is free
+// (running < Slots).
+func (e *Engine) pickSlot(s *seq) (int, int) {
+	maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
+	best, bestHit, lru := -1, 0, -1
+	for i := range e.slots {
+		sl := &e.slots[i]
+		if sl.busy {
+			continue
+		}
+		if lru < 0 || sl.lastUsed < e.slots[lru].lastUsed {
+			lru = i
+		}
+		k := 0
+		for k < maxHit && k < len(sl.hashes) && sl.hashes[k] == s.hashes[k] {
+			k++
+		}
+		if k > bestHit && float64(k*e.bs) > 0.1*float64(s.numTokens) {
+			best, bestHit = i, k
+		}
+	}
+	if best >= 0 {
+		return best, bestHit
+	}
+	hit := 0
+	for hit < maxHit && hit < len(e.slots[lru].hashes) && e.slots[lru].hashes[hit] == s.hashes[hit] {
+		hit++
+	}
+	return lru, hit
+}
+
+// releaseSlot frees s's slot (llama.cpp model), keeping the first keep
+// block hashes of s as the slot's prompt cache (-1: the slot keeps nothing,
+// its context was freed by a preemption).
+func (e *Engine) releaseSlot(s *seq, at int64, keep int) {
+	if s.slot < 0 || e.slots == nil {
+		return
+	}
+	sl := &e.slots[s.slot]
+	sl.busy = false
+	sl.hashes = sl.hashes[:0]
+	if keep > 0 {
+		sl.hashes = append(sl.hashes, s.hashes[:min(keep, len(s.hashes))]...)
+		sl.lastUsed = at
+	}
+	s.slot = -1
 }
 
 func (e *Engine) newSeq() *seq {
@@ -632,7 +731,7 @@ func (e *Engine) newSeq() *seq {
 }
 
 func (e *Engine) recycle(s *seq) {
-	*s = seq{hashes: s.hashes[:0], blocks: s.blocks[:0]}
+	*s = seq{hashes: s.hashes[:0], blocks: s.blocks[:0], slot: -1}
 	e.spare = append(e.spare, s)
 }
 

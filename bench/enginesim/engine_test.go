@@ -330,7 +330,10 @@ func TestPreemption(t *testing.T) {
 }
 
 func TestCachedPrefixShortensTTFTByModelledAmount(t *testing.T) {
-	e := newTestEngine(t, func(c *Config) { c.Timing = DefaultTiming() })
+	// the linear terms only: TestPrefillAttentionTerm covers the quadratic one
+	lin := DefaultTiming()
+	lin.PerPrefillKPairs = 0
+	e := newTestEngine(t, func(c *Config) { c.Timing = lin })
 	sys := prompt("system", 2000)
 	a := &Request{ID: 1, Prompt: append(append([]byte(nil), sys...), prompt("q1", 50)...), MaxTokens: 20}
 	b := &Request{ID: 2, Prompt: append(append([]byte(nil), sys...), prompt("q2", 50)...), MaxTokens: 20}
@@ -341,7 +344,7 @@ func TestCachedPrefixShortensTTFTByModelledAmount(t *testing.T) {
 	if b.CachedTokens != 2000 {
 		t.Fatalf("cached %d, want 2000", b.CachedTokens)
 	}
-	tm := DefaultTiming()
+	tm := lin
 	if want := tm.StepBase + time.Duration(a.PromptTokens)*tm.PerPrefillToken; a.TTFT() != want {
 		t.Errorf("cold TTFT %v, want %v", a.TTFT(), want)
 	}

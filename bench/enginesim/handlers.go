@@ -105,8 +105,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			route(http.MethodPost, s.handleFaults)
 		}
 	default:
-		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
-			Message: "unknown path " + r.URL.Path})
+		if !s.serveExtra(w, r) { // extra.go, responses.go
+			writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+				Message: "unknown path " + r.URL.Path})
+		}
 	}
 }
 

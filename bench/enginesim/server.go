@@ -47,6 +47,7 @@ type Server struct {
 	injected atomic.Int64
 	// cancelled counts API requests whose client went away mid-request
 	cancelled atomic.Int64
+	responses responseStore // stored Responses API answers (responses.go)
 
 	wake      chan struct{}
 	closing   chan struct{}

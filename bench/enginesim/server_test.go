@@ -286,7 +286,8 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("chat: %v", err)
 		}
 		u := resp.Usage
-		wantTTFT += tm.StepBase + time.Duration(u.PromptTokens-u.PromptTokensDetails.CachedTokens)*tm.PerPrefillToken
+		c, n := int64(u.PromptTokensDetails.CachedTokens), int64(u.PromptTokens-u.PromptTokensDetails.CachedTokens)
+		wantTTFT += tm.StepBase + time.Duration(n)*tm.PerPrefillToken + time.Duration((n*c+n*(n+1)/2)*int64(tm.PerPrefillKPairs)/1000)
 	}
 	code, body := get(t, s, "/metrics")
 	if code != http.StatusOK {

@@ -4,10 +4,20 @@
 // affinity code: the same Parser, prefix index, load accounting and policies
 // the proxy runs, so what the simulator measures is what production decides.
 //
-// The router model sees the cluster the way the proxy does: its own
-// speculative index (never the engines' caches), its own in-flight counts,
-// first-token and finish events as the proxy sees them, and engine signals
-// (queue lengths, KV usage) scraped every Config.ScrapeInterval.
+// The router model sees the cluster the way the proxy does and nothing
+// more: replicas added by name and models only (no prefill rate, KV
+// capacity or batch size), its own speculative index (never the engines'
+// caches), its own in-flight counts, first-token and finish events as the
+// proxy sees them with usage in real tokens (a per-request tokenizer
+// density against its bytes/4 estimate), and engine signals (waiting,
+// running, KV usage; vLLM's capacity, llama.cpp's slots) scraped every
+// Config.ScrapeInterval, each replica on its own phase. Fleets
+// (FleetEngines, Config.Engines) give replicas their own engine configs:
+// small batches, mixed speeds, no prefix cache, llama.cpp slots.
+//
+// Result.HitRate is per request (cached tokens at first scheduling, once
+// per request); Result.AdmissionHitRate is the engines' own counter, which
+// counts a preempted request's re-admission again.
 //
 // The anchors' policies (SGLang cache-aware, llm-d's default scorers, Dynamo's
 // KV cost, KubeAI's CHWBL, production-stack's prefixaware) run on the same

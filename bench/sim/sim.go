@@ -22,14 +22,24 @@ type Config struct {
 	// A zero value means enginesim.DefaultConfig() (Llama-3.1-8B on one
 	// H100). The served model names are replaced by the workload's models.
 	Engine enginesim.Config
+	// Engines, when set, configures each replica on its own (a fleet:
+	// FleetEngines); len(Engines) must be Replicas, and Engine is ignored.
+	// All must share one BlockSize. Replicas with Slots > 0 are llama.cpp
+	// servers: the router sees llama.cpp's signals (slots from /props, no
+	// KV capacity) and timings.
+	Engines []enginesim.Config
+	// Fleet names the fleet in the Result (reports); "" means "vllm".
+	Fleet string
 	// Policy names the router policy: one of Policies(). "" means "cost".
 	Policy string
 	// Router configures warmpath's affinity.Router (hashing, cost-policy
 	// knobs). Its Policy field is ignored.
 	Router affinity.Config
-	// ScrapeInterval is how often the router model reads engine signals
-	// (queue lengths, KV usage), as the proxy scrapes /metrics. 0 means
-	// 500ms; engine signals are always this stale or less.
+	// ScrapeInterval is how often the router reads each engine's signals
+	// (waiting, running, KV usage ratio; llama.cpp's slots), as the proxy
+	// scrapes /metrics. 0 means 1s, the proxy's default (slowpath
+	// scrape.interval). Each replica is scraped at its own phase of the
+	// interval, so its signals are up to one interval stale.
 	ScrapeInterval time.Duration
 	// Seed seeds the router's tie-breaking and random policies.
 	Seed uint64
@@ -81,7 +91,10 @@ func (c Config) withDefaults() Config {
 		c.Policy = affinity.DefaultPolicy
 	}
 	if c.ScrapeInterval == 0 {
-		c.ScrapeInterval = 500 * time.Millisecond
+		c.ScrapeInterval = time.Second
+	}
+	if c.Fleet == "" {
+		c.Fleet = "vllm"
 	}
 	if c.Routers == 0 {
 		c.Routers = 1
@@ -92,6 +105,7 @@ func (c Config) withDefaults() Config {
 // Result summarises one run. Durations are in seconds.
 type Result struct {
 	Policy, Workload string
+	Fleet            string
 	Replicas         int
 	Requests         int // offered
 	Completed        int
@@ -102,15 +116,26 @@ type Result struct {
 	Makespan         float64 // first arrival to last finish
 	RequestsPerSec   float64
 	OutputTokPerSec  float64
-	HitRate          float64 // engine prefix-cache hits / prompt tokens (ground truth)
+	// HitRate is the per-request prefix hit rate: the completed requests'
+	// cached tokens at first scheduling (usage.prompt_tokens_details.
+	// cached_tokens) over their prompt tokens. The headline.
+	HitRate float64
+	// AdmissionHitRate is the engines' own counter ratio (vLLM's
+	// prefix_cache_hits / prefix_cache_queries): every re-admission after
+	// a preemption queries again and hits its own recomputed blocks, so it
+	// runs above HitRate once engines preempt.
+	AdmissionHitRate float64
 	Imbalance        float64 // max requests on one replica / mean
-	Preemptions      uint64
+	Preemptions      uint64  // preemptions of completed requests (each recomputes its KV)
+	// PreemptedRequests is how many completed requests were preempted at
+	// least once.
+	PreemptedRequests int
 	// TTFTModelError is how far the router's TTFT model (affinity/ttft.go)
 	// was from each completed request's TTFT, as the factor max(actual /
 	// predicted, predicted / actual): its median and 90th percentile.
 	TTFTModelError struct{ P50, P90 float64 }
 	Decisions      int
-	DecideNanos    int64 // wall time spent in parse+hash+decide (router CPU)
+	DecideNanos    int64 // wall time spent in the router: parse+hash+decide (not the simulator's prompt text)
 	// Scale-out (Config.Routers > 1 with Sync): peer messages (one per
 	// router call that produced updates) and updates applied, summed over
 	// receiving routers, and the wall time spent applying them.
@@ -162,6 +187,14 @@ type cluster struct {
 	conv     *conversations
 	arrivals arrivalHeap
 
+	llama              []bool                                      // replica is a llama.cpp server (Engines[i].Slots > 0)
+	phase              []int64                                     // replica -> its scrape phase within the interval
+	order              []int                                       // replicas by phase: the scrape order
+	specs              []affinity.ReplicaSpec                      // what each replica was added with (every router the same)
+	onSignals          func(replica int, s affinity.EngineSignals) // tests: every signal the routers get
+	cachedIn, promptIn int64                                       // completed requests' cached and prompt tokens (HitRate)
+	spare              [][]byte                                    // finished requests' engine prompts, for reuse
+
 	ttft, e2e []float64
 	modelErr  []float64 // TTFT model error factors (Result.TTFTModelError)
 	itlSum    float64
@@ -185,6 +218,21 @@ type simState struct {
 // Run simulates w on a cluster and returns its summary. It is deterministic
 // for a given Config and workload (wall-clock DecideNanos aside).
 func Run(cfg Config, w *workload.Workload) (*Result, error) {
+	c, err := newCluster(cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.loop(w); err != nil {
+		return nil, err
+	}
+	return c.finish(w), nil
+}
+
+// newCluster builds the engines and the routers. The routers get what a
+// production router has before any traffic: each replica's name and models
+// (ReplicaSpec with no rate, capacity or batch size: those it learns from
+// scrapes, TTFTs and usage, as slowpath feeds them).
+func newCluster(cfg Config, w *workload.Workload) (*cluster, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Replicas < 1 {
 		return nil, fmt.Errorf("sim: replicas must be >= 1, got %d", cfg.Replicas)
@@ -192,16 +240,29 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 	if len(w.Requests) == 0 {
 		return nil, errors.New("sim: empty workload")
 	}
+	if cfg.Engines != nil && len(cfg.Engines) != cfg.Replicas {
+		return nil, fmt.Errorf("sim: %d engine configs for %d replicas", len(cfg.Engines), cfg.Replicas)
+	}
 	models := []string{}
 	for i := range w.Requests {
 		if !slices.Contains(models, w.Requests[i].Model) {
 			models = append(models, w.Requests[i].Model)
 		}
 	}
-	ecfg := cfg.Engine
-	ecfg.ServedModelNames = models
-	if err := ecfg.Validate(); err != nil {
-		return nil, fmt.Errorf("sim: engine: %w", err)
+	ecfgs := make([]enginesim.Config, cfg.Replicas)
+	for i := range ecfgs {
+		e := cfg.Engine
+		if cfg.Engines != nil {
+			e = cfg.Engines[i]
+		}
+		e.ServedModelNames = models
+		if err := e.Validate(); err != nil {
+			return nil, fmt.Errorf("sim: engine %d: %w", i, err)
+		}
+		if e.BlockSize != ecfgs[0].BlockSize && i > 0 {
+			return nil, fmt.Errorf("sim: engine %d: block size %d, engine 0 has %d", i, e.BlockSize, ecfgs[0].BlockSize)
+		}
+		ecfgs[i] = e
 	}
 	if cfg.Routers < 1 || cfg.Routers > affinity.MaxPeers {
 		return nil, fmt.Errorf("sim: routers must be in [1, %d], got %d", affinity.MaxPeers, cfg.Routers)
@@ -210,13 +271,13 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 		return nil, fmt.Errorf("sim: sync delay must be >= 0, got %v", cfg.SyncDelay)
 	}
 	c := &cluster{cfg: cfg, perRep: make([]int, cfg.Replicas),
-		res: &Result{Policy: cfg.Policy, Workload: w.Name, Replicas: cfg.Replicas, Requests: len(w.Requests)}}
+		res: &Result{Policy: cfg.Policy, Workload: w.Name, Fleet: cfg.Fleet, Replicas: cfg.Replicas, Requests: len(w.Requests)}}
 	sync := cfg.Sync && cfg.Routers > 1
 	for k := range cfg.Routers {
 		st := &simState{activeTokens: make([]int, cfg.Replicas), treeTokens: make([]int, cfg.Replicas)}
 		rcfg := cfg.Router
 		rcfg.Seed = cfg.Seed + 1 + uint64(k)
-		router, err := newRouter(cfg.Policy, rcfg, st, ecfg.BlockSize)
+		router, err := newRouter(cfg.Policy, rcfg, st, ecfgs[0].BlockSize)
 		if err != nil {
 			return nil, err
 		}
@@ -230,20 +291,17 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 	if cfg.Routers > 1 {
 		c.pick = rand.New(rand.NewPCG(cfg.Seed, 0x5ca1e0))
 	}
-	prefillRate := 1 / ecfg.Timing.PerPrefillToken.Seconds()
 	for i := 0; i < cfg.Replicas; i++ {
-		e, err := enginesim.NewEngine(ecfg)
+		e, err := enginesim.NewEngine(ecfgs[i])
 		if err != nil {
 			return nil, fmt.Errorf("sim: engine: %w", err)
 		}
+		spec := affinity.ReplicaSpec{Name: fmt.Sprintf("engine-%d", i), Models: models}
+		c.specs = append(c.specs, spec)
 		// every router knows the replicas in the same order, so replica IDs
 		// agree and peer updates need no translation
 		for _, in := range c.routers {
-			id, err := in.router.AddReplica(affinity.ReplicaSpec{
-				Name: fmt.Sprintf("engine-%d", i), Models: models,
-				KVCapacityTokens:    ecfg.NumGPUBlocks * ecfg.BlockSize,
-				PrefillTokensPerSec: prefillRate,
-			})
+			id, err := in.router.AddReplica(spec)
 			if err != nil {
 				return nil, err
 			}
@@ -253,7 +311,13 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 		}
 		c.engines = append(c.engines, e)
 		c.ids = append(c.ids, affinity.ReplicaID(i))
+		c.llama = append(c.llama, ecfgs[i].Slots > 0)
+		// each replica's scrape loop starts at its own moment (slowpath
+		// runs one ticker per replica)
+		c.phase = append(c.phase, int64(splitmix(cfg.Seed^uint64(i)*0x9e3779b97f4a7c15)%uint64(cfg.ScrapeInterval)))
+		c.order = append(c.order, i)
 	}
+	slices.SortStableFunc(c.order, func(a, b int) int { return cmpInt64(c.phase[a], c.phase[b]) })
 	for _, in := range c.routers {
 		in.st.engines = c.engines
 	}
@@ -265,10 +329,41 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 	}
 	heap.Init(&c.heap)
 	c.w = w
-	if err := c.loop(w); err != nil {
-		return nil, err
+	return c, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
 	}
-	return c.finish(w), nil
+	return 0
+}
+
+// splitmix is SplitMix64's finaliser: a seeded, well-mixed hash.
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// tokenDensity is request id's real tokens per router-estimated token: the
+// router estimates tokens as canonical bytes / 4 (affinity's
+// bytes_per_token), while a real tokenizer's bytes per token vary with the
+// text (Llama-3's runs ~3.5 on code to ~4.5 on English prose). Engines
+// report usage in real tokens, so the router's cached-token and prefill
+// figures differ from its own estimates by this factor: log-normal, median
+// 1/1.05 (4.2 bytes per token), sigma 0.1, clamped to [0.7, 1.3];
+// deterministic per seed and request.
+func tokenDensity(seed uint64, id int) float64 {
+	h := splitmix(seed ^ 0x70c3 ^ uint64(id)*0xd1b54a32d192ed03)
+	u1 := (float64(h>>11) + 0.5) / (1 << 53)
+	u2 := float64(splitmix(h)>>11) / (1 << 53)
+	z := math.Sqrt(-2*math.Log(u1)) * math.Cos(2*math.Pi*u2)
+	return min(max(math.Exp(0.1*z)/1.05, 0.7), 1.3)
 }
 
 // conversations drives multi-turn chats closed loop: turn k+1 of a
@@ -332,8 +427,11 @@ func (c *cluster) loop(w *workload.Workload) error {
 		d      affinity.Decision
 		body   []byte
 		msgs   []enginesim.Message
-		text   []byte
+		text   []byte   // every message's text, back to back
+		texts  [][]byte // message -> its text in text
+		ends   []int
 	)
+	tc := newTextCache()
 	cv := newConversations(w)
 	c.conv = cv
 	followers := make([]bool, len(w.Requests))
@@ -349,7 +447,10 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 	}
 	heap.Init(&c.arrivals)
-	scrape := w.Requests[0].Arrival
+	// scrapes: replica order[k] at scrapeBase + phase[order[k]]
+	scrapeBase, sk := w.Requests[0].Arrival, 0
+	scrapeAt := func() int64 { return scrapeBase + c.phase[c.order[sk]] }
+	scrape := scrapeAt()
 	obs := observer{c}
 	for {
 		tArr := int64(math.MaxInt64)
@@ -369,8 +470,12 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 		// scrape ticks only while something is happening
 		if scrape <= tArr && scrape <= tEng {
-			c.scrape(scrape)
-			scrape += int64(c.cfg.ScrapeInterval)
+			c.scrape(c.order[sk], scrape)
+			if sk++; sk == len(c.order) {
+				sk = 0
+				scrapeBase += int64(c.cfg.ScrapeInterval)
+			}
+			scrape = scrapeAt()
 			continue
 		}
 		if tEng <= tArr {
@@ -381,50 +486,53 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 		a := heap.Pop(&c.arrivals).(arrival)
 		wr := &w.Requests[a.idx]
-		start := time.Now()
 		// earlier answers of a conversation are the engine's real ones
 		var answers [][]byte
 		if wr.Conversation >= 0 {
 			answers = cv.answers[wr.Conversation]
 		}
-		content := func(mi int) ([]byte, bool) {
-			if wr.Messages[mi].Role != workload.Assistant {
-				return nil, false
+		// each message's text once, for the body and the engine prompt
+		text, ends = text[:0], ends[:0]
+		na := 0
+		for mi := range wr.Messages {
+			m := &wr.Messages[mi]
+			if m.Role == workload.Assistant && na < len(answers) {
+				text = append(text, answers[na]...)
+			} else {
+				text = tc.appendMessage(text, m)
 			}
-			k := 0
-			for j := 0; j < mi; j++ {
-				if wr.Messages[j].Role == workload.Assistant {
-					k++
-				}
+			if m.Role == workload.Assistant {
+				na++
 			}
-			if k < len(answers) {
-				return answers[k], true
-			}
-			return nil, false
+			ends = append(ends, len(text))
 		}
-		body = workload.AppendChatBodyWith(body[:0], wr, true, content)
+		texts = texts[:0]
+		for mi, end := range ends {
+			texts = append(texts, text[prevEnd(ends, mi):end])
+		}
+		body = workload.AppendChatBodyTexts(body[:0], wr, true, texts)
+		// router CPU: what the proxy does per request (parse, hash,
+		// decide), not the simulator's making of the prompt text
+		start := time.Now()
 		if err := p.ParseChat(body, &prompt); err != nil {
 			return fmt.Errorf("sim: request %d: %w", wr.ID, err)
 		}
 		req = affinity.Request{Model: prompt.Model, Hashes: prompt.Hashes, PromptTokens: prompt.Tokens,
 			SessionKey: uint64(wr.Client) + 1, Now: a.at}
+		c.res.DecideNanos += time.Since(start).Nanoseconds()
 		// what the engines will see: their own chat template
 		msgs = msgs[:0]
 		for mi := range wr.Messages {
-			if t, ok := content(mi); ok {
-				text = append(text[:0], t...)
-			} else {
-				text = workload.AppendMessageText(text[:0], &wr.Messages[mi])
-			}
-			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: string(text)})
+			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: transient(texts[mi])})
 		}
-		ep := enginesim.AppendChatPrompt(nil, msgs, nil)
+		ep := enginesim.AppendChatPrompt(c.promptBuf(), msgs, nil)
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
 		}
 		in := &c.routers[k]
 		in.st.enginePrompt = ep
+		start = time.Now()
 		err := in.router.Decide(&req, &d)
 		c.res.DecideNanos += time.Since(start).Nanoseconds()
 		c.res.Decisions++
@@ -466,17 +574,34 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 	}
 }
 
-func (c *cluster) scrape(now int64) {
-	for i, e := range c.engines {
-		s := e.Stats()
-		sig := affinity.EngineSignals{
-			Waiting: s.Waiting, Running: s.Running, KVUsage: s.KVUsage(),
-			KVCapacityTokens: s.TotalBlocks * e.BlockSize(), At: now,
-		}
-		for _, in := range c.routers {
-			in.router.SetSignals(c.ids[i], sig)
-		}
+// scrape reads replica i's signals at now, as slowpath's scrape does:
+// vLLM's waiting, running, KV usage ratio and KV capacity (its
+// cache_config_info: block_size x num_gpu_blocks); llama.cpp's deferred,
+// processing and KV usage ratio, with its slots from /props and no
+// capacity.
+func (c *cluster) scrape(i int, now int64) {
+	e := c.engines[i]
+	st := e.Stats()
+	sig := affinity.EngineSignals{Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage(), At: now}
+	if c.llama[i] {
+		sig.BatchSlots = c.cfg.engine(i).Slots
+	} else {
+		sig.KVCapacityTokens = st.TotalBlocks * e.BlockSize()
 	}
+	if c.onSignals != nil {
+		c.onSignals(i, sig)
+	}
+	for _, in := range c.routers {
+		in.router.SetSignals(c.ids[i], sig)
+	}
+}
+
+// engine is replica i's configuration.
+func (c Config) engine(i int) enginesim.Config {
+	if c.Engines != nil {
+		return c.Engines[i]
+	}
+	return c.Engine
 }
 
 type observer struct{ c *cluster }
@@ -494,7 +619,16 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	f := r.Data.(*flight)
 	ok := r.Finish == enginesim.FinishStop || r.Finish == enginesim.FinishLength
 	in := &c.routers[f.router]
-	in.router.End(&f.fl, at, r.CachedTokens, ok)
+	// the engine reports usage in real tokens (tokenDensity); llama.cpp
+	// also its own prompt and decode timings
+	dens := tokenDensity(c.cfg.Seed, f.wreq.ID)
+	out := affinity.Outcome{OK: ok, CachedTokens: int(math.Round(float64(r.CachedTokens) * dens))}
+	if c.llama[f.replica] && ok {
+		out.PrefillTokens = int(math.Round(float64(r.PromptTokens-r.CachedTokens) * dens))
+		out.PrefillSeconds = float64(r.FirstTokenAt-r.ScheduledAt) / 1e9
+		out.DecodeSeconds = float64(r.FinishedAt-r.FirstTokenAt) / 1e9
+	}
+	in.router.EndWith(&f.fl, at, out)
 	c.post(f.router, at)
 	if pred, act := f.fl.PredictedTTFT(), float64(r.FirstTokenAt-r.Arrival)/1e9; ok && pred > 0 && act > 0 {
 		c.modelErr = append(c.modelErr, max(act/pred, pred/act))
@@ -517,6 +651,11 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	}
 	c.res.Completed++
 	c.res.Preemptions += uint64(r.Preemptions)
+	if r.Preemptions > 0 {
+		c.res.PreemptedRequests++
+	}
+	c.cachedIn += int64(r.CachedTokens)
+	c.promptIn += int64(r.PromptTokens)
 	c.ttft = append(c.ttft, float64(r.FirstTokenAt-r.Arrival)/1e9)
 	c.e2e = append(c.e2e, float64(r.FinishedAt-r.Arrival)/1e9)
 	if r.OutputTokens > 1 {
@@ -525,6 +664,33 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	}
 	c.outTokens += int64(r.OutputTokens)
 	c.last = max(c.last, at)
+	c.freePrompt(r)
+}
+
+// prevEnd is where message mi's text starts in the loop's text buffer.
+func prevEnd(ends []int, mi int) int {
+	if mi == 0 {
+		return 0
+	}
+	return ends[mi-1]
+}
+
+// promptBuf returns an empty buffer for an engine prompt, reusing the
+// prompts of finished requests.
+func (c *cluster) promptBuf() []byte {
+	if n := len(c.spare); n > 0 {
+		b := c.spare[n-1]
+		c.spare = c.spare[:n-1]
+		return b[:0]
+	}
+	return nil
+}
+
+// freePrompt gives a finished request's prompt back to promptBuf.
+func (c *cluster) freePrompt(r *enginesim.Request) {
+	if r.Prompt != nil && len(c.spare) < 4096 {
+		c.spare = append(c.spare, r.Prompt)
+	}
 	r.Prompt = nil
 }
 
@@ -550,7 +716,10 @@ func (c *cluster) finish(w *workload.Workload) *Result {
 		queries += s.PrefixQueries
 	}
 	if queries > 0 {
-		r.HitRate = float64(hits) / float64(queries)
+		r.AdmissionHitRate = float64(hits) / float64(queries)
+	}
+	if c.promptIn > 0 {
+		r.HitRate = float64(c.cachedIn) / float64(c.promptIn)
 	}
 	mx, sum := 0, 0
 	for _, n := range c.perRep {

@@ -105,8 +105,14 @@ func TestCachedPrefixTTFTMatchesModel(t *testing.T) {
 		t.Fatalf("router predicted %d cached tokens, engine had %d", second.Predicted, second.CachedTokens)
 	}
 	// Both prefill in one step with no other sequence: the TTFT difference is
-	// exactly the per-token prefill cost of the cached tokens.
-	want := float64(second.CachedTokens) * cfg.Timing.PerPrefillToken.Seconds()
+	// exactly the per-token prefill cost of the cached tokens plus the
+	// attention pairs they save (enginesim's quadratic term).
+	attn := func(c, n int) time.Duration {
+		return time.Duration((int64(n)*int64(c) + int64(n)*int64(n+1)/2) * int64(cfg.Timing.PerPrefillKPairs) / 1000)
+	}
+	c2 := second.CachedTokens
+	saved := time.Duration(c2)*cfg.Timing.PerPrefillToken + attn(0, first.PromptTokens) - attn(c2, second.PromptTokens-c2)
+	want := saved.Seconds()
 	if got := first.TTFT - second.TTFT; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("TTFT saved %.9fs, model says %.9fs (%d cached tokens)", got, want, second.CachedTokens)
 	}

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/warmpath/warmpath/bench/enginesim"
@@ -31,13 +33,17 @@ func writeReport(opts Options, res *Results) error {
 	p("| | |\n|---|---|\n")
 	p("| seed | %d |\n| commit | %s |\n| machine | %s |\n| elapsed | %.0f s |\n", res.Seed, commit(), Machine(), res.Elapsed)
 	e := enginesim.DefaultConfig()
-	p("| engines | %d per ladder; enginesim virtual time, Llama-3.1-8B on one H100 model: %d KV blocks of %d tokens, max %d seqs, %d batched tokens, step = %v + %v/prefill token + %v/decode seq + %v/context token |\n",
-		res.Replicas, e.NumGPUBlocks, e.BlockSize, e.MaxNumSeqs, e.MaxNumBatchedTokens, e.Timing.StepBase, e.Timing.PerPrefillToken, e.Timing.PerDecodeSeq, e.Timing.PerContextToken)
-	p("| router model | the real affinity code (parser, index, load, policies); engine signals scraped every 500 ms; its own speculative index, never the engines' caches |\n\n")
+	p("| engines | %d per ladder; enginesim virtual time, Llama-3.1-8B on one H100 model: %d KV blocks of %d tokens, max %d seqs, %d batched tokens, step = %v + %v/prefill token + %v/decode seq + %v/context token + %v per 1000 prefill attention pairs |\n",
+		res.Replicas, e.NumGPUBlocks, e.BlockSize, e.MaxNumSeqs, e.MaxNumBatchedTokens, e.Timing.StepBase, e.Timing.PerPrefillToken, e.Timing.PerDecodeSeq, e.Timing.PerContextToken, e.Timing.PerPrefillKPairs)
+	p("| router model | the real affinity code (parser, index, load, policies), told only each replica's name and models: no prefill rate, KV capacity or batch size. It learns from what production gives it: engine signals scraped every 1 s per replica on its own phase (waiting, running, KV usage; vLLM's KV capacity, llama.cpp's slots), measured TTFTs, and usage reported in real tokens (a per-request tokenizer density against its bytes/4 estimate). Its own speculative index, never the engines' caches |\n")
+	p("| hit rate | per request: cached tokens at first scheduling (`usage.prompt_tokens_details.cached_tokens`) over prompt tokens, each request once; `pre` is the share of completed requests preempted at least once (each preemption recomputes its KV, and the engine's own hit counter counts the re-admission again) |\n\n")
 
 	p("## Workloads\n\n| workload | requests | reusable prompt share (unbounded cache) | capacity on %d replicas (req/s) | parameters |\n|---|---|---|---|---|\n", res.Replicas)
 	for _, wi := range res.Workloads {
 		p("| %s | %d | %.1f%% | %.2f | %s |\n", wi.Name, wi.Requests, 100*wi.Reuse, res.Capacity[wi.Name], wi.Params)
+	}
+	for _, sk := range res.Skipped {
+		p("\nLeft out: %s\n", sk)
 	}
 	p("\nCapacity is the throughput least-request reaches when the whole workload is offered at once; the load levels below are fractions of it.\n\n")
 
@@ -48,11 +54,11 @@ func writeReport(opts Options, res *Results) error {
 		lad := ladder(res, wi.Name)
 		p("### %s\n\n| policy |", wi.Name)
 		for _, l := range headlineLoads {
-			p(" %.0f%%: p50 | p99 | hit |", l*100)
+			p(" %.0f%%: p50 | p99 | hit | pre |", l*100)
 		}
 		p("\n|---|")
 		for range headlineLoads {
-			p("---|---|---|")
+			p("---|---|---|---|")
 		}
 		p("\n")
 		row := func(label string, pick func(load float64) *Point) {
@@ -60,7 +66,7 @@ func writeReport(opts Options, res *Results) error {
 			for _, l := range headlineLoads {
 				pt := pick(l)
 				if pt == nil {
-					p(" - | - | - |")
+					p(" - | - | - | - |")
 					continue
 				}
 				r := pt.Result
@@ -68,7 +74,7 @@ func writeReport(opts Options, res *Results) error {
 				if strings.HasPrefix(label, "best") {
 					name = " [" + r.Policy + "]"
 				}
-				p(" %.3f%s | %.3f | %.1f%% |", r.TTFT.P50, name, r.TTFT.P99, 100*r.HitRate)
+				p(" %.3f%s | %.3f | %.1f%% | %s |", r.TTFT.P50, name, r.TTFT.P99, 100*r.HitRate, preempted(r))
 			}
 			p("\n")
 		}
@@ -161,15 +167,15 @@ func writeReport(opts Options, res *Results) error {
 			}
 			p("![%s](%s)\n", pl.Title, file)
 		}
-		p("\nAt 80%% load:\n\n| policy | TTFT mean | p50 | p90 | p99 | E2E mean | ITL mean | hit rate | imbalance | output tok/s | failed |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		p("\nAt 80%% load:\n\n| policy | TTFT mean | p50 | p90 | p99 | E2E mean | ITL mean | hit rate | engine hit counter | preempted | imbalance | output tok/s | failed |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range names {
 			pt := at(lad[n], 0.8)
 			if pt == nil {
 				continue
 			}
 			r := pt.Result
-			p("| %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.4f | %.1f%% | %.2f | %.0f | %d |\n", n, r.TTFT.Mean, r.TTFT.P50, r.TTFT.P90,
-				r.TTFT.P99, r.E2E.Mean, r.ITLMean, 100*r.HitRate, r.Imbalance, r.OutputTokPerSec, r.Failed)
+			p("| %s | %.3f | %.3f | %.3f | %.3f | %.2f | %.4f | %.1f%% | %.1f%% | %s | %.2f | %.0f | %d |\n", n, r.TTFT.Mean, r.TTFT.P50, r.TTFT.P90,
+				r.TTFT.P99, r.E2E.Mean, r.ITLMean, 100*r.HitRate, 100*r.AdmissionHitRate, preempted(r), r.Imbalance, r.OutputTokPerSec, r.Failed)
 		}
 		p("\n")
 	}
@@ -202,7 +208,10 @@ func writeReport(opts Options, res *Results) error {
 			p("---|---|")
 		}
 		p("\n")
-		pl := Plot{Title: sw.title, XLabel: sw.param + " (log2)", YLabel: "mean TTFT, seconds (log)", LogY: true}
+		pl := Plot{Title: sw.title, XLabel: sw.param + " (log scale)", YLabel: "mean TTFT, seconds (log)", LogY: true}
+		for _, v := range params {
+			pl.XTicks = append(pl.XTicks, Tick{At: math.Log2(float64(v)), Label: strconv.Itoa(v)})
+		}
 		for _, n := range names {
 			p("| %s |", n)
 			s := Series{Name: n}
@@ -254,13 +263,16 @@ func writeReport(opts Options, res *Results) error {
 		}
 	}
 
+	writeFleets(p, res)
+	writeEveryPoint(p, res)
+
 	if err := writeScaleOut(w, opts, res); err != nil {
 		return err
 	}
 
 	p("## Reading these numbers fairly\n\n")
-	p("- Every policy sees the same router-side state: warmpath's speculative prefix index (the anchors keep similar approximate trees), router-local in-flight counts, and engine metrics scraped every 500 ms. Policies that lean on scraped queue lengths (llm-d's queue and KV scorers) herd onto the same replica between scrapes; llm-d's endpoint picker refreshes its metrics far more often by default, so its rows, above all at hundreds of replicas, are pessimistic for it.\n")
-	p("- The session key is the workload's client: one per prefix group in shared-prefix and b2b-saas, one per conversation in multi-turn. That is the best case for `session` (a perfect grouping hint that real traffic often lacks); warmpath's `cost` policy does not use it.\n")
+	p("- Every policy sees the same router-side state: warmpath's speculative prefix index (the anchors keep similar approximate trees), router-local in-flight counts, and engine metrics scraped every 1 s. Policies that lean on scraped queue lengths (llm-d's queue and KV scorers) herd onto the same replica between scrapes; llm-d's endpoint picker refreshes its metrics far more often by default, so its rows, above all at hundreds of replicas, are pessimistic for it.\n")
+	p("- The session key is the workload's client: one per prefix group in shared-prefix and b2b-saas, one per conversation in multi-turn, one per user in one-company, one per request in the Mooncake replay (the trace names no session). That is the best case for `session` where it exists (a perfect grouping hint that real traffic often lacks); in gateway, three quarters of the users share one client (one address), the case where keying on the client pins many tenants to one replica. warmpath's `cost` policy does not use it.\n")
 	p("- Multi-turn conversations run closed loop with the engine's real answers (a turn arrives its think time after the previous one finished), so engine-cached answer blocks are reused; the router's index only learns prompt blocks it routed.\n")
 	p("- `failed` counts requests the engines refuse: 10 Mooncake requests ask for more than max_model_len (131,072 tokens), as vLLM would refuse them, under every policy.\n")
 	p("- Capacity, and so every load level, is measured per workload with least-request; a policy that reuses more cache has more headroom than the level says.\n\n")
@@ -270,6 +282,141 @@ func writeReport(opts Options, res *Results) error {
 	}
 	p("\nFormulas: affinity/README.md (warmpath's) and bench/sim/baselines.go (the anchors').\n")
 	return w.Flush()
+}
+
+// preempted is the share of completed requests preempted at least once.
+func preempted(r *sim.Result) string {
+	if r.Completed == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(r.PreemptedRequests)/float64(r.Completed))
+}
+
+// verdict compares cost's point o with the best baseline's b: "win" when
+// both mean and p99 TTFT are at or below, "tie" within 2%, else "behind".
+func verdict(o, b *sim.Result) string {
+	switch {
+	case o.TTFT.Mean <= b.TTFT.Mean*1.0001 && o.TTFT.P99 <= b.TTFT.P99*1.0001:
+		return "win"
+	case o.TTFT.Mean <= b.TTFT.Mean*1.02 && o.TTFT.P99 <= b.TTFT.P99*1.02:
+		return "tie"
+	}
+	return "behind"
+}
+
+// fleetLadder indexes the fleet section's points of one fleet and workload.
+func fleetLadder(res *Results, fleet, wl string) map[string][]Point {
+	m := map[string][]Point{}
+	for _, p := range res.Points {
+		if p.Sweep == "fleet" && p.Fleet == fleet && p.Workload == wl {
+			m[p.Result.Policy] = append(m[p.Result.Policy], p)
+		}
+	}
+	for _, ps := range m {
+		sort.Slice(ps, func(i, j int) bool { return ps[i].Load < ps[j].Load })
+	}
+	return m
+}
+
+func fleetNames(res *Results) []string {
+	var out []string
+	for _, f := range sim.Fleets() {
+		if _, ok := res.FleetCapacity[f.Name]; ok {
+			out = append(out, f.Name)
+		}
+	}
+	return out
+}
+
+func fleetWorkloadNames(res *Results, fleet string) []string {
+	var out []string
+	for _, wi := range res.Workloads {
+		if _, ok := res.FleetCapacity[fleet][wi.Name]; ok {
+			out = append(out, wi.Name)
+		}
+	}
+	return out
+}
+
+// writeFleets is the fleet section: the same policies on engines as
+// production runs them.
+func writeFleets(p func(string, ...any), res *Results) {
+	names := fleetNames(res)
+	if len(names) == 0 {
+		return
+	}
+	p("## Fleets\n\nThe same policies on fleets that production has (%d replicas each, capacity measured per fleet and workload with least-request):\n\n| fleet | engines |\n|---|---|\n", res.Replicas)
+	for _, f := range sim.Fleets() {
+		if slices.Contains(names, f.Name) {
+			p("| %s | %s |\n", f.Name, f.About)
+		}
+	}
+	p("\n")
+	for _, f := range names {
+		p("### %s\n\n| workload | load | capacity req/s | cost mean / p99 | hit | pre | best baseline mean / p99 | hit | pre | least-request mean / p99 | cost is |\n|---|---|---|---|---|---|---|---|---|---|---|\n", f)
+		for _, wl := range fleetWorkloadNames(res, f) {
+			lad := fleetLadder(res, f, wl)
+			for _, l := range fleetLoads {
+				o, b, lr := at(lad[ours], l), best(lad, l), at(lad["least-request"], l)
+				if o == nil || b == nil || lr == nil {
+					continue
+				}
+				p("| %s | %.0f%% | %.2f | %.3f / %.3f | %.1f%% | %s | [%s] %.3f / %.3f | %.1f%% | %s | %.3f / %.3f | %s |\n", wl, l*100, res.FleetCapacity[f][wl],
+					o.Result.TTFT.Mean, o.Result.TTFT.P99, 100*o.Result.HitRate, preempted(o.Result),
+					b.Result.Policy, b.Result.TTFT.Mean, b.Result.TTFT.P99, 100*b.Result.HitRate, preempted(b.Result),
+					lr.Result.TTFT.Mean, lr.Result.TTFT.P99, verdict(o.Result, b.Result))
+			}
+		}
+		p("\n")
+	}
+}
+
+// writeEveryPoint lists every (workload, fleet, load) point with the best
+// baseline named and the verdict, so where cost loses is in one table.
+func writeEveryPoint(p func(string, ...any), res *Results) {
+	type row struct {
+		wl, fleet string
+		load      float64
+		o, b      *sim.Result
+	}
+	var rows []row
+	for _, wi := range res.Workloads {
+		lad := ladder(res, wi.Name)
+		for _, l := range Loads {
+			if o, b := at(lad[ours], l), best(lad, l); o != nil && b != nil {
+				rows = append(rows, row{wi.Name, "vllm", l, o.Result, b.Result})
+			}
+		}
+	}
+	for _, f := range fleetNames(res) {
+		for _, wl := range fleetWorkloadNames(res, f) {
+			lad := fleetLadder(res, f, wl)
+			for _, l := range fleetLoads {
+				if o, b := at(lad[ours], l), best(lad, l); o != nil && b != nil {
+					rows = append(rows, row{wl, f, l, o.Result, b.Result})
+				}
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	count := map[string]int{}
+	for _, r := range rows {
+		count[verdict(r.o, r.b)]++
+	}
+	p("## Every point: cost against the best baseline\n\n%d points: cost wins (mean and p99 TTFT at or below the best baseline's) on %d, ties (within 2%%) on %d, is behind on %d.\n\n",
+		len(rows), count["win"], count["tie"], count["behind"])
+	p("| workload | fleet | load | cost mean / p99 | hit | best baseline | mean / p99 | hit | cost is |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		v := verdict(r.o, r.b)
+		if v == "behind" {
+			v = fmt.Sprintf("**behind** (%.2fx mean)", r.o.TTFT.Mean/r.b.TTFT.Mean)
+		}
+		p("| %s | %s | %.0f%% | %.3f / %.3f | %.1f%% | %s | %.3f / %.3f | %.1f%% | %s |\n", r.wl, r.fleet, r.load*100,
+			r.o.TTFT.Mean, r.o.TTFT.P99, 100*r.o.HitRate, r.b.Policy, r.b.TTFT.Mean, r.b.TTFT.P99, 100*r.b.HitRate, v)
+	}
+	p("\n")
 }
 
 func at(ps []Point, load float64) *Point {

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,14 +34,31 @@ type Options struct {
 	Trace string
 	// Parallel runs at once. 0 means GOMAXPROCS.
 	Parallel int
-	// Progress receives a progress bar (nil: none).
+	// Progress receives a progress bar (nil: none). It redraws its line
+	// with carriage returns: give it a terminal.
 	Progress io.Writer
+	// Log receives one line per notable event, such as a workload left out
+	// and why (nil: none). Plain lines, fit for a file or a pipe.
+	Log io.Writer
 	// Command is recorded in the report so anyone can reproduce it.
 	Command string
 	// ScaleOut configures the scale-out section (several routers). nil
 	// means DefaultScaleOut().
 	ScaleOut *ScaleOut
+	// Fleets are the engine fleets of the fleet section (sim.Fleets names
+	// other than "vllm", which every ladder runs on). nil means
+	// DefaultFleets; empty means no fleet section.
+	Fleets []string
 }
+
+// DefaultFleets are the fleets the fleet section runs.
+var DefaultFleets = []string{"batch-4", "batch-16", "batch-64", "hetero", "no-cache", "llamacpp"}
+
+// fleetWorkloads are the workloads each fleet runs, at fleetLoads.
+var (
+	fleetWorkloads = []string{"one-company", "gateway", "multi-turn"}
+	fleetLoads     = []float64{0.5, 0.8, 0.95}
+)
 
 // Loads are the load levels of the ladder, as fractions of the cluster's
 // measured capacity (least-request throughput under overload).
@@ -54,7 +72,8 @@ type Point struct {
 	Workload string  `json:"workload"`
 	Load     float64 `json:"load"` // fraction of capacity (ladder) or 0.8 (sweeps)
 	RPS      float64 `json:"rps"`
-	Sweep    string  `json:"sweep,omitempty"` // "", "replicas", "cache"
+	Sweep    string  `json:"sweep,omitempty"` // "", "replicas", "cache", "fleet"
+	Fleet    string  `json:"fleet,omitempty"` // the fleet section's fleet ("": vllm)
 	Param    int     `json:"param,omitempty"` // the swept value
 	// Scale-out points ("scaleout", "scaleout-delay"): router count, sync,
 	// propagation delay.
@@ -66,13 +85,17 @@ type Point struct {
 
 // Results is everything a suite run produced.
 type Results struct {
-	Started   time.Time          `json:"started"`
-	Elapsed   float64            `json:"elapsed_seconds"`
-	Seed      uint64             `json:"seed"`
-	Replicas  int                `json:"replicas"`
-	Capacity  map[string]float64 `json:"capacity_rps"`
-	Workloads []workloadInfo     `json:"workloads"`
-	Points    []Point            `json:"points"`
+	Started  time.Time          `json:"started"`
+	Elapsed  float64            `json:"elapsed_seconds"`
+	Seed     uint64             `json:"seed"`
+	Replicas int                `json:"replicas"`
+	Capacity map[string]float64 `json:"capacity_rps"`
+	// FleetCapacity is each fleet's capacity per workload (fleet section).
+	FleetCapacity map[string]map[string]float64 `json:"fleet_capacity_rps,omitempty"`
+	Workloads     []workloadInfo                `json:"workloads"`
+	// Skipped names each workload left out, with the reason.
+	Skipped []string `json:"skipped,omitempty"`
+	Points  []Point  `json:"points"`
 }
 
 type workloadInfo struct {
@@ -115,11 +138,25 @@ func Run(opts Options) (*Results, error) {
 	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("suite: %w", err)
 	}
-	ws, err := workloads(opts)
+	ws, skipped, err := workloads(opts)
 	if err != nil {
 		return nil, err
 	}
-	res := &Results{Started: time.Now(), Seed: opts.Seed, Replicas: opts.Replicas, Capacity: map[string]float64{}}
+	if opts.Fleets == nil {
+		opts.Fleets = DefaultFleets
+	}
+	for _, f := range opts.Fleets {
+		if _, err := sim.FleetEngines(f, 1); err != nil || f == "vllm" {
+			return nil, fmt.Errorf("suite: fleet %q: want one of %v", f, DefaultFleets)
+		}
+	}
+	res := &Results{Started: time.Now(), Seed: opts.Seed, Replicas: opts.Replicas, Capacity: map[string]float64{},
+		FleetCapacity: map[string]map[string]float64{}, Skipped: skipped}
+	for _, s := range skipped {
+		if opts.Log != nil {
+			fmt.Fprintln(opts.Log, "suite: workload "+s)
+		}
+	}
 	policies := sim.Policies()
 	engine := enginesim.DefaultConfig()
 
@@ -128,12 +165,31 @@ func Run(opts Options) (*Results, error) {
 	for _, w := range ws {
 		r, total := workload.Reuse(w)
 		res.Workloads = append(res.Workloads, workloadInfo{w.Name, w.Params, len(w.Requests), float64(r) / float64(total)})
-		capRPS, err := capacity(w, opts.Replicas, engine, opts.Seed)
+		capRPS, err := capacity(w, sim.Config{Replicas: opts.Replicas, Engine: engine, Seed: opts.Seed})
 		if err != nil {
 			return nil, err
 		}
 		res.Capacity[w.Name] = capRPS
 		bar.step("capacity " + w.Name)
+	}
+	fleetWs := []*workload.Workload{}
+	for _, w := range ws {
+		if slices.Contains(fleetWorkloads, w.Name) {
+			fleetWs = append(fleetWs, w)
+		}
+	}
+	bar = newBar(opts.Progress, len(opts.Fleets)*len(fleetWs))
+	for _, f := range opts.Fleets {
+		res.FleetCapacity[f] = map[string]float64{}
+		engines, _ := sim.FleetEngines(f, opts.Replicas)
+		for _, w := range fleetWs {
+			capRPS, err := capacity(w, sim.Config{Replicas: opts.Replicas, Engines: engines, Fleet: f, Seed: opts.Seed})
+			if err != nil {
+				return nil, err
+			}
+			res.FleetCapacity[f][w.Name] = capRPS
+			bar.step("capacity " + f + " " + w.Name)
+		}
 	}
 
 	// 2. the load ladder: every workload x load x policy
@@ -162,7 +218,7 @@ func Run(opts Options) (*Results, error) {
 		if err != nil {
 			return nil, err
 		}
-		capRPS, err := capacity(w, n, engine, opts.Seed)
+		capRPS, err := capacity(w, sim.Config{Replicas: n, Engine: engine, Seed: opts.Seed})
 		if err != nil {
 			return nil, err
 		}
@@ -182,6 +238,21 @@ func Run(opts Options) (*Results, error) {
 		for _, p := range sweepPolicies {
 			jobs = append(jobs, job{w: b2b, fraction: 0.8, cfg: sim.Config{Replicas: opts.Replicas, Policy: p, Seed: opts.Seed, Engine: e},
 				point: Point{Workload: b2b.Name, Load: 0.8, RPS: 0.8 * res.Capacity[b2b.Name], Sweep: "cache", Param: nb}})
+		}
+	}
+
+	// 3a. fleets: engines as production runs them, the same policies
+	for _, f := range opts.Fleets {
+		engines, _ := sim.FleetEngines(f, opts.Replicas)
+		for _, w := range fleetWs {
+			for _, l := range fleetLoads {
+				for _, p := range policies {
+					rps := l * res.FleetCapacity[f][w.Name]
+					jobs = append(jobs, job{w: w, fraction: l,
+						cfg:   sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engines: engines, Fleet: f},
+						point: Point{Workload: w.Name, Load: l, RPS: rps, Sweep: "fleet", Fleet: f}})
+				}
+			}
 		}
 	}
 
@@ -240,6 +311,9 @@ func runJobs(opts Options, jobs []job, bar *bar) ([]Point, error) {
 				j.point.Result = r
 				points[i] = j.point
 				label := fmt.Sprintf("%s %s %.0f%%", j.w.Name, j.cfg.Policy, j.fraction*100)
+				if j.cfg.Fleet != "" {
+					label = j.cfg.Fleet + " " + label
+				}
 				if j.cfg.Routers > 1 {
 					label += fmt.Sprintf(" x%d", j.cfg.Routers)
 				}
@@ -267,8 +341,9 @@ func rescaled(w *workload.Workload, rps float64) *workload.Workload {
 // capacity measures the cluster's sustainable request rate for w: the
 // throughput least-request reaches when the whole workload is offered at
 // once. The ladder's load levels are fractions of it.
-func capacity(w *workload.Workload, replicas int, engine enginesim.Config, seed uint64) (float64, error) {
-	r, err := sim.Run(sim.Config{Replicas: replicas, Policy: "least-request", Seed: seed, Engine: engine}, rescaled(w, 1e6))
+func capacity(w *workload.Workload, cfg sim.Config) (float64, error) {
+	cfg.Policy = "least-request"
+	r, err := sim.Run(cfg, rescaled(w, 1e6))
 	if err != nil {
 		return 0, fmt.Errorf("suite: capacity of %s: %w", w.Name, err)
 	}
@@ -278,14 +353,17 @@ func capacity(w *workload.Workload, replicas int, engine enginesim.Config, seed 
 	return r.RequestsPerSec, nil
 }
 
-func workloads(opts Options) ([]*workload.Workload, error) {
+// workloads builds the suite's workloads; skipped names those left out, with why.
+func workloads(opts Options) (ws []*workload.Workload, skipped []string, err error) {
 	seed := opts.Seed
 	sp := workload.DefaultSharedPrefix()
 	b2b := workload.B2BSaaS()
 	mt := workload.DefaultMultiTurn()
 	ns := workload.DefaultNoSharing()
 	mx := workload.DefaultMixed()
-	sp.Seed, b2b.Seed, mt.Seed, ns.Seed, mx.Seed = seed, seed, seed, seed, seed
+	oc := workload.DefaultOneCompany()
+	gw := workload.DefaultGateway()
+	sp.Seed, b2b.Seed, mt.Seed, ns.Seed, mx.Seed, oc.Seed, gw.Seed = seed, seed, seed, seed, seed, seed, seed
 	traceScale := 1.0
 	if opts.Smoke {
 		sp.Groups, sp.PromptsPerGroup = 8, 4
@@ -293,6 +371,8 @@ func workloads(opts Options) ([]*workload.Workload, error) {
 		mt.Conversations, mt.MinTurns, mt.MaxTurns = 6, 3, 4
 		ns.Requests = 40
 		mx.Requests = 40
+		oc.Requests = 48
+		gw.Requests = 48
 	}
 	var out []*workload.Workload
 	for _, mk := range []func() (*workload.Workload, error){
@@ -305,28 +385,33 @@ func workloads(opts Options) ([]*workload.Workload, error) {
 		func() (*workload.Workload, error) { return workload.MultiTurn(mt) },
 		func() (*workload.Workload, error) { return workload.NoSharing(ns) },
 		func() (*workload.Workload, error) { return workload.Mixed(mx) },
+		func() (*workload.Workload, error) { return workload.OneCompany(oc) },
+		func() (*workload.Workload, error) { return workload.Gateway(gw) },
 	} {
 		w, err := mk()
 		if err != nil {
-			return nil, fmt.Errorf("suite: %w", err)
+			return nil, nil, fmt.Errorf("suite: %w", err)
 		}
 		out = append(out, w)
 	}
 	trace := opts.Trace
 	if trace == "" {
-		trace = findTrace()
+		var why string
+		if trace, why = findTrace(); trace == "" {
+			skipped = append(skipped, "mooncake skipped: "+why)
+		}
 	}
 	if trace != "" {
 		w, err := workload.LoadMooncake(trace, "", traceScale)
 		if err != nil {
-			return nil, fmt.Errorf("suite: %w", err)
+			return nil, nil, fmt.Errorf("suite: %w", err)
 		}
 		if opts.Smoke {
 			w.Requests = w.Requests[:60]
 		}
 		out = append(out, w)
 	}
-	return out, nil
+	return out, skipped, nil
 }
 
 func rename(w *workload.Workload, name string) {
@@ -351,16 +436,21 @@ func scaledShared(opts Options, n int) (*workload.Workload, error) {
 	return w, nil
 }
 
-func findTrace() string {
-	for _, p := range []string{"../shared/workloads/mooncake-synthetic.jsonl", "../../shared/workloads/mooncake-synthetic.jsonl",
-		"../../../shared/workloads/mooncake-synthetic.jsonl"} {
+// traceCandidates are where findTrace looks for the Mooncake trace.
+var traceCandidates = []string{"../shared/workloads/mooncake-synthetic.jsonl", "../../shared/workloads/mooncake-synthetic.jsonl",
+	"../../../shared/workloads/mooncake-synthetic.jsonl"}
+
+// findTrace returns the first trace candidate that exists, or "" and why
+// there is none.
+func findTrace() (path, why string) {
+	for _, p := range traceCandidates {
 		if _, err := os.Stat(p); err == nil {
-			return p
+			return p, ""
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			return ""
+			return "", fmt.Sprintf("trace %s unreadable: %v (pass --trace FILE)", p, err)
 		}
 	}
-	return ""
+	return "", "no trace: none of " + strings.Join(traceCandidates, ", ") + " exists (pass --trace FILE, a Mooncake-format JSONL)"
 }
 
 func writeJSON(path string, v any) error {

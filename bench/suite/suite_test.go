@@ -34,7 +34,8 @@ func TestSmokeSuite(t *testing.T) {
 	}
 	for _, want := range []string{"## Headline", "shared-prefix", "b2b-saas", "multi-turn", "no-sharing", "mixed",
 		"Replica sweep", "KV cache size sweep", "sglang-cache-aware", "llm-d", "dynamo-kv", "Where warmpath stands",
-		"## Scale-out", "cost, synced (3ms)", "cost, unsynced", "### Propagation delay (3 routers", "Peer traffic at 4 synced routers"} {
+		"## Scale-out", "cost, synced (3ms)", "cost, unsynced", "### Propagation delay (3 routers", "Peer traffic at 4 synced routers",
+		"one-company", "gateway", "## Fleets", "### llamacpp", "### batch-4", "### hetero", "### no-cache", "## Every point", "| pre |"} {
 		if !strings.Contains(string(report), want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -30,8 +31,63 @@ type Tick struct {
 	Label string
 }
 
+// palette gives 12 series 12 distinct colours (Tableau 10 plus black and
+// olive) and dashes: neighbouring colours also differ in line style, so
+// no two series look alike. Series 0 (warmpath's cost) is red, solid,
+// thick, marked and drawn last, on top of the rest.
 var palette = []string{"#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-	"#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8"}
+	"#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#6b6b00"}
+
+var dashes = []string{"", "6,3", "2,2", "8,3,2,3", "", "6,3", "2,2", "8,3,2,3", "4,4", "", "2,2", "8,3,2,3"}
+
+// niceTicks returns round tick values (steps of 1, 2 or 5 times a power
+// of ten) from at or below lo to at or above hi, about n of them.
+func niceTicks(lo, hi float64, n int) []float64 {
+	if !(hi > lo) {
+		return []float64{lo}
+	}
+	raw := (hi - lo) / float64(max(n-1, 1))
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	var out []float64
+	for k := math.Floor(lo/step + 1e-9); k <= math.Ceil(hi/step-1e-9); k++ {
+		out = append(out, k*step)
+	}
+	return out
+}
+
+// logTicks returns round values (1, 2, 5 x 10^k) between 10^lo and 10^hi
+// (exponents), dropping the 2s and 5s when the range spans many decades.
+func logTicks(lo, hi float64) []float64 {
+	mults := []float64{1, 2, 5}
+	if hi-lo > 3 {
+		mults = []float64{1}
+	}
+	var out []float64
+	for k := math.Floor(lo); k <= math.Ceil(hi); k++ {
+		for _, m := range mults {
+			v := m * math.Pow(10, k)
+			if lv := math.Log10(v); lv >= lo-1e-9 && lv <= hi+1e-9 {
+				out = append(out, v)
+			}
+		}
+	}
+	if len(out) < 3 { // about a decade wide or less: linear round steps within it
+		out = nil
+		for _, v := range niceTicks(math.Pow(10, lo), math.Pow(10, hi), 5) {
+			if v > 0 {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
 
 // WriteSVG renders p.
 func (p *Plot) WriteSVG(w io.Writer) error {
@@ -67,6 +123,20 @@ func (p *Plot) WriteSVG(w io.Writer) error {
 	if ymax == ymin {
 		ymax = ymin + 1
 	}
+	// widen the axes to round values
+	var yticks []float64
+	if p.LogY {
+		ymin, ymax = math.Floor(ymin*10)/10, math.Ceil(ymax*10)/10
+		yticks = logTicks(ymin, ymax)
+	} else {
+		yticks = niceTicks(ymin, ymax, 6)
+		ymin, ymax = math.Min(ymin, yticks[0]), math.Max(ymax, yticks[len(yticks)-1])
+	}
+	var xticks []float64
+	if len(p.XTicks) == 0 {
+		xticks = niceTicks(xmin, xmax, 6)
+		xmin, xmax = math.Min(xmin, xticks[0]), math.Max(xmax, xticks[len(xticks)-1])
+	}
 	pw, ph := W-left-right, H-top-bottom
 	px := func(x float64) float64 { return left + (x-xmin)/(xmax-xmin)*pw }
 	py := func(y float64) float64 { return top + ph - (ty(y)-ymin)/(ymax-ymin)*ph }
@@ -78,24 +148,21 @@ func (p *Plot) WriteSVG(w io.Writer) error {
 	for _, t := range p.XTicks {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", px(t.At), top+ph+16, esc(t.Label))
 	}
-	for i := 0; i <= 5; i++ {
-		if len(p.XTicks) == 0 {
-			fx := xmin + (xmax-xmin)*float64(i)/5
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", px(fx), top+ph+16, num(fx))
-		}
-		fy := ymin + (ymax-ymin)*float64(i)/5
-		yv := fy
-		if p.LogY {
-			yv = math.Pow(10, fy)
-		}
-		y := top + ph - float64(i)/5*ph
+	for _, fx := range xticks {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle">%s</text>`+"\n", px(fx), top+ph+16, num(fx))
+	}
+	for _, yv := range yticks {
+		y := py(yv)
 		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", left, left+pw, y, y)
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, y+4, num(yv))
 	}
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", left+pw/2, H-10, esc(p.XLabel))
 	fmt.Fprintf(&b, `<text transform="translate(16,%.0f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", top+ph/2, esc(p.YLabel))
-	for si, s := range p.Series {
-		col := palette[si%len(palette)]
+	// the first series (warmpath's) is drawn last, on top, thick and marked
+	for k := range p.Series {
+		si := (k + 1) % len(p.Series)
+		s := p.Series[si]
+		col, dash := palette[si%len(palette)], dashes[si%len(dashes)]
 		var pts []string
 		for i := range s.X {
 			if math.IsNaN(s.Y[i]) || math.IsInf(s.Y[i], 0) {
@@ -103,14 +170,28 @@ func (p *Plot) WriteSVG(w io.Writer) error {
 			}
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(s.X[i]), py(s.Y[i])))
 		}
-		width := 1.5
-		if si == 0 {
-			width = 3 // the first series is warmpath's
+		width, style := 1.6, ""
+		if dash != "" {
+			style = fmt.Sprintf(` stroke-dasharray="%s"`, dash)
 		}
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%.1f" points="%s"/>`+"\n", col, width, strings.Join(pts, " "))
+		if si == 0 {
+			width = 3.5
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%.1f"%s points="%s"/>`+"\n", col, width, style, strings.Join(pts, " "))
+		if si == 0 {
+			for _, pt := range pts {
+				x, y, _ := strings.Cut(pt, ",")
+				fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="4" fill="%s"/>`, x, y, col)
+			}
+			b.WriteString("\n")
+		}
 		ly := top + 10 + float64(si)*16
-		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="%s" stroke-width="%.1f"/>`, left+pw+10, left+pw+30, ly, ly, col, width)
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">%s</text>`+"\n", left+pw+36, ly+4, esc(s.Name))
+		fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="%s" stroke-width="%.1f"%s/>`, left+pw+10, left+pw+34, ly, ly, col, width, style)
+		weight := ""
+		if si == 0 {
+			weight = ` font-weight="bold"`
+		}
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f"%s>%s</text>`+"\n", left+pw+40, ly+4, weight, esc(s.Name))
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
@@ -122,15 +203,11 @@ func num(v float64) string {
 	switch {
 	case a == 0:
 		return "0"
-	case a >= 100:
-		return fmt.Sprintf("%.0f", v)
-	case a >= 1:
-		return fmt.Sprintf("%.1f", v)
-	case a >= 0.01:
-		return fmt.Sprintf("%.2f", v)
-	default:
-		return fmt.Sprintf("%.1e", v)
+	case a >= 1e6 || a < 1e-4:
+		return fmt.Sprintf("%.0e", v)
 	}
+	// the shortest of up to 4 decimals that shows v (round ticks: 0.05, 2, 250)
+	return strconv.FormatFloat(math.Round(v*1e4)/1e4, 'f', -1, 64)
 }
 
 func esc(s string) string {

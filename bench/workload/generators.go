@@ -290,3 +290,68 @@ func OneCompany(c OneCompanyConfig) (*Workload, error) {
 	w.sortByArrival()
 	return w, nil
 }
+
+// GatewayConfig shapes the gateway workload: an API gateway (or a NAT, or
+// a corporate proxy) that fronts many users behind one source address,
+// beside clients that connect directly. Each user belongs to one tenant,
+// and a tenant's requests share its system prompt; the gateway's users
+// span many tenants, so its traffic, though from one address, has many
+// different prefixes. A router that keys affinity on the address (the fast
+// path's promotion rule, sticky sessions) must not pin it to one replica.
+type GatewayConfig struct {
+	Requests       int     // default 1024
+	Tenants        int     // distinct system prompts; default 32
+	Users          int     // default 256; users spread round-robin over tenants
+	GatewayShare   float64 // fraction of users behind the gateway (client 0); default 0.75
+	SystemTokens   int     // a tenant's system prompt; default 2048
+	QuestionTokens int     // default 128
+	OutputTokens   int     // default 128
+	RPS            float64 // Poisson; default 8
+	Model          string
+	Seed           uint64
+}
+
+// DefaultGateway returns the documented defaults.
+func DefaultGateway() GatewayConfig {
+	return GatewayConfig{Requests: 1024, Tenants: 32, Users: 256, GatewayShare: 0.75, SystemTokens: 2048, QuestionTokens: 128,
+		OutputTokens: 128, RPS: 8, Model: DefaultModel}
+}
+
+// Gateway generates the gateway workload: each request is a uniformly
+// drawn user's, its prompt that user's tenant's system prompt then a
+// question of its own. Users [0, GatewayShare×Users) send through the
+// gateway (Client 0); the others directly (Client 1+user). Group is the
+// tenant.
+func Gateway(c GatewayConfig) (*Workload, error) {
+	if c.Requests <= 0 || c.Tenants <= 0 || c.Users <= 0 || c.SystemTokens < 0 || c.QuestionTokens <= 0 || c.OutputTokens <= 0 ||
+		c.RPS <= 0 || !(c.GatewayShare >= 0 && c.GatewayShare <= 1) {
+		return nil, fmt.Errorf("gateway: need requests, tenants, users, question_tokens, output_tokens, rps > 0, system_tokens >= 0 and gateway_share in [0, 1] (got %+v)", c)
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, 0x9a7e))
+	w := &Workload{Name: "gateway", Params: params("requests", c.Requests, "tenants", c.Tenants, "users", c.Users,
+		"gateway_share", c.GatewayShare, "system_tokens", c.SystemTokens, "question_tokens", c.QuestionTokens,
+		"output_tokens", c.OutputTokens, "rps", c.RPS, "seed", c.Seed)}
+	behind := int(c.GatewayShare * float64(c.Users))
+	arr := poisson(rng, c.Requests, c.RPS)
+	w.Requests = make([]Request, c.Requests)
+	for i := range w.Requests {
+		u := rng.IntN(c.Users)
+		tenant := u % c.Tenants
+		client := 1 + u
+		if u < behind {
+			client = 0
+		}
+		var msgs []Message
+		if c.SystemTokens > 0 {
+			msgs = append(msgs, Message{Role: System, Segments: []Segment{{ID: segID("gw-sys", c.Seed, tenant, 0), Tokens: c.SystemTokens}}})
+		}
+		msgs = append(msgs, Message{Role: User, Segments: []Segment{{ID: segID("gw-q", c.Seed, i, 0), Tokens: c.QuestionTokens}}})
+		w.Requests[i] = Request{Arrival: arr[i], Model: c.Model, OutputTokens: c.OutputTokens, Group: tenant, Conversation: -1,
+			Client: client, Messages: msgs}
+	}
+	w.sortByArrival()
+	return w, nil
+}

@@ -82,7 +82,11 @@ func ReadMooncake(r io.Reader, model string, timeScale float64) (*Workload, erro
 		w.Requests = append(w.Requests, Request{
 			Arrival: int64(*m.Timestamp * 1e6 * timeScale), Model: rm, OutputTokens: *m.OutputLength,
 			Messages: []Message{{Role: User, Segments: segs}},
-			Group:    int(m.HashIDs[0]), Conversation: -1, Client: int(m.HashIDs[0] % 64),
+			// The trace names no client or session, and most of its
+			// requests share their first block (a common system prompt), so
+			// a key made from the hash ids would make one session of
+			// unrelated users: each request is its own client instead.
+			Group: int(m.HashIDs[0]), Conversation: -1, Client: line - 1,
 		})
 	}
 	if err := sc.Err(); err != nil {

@@ -67,6 +67,33 @@ func AppendChatBodyWith(dst []byte, r *Request, stream bool, content func(mi int
 	return append(dst, '}')
 }
 
+// AppendChatBodyTexts is AppendChatBody with each message's content given:
+// texts[mi] is message mi's text, appended as it is. Every text must need
+// no JSON escaping (segment text and enginesim's answers need none); the
+// cluster simulator uses it to build each message's text once for the body
+// and the engine prompt.
+func AppendChatBodyTexts(dst []byte, r *Request, stream bool, texts [][]byte) []byte {
+	dst = append(dst, `{"model":`...)
+	dst = strconv.AppendQuote(dst, r.Model)
+	dst = append(dst, `,"messages":[`...)
+	for i := range r.Messages {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"role":"`...)
+		dst = append(dst, r.Messages[i].Role.String()...)
+		dst = append(dst, `","content":"`...)
+		dst = append(dst, texts[i]...)
+		dst = append(dst, `"}`...)
+	}
+	dst = append(dst, `],"max_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(r.OutputTokens), 10)
+	if stream {
+		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
+	}
+	return append(dst, '}')
+}
+
 func contentOf(f func(int) ([]byte, bool), i int) ([]byte, bool) {
 	if f == nil {
 		return nil, false

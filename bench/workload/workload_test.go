@@ -22,6 +22,8 @@ func TestGeneratorsDeterministicAndShaped(t *testing.T) {
 	mx.Seed = 7
 	oc := DefaultOneCompany()
 	oc.Seed = 7
+	gw := DefaultGateway()
+	gw.Seed = 7
 	tests := []struct {
 		name  string
 		gen   func() (*Workload, error)
@@ -33,6 +35,7 @@ func TestGeneratorsDeterministicAndShaped(t *testing.T) {
 		{"no-sharing", func() (*Workload, error) { return NoSharing(ns) }, 1000},
 		{"mixed", func() (*Workload, error) { return Mixed(mx) }, 1000},
 		{"one-company", func() (*Workload, error) { return OneCompany(oc) }, 1024},
+		{"gateway", func() (*Workload, error) { return Gateway(gw) }, 1024},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,6 +290,68 @@ func TestOneCompanyShape(t *testing.T) {
 	w2, _ := OneCompany(c)
 	if w2.Requests[0].Messages[0].Segments[0] == instr {
 		t.Fatal("another seed, the same instruction prompt")
+	}
+}
+
+// TestGatewayShape: most requests come from one address (client 0) yet
+// carry many tenants' prefixes; direct clients are each one user of one
+// tenant; a different seed gives a different workload.
+func TestGatewayShape(t *testing.T) {
+	c := DefaultGateway()
+	c.Seed = 3
+	w, err := Gateway(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaGateway, tenantsBehind := 0, map[int]bool{}
+	direct := map[int]int{} // client -> tenant
+	for _, r := range w.Requests {
+		if r.Group < 0 || r.Group >= c.Tenants || r.PromptTokens() != c.SystemTokens+c.QuestionTokens {
+			t.Fatalf("request %d: tenant %d, %d prompt tokens", r.ID, r.Group, r.PromptTokens())
+		}
+		if r.Client == 0 {
+			viaGateway++
+			tenantsBehind[r.Group] = true
+			continue
+		}
+		if g, ok := direct[r.Client]; ok && g != r.Group {
+			t.Fatalf("direct client %d in tenants %d and %d", r.Client, g, r.Group)
+		}
+		direct[r.Client] = r.Group
+	}
+	if share := float64(viaGateway) / float64(len(w.Requests)); share < 0.65 || share > 0.85 {
+		t.Errorf("%.2f of requests via the gateway, want about %.2f", share, c.GatewayShare)
+	}
+	if len(tenantsBehind) != c.Tenants {
+		t.Errorf("the gateway carries %d of %d tenants' prefixes", len(tenantsBehind), c.Tenants)
+	}
+	c.Seed = 4
+	other, _ := Gateway(c)
+	if reflect.DeepEqual(w.Requests, other.Requests) {
+		t.Error("a different seed gave the same workload")
+	}
+	if _, err := Gateway(GatewayConfig{Requests: 1, Tenants: 1, Users: 1, QuestionTokens: 1, OutputTokens: 1, RPS: 1, GatewayShare: 2}); err == nil || !strings.Contains(err.Error(), "gateway_share") {
+		t.Errorf("got %v", err)
+	}
+}
+
+// TestMooncakeHasNoSessions: the trace names no session, so every request
+// is its own client, even when all share a first block.
+func TestMooncakeHasNoSessions(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 600, "output_length": 6, "hash_ids": [1, 2]}
+{"timestamp": 10, "input_length": 600, "output_length": 4, "hash_ids": [1, 3]}
+{"timestamp": 20, "input_length": 600, "output_length": 4, "hash_ids": [65, 4]}
+`
+	w, err := ReadMooncake(strings.NewReader(in), "m", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, r := range w.Requests {
+		if seen[r.Client] {
+			t.Fatalf("client %d twice: %+v", r.Client, w.Requests)
+		}
+		seen[r.Client] = true
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -17,60 +18,119 @@ import (
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
+const benchUsage = `usage: warmpath bench <suite> [flags]
+
+suites:
+  sim    the cluster simulator: every workload x load x policy on the real
+         affinity code, side by side with the anchors' policies; report into --out
+  live   real processes over loopback: warmpath vs nginx vs direct, on enginesim
+         and real llama.cpp fleets; report into --out
+
+` + "`warmpath bench <suite> -h`" + ` lists the suite's flags.
+`
+
 // runBench runs a bench suite: `warmpath bench sim` (the cluster simulator,
 // every workload x load x policy) or `warmpath bench live` (real processes:
 // warmpath vs nginx vs direct).
 func runBench(ctx context.Context, args []string, e env) error {
-	if len(args) == 0 || (args[0] != "sim" && args[0] != "live") {
-		fmt.Fprintln(e.stderr, "usage: warmpath bench sim|live [flags]   (-h lists the flags)")
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, benchUsage)
 		return errUsage
 	}
-	mode := args[0]
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(e.stdout, benchUsage)
+		return nil
+	case "sim":
+		return runBenchSim(args[1:], e)
+	case "live":
+		return runBenchLive(ctx, args[1:], e)
+	}
+	fmt.Fprintf(e.stderr, "warmpath bench: unknown suite %q\n\n%s", args[0], benchUsage)
+	return errUsage
+}
+
+// benchCommon are the flags both suites take.
+type benchCommon struct {
+	out      *string
+	smoke    *bool
+	seed     *uint64
+	replicas *int
+}
+
+func benchFlags(mode, replicasHelp string, e env) (*flag.FlagSet, benchCommon) {
 	fs := flag.NewFlagSet("bench "+mode, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
-	out := fs.String("out", "bench/results/"+mode, "results folder (report, plots, JSON)")
-	smoke := fs.Bool("smoke", false, "tiny sizes: a wiring check in seconds, not a measurement")
-	seed := fs.Uint64("seed", 1, "seed of the workloads and the routers")
-	replicas := fs.Int("replicas", 0, "sim: replicas per load ladder (0 = 8); live: engines (0 = 4)")
-	trace := fs.String("trace", "", "sim: Mooncake trace (default: ../shared/workloads/mooncake-synthetic.jsonl if present)")
-	parallel := fs.Int("parallel", 0, "sim: simulations at once (0 = GOMAXPROCS)")
-	skipNginx := fs.Bool("skip-nginx", false, "live: leave the nginx baseline out")
-	commit := fs.String("commit", "", "live: commit recorded in the report (default: ask git)")
-	fleets := fs.String("fleets", "", "live: engine fleets, comma-separated (\"\" = all; --smoke: enginesim,enginesim-hetero); of "+strings.Join(live.Fleets(), ", "))
+	return fs, benchCommon{
+		out:      fs.String("out", "bench/results/"+mode, "results folder (report, plots, JSON)"),
+		smoke:    fs.Bool("smoke", false, "tiny sizes: a wiring check in seconds, not a measurement"),
+		seed:     fs.Uint64("seed", 1, "seed of the workloads and the routers"),
+		replicas: fs.Int("replicas", 0, replicasHelp),
+	}
+}
+
+func benchCmdline(mode string, args []string) string {
+	return "warmpath " + strings.Join(append([]string{"bench", mode}, args...), " ")
+}
+
+func runBenchSim(args []string, e env) error {
+	fs, c := benchFlags("sim", "replicas per load ladder (0 = 8)", e)
+	trace := fs.String("trace", "", "Mooncake trace (default: ../shared/workloads/mooncake-synthetic.jsonl if present; without one the workload is skipped, saying why)")
+	parallel := fs.Int("parallel", 0, "simulations at once (0 = GOMAXPROCS)")
 	so := suite.DefaultScaleOut()
-	routers := fs.String("routers", joinInts(so.Routers), "sim: scale-out section's router counts (none above 1: no section)")
-	syncDelay := fs.Duration("sync-delay", so.SyncDelay, "sim: scale-out peer update propagation delay (virtual time)")
-	syncDelays := fs.String("sync-delays", joinDurations(so.Delays), "sim: scale-out delay sweep (\"\": none)")
-	delayRouters := fs.Int("delay-routers", 4, "sim: router count of the delay sweep")
-	if err := fs.Parse(args[1:]); err != nil {
+	routers := fs.String("routers", joinInts(so.Routers), "scale-out section's router counts (none above 1: no section)")
+	syncDelay := fs.Duration("sync-delay", so.SyncDelay, "scale-out peer update propagation delay (virtual time)")
+	syncDelays := fs.String("sync-delays", joinDurations(so.Delays), "scale-out delay sweep (\"\": none)")
+	delayRouters := fs.Int("delay-routers", 4, "router count of the delay sweep")
+	simFleets := fs.String("sim-fleets", strings.Join(suite.DefaultFleets, ","), "fleets of the fleet section (\"\": none); of "+strings.Join(suite.DefaultFleets, ", "))
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench %s: unexpected argument %q", mode, fs.Arg(0))
+		return fmt.Errorf("bench sim: unexpected argument %q", fs.Arg(0))
 	}
-	cmdline := "warmpath " + strings.Join(append([]string{"bench"}, args...), " ")
-	if mode == "sim" {
-		var err error
-		if so.Routers, err = parseInts(*routers); err != nil {
-			return fmt.Errorf("bench sim: --routers: %w", err)
+	var err error
+	if so.Routers, err = parseInts(*routers); err != nil {
+		return fmt.Errorf("bench sim: --routers: %w", err)
+	}
+	if so.Delays, err = parseDurations(*syncDelays); err != nil {
+		return fmt.Errorf("bench sim: --sync-delays: %w", err)
+	}
+	so.SyncDelay, so.SweepRouters = *syncDelay, *delayRouters
+	if *delayRouters < 2 {
+		return fmt.Errorf("bench sim: --delay-routers must be >= 2, got %d", *delayRouters)
+	}
+	if err := so.Validate(); err != nil {
+		return fmt.Errorf("bench sim: %w", err)
+	}
+	sf := []string{}
+	for f := range strings.SplitSeq(*simFleets, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			if !slices.Contains(suite.DefaultFleets, f) {
+				return fmt.Errorf("bench sim: --sim-fleets: unknown fleet %q (have %s)", f, strings.Join(suite.DefaultFleets, ", "))
+			}
+			sf = append(sf, f)
 		}
-		if so.Delays, err = parseDurations(*syncDelays); err != nil {
-			return fmt.Errorf("bench sim: --sync-delays: %w", err)
-		}
-		so.SyncDelay, so.SweepRouters = *syncDelay, *delayRouters
-		if *delayRouters < 2 {
-			return fmt.Errorf("bench sim: --delay-routers must be >= 2, got %d", *delayRouters)
-		}
-		if err := so.Validate(); err != nil {
-			return fmt.Errorf("bench sim: %w", err)
-		}
-		res, err := suite.Run(suite.Options{Out: *out, Smoke: *smoke, Seed: *seed, Replicas: *replicas, Trace: *trace,
-			Parallel: *parallel, Progress: e.stderr, Command: cmdline, ScaleOut: &so})
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(e.stdout, "%d simulations in %.0fs; report: %s/report.md\n", len(res.Points), res.Elapsed, *out)
-		return nil
+	}
+	res, err := suite.Run(suite.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Replicas: *c.replicas, Trace: *trace,
+		Parallel: *parallel, Progress: terminalOnly(e.stderr), Log: e.stderr, Command: benchCmdline("sim", args), ScaleOut: &so, Fleets: sf})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%d simulations in %.0fs; report: %s/report.md\n", len(res.Points), res.Elapsed, *c.out)
+	return nil
+}
+
+func runBenchLive(ctx context.Context, args []string, e env) error {
+	fs, c := benchFlags("live", "engines (0 = 4)", e)
+	skipNginx := fs.Bool("skip-nginx", false, "leave the nginx baseline out")
+	commit := fs.String("commit", "", "commit recorded in the report (default: ask git)")
+	fleets := fs.String("fleets", "", "engine fleets, comma-separated (\"\" = all; --smoke: enginesim,enginesim-hetero); of "+strings.Join(live.Fleets(), ", "))
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench live: unexpected argument %q", fs.Arg(0))
 	}
 	fl, err := parseFleets(*fleets)
 	if err != nil {
@@ -80,15 +140,27 @@ func runBench(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return fmt.Errorf("bench live: find own executable: %w", err)
 	}
-	res, err := live.Run(ctx, live.Options{Out: *out, Smoke: *smoke, Seed: *seed, Engines: *replicas, SkipNginx: *skipNginx,
-		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: cmdline, Commit: *commit})
+	// Progress lines are plain (one per finished configuration), fit for a
+	// pipe as much as a terminal.
+	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
+		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit})
 	if err != nil {
 		return err
 	}
 	if err := res.WriteMarkdown(e.stdout); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "\nreport: %s/live.md\n", *out)
+	fmt.Fprintf(e.stdout, "\nreport: %s/live.md\n", *c.out)
+	return nil
+}
+
+// terminalOnly returns w when it is a terminal, else nil: a progress bar
+// redraws its line with carriage returns, which in a pipe or a file are
+// only noise.
+func terminalOnly(w io.Writer) io.Writer {
+	if f, ok := w.(*os.File); ok && isTerminal(f) {
+		return w
+	}
 	return nil
 }
 
@@ -101,7 +173,7 @@ func runAnalyze(_ context.Context, args []string, e env) error {
 	replicas := fs.Int("replicas", 8, "your replica count")
 	rps := fs.Float64("rps", 0, "request rate to simulate (0 = the workload's own)")
 	fast := fs.Bool("fast", false, "skip the simulated TTFT estimate")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	var (

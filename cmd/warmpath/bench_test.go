@@ -18,9 +18,14 @@ func TestBenchSimSmoke(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
 	err := run(context.Background(), []string{"bench", "sim", "--smoke", "--replicas", "2", "--out", dir,
-		"--routers", "1,3", "--sync-delay", "2ms", "--sync-delays", "0,50ms", "--delay-routers", "2"}, env{stdout: &out, stderr: &errb})
+		"--routers", "1,3", "--sync-delay", "2ms", "--sync-delays", "0,50ms", "--delay-routers", "2", "--sim-fleets", "llamacpp, batch-4"}, env{stdout: &out, stderr: &errb})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	// stderr is a buffer, not a terminal: no progress bar redrawn with
+	// carriage returns.
+	if strings.Contains(errb.String(), "\r") {
+		t.Errorf("progress bar written to a non-terminal stderr (%d bytes)", errb.Len())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "report.md")); err != nil || !strings.Contains(out.String(), "report.md") {
 		t.Fatalf("no report: %v, stdout %q", err, out.String())
@@ -29,7 +34,8 @@ func TestBenchSimSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"## Scale-out", "cost, synced (2ms)", "\n| 3 |", "### Propagation delay (2 routers", " 50ms |", "scaleout-delay.svg"} {
+	for _, w := range []string{"## Scale-out", "cost, synced (2ms)", "\n| 3 |", "### Propagation delay (2 routers", " 50ms |", "scaleout-delay.svg",
+		"## Fleets", "### llamacpp", "### batch-4"} {
 		if !strings.Contains(string(b), w) {
 			t.Errorf("report lacks %q", w)
 		}
@@ -37,8 +43,11 @@ func TestBenchSimSmoke(t *testing.T) {
 	if strings.Contains(string(b), "\n| 4 |") {
 		t.Error("report has 4 routers; --routers asked for 1,3")
 	}
+	if strings.Contains(string(b), "### hetero") {
+		t.Error("report has the hetero fleet; --sim-fleets asked for llamacpp, batch-4")
+	}
 	for _, bad := range [][]string{{"--routers", "two"}, {"--routers", "0"}, {"--routers", "300"}, {"--sync-delay", "-1s"},
-		{"--sync-delays", "soon"}, {"--sync-delays", "-5ms"}, {"--delay-routers", "1"}} {
+		{"--sync-delays", "soon"}, {"--sync-delays", "-5ms"}, {"--delay-routers", "1"}, {"--sim-fleets", "vllm"}, {"--sim-fleets", "batch-4,nope"}} {
 		args := append([]string{"bench", "sim", "--smoke", "--out", t.TempDir()}, bad...)
 		if err := run(context.Background(), args, env{stdout: &out, stderr: &errb}); err == nil {
 			t.Errorf("%v: no error", bad)

@@ -140,7 +140,7 @@ func runStatus(_ context.Context, args []string, e env) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	pin := fs.String("pin-path", fastpath.DefaultPinPath, "bpffs `dir` of the pinned fast-path state")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if _, err := os.Stat(*pin); errors.Is(err, os.ErrNotExist) {
@@ -169,7 +169,7 @@ func runDetach(_ context.Context, args []string, e env) error {
 	fs := flag.NewFlagSet("detach", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	pin := fs.String("pin-path", fastpath.DefaultPinPath, "bpffs `dir` of the pinned fast-path state")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := fastpath.Uninstall(*pin); err != nil {
@@ -191,7 +191,7 @@ func runDecap(_ context.Context, args []string, e env) error {
 	attach := fs.String("attach", "auto", "XDP attach mode: auto, driver, generic")
 	pin := fs.String("pin-path", fastpath.DefaultDecapPinPath, "bpffs `dir` for the decap program's state")
 	detach := fs.Bool("detach", false, "detach xdp_decap and remove the pinned state")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *detach {

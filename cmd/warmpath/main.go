@@ -7,16 +7,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 )
 
 func main() {
-	err := run(context.Background(), os.Args[1:], stdEnv())
+	os.Exit(exitCode(run(context.Background(), os.Args[1:], stdEnv()), os.Stderr))
+}
+
+// exitCode is the process's exit status for run's error: 2 for a usage
+// error (already printed with the usage), 1 for any other (printed here).
+func exitCode(err error, stderr io.Writer) int {
 	switch {
+	case err == nil:
+		return 0
 	case errors.Is(err, errUsage):
-		os.Exit(2)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "warmpath:", err)
-		os.Exit(1)
+		return 2
 	}
+	fmt.Fprintln(stderr, "warmpath:", err)
+	return 1
 }

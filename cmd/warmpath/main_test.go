@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,7 +50,10 @@ func TestVersionAndUsage(t *testing.T) {
 		wantErr string
 		stdout  string // regexp
 	}{
-		{"version", []string{"version"}, "", `^warmpath \S+ \(go1\.\S+ \S+/\S+, prefix hash \S+\)\n$`},
+		{"version", []string{"version"}, "", `^warmpath \S+ \(commit \S+, built \S+, go1\.\S+ \S+/\S+, prefix hash \S+\)\n$`},
+		{"--version", []string{"--version"}, "", `^warmpath \S+ \(commit \S+, built \S+, go1\.\S+ \S+/\S+, prefix hash \S+\)\n$`},
+		{"version --json", []string{"version", "--json"}, "", `(?s)^\{\n  "version": "[^"]+",\n  "commit": "[^"]+",\n  "go_version": "go1\.[^"]+",\n  "build_date": "[^"]+",.*\}\n$`},
+		{"version extra arg", []string{"version", "x"}, "unexpected arguments", `^$`},
 		{"help", []string{"help"}, "", `(?s)usage: warmpath <command>.*serve.*version`},
 		{"no args", nil, "usage", `^$`},
 		{"unknown", []string{"frobnicate"}, `unknown command "frobnicate"`, `^$`},
@@ -206,6 +210,7 @@ func TestServeDemo(t *testing.T) {
 		"warmpath_slowpath_decision_seconds_bucket{le=\"1e-06\"}",
 		"warmpath_slowpath_ttft_seconds_count{model=\"" + demoModel + "\"}",
 		"warmpath_slowpath_in_flight 0",
+		`warmpath_build_info{commit="` + currentBuild().Commit + `",goversion="` + runtime.Version() + `",version="` + currentBuild().Version + `"} 1`,
 	} {
 		if !strings.Contains(string(mb), want) {
 			t.Errorf("metrics lack %q", want)

@@ -8,15 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
-	"runtime/debug"
 	"strings"
-
-	"github.com/warmpath/warmpath/affinity"
 )
-
-// version is set at build time: -ldflags "-X main.version=v0.1.0".
-var version = "dev"
 
 // env is what run needs from the process; tests substitute it.
 type env struct {
@@ -40,12 +33,31 @@ var commands = []command{
 	{"status", "show the pinned fast-path state (services, backends, affinity, counters)", runStatus},
 	{"detach", "remove the XDP program and the pinned fast-path state", runDetach},
 	{"decap", "GPU host: attach the IPIP decap program for the VIP(s) and exit", runDecap},
-	{"version", "print version, Go version and the prefix-hash code path", runVersion},
+	{"check", "validate a config file without serving: every error with its line and field", runCheck},
+	{"version", "print version, commit, Go version, build date (--json: as JSON)", runVersion},
 	{"bench", "run a bench suite: sim (cluster simulator) or live (real processes)", runBench},
 	{"analyze", "should this workload use prefix-aware routing? (trace or request log)", runAnalyze},
 }
 
 var errUsage = errors.New("usage")
+
+// flagError is a bad command line the flag package has already printed,
+// with the command's flags: main exits 2 without printing it again.
+type flagError struct{ err error }
+
+func (e flagError) Error() string        { return e.err.Error() }
+func (e flagError) Unwrap() error        { return e.err }
+func (e flagError) Is(target error) bool { return target == errUsage }
+
+// parseFlags parses args into fs; a bad flag is a flagError, -h is
+// flag.ErrHelp (exit 0).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return flagError{err}
+}
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: warmpath <command> [flags]")
@@ -67,6 +79,9 @@ func run(ctx context.Context, args []string, e env) error {
 	case "-h", "--help", "help":
 		usage(e.stdout)
 		return nil
+	case "--version", "-version":
+		fmt.Fprintln(e.stdout, currentBuild().line())
+		return nil
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
@@ -79,25 +94,6 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 	usage(e.stderr)
 	return fmt.Errorf("unknown command %q", args[0])
-}
-
-func runVersion(_ context.Context, args []string, e env) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	v := version
-	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v = "dev-" + s.Value[:12]
-			}
-		}
-	}
-	fmt.Fprintf(e.stdout, "warmpath %s (%s %s/%s, prefix hash %s)\n", v, runtime.Version(),
-		runtime.GOOS, runtime.GOARCH, affinity.HashPath())
-	return nil
 }
 
 // hostPort turns a bound listener address into something curl can reach.

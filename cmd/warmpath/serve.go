@@ -39,12 +39,13 @@ func runServe(ctx context.Context, args []string, e env) error {
 	demo := fs.Bool("demo", false, "start 3 in-process simulated engines serving \""+demoModel+"\" and route to them")
 	demoAdmin := fs.Bool("demo-admin", false, "with --demo: the engines serve POST /admin/faults and /admin/restart (fault injection; off by default)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	logFormat := fs.String("log-format", "", "log format: text or json (overrides `log.format`; default text)")
 	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath analyze` (hashed prompts only, never text)")
 	recordN := fs.Int("record-requests", 10000, "with --record: stop after this many requests")
 	natsURL := fs.String("nats", "", "NATS server `URL`s, comma-separated: share routing state with the other instances (overrides cluster.nats_url)")
 	instance := fs.String("instance", "", "this instance's unique `name` in the fleet (overrides cluster.instance; default the hostname)")
 	ff := addFastpathFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -54,11 +55,10 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("serve: --log-level: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
-	if soft, hard, err := slowpath.RaiseFDLimit(); err != nil {
-		log.Warn("open-file limit unknown", "err", err)
-	} else {
-		log.Info("open-file limit", "soft", soft, "hard", hard)
+	switch *logFormat {
+	case "", slowpath.LogFormatText, slowpath.LogFormatJSON:
+	default:
+		return fmt.Errorf("serve: --log-format: must be text or json, got %q", *logFormat)
 	}
 
 	cfg := slowpath.Default()
@@ -79,6 +79,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// Flags given explicitly win over the file; defaults do not.
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
+		case "log-format":
+			cfg.Log.Format = *logFormat
 		case "listen":
 			cfg.Listen = *listen
 		case "admin":
@@ -95,6 +97,12 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 	})
 	ff.apply(fs, &cfg.Fastpath)
+	log := slog.New(slowpath.NewLogHandler(e.stderr, cfg.Log.Format, level))
+	if soft, hard, err := slowpath.RaiseFDLimit(); err != nil {
+		log.Warn("open-file limit unknown", "err", err)
+	} else {
+		log.Info("open-file limit", "soft", soft, "hard", hard)
+	}
 
 	if *demo {
 		engines, err := startDemoEngines(log, *demoAdmin)
@@ -108,6 +116,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}()
 		for _, en := range engines {
 			cfg.Replicas = append(cfg.Replicas, slowpath.ReplicaConfig{Address: en.Addr(), Models: []string{demoModel}})
+		}
+		if *cfgPath == "" {
+			cfg.Shutdown.DrainDelay = 0 // no load balancer in front of a demo
 		}
 	}
 	if len(cfg.Replicas) == 0 {
@@ -128,6 +139,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 		return fmt.Errorf("serve: %w", err)
 	}
+	srv.Registry().MustRegister(buildInfoGauge())
 	var fr *fastpathRun
 	if dp != nil {
 		if fr, err = startFastpath(dp, &cfg.Fastpath, srv, log); err != nil {
@@ -188,7 +200,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if adminLn != nil {
 		go func() { errc <- srv.ServeAdmin(adminLn) }()
 	}
-	log.Info("warmpath serving", "api", apiLn.Addr().String(), "admin", addrString(adminLn), "replicas", len(cfg.Replicas))
+	log.Info("warmpath serving", "api", apiLn.Addr().String(), "tls", cfg.TLS.Enabled(), "admin", addrString(adminLn), "replicas", len(cfg.Replicas))
 	if *demo {
 		log.Info("demo: try this", "curl", demoCurl(hostPort(apiLn.Addr())))
 		fmt.Fprintf(e.stdout, "\nwarmpath demo: %d simulated engines serving %q behind http://%s\ntry:\n  %s\n\n",
@@ -203,21 +215,32 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 
 	var serveErr error
+	graceful := false
+	probed := srv.Probed()
 loop:
 	for {
 		select {
 		case <-ctx.Done():
 			break loop
+		case <-probed:
+			probed = nil
+			ok, why := srv.Ready()
+			log.Info("first health round done", "ready", ok, "reason", why)
+			if err := sdNotify("READY=1"); err != nil {
+				log.Warn("service manager notification", "err", err)
+			}
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
 				if err := srv.Reload(); err != nil {
 					log.Error("reload on SIGHUP failed", "err", err)
 				} else {
-					log.Info("reloaded replicas on SIGHUP")
+					log.Info("reloaded the config on SIGHUP")
 				}
 				continue
 			}
-			log.Info("shutting down: draining in-flight requests", "signal", sig.String(), "deadline", cfg.DrainTimeout)
+			log.Info("shutting down: readiness fails, then the listener closes and in-flight requests drain (a second signal exits at once)",
+				"signal", sig.String(), "drain_delay", cfg.Shutdown.DrainDelay, "drain_timeout", cfg.DrainTimeout)
+			graceful = true
 			break loop
 		case serveErr = <-errc:
 			if serveErr != nil {
@@ -225,16 +248,59 @@ loop:
 			}
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), max(cfg.DrainTimeout, time.Second))
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown", "err", err)
+	if graceful {
+		if err := sdNotify("STOPPING=1"); err != nil {
+			log.Warn("service manager notification", "err", err)
+		}
+		if err := drain(ctx, srv, sigs, log); err != nil {
+			return err
+		}
+	} else {
+		srv.SetDraining()
+		sctx, cancel := context.WithTimeout(context.Background(), max(cfg.DrainTimeout, time.Second))
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Warn("shutdown", "err", err)
+		}
 	}
 	if serveErr != nil {
 		return fmt.Errorf("serve: %w", serveErr)
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// errSecondSignal ends serve when a second SIGTERM/SIGINT cut the drain.
+var errSecondSignal = errors.New("serve: second signal during the drain: stopped at once, in-flight requests cut")
+
+// drain runs srv.Drain (readiness fails, shutdown.drain_delay, stop
+// accepting, in-flight requests finish). A second SIGTERM or SIGINT, or ctx
+// ending, cuts it: the open connections are closed at once.
+func drain(ctx context.Context, srv *slowpath.Server, sigs <-chan os.Signal, log *slog.Logger) error {
+	dctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Drain(dctx) }()
+	var forced error
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				log.Warn("shutdown", "err", err)
+			}
+			return forced
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				continue // nothing to reload on the way out
+			}
+			log.Warn("second signal: stopping now, closing in-flight connections", "signal", sig.String())
+			forced = errSecondSignal
+			cancel()
+		case <-ctx.Done():
+			cancel()
+			ctx = context.Background() // once
+		}
+	}
 }
 
 func addrString(ln net.Listener) string {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Defaults for Config; each field's doc says what its zero value means.
@@ -28,7 +28,7 @@ const (
 type Config struct {
 	// NATSURL lists the NATS servers (nats://host:port), as a YAML list or
 	// one comma-separated string. Empty: no cluster (default).
-	NATSURL URLs `yaml:"nats_url"`
+	NATSURL URLs `yaml:"nats_url" secret:"url"`
 	// SubjectPrefix prefixes every subject (<prefix>.u.<instance>,
 	// <prefix>.snapshot). Instances share state only under the same prefix.
 	// "" means "warmpath".
@@ -138,60 +138,70 @@ func (c Config) WithDefaults() Config {
 // (an FQDN) become '_', as a NATS subject token has none.
 func hostInstance(h string) string { return strings.ReplaceAll(h, ".", "_") }
 
-// Validate checks c after defaults; errors name the field (prefixed
-// "cluster." by the slowpath config).
+// Validate checks c after defaults and returns every problem (an
+// errors.Join); errors name the field (prefixed "cluster." by the slowpath
+// config).
 func (c Config) Validate() error {
 	if !c.Enabled() {
 		return nil
 	}
 	d := c.WithDefaults()
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for i, s := range c.NATSURL {
 		u, err := url.Parse(s)
 		if err != nil || u.Host == "" {
-			return fmt.Errorf("nats_url[%d]: want nats://host:port, got %q", i, s)
+			add(fmt.Errorf("nats_url[%d]: want nats://host:port, got %q", i, s))
+			continue
 		}
 		switch u.Scheme {
 		case "nats", "tls", "ws", "wss":
 		default:
-			return fmt.Errorf("nats_url[%d]: scheme must be nats, tls, ws or wss, got %q", i, u.Scheme)
+			add(fmt.Errorf("nats_url[%d]: scheme must be nats, tls, ws or wss, got %q", i, u.Scheme))
 		}
 	}
-	if err := checkToken("subject_prefix", d.SubjectPrefix, true); err != nil {
-		return err
-	}
+	add(checkToken("subject_prefix", d.SubjectPrefix, true))
 	if d.Instance == "" {
-		return errors.New("instance: required (the hostname is unknown)")
+		add(errors.New("instance: required (the hostname is unknown)"))
+	} else {
+		add(checkToken("instance", d.Instance, false))
 	}
-	if err := checkToken("instance", d.Instance, false); err != nil {
-		return err
+	if d.FlushInterval < 100*time.Microsecond || d.FlushInterval > time.Second {
+		add(fmt.Errorf("flush_interval: must be in [100us, 1s], got %s", d.FlushInterval))
 	}
-	switch {
-	case d.FlushInterval < 100*time.Microsecond || d.FlushInterval > time.Second:
-		return fmt.Errorf("flush_interval: must be in [100us, 1s], got %s", d.FlushInterval)
-	case d.MaxBatchBytes < 1024 || d.MaxBatchBytes > 512<<10:
-		return fmt.Errorf("max_batch_bytes: must be in [1024, 524288], got %d", d.MaxBatchBytes)
-	case d.MaxAge < 10*time.Millisecond:
-		return fmt.Errorf("max_age: must be >= 10ms, got %s", d.MaxAge)
-	case d.Heartbeat < 10*time.Millisecond || d.Heartbeat > time.Minute:
-		return fmt.Errorf("heartbeat: must be in [10ms, 1m], got %s", d.Heartbeat)
-	case d.PeerTimeout <= d.Heartbeat:
-		return fmt.Errorf("peer_timeout: must be > heartbeat=%s, got %s", d.Heartbeat, d.PeerTimeout)
-	case d.SnapshotMaxBlocks < -1 || d.SnapshotMaxBlocks > 1<<20:
-		return fmt.Errorf("snapshot_max_blocks: must be in [-1, 1048576] (-1 = no warm-up), got %d", d.SnapshotMaxBlocks)
-	case d.ReconnectWait < time.Millisecond || d.ReconnectWait > time.Minute:
-		return fmt.Errorf("reconnect_wait: must be in [1ms, 1m], got %s", d.ReconnectWait)
-	case d.NkeySeedFile != "" && d.CredsFile != "":
-		return errors.New("nkey_seed_file, creds_file: set at most one")
+	if d.MaxBatchBytes < 1024 || d.MaxBatchBytes > 512<<10 {
+		add(fmt.Errorf("max_batch_bytes: must be in [1024, 524288], got %d", d.MaxBatchBytes))
+	}
+	if d.MaxAge < 10*time.Millisecond {
+		add(fmt.Errorf("max_age: must be >= 10ms, got %s", d.MaxAge))
+	}
+	if d.Heartbeat < 10*time.Millisecond || d.Heartbeat > time.Minute {
+		add(fmt.Errorf("heartbeat: must be in [10ms, 1m], got %s", d.Heartbeat))
+	} else if d.PeerTimeout <= d.Heartbeat {
+		add(fmt.Errorf("peer_timeout: must be > heartbeat=%s, got %s", d.Heartbeat, d.PeerTimeout))
+	}
+	if d.SnapshotMaxBlocks < -1 || d.SnapshotMaxBlocks > 1<<20 {
+		add(fmt.Errorf("snapshot_max_blocks: must be in [-1, 1048576] (-1 = no warm-up), got %d", d.SnapshotMaxBlocks))
+	}
+	if d.ReconnectWait < time.Millisecond || d.ReconnectWait > time.Minute {
+		add(fmt.Errorf("reconnect_wait: must be in [1ms, 1m], got %s", d.ReconnectWait))
+	}
+	if d.NkeySeedFile != "" && d.CredsFile != "" {
+		add(errors.New("nkey_seed_file, creds_file: set at most one"))
 	}
 	for _, f := range []struct{ name, path string }{{"tls_ca_file", d.TLSCAFile}, {"nkey_seed_file", d.NkeySeedFile}, {"creds_file", d.CredsFile}} {
 		if f.path == "" {
 			continue
 		}
 		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() {
-			return fmt.Errorf("%s: %q must be a readable file", f.name, f.path)
+			add(fmt.Errorf("%s: %q must be a readable file", f.name, f.path))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // checkToken accepts a NATS subject token (dots allowed only when dots is

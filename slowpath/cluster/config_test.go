@@ -23,7 +23,7 @@ func TestClusterConfig(t *testing.T) {
 		{name: "one url", yaml: "cluster: {nats_url: nats://127.0.0.1:4222, instance: edge-1}", urls: []string{"nats://127.0.0.1:4222"}},
 		{name: "comma-separated", yaml: "cluster: {nats_url: 'nats://a:4222, nats://b:4222', instance: e}", urls: []string{"nats://a:4222", "nats://b:4222"}},
 		{name: "list", yaml: "cluster:\n  nats_url: [nats://a:4222, tls://b:4222]\n  instance: e", urls: []string{"nats://a:4222", "tls://b:4222"}},
-		{name: "unknown field", yaml: "cluster: {nats_url: nats://a:1, bogus: 1}", wantErr: "field bogus not found"},
+		{name: "unknown field", yaml: "cluster: {nats_url: nats://a:1, bogus: 1}", wantErr: "line 1: cluster.bogus: unknown field"},
 		{name: "bad scheme", yaml: "cluster: {nats_url: http://a:4222}", wantErr: "cluster.nats_url[0]: scheme"},
 		{name: "no host", yaml: "cluster: {nats_url: 'nats://'}", wantErr: "cluster.nats_url[0]: want nats://host:port"},
 		{name: "instance with a dot", yaml: "cluster: {nats_url: nats://a:1, instance: a.b}", wantErr: "cluster.instance:"},

@@ -1,0 +1,145 @@
+package enginesim
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestPreemptedRequestCountsItsHitOnce: a request that is preempted and
+// re-admitted hits its own recomputed blocks on re-admission; its reported
+// cached tokens (usage.prompt_tokens_details.cached_tokens) and the
+// per-request counters keep the hit of its first scheduling only.
+func TestPreemptedRequestCountsItsHitOnce(t *testing.T) {
+	e := newTestEngine(t, func(c *Config) { c.NumGPUBlocks = 12 })
+	shared := prompt("shared", 32) // 2 blocks
+	warm := &Request{ID: 1, Prompt: append(append([]byte(nil), shared...), prompt("w", 16)...), MaxTokens: 1}
+	submit(t, e, warm, 0)
+	now := drain(t, e, nil)
+	a := &Request{ID: 2, Prompt: append(append([]byte(nil), shared...), prompt("a", 16)...), MaxTokens: 90}
+	b := &Request{ID: 3, Prompt: append(append([]byte(nil), shared...), prompt("b", 16)...), MaxTokens: 90}
+	submit(t, e, a, now)
+	submit(t, e, b, now)
+	drain(t, e, nil)
+	st := e.Stats()
+	if b.Preemptions == 0 {
+		t.Fatalf("b was not preempted (stats %+v)", st)
+	}
+	for _, r := range []*Request{a, b} {
+		if r.CachedTokens != 32 {
+			t.Errorf("request %d: cached %d tokens, want the shared 32 of its first scheduling", r.ID, r.CachedTokens)
+		}
+	}
+	wantCached := uint64(warm.CachedTokens + a.CachedTokens + b.CachedTokens)
+	wantPrompt := uint64(warm.PromptTokens + a.PromptTokens + b.PromptTokens)
+	if st.FirstCachedTokens != wantCached || st.FirstPromptTokens != wantPrompt {
+		t.Errorf("per-request counters %d/%d, want %d/%d", st.FirstCachedTokens, st.FirstPromptTokens, wantCached, wantPrompt)
+	}
+	if st.PrefixHits <= st.FirstCachedTokens {
+		t.Errorf("admission counter %d hits not above the per-request %d: the re-admission's own blocks were not counted there", st.PrefixHits, st.FirstCachedTokens)
+	}
+}
+
+// TestPrefillAttentionTerm: a prefill chunk of n tokens after c computed
+// ones costs n×c + n(n+1)/2 attention pairs at PerPrefillKPairs per 1000,
+// on top of the linear per-token cost; so a cold prompt's attention part
+// grows 4x when the prompt doubles, and a cached prefix still costs
+// attention reads for the new tokens.
+func TestPrefillAttentionTerm(t *testing.T) {
+	tm := DefaultTiming()
+	ttft := func(cachedPrefix, n int) (time.Duration, *Request) {
+		e := newTestEngine(t, func(c *Config) {
+			c.Timing = tm
+			c.NumGPUBlocks = 20000
+			c.MaxNumBatchedTokens = 1 << 17 // one step: no chunking
+		})
+		var now int64
+		pre := prompt("doc", cachedPrefix)
+		if cachedPrefix > 0 {
+			submit(t, e, &Request{ID: 1, Prompt: pre, MaxTokens: 1}, 0)
+			now = drain(t, e, nil)
+		}
+		r := &Request{ID: 2, Prompt: append(append([]byte(nil), pre...), prompt("q", n)...), MaxTokens: 1}
+		submit(t, e, r, now)
+		drain(t, e, nil)
+		return r.TTFT(), r
+	}
+	pairsCost := func(c, n int) time.Duration {
+		return time.Duration((int64(n)*int64(c) + int64(n)*int64(n+1)/2) * int64(tm.PerPrefillKPairs) / 1000)
+	}
+	for _, tc := range []struct{ cached, n int }{{0, 8192}, {0, 16384}, {0, 32768}, {4096, 64}} {
+		t.Run(fmt.Sprintf("cached=%d/new=%d", tc.cached, tc.n), func(t *testing.T) {
+			got, r := ttft(tc.cached, tc.n)
+			if r.CachedTokens != tc.cached {
+				t.Fatalf("cached %d, want %d", r.CachedTokens, tc.cached)
+			}
+			n := r.PromptTokens - r.CachedTokens
+			want := tm.StepBase + time.Duration(n)*tm.PerPrefillToken + pairsCost(r.CachedTokens, n)
+			if got != want {
+				t.Errorf("TTFT %v, want %v", got, want)
+			}
+		})
+	}
+	// attention share of a cold prompt: 4x per doubling, ~13% at 8k, ~67% at 32k
+	a8, _ := ttft(0, 8192)
+	a16, _ := ttft(0, 16384)
+	lin := func(n int) time.Duration { return tm.StepBase + time.Duration(n)*tm.PerPrefillToken }
+	q8, q16 := a8-lin(8192), a16-lin(16384)
+	if r := float64(q16) / float64(q8); r < 3.99 || r > 4.01 {
+		t.Errorf("attention part 8k %v, 16k %v: ratio %.3f, want 4", q8, q16, r)
+	}
+	if share := float64(q8) / float64(lin(8192)-tm.StepBase); share < 0.10 || share > 0.16 {
+		t.Errorf("8k-token cold prompt: attention adds %.0f%% to the linear prefill, want ~13%%", 100*share)
+	}
+}
+
+// TestSlotModel is llama.cpp's server: each slot keeps its last request's
+// tokens and a request reuses only the slot it lands in; with more distinct
+// prompts than slots, the least recently used slot's cache is lost.
+func TestSlotModel(t *testing.T) {
+	e := newTestEngine(t, func(c *Config) { c.Slots = 2; c.NumGPUBlocks = 2 * 64 })
+	sys := func(tag string) []byte { return prompt(tag, 256) }
+	var now int64
+	run := func(id uint64, tag, q string) *Request {
+		t.Helper()
+		r := &Request{ID: id, Prompt: append(sys(tag), prompt(q, 16)...), MaxTokens: 4}
+		submit(t, e, r, now)
+		now = drain(t, e, nil)
+		return r
+	}
+	if r := run(1, "A", "q1"); r.CachedTokens != 0 {
+		t.Fatalf("cold request cached %d", r.CachedTokens)
+	}
+	run(2, "B", "q2") // the other (least recently used, empty) slot
+	if r := run(3, "A", "q3"); r.CachedTokens != 256 {
+		t.Errorf("A again: cached %d, want 256 (its slot kept A)", r.CachedTokens)
+	}
+	run(4, "C", "q4") // evicts B's slot (least recently used)
+	if r := run(5, "B", "q5"); r.CachedTokens != 0 {
+		t.Errorf("B after C: cached %d, want 0 (B's slot now holds C)", r.CachedTokens)
+	}
+	if r := run(6, "A", "q6"); r.CachedTokens != 0 {
+		t.Errorf("A: cached %d, want 0 (B took A's slot, then the least recently used)", r.CachedTokens)
+	}
+	// two requests at once take both slots; a third waits for one
+	a := &Request{ID: 7, Prompt: append(sys("A"), prompt("x", 16)...), MaxTokens: 50}
+	b := &Request{ID: 8, Prompt: append(sys("A"), prompt("y", 16)...), MaxTokens: 50}
+	c := &Request{ID: 9, Prompt: append(sys("A"), prompt("z", 16)...), MaxTokens: 50}
+	for _, r := range []*Request{a, b, c} {
+		submit(t, e, r, now)
+	}
+	drain(t, e, nil)
+	if a.CachedTokens != 256 {
+		t.Errorf("first concurrent A: cached %d, want 256", a.CachedTokens)
+	}
+	if b.ScheduledAt != a.ScheduledAt || c.ScheduledAt <= a.ScheduledAt {
+		t.Errorf("scheduled at %d, %d, %d: want two at once, the third later", a.ScheduledAt, b.ScheduledAt, c.ScheduledAt)
+	}
+	if e.Stats().Preemptions != 0 {
+		t.Errorf("slot model preempted %d times", e.Stats().Preemptions)
+	}
+	too := &Request{ID: 10, Prompt: prompt("long", 64*16), MaxTokens: 2}
+	if err := e.Submit(too, now); err != ErrKVCapacity {
+		t.Errorf("prompt longer than a slot's context: %v, want ErrKVCapacity", err)
+	}
+}
