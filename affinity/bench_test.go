@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zeebo/xxh3"
 )
@@ -138,7 +140,7 @@ func BenchmarkFullDecision(b *testing.B) {
 					q  Request
 					d  Decision
 				)
-				for b.Loop() {
+				cpuPerOp(b, func() {
 					if err := p.ParseChat(body, &pr); err != nil {
 						b.Fatal(err)
 					}
@@ -146,7 +148,7 @@ func BenchmarkFullDecision(b *testing.B) {
 					if err := r.Decide(&q, &d); err != nil {
 						b.Fatal(err)
 					}
-				}
+				})
 			})
 		}
 	}
@@ -258,4 +260,71 @@ func BenchmarkDecideParallel(b *testing.B) {
 			r.End(&f, 3, -1, true)
 		}
 	})
+}
+
+// cpuPerOp reports the process's CPU time (user + system, getrusage) per
+// iteration beside ns/op: on a machine shared with other work, wall time
+// counts the waits for a core, CPU time does not.
+func cpuPerOp(b *testing.B, f func()) {
+	b.Helper()
+	var r0, r1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+	n := 0
+	for b.Loop() {
+		f()
+		n++
+	}
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+	cpu := time.Duration(r1.Utime.Nano()+r1.Stime.Nano()-r0.Utime.Nano()-r0.Stime.Nano()) * time.Nanosecond
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(max(n, 1)), "cpu-ns/op")
+}
+
+// BenchmarkLongPrompt: the routing work for one 400 KB (about 100k-token)
+// chat prompt, replicas holding parts of it: parse (canonicalize + hash)
+// and the full decision (parse + Decide) at 100 and 1024 replicas; the
+// hash-only twin is the floor (the same bytes through AppendHashes).
+func BenchmarkLongPrompt(b *testing.B) {
+	const size = 400_000
+	req, body := benchReq(b, size)
+	canon := make([]byte, 0, size+64)
+	p := NewParser(HashConfig{})
+	var pr Prompt
+	if err := p.ParseChat(body, &pr); err != nil {
+		b.Fatal(err)
+	}
+	canon = append(canon, pr.Canonical...)
+	b.Run("hash-only", func(b *testing.B) {
+		b.SetBytes(int64(len(canon)))
+		dst := make([]uint64, 0, len(canon)/256)
+		cpuPerOp(b, func() { dst = AppendHashes(dst[:0], 1, canon, 256) })
+	})
+	b.Run("parse", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		cpuPerOp(b, func() {
+			if err := p.ParseChat(body, &pr); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	for _, n := range []int{100, 1024} {
+		r := benchRouter(b, "cost", n, req)
+		b.Run(fmt.Sprintf("full/replicas=%d", n), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var (
+				q Request
+				d Decision
+			)
+			cpuPerOp(b, func() {
+				if err := p.ParseChat(body, &pr); err != nil {
+					b.Fatal(err)
+				}
+				q = Request{Model: pr.Model, Hashes: pr.Hashes, PromptTokens: pr.Tokens, Now: 1}
+				if err := r.Decide(&q, &d); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
 }

@@ -111,7 +111,15 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 		hashes = hashes[:l.cap]
 	}
 	held = len(hashes)
-	for i := len(hashes) - 1; i >= 0; i-- {
+	// The chain's first m blocks are often the head of the replica's LRU
+	// list already, in order (the same prompt, or a conversation growing,
+	// sent to the same replica): touching them would move each to the
+	// front in turn and leave them where they are. They are left in place
+	// and, once the deeper blocks are touched, moved to the front as one
+	// run, which is the order the touches would give, without a map lookup
+	// per block.
+	m, first, last := x.headRun(id, hashes)
+	for i := len(hashes) - 1; i >= m; i-- {
 		var parent uint64
 		if i > 0 {
 			parent = hashes[i-1]
@@ -120,11 +128,64 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 			held = i // the first block missing before the insert
 		}
 	}
+	if m > 0 && !x.runToFront(id, first, last, m) {
+		// The run was broken up by the deeper touches (a block hash
+		// repeated in the chain): touch its blocks one by one instead.
+		for i := m - 1; i >= 0; i-- {
+			var parent uint64
+			if i > 0 {
+				parent = hashes[i-1]
+			}
+			x.touch(id, hashes[i], parent)
+		}
+	}
 	for l.n > l.cap {
 		x.remove(l.tail)
 		x.evictions++
 	}
 	return held
+}
+
+// headRun returns how many leading hashes are, in order, the first nodes
+// of replica id's LRU list, and the first and last of those nodes.
+func (x *index) headRun(id ReplicaID, hashes []uint64) (m int, first, last int32) {
+	first, last = x.lru[id].head, -1
+	for ni := first; ni >= 0 && m < len(hashes); ni = x.nodes[ni].next {
+		if x.recs[x.nodes[ni].blk].hash != hashes[m] {
+			break
+		}
+		m, last = m+1, ni
+	}
+	return m, first, last
+}
+
+// runToFront moves the run of m nodes from first to last of replica id's
+// LRU list to its front. It reports false, changing nothing, when those
+// nodes are no longer such a run.
+func (x *index) runToFront(id ReplicaID, first, last int32, m int) bool {
+	n, ni := 1, first
+	for ; ni != last && ni >= 0; ni = x.nodes[ni].next {
+		n++
+	}
+	if ni != last || n != m {
+		return false
+	}
+	l := &x.lru[id]
+	if l.head == first {
+		return true
+	}
+	prev, next := x.nodes[first].prev, x.nodes[last].next
+	x.nodes[prev].next = next
+	if next >= 0 {
+		x.nodes[next].prev = prev
+	} else {
+		l.tail = prev
+	}
+	x.nodes[first].prev = -1
+	x.nodes[last].next = l.head
+	x.nodes[l.head].prev = last
+	l.head = first
+	return true
 }
 
 // touch makes (h, id) the replica's most recent block, adding it if needed.

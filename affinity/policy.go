@@ -383,7 +383,6 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
 		v.Sample(p.cfg.MaxScan)
 	}
-	sc := v.Scores()
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)
 	v.match()
@@ -399,10 +398,15 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	}
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
-	// First pass, per candidate: cached tokens (into sc, overwritten below),
-	// and whether the prefix's homes all have full batches.
+	// One pass reads each candidate's state once: its cached tokens, N_r,
+	// whether it is full, and every term of its estimate but X_r, which
+	// needs N and whether the prefix's homes are all full (both known only
+	// after the pass). The estimate is then summed in the order written
+	// above, so it is the same float64.
+	cs := v.costScratch(len(cands))
 	best := 0.0
 	for i, id := range cands {
+		rp := v.r.reps[id]
 		c := 0.0
 		switch {
 		case otok != nil:
@@ -413,41 +417,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 				c = min(c+credit, t)
 			}
 		}
-		sc[i] = c
 		best = max(best, c)
-	}
-	// The typical prefill queue a recompute joins: the mean over the
-	// candidates not holding the prefix (less than half the best hit).
-	var coldQueued, cold int64
-	for i, id := range cands {
-		if sc[i] < best/2 || best == 0 {
-			rp := v.r.reps[id]
-			b, fresh, waiting := rp.busy(now, maxAge)
-			coldQueued += rp.queuedReqs(b, fresh, waiting)
-			cold++
-		}
-	}
-	typical := 0.0
-	if cold > 0 {
-		typical = float64(coldQueued) / float64(cold)
-	}
-	homesFull := best > 0
-	if homesFull {
-		for i, id := range cands {
-			if sc[i] >= best/2 {
-				rp := v.r.reps[id]
-				b, _, _ := rp.busy(now, maxAge)
-				if !rp.full(b, now) {
-					homesFull = false
-					break
-				}
-			}
-		}
-	}
-	for i, id := range cands {
-		// Inlined View.Load and its helpers: this loop runs for every
-		// candidate of every request.
-		rp := v.r.reps[id]
 		busy, fresh, waiting := rp.busy(now, maxAge)
 		queued := float64(max(rp.totalPending(), 0))
 		var kv float64
@@ -457,17 +427,48 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			}
 			kv = loadF(&rp.sigKV)
 		}
-		unc := max(t-rp.confidence()*sc[i], 0)
+		backlog := rp.backlog(now)
 		rate, over := rp.prefill()
 		inv := 1 / rate
-		x := 1 + max(float64(rp.queuedReqs(busy, fresh, waiting)), typical)
-		if homesFull && !rp.full(busy, now) {
+		e := &cs[i]
+		e.cached = c
+		e.queuedReqs = rp.queuedReqs(busy, fresh, waiting)
+		e.full = rp.fullWith(busy, backlog)
+		e.unc = max(t-rp.confidence()*c, 0)
+		e.inv = inv
+		e.pre = over + max(rp.slotWait(busy), backlog) + queued*inv
+		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
+		e.kv = kv > cfg.KVHighWater
+		if e.kv {
+			e.kvPen = cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		}
+	}
+	// The typical prefill queue a recompute joins: the mean over the
+	// candidates not holding the prefix (less than half the best hit).
+	var coldQueued, cold int64
+	homesFull := best > 0
+	for i := range cs {
+		if cs[i].cached < best/2 || best == 0 {
+			coldQueued += cs[i].queuedReqs
+			cold++
+		} else if !cs[i].full {
+			homesFull = false
+		}
+	}
+	typical := 0.0
+	if cold > 0 {
+		typical = float64(coldQueued) / float64(cold)
+	}
+	sc := v.Scores()
+	for i := range cs {
+		e := &cs[i]
+		x := 1 + max(float64(e.queuedReqs), typical)
+		if homesFull && !e.full {
 			x = 1
 		}
-		est := over + max(rp.slotWait(busy), rp.backlog(now)) + queued*inv + x*unc*inv +
-			cfg.LoadPenaltySeconds*float64(busy)*rp.invWeight
-		if kv > cfg.KVHighWater {
-			est += cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		est := e.pre + x*e.unc*e.inv + e.pen
+		if e.kv {
+			est += e.kvPen
 		}
 		sc[i] = est
 	}
@@ -494,12 +495,27 @@ func (p *replica) busy(now, maxAge int64) (b int64, fresh bool, waiting int64) {
 // their predictions by more than the TTFT the model predicts for a new one
 // (queueing the model has not learned yet, such as a batch limit before
 // any scrape showed it).
-func (p *replica) full(busy, now int64) bool {
+func (p *replica) full(busy, now int64) bool { return p.fullWith(busy, p.backlog(now)) }
+
+// fullWith is full with the replica's backlog already computed.
+func (p *replica) fullWith(busy int64, backlog float64) bool {
 	if s := p.slots(); s > 0 && busy >= s {
 		return true
 	}
-	b := p.backlog(now)
-	return b > 0 && b > p.predictTTFT(0)
+	return backlog > 0 && backlog > p.predictTTFT(0)
+}
+
+// costCand is one candidate's part of a CostPolicy decision.
+type costCand struct {
+	cached     float64 // predicted cached tokens
+	queuedReqs int64   // N_r
+	unc        float64 // T - c_r C_r, at least 0
+	inv        float64 // 1 / P_r
+	pre        float64 // O_r + max(slotWait_r, backlog_r) + Q_r / P_r
+	pen        float64 // the load penalty
+	kvPen      float64 // the KV penalty, when kv
+	kv         bool    // U_r is past KVHighWater
+	full       bool
 }
 
 // queuedReqs is the replica's share of N: requests waiting for prefill, not

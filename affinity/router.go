@@ -78,15 +78,18 @@ type group struct {
 type eligSnap struct {
 	version uint64
 	ids     []ReplicaID
+	pos     []int32 // by ReplicaID: the index in ids, -1 for none
 }
 
-// eligible returns g's eligible members. The result may be shared: do not
-// modify it. scratch is used (and returned grown) when filtering per call.
-func (r *Router) eligible(g *group, scratch []ReplicaID) (ids, grown []ReplicaID) {
+// eligible returns g's eligible members and, when they are a shared
+// snapshot, each one's index in them by ReplicaID (nil otherwise). The
+// results may be shared: do not modify them. scratch is used (and returned
+// grown) when filtering per call.
+func (r *Router) eligible(g *group, scratch []ReplicaID) (ids []ReplicaID, pos []int32, grown []ReplicaID) {
 	if !g.hasLimit {
 		ver := r.eligVersion.Load()
 		if s := g.elig.Load(); s != nil && s.version == ver {
-			return s.ids, scratch
+			return s.ids, s.pos, scratch
 		}
 		s := &eligSnap{version: ver}
 		for _, id := range g.members {
@@ -94,8 +97,17 @@ func (r *Router) eligible(g *group, scratch []ReplicaID) (ids, grown []ReplicaID
 				s.ids = append(s.ids, id)
 			}
 		}
+		if n := len(s.ids); n > 0 {
+			s.pos = make([]int32, s.ids[n-1]+1)
+			for i := range s.pos {
+				s.pos[i] = -1
+			}
+			for i, id := range s.ids {
+				s.pos[id] = int32(i)
+			}
+		}
 		g.elig.Store(s)
-		return s.ids, scratch
+		return s.ids, s.pos, scratch
 	}
 	scratch = scratch[:0]
 	for _, id := range g.members {
@@ -103,7 +115,7 @@ func (r *Router) eligible(g *group, scratch []ReplicaID) (ids, grown []ReplicaID
 			scratch = append(scratch, id)
 		}
 	}
-	return scratch, scratch
+	return scratch, nil, scratch
 }
 
 type replica struct {
@@ -490,7 +502,7 @@ func (r *Router) Decide(req *Request, d *Decision) error {
 	}
 	v := &d.view
 	v.reset(r, req, g)
-	v.cands, v.own = r.eligible(g, v.own)
+	v.cands, v.pos, v.own = r.eligible(g, v.own)
 	if len(v.cands) == 0 {
 		r.noReplica.Add(1)
 		return ErrNoReplica

@@ -14,6 +14,7 @@ type View struct {
 	req     *Request
 	g       *group
 	cands   []ReplicaID // eligible candidates; may alias a shared snapshot
+	pos     []int32     // by ReplicaID, the index in cands (shared snapshot only; else nil)
 	own     []ReplicaID // scratch for per-call filtering
 	sub     []ReplicaID // scratch for Sample
 	score   []float64
@@ -23,6 +24,16 @@ type View struct {
 	otok    []int32 // oracle tokens by ReplicaID, valid when oracle
 	rnd     uint64
 	top     []rankItem
+	cost    []costCand // CostPolicy's per-candidate scratch
+}
+
+// costScratch returns the cost policy's scratch for n candidates.
+func (v *View) costScratch(n int) []costCand {
+	if cap(v.cost) < n {
+		v.cost = make([]costCand, n, n+n/2)
+	}
+	v.cost = v.cost[:n]
+	return v.cost
 }
 
 type rankItem struct {
@@ -89,7 +100,7 @@ func (l *Load) Busy() int {
 
 func (v *View) reset(r *Router, req *Request, g *group) {
 	v.r, v.req, v.g = r, req, g
-	v.cands = nil
+	v.cands, v.pos = nil, nil
 	v.matched = false
 	v.oracle = false
 	v.rnd = r.random()
@@ -259,12 +270,20 @@ func (v *View) Sample(k int) {
 		sub = append(sub, c[(start+i)%n])
 	}
 	for _, id := range v.ms.touched {
-		// Candidates are sorted by ID (groups list members in ID order).
-		j, ok := slices.BinarySearch(c, id)
+		var j int
+		ok := false
+		if v.pos != nil {
+			if int(id) < len(v.pos) && v.pos[id] >= 0 {
+				j, ok = int(v.pos[id]), true
+			}
+		} else {
+			// Candidates are sorted by ID (groups list members in ID order).
+			j, ok = slices.BinarySearch(c, id)
+		}
 		if ok && (j-start+n)%n >= k {
 			sub = append(sub, id)
 		}
 	}
 	v.sub = sub
-	v.cands = sub
+	v.cands, v.pos = sub, nil
 }

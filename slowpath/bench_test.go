@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,5 +281,108 @@ func TestHandlerAllocs(t *testing.T) {
 	allocs = testing.AllocsPerRun(200, func() { h.once(t) })
 	if allocs != 0 || seen == 0 {
 		t.Fatalf("with an Observer: %v allocations per request (want 0), observer saw %d tokens", allocs, seen)
+	}
+}
+
+// BenchmarkRelay proxies streamed answers over loopback sockets, in the
+// shapes of the live bench's proxy-cost table: 64 events in one upstream
+// write, one write per event, and a 32 KiB buffered answer; the direct
+// twin of each goes straight to the engine. Client and engine run in this
+// process, so the numbers are for comparing runs and targets side by side.
+func BenchmarkRelay(b *testing.B) {
+	e := startRawEngine(b)
+	cfg := testConfig(e.addr)
+	cfg.Health.Interval, cfg.Health.Timeout = time.Minute, time.Second
+	cfg.Scrape.Interval = 0
+	s, err := New(cfg, testLogger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	router := startRouter(b, s)[len("http://"):]
+	events := sseEvents(64, 16)
+	big := bytes.Repeat([]byte("x"), 32<<10)
+	shapes := []struct {
+		name   string
+		body   []byte
+		pieces [][]byte
+	}{
+		{"sse-one-write", benchStreamBody, [][]byte{bytes.Join(chunkedPieces(events), nil)}},
+		{"sse-flushed", benchStreamBody, chunkedPieces(events)},
+		{"buffered-32KiB", benchBody, [][]byte{append([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(big))+"\r\n\r\n"), big...)}},
+	}
+	for _, sh := range shapes {
+		for _, target := range []struct{ name, addr string }{{"direct", e.addr}, {"router", router}} {
+			b.Run(sh.name+"/"+target.name, func(b *testing.B) {
+				e.set(0, sh.pieces...)
+				hc := &fasthttp.HostClient{Addr: target.addr, MaxConns: 4, Dial: func(a string) (net.Conn, error) { return net.Dial("tcp", a) }}
+				defer hc.CloseIdleConnections()
+				req := fasthttp.AcquireRequest() // serial releases it
+				req.SetRequestURI("http://" + target.addr + "/v1/chat/completions")
+				req.Header.SetMethod(fasthttp.MethodPost)
+				req.Header.SetContentType("application/json")
+				req.SetBody(sh.body)
+				serial(b, req, func(tb testing.TB, req *fasthttp.Request, resp *fasthttp.Response) {
+					if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+						tb.Fatalf("%v %d", err, resp.StatusCode())
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkHandlerLongPrompt is one proxied non-streaming request with a
+// 400 KB (about 100k-token) prompt through the handler, 100 replicas (the
+// cost policy), the upstream in memory: the router's own work for a long
+// prompt (parse, hash, decide, forward the body, read the answer).
+func BenchmarkHandlerLongPrompt(b *testing.B) {
+	ln := fasthttputil.NewInmemoryListener()
+	srv := &fasthttp.Server{Handler: fastBackend, MaxRequestBodySize: 8 << 20}
+	go srv.Serve(ln) //nolint:errcheck
+	b.Cleanup(func() { _ = srv.Shutdown() })
+	var addrs []string
+	for i := range 100 {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(i+1)) // never dialled
+	}
+	cfg := testConfig(addrs...)
+	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
+	cfg.Scrape.Interval = 0
+	s, err := New(cfg, testLogger(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	for _, r := range *s.table.Load() {
+		if r != nil {
+			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
+		}
+	}
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog, ", 400_000/45)
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"` + prompt + `"}]}`)
+	var req fasthttp.Request
+	req.SetRequestURI("/v1/chat/completions")
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType("application/json")
+	req.SetBody(body)
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5555}, nil)
+	once := func() {
+		ctx.Response.Reset()
+		s.handle(&ctx)
+		if ctx.Response.StatusCode() != 200 {
+			b.Fatalf("status %d: %s", ctx.Response.StatusCode(), ctx.Response.Body())
+		}
+	}
+	for range 20 {
+		once()
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		once()
 	}
 }

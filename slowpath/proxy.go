@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
@@ -122,6 +121,7 @@ type exchange struct {
 	fjParser  fastjson.Parser
 	sseParsed bool
 	ten       tenantState // tenants.go
+	rl        relay       // the stream's upstream decoder and write buffer (stream.go)
 }
 
 func (s *Server) getExchange() *exchange {
@@ -831,156 +831,6 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	s.completeAt(ex, true, nil, now)
 }
 
-// startStream hands the upstream body stream to fasthttp: each Read is
-// written as one chunk and flushed, so SSE events reach the client as they
-// arrive; no goroutine, the exchange is the io.Reader.
-func (s *Server) startStream(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fasthttp.Response, bs io.Reader) {
-	// upstream.idle_timeout starts at the first token, not at the headers
-	// (the engine queues and prefills after sending them).
-	if ex.idle = idleOf(uresp.LocalAddr()); ex.idle != nil {
-		if err := ex.idle.hold(); err != nil {
-			ex.idle = nil
-		}
-	}
-	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
-	ctx.Response.Header.DelBytes(hdrContentLength)
-	ex.uresp = uresp
-	ex.stream = bs
-	if !ctx.Request.Header.IsHTTP11() {
-		// An HTTP/1.0 client cannot read chunked encoding, which is all
-		// fasthttp writes for a body of unknown length: the stream is
-		// relayed on the hijacked connection, delimited by its close.
-		ex.h10 = appendHTTP10Header(ex.h10[:0], &ctx.Response.Header)
-		ctx.HijackSetNoResponse(true)
-		ctx.Hijack(ex.relayHTTP10)
-		return
-	}
-	ctx.Response.SetBodyStream(ex, -1)
-}
-
-// appendHTTP10Header appends an HTTP/1.0 status line and h's fields,
-// without framing or connection fields, and Connection: close.
-func appendHTTP10Header(b []byte, h *fasthttp.ResponseHeader) []byte {
-	b = append(b, "HTTP/1.0 "...)
-	b = strconv.AppendInt(b, int64(h.StatusCode()), 10)
-	b = append(b, ' ')
-	b = append(b, fasthttp.StatusMessage(h.StatusCode())...)
-	b = append(b, "\r\n"...)
-	for k, v := range h.All() {
-		if bytes.EqualFold(k, hdrContentLength) || bytes.EqualFold(k, hdrTransferEnc) || bytes.EqualFold(k, hdrConnection) {
-			continue
-		}
-		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
-	}
-	return append(b, "Connection: close\r\n\r\n"...)
-}
-
-// relayHTTP10 writes an HTTP/1.0 client's stream on its hijacked
-// connection (fasthttp closes it after): the header, then each upstream
-// read as it comes, then the exchange ends as a streamed one does.
-func (ex *exchange) relayHTTP10(c net.Conn) {
-	s, raw := ex.s, c
-	if u, ok := c.(interface{ UnsafeConn() net.Conn }); ok {
-		raw = u.UnsafeConn() // fasthttp's wrapper does not close on Close
-	}
-	s.connMu.Lock()
-	s.conns[raw] = struct{}{} // Shutdown closes it past the drain deadline
-	s.connMu.Unlock()
-	defer func() {
-		s.connMu.Lock()
-		delete(s.conns, raw)
-		s.connMu.Unlock()
-	}()
-	_, werr := c.Write(ex.h10)
-	buf := make([]byte, 16<<10)
-	for werr == nil {
-		n, err := ex.Read(buf)
-		if n > 0 {
-			_, werr = c.Write(buf[:n])
-		}
-		if err != nil {
-			break
-		}
-	}
-	_ = ex.CloseWithError(werr)
-}
-
-// Read implements io.Reader for fasthttp's chunked writer.
-func (ex *exchange) Read(p []byte) (int, error) {
-	if ex.upErr != nil {
-		// The upstream failed after bytes reached the client: end the
-		// stream with an OpenAI-style SSE error event (and no [DONE]), as
-		// vLLM does when generation fails mid-stream.
-		n := copy(p, sseBroken[ex.errSent:])
-		ex.errSent += n
-		if ex.errSent < len(sseBroken) {
-			return n, nil
-		}
-		return n, io.EOF
-	}
-	n, err := ex.stream.Read(p)
-	if err == io.EOF {
-		ex.streamEOF = true
-	}
-	if n > 0 {
-		if ex.status == fasthttp.StatusOK {
-			ex.scan(p[:n]) // the first token is the first SSE event with output
-		} else {
-			ex.output = true
-		}
-		if ex.output && !ex.gotFirst {
-			ex.firstToken()
-			if ex.idle != nil {
-				ex.idle.release()
-			}
-		}
-	}
-	if err != nil && err != io.EOF {
-		ex.upErr = err
-		return n, nil // the error event follows on the next Read
-	}
-	return n, err
-}
-
-// sseBroken ends a stream whose upstream failed mid-way. The leading blank
-// line terminates an event the upstream left half-written.
-var sseBroken = []byte("\n\ndata: {\"error\":{\"message\":\"The upstream replica failed mid-stream.\",\"type\":\"upstream_error\",\"param\":null,\"code\":\"upstream_error\"}}\n\n")
-
-// CloseWithError is called by fasthttp once the body is written (werr is
-// the client-side write error, if any). It finishes the exchange.
-func (ex *exchange) CloseWithError(werr error) error {
-	if ex.closed {
-		return nil
-	}
-	ex.closed = true
-	s := ex.s
-	reuse := ex.streamEOF && ex.upErr == nil && !ex.uresp.ConnectionClose()
-	ex.uresp.CloseBodyStream() //nolint:errcheck // nothing to do about it
-	ex.up.release(reuse)       // not read to its end: closed, the engine cancels
-	fasthttp.ReleaseResponse(ex.uresp)
-	ex.uresp = nil
-	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {
-		ex.sseLine(ex.line)
-		if ex.output && !ex.gotFirst {
-			ex.firstToken()
-		}
-	}
-	ok := ex.upErr == nil
-	if !ok {
-		ex.rep.m.broken.Inc()
-		ex.rep.log.Warn("stream broken after bytes reached the client", "err", ex.upErr,
-			"upstream_idle", errors.Is(ex.upErr, errUpstreamIdle))
-		s.proxyFailed(ex.rep, ex.upErr)
-	} else if !s.retryStatus(ex.status) {
-		ex.rep.proxyOK()
-	}
-	if ok && werr != nil {
-		ex.rep.log.Debug("client went away mid-stream", "err", werr)
-	}
-	s.completeAt(ex, ok, werr, s.now())
-	return nil
-}
-
 // seconds converts a s.now() difference for histograms.
 func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 
@@ -1035,107 +885,10 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	s.putExchange(ex)
 }
 
-// scan feeds streamed bytes through an SSE line splitter to find the usage
-// chunk (stream_options.include_usage) and its cached_tokens.
-func (ex *exchange) scan(b []byte) {
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			if !ex.lineDrop {
-				if len(ex.line)+len(b) > maxSSELine {
-					ex.lineDrop = true
-					ex.line = ex.line[:0]
-				} else {
-					ex.line = append(ex.line, b...)
-				}
-			}
-			return
-		}
-		seg := b[:i]
-		b = b[i+1:]
-		if ex.lineDrop {
-			ex.lineDrop = false
-			continue
-		}
-		if len(ex.line) > 0 {
-			ex.line = append(ex.line, seg...)
-			ex.sseLine(ex.line)
-			ex.line = ex.line[:0]
-		} else {
-			ex.sseLine(seg)
-		}
-	}
-}
-
-// firstToken marks the exchange's first token: the replica's prefill ends
-// and the TTFT histogram gets its sample.
-func (ex *exchange) firstToken() {
-	ex.gotFirst = true
-	now := ex.s.now()
-	ex.firstAt = now
-	ex.s.brain.FirstToken(&ex.flight, now)
-	ex.mm.ttft.Observe(seconds(now - ex.start))
-}
-
-func (ex *exchange) sseLine(line []byte) {
-	if !bytes.HasPrefix(line, strDataPrefix) {
-		return
-	}
-	data := bytes.TrimSpace(line[len(strDataPrefix):])
-	if len(data) == 0 {
-		return
-	}
-	if ex.ep == epResponses {
-		ex.responsesEvent(data) // named events: their own first token and usage
-		return
-	}
-	if !ex.output && !rolePreamble(data) {
-		ex.output = true
-	}
-	if bytes.Contains(data, strCompletionTokens) {
-		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, data)
-	}
-	if ex.ten.ticket.Active() && bytes.Contains(data, strUsage) {
-		ex.tenantUsage(data) // the tenant's charge is corrected at the end
-	}
-	if bytes.Equal(data, strDone) || !(bytes.Contains(data, strCachedTokens) || bytes.Contains(data, strTimings)) {
-		return
-	}
-	if c := usageJSON(&ex.fjParser, data, &ex.timings); c >= 0 {
-		ex.cached = c
-	}
-}
-
-// rolePreamble reports whether an SSE event is a chat stream's role chunk
-// without output (`"delta":{"role":"assistant","content":""}`): servers may
-// send it before prefill (enginesim does; vLLM sends it with the first
-// token), so the first token is the first event that is not one. Timing
-// prefill at the preamble made every prefill look instantaneous: the live
-// bench fitted prefill rates of 1e8 tokens/s (250,000 real), cache hits
-// were worth nothing to the cost policy, and it spread every shared prefix
-// over all replicas.
-func rolePreamble(data []byte) bool {
-	if !bytes.Contains(data, strRole) {
-		return false
-	}
-	for rest := data; ; {
-		i := bytes.Index(rest, strContent)
-		if i < 0 {
-			return true
-		}
-		rest = bytes.TrimLeft(rest[i+len(strContent):], " \t")
-		if len(rest) > 0 && rest[0] == ':' {
-			rest = bytes.TrimLeft(rest[1:], " \t")
-			if len(rest) > 1 && rest[0] == '"' && rest[1] != '"' {
-				return false // non-empty content
-			}
-		}
-	}
-}
-
 // usageScanFrom: bodies longer than this are not parsed whole for their
-// usage (the parser copies its input): only the last "usage" object is.
-const usageScanFrom = 1 << 20
+// usage: only their last "usage" and "timings" objects are (engines put
+// them last, after the generated text, which is most of a large answer).
+const usageScanFrom = 4 << 10
 
 var strUsage = []byte(`"usage"`)
 
@@ -1145,12 +898,24 @@ var strUsage = []byte(`"usage"`)
 // timings from llama.cpp's `timings` object (prompt_n, prompt_ms,
 // predicted_ms), leaving o alone when there is none.
 func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
-	hasCached, hasTimings := bytes.Contains(body, strCachedTokens), bytes.Contains(body, strTimings)
-	if !hasCached && !hasTimings {
+	keys := usageKeysIn(body) & (keyCached | keyTimings) // one byte search; substring searches cost ~10 µs on 32 KiB of text
+	if keys == 0 {
 		return -1
 	}
+	hasCached, hasTimings := keys&keyCached != 0, keys&keyTimings != 0
 	if len(body) > usageScanFrom {
-		return cachedTokensTail(p, body)
+		cached := -1
+		if hasCached {
+			cached = cachedTokensTail(p, body)
+		}
+		if hasTimings {
+			if obj := lastObject(body, strTimings); obj != nil {
+				if t, err := p.ParseBytes(obj); err == nil {
+					cached = timingsInto(t, cached, o)
+				}
+			}
+		}
+		return cached
 	}
 	v, err := p.ParseBytes(body)
 	if err != nil {
@@ -1163,43 +928,60 @@ func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
 		}
 	}
 	if t := v.Get("timings"); hasTimings && t != nil && t.Type() == fastjson.TypeObject {
-		num := func(k string) float64 {
-			f := t.GetFloat64(k)
-			if !(f >= 0) || f > 1e12 {
-				return 0
-			}
-			return f
-		}
-		if cached < 0 && t.Get("cache_n") != nil {
-			cached = int(num("cache_n"))
-		}
-		if pn, pms := num("prompt_n"), num("prompt_ms"); pn > 0 && pms > 0 {
-			o.PrefillTokens, o.PrefillSeconds = int(pn), pms/1e3
-		}
-		if dms := num("predicted_ms"); dms > 0 {
-			o.DecodeSeconds = dms / 1e3
-		}
+		cached = timingsInto(t, cached, o)
 	}
 	return cached
+}
+
+// timingsInto reads llama.cpp's timings object t into o, and returns its
+// cache_n when cached (from usage) is unknown.
+func timingsInto(t *fastjson.Value, cached int, o *affinity.Outcome) int {
+	num := func(k string) float64 {
+		f := t.GetFloat64(k)
+		if !(f >= 0) || f > 1e12 {
+			return 0
+		}
+		return f
+	}
+	if cached < 0 && t.Get("cache_n") != nil {
+		cached = int(num("cache_n"))
+	}
+	if pn, pms := num("prompt_n"), num("prompt_ms"); pn > 0 && pms > 0 {
+		o.PrefillTokens, o.PrefillSeconds = int(pn), pms/1e3
+	}
+	if dms := num("predicted_ms"); dms > 0 {
+		o.DecodeSeconds = dms / 1e3
+	}
+	return cached
+}
+
+// lastObject returns the JSON object that the last occurrence of key
+// (quoted) introduces in body, or nil.
+func lastObject(body, key []byte) []byte {
+	i := bytes.LastIndex(body, key)
+	if i < 0 {
+		return nil
+	}
+	rest := bytes.TrimLeft(body[i+len(key):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return nil
+	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	end := objectEnd(rest)
+	if end < 0 {
+		return nil
+	}
+	return rest[:end+1]
 }
 
 // cachedTokensTail reads cached_tokens from the last "usage" object of a
 // large body (engines put usage last), parsing that object alone.
 func cachedTokensTail(p *fastjson.Parser, body []byte) int {
-	i := bytes.LastIndex(body, strUsage)
-	if i < 0 {
+	obj := lastObject(body, strUsage)
+	if obj == nil {
 		return -1
 	}
-	rest := bytes.TrimLeft(body[i+len(strUsage):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return -1
-	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-	end := objectEnd(rest)
-	if end < 0 {
-		return -1
-	}
-	v, err := p.ParseBytes(rest[:end+1])
+	v, err := p.ParseBytes(obj)
 	if err != nil {
 		return -1
 	}

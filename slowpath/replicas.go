@@ -234,6 +234,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig, ec engineC
 			NoDefaultUserAgentHeader:      true,
 			RetryIfErr:                    retryStaleConn,
 			MaxIdemponentCallAttempts:     staleRetries,
+			ReadBufferSize:                upstreamReadBuffer,
 			Dial:                          tlsDial(ec.tls, s.upstreamDialer(u.DialTimeout, u.IdleTimeout), u.DialTimeout),
 		},
 		ctl: &fasthttp.HostClient{

@@ -229,6 +229,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		IdleTimeout:           l.IdleTimeout,
 		MaxRequestBodySize:    l.MaxBodyBytes,
 		ReadBufferSize:        maxHeaderBytes, // bounds the request line + headers
+		WriteBufferSize:       serverWriteBuffer,
 		CloseOnShutdown:       true,
 		NoDefaultContentType:  true,
 		NoDefaultServerHeader: true,

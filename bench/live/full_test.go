@@ -26,6 +26,10 @@ var (
 	fullC   = flag.String("live.commit", "", "commit the binaries were built from (\"\" = git in the working directory)")
 	fullCmd = flag.String("live.command", "", "command recorded in the report (\"\" = this test's)")
 	fullFl  = flag.String("live.fleets", "", "comma-separated fleets (\"\" = all)")
+	perfOne = flag.Bool("live.perf-only", false, "only the proxy-cost bench: perf.md and perf.json")
+	perfBL  = flag.String("live.baseline", "", "a second warmpath binary for the proxy-cost bench")
+	perfBLN = flag.String("live.baseline-label", "", "its label in the report (\"\" = baseline)")
+	fullRds = flag.Int("live.rounds", 0, "overhead and perf rounds (0 = default)")
 )
 
 func TestFull(t *testing.T) {
@@ -43,6 +47,7 @@ func TestFull(t *testing.T) {
 	}
 	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
+		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
 	if *fullCmd != "" {
 		opts.Command = *fullCmd

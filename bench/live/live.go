@@ -97,6 +97,14 @@ type Options struct {
 	// only the flood-vs-quiet-tenant scenario (written to tenants.md and
 	// tenants.json instead of live.md and live.json).
 	Scenario string
+	// PerfOnly runs only the proxy-cost bench (perf.go) and writes
+	// perf.md and perf.json instead of live.md and live.json. A full run
+	// (not Smoke) runs it after the router-overhead bench.
+	PerfOnly bool
+	// BaselineWarmpathBin, when set, is a second warmpath binary measured
+	// beside WarmpathBin in the proxy-cost bench (e.g. built from an older
+	// commit), labelled BaselineLabel ("baseline" when empty).
+	BaselineWarmpathBin, BaselineLabel string
 
 	skipOverhead bool // calibration runs
 }
@@ -171,6 +179,9 @@ func (o Options) withDefaults() Options {
 	if o.Rounds <= 0 {
 		o.Rounds = pick(3, 1)
 	}
+	if o.BaselineWarmpathBin != "" && o.BaselineLabel == "" {
+		o.BaselineLabel = "baseline"
+	}
 	return o
 }
 
@@ -187,6 +198,9 @@ type Results struct {
 	Overhead  []OverheadRow
 	KeepAlive []KeepAliveRow
 	Tenants   *TenantsResult `json:",omitempty"`
+	// Perf is the proxy-cost bench per answer shape (perf.go).
+	Perf       []PerfRow   `json:",omitempty"`
+	PerfShapes []PerfShape `json:",omitempty"`
 }
 
 // KeepAliveRow is one target of the keep-alive check: requests sent after
@@ -309,6 +323,18 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		}
 	}
 
+	if opts.PerfOnly {
+		if res.Perf, res.PerfShapes, err = runPerf(ctx, opts, tmp, nginx); err != nil {
+			return nil, fmt.Errorf("live: perf: %w", err)
+		}
+		res.Elapsed = time.Since(res.Started)
+		if opts.Out != "" {
+			if err := res.write(opts.Out); err != nil {
+				return nil, fmt.Errorf("live: %w", err)
+			}
+		}
+		return res, nil
+	}
 	if err := knownFleets(opts.Fleets); err != nil {
 		return nil, fmt.Errorf("live: %w", err)
 	}
@@ -345,6 +371,11 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 	if !opts.skipOverhead {
 		if res.KeepAlive, err = runKeepAlive(ctx, opts, tmp, nginx); err != nil {
 			return nil, fmt.Errorf("live: keep-alive check: %w", err)
+		}
+	}
+	if !opts.skipOverhead && !opts.Smoke {
+		if res.Perf, res.PerfShapes, err = runPerf(ctx, opts, tmp, nginx); err != nil {
+			return nil, fmt.Errorf("live: perf: %w", err)
 		}
 	}
 	res.Elapsed = time.Since(res.Started)

@@ -360,3 +360,47 @@ func TestSmokeLlamacpp(t *testing.T) {
 		t.Fatal("no child processes tracked")
 	}
 }
+
+// TestPerfSmoke runs the proxy-cost bench at smoke sizes: every shape
+// through direct, warmpath and (when installed) nginx, every request
+// answered, CPU and write counts read for the routers only, perf.md and
+// perf.json written.
+func TestPerfSmoke(t *testing.T) {
+	trackChildren(t)
+	out := filepath.Join(t.TempDir(), "out")
+	opts := Options{Smoke: true, PerfOnly: true, Out: out, Progress: testWriter{t}, Command: "go test ./bench/live -run TestPerfSmoke"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, nginxErr := findNginx("")
+	targets := []string{"direct", "warmpath"}
+	if nginxErr == nil {
+		targets = append(targets, "nginx")
+	}
+	shapes := perfShapes(true)
+	if len(res.Perf) != len(shapes)*len(targets) {
+		t.Fatalf("%d perf rows, want %d shapes x %v", len(res.Perf), len(shapes), targets)
+	}
+	for _, r := range res.Perf {
+		if r.Failed != 0 || r.Requests == 0 || r.P50 <= 0 {
+			t.Errorf("%s %s: %d failed of %d, p50 %v: %v", r.Shape, r.Target, r.Failed, r.Requests, r.P50, r.Errors)
+		}
+		router := r.Target != "direct"
+		if router != (r.CPUPerReq > 0) || router != (r.WritesPerReq >= 1) {
+			t.Errorf("%s %s: cpu %v/req, %v writes/req (routers only, at least the request upstream)", r.Shape, r.Target, r.CPUPerReq, r.WritesPerReq)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "perf.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "| sse-paced | warmpath |") || (nginxErr == nil && !strings.Contains(string(md), "ratio to nginx")) {
+		t.Errorf("perf.md lacks the rows:\n%s", md)
+	}
+	if _, err := os.Stat(filepath.Join(out, "perf.json")); err != nil {
+		t.Error(err)
+	}
+}

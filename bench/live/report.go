@@ -13,12 +13,17 @@ import (
 	"time"
 )
 
-// write puts live.md and live.json into dir.
+// write puts live.md and live.json into dir (perf.md and perf.json for a
+// perf-only run).
 func (r *Results) write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	md, err := os.Create(filepath.Join(dir, "live.md"))
+	name := "live"
+	if r.Options.PerfOnly {
+		name = "perf"
+	}
+	md, err := os.Create(filepath.Join(dir, name+".md"))
 	if err != nil {
 		return err
 	}
@@ -33,7 +38,7 @@ func (r *Results) write(dir string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "live.json"), append(js, '\n'), 0o644)
+	return os.WriteFile(filepath.Join(dir, name+".json"), append(js, '\n'), 0o644)
 }
 
 // WriteMarkdown writes the report: how it was made, one routing table per
@@ -51,6 +56,9 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 	if o.Smoke {
 		mode = "smoke (tiny sizes: a wiring check, not a measurement)"
 	}
+	if o.PerfOnly {
+		mode = "perf only (the proxy-cost bench)"
+	}
 	fmt.Fprintf(b, "- mode: %s\n", mode)
 	if r.Nginx != "" {
 		fmt.Fprintf(b, "- nginx rows left out: %s\n", r.Nginx)
@@ -67,6 +75,10 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 		}
 		r.Tenants.write(w)
 		return nil
+	}
+	if o.PerfOnly {
+		writePerfMarkdown(b, r.Perf, r.PerfShapes, o.Rounds, o.BaselineLabel)
+		return b.Flush()
 	}
 	r.writeHeadline(b)
 
@@ -137,6 +149,9 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 				fmt.Fprintf(b, "\n%s (stream %v) errors: %s\n", row.Target, row.Stream, strings.Join(row.Errors, "; "))
 			}
 		}
+	}
+	if len(r.Perf) > 0 {
+		writePerfMarkdown(b, r.Perf, r.PerfShapes, o.Rounds, o.BaselineLabel)
 	}
 	if len(r.KeepAlive) > 0 {
 		fmt.Fprintf(b, "\n## Keep-alive check\n\n"+
