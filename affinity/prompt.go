@@ -65,28 +65,40 @@ var routingFields = [...]string{"model", "stream", "stream_options", "cache_salt
 var errDupIncludeUsage = fmt.Errorf("%w: stream_options.include_usage must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest)
 
 // errDupField[i] refuses a repeated or differently cased routingFields[i].
-var errDupField = func() (e [len(routingFields)]error) {
-	for i, f := range routingFields {
+var errDupField = dupFieldErrors(routingFields[:])
+
+// dupFieldErrors returns, for each of fields, the error refusing it repeated
+// or in another letter case.
+func dupFieldErrors(fields []string) []error {
+	e := make([]error, len(fields))
+	for i, f := range fields {
 		e[i] = fmt.Errorf("%w: %s must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest, f)
 	}
 	return e
-}()
+}
 
 // checkKeys refuses a body whose routing fields appear more than once or in
 // another letter case. It allocates nothing.
 func checkKeys(o *fastjson.Object) error {
+	return checkFieldSet(o, routingFields[:], errDupField, len("user"), 3*len("max_completion_tokens"))
+}
+
+// checkFieldSet is checkKeys for any set of at most 32 fields (dup their
+// dupFieldErrors); keys shorter than minLen or longer than maxLen cannot
+// fold to one of them and are skipped without comparing.
+func checkFieldSet(o *fastjson.Object, fields []string, dup []error, minLen, maxLen int) error {
 	var seen uint32
 	var err error
 	o.Visit(func(key []byte, _ *fastjson.Value) {
-		if err != nil || len(key) < len("user") || len(key) > 3*len("max_completion_tokens") {
+		if err != nil || len(key) < minLen || len(key) > maxLen {
 			return
 		}
-		for i, f := range routingFields {
+		for i, f := range fields {
 			if !foldEqual(key, f) {
 				continue
 			}
 			if seen&(1<<i) != 0 || string(key) != f {
-				err = errDupField[i]
+				err = dup[i]
 				return
 			}
 			seen |= 1 << i

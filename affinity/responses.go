@@ -37,12 +37,7 @@ var (
 // routingFields, each must appear once and in lower case.
 var responsesFields = [...]string{"instructions", "previous_response_id", "max_output_tokens"}
 
-var errDupResponsesField = func() (e [len(responsesFields)]error) {
-	for i, f := range responsesFields {
-		e[i] = fmt.Errorf("%w: %s must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest, f)
-	}
-	return e
-}()
+var errDupResponsesField = dupFieldErrors(responsesFields[:])
 
 // ParseResponses parses a /v1/responses body into out (model, stream, user,
 // cache_salt, max_output_tokens, the canonical prompt and its hashes) and
@@ -183,23 +178,5 @@ func (p *Parser) appendResponsesPart(part *fastjson.Value) {
 
 // checkResponsesKeys is checkKeys for responsesFields.
 func checkResponsesKeys(o *fastjson.Object) error {
-	var seen uint32
-	var err error
-	o.Visit(func(key []byte, _ *fastjson.Value) {
-		if err != nil || len(key) < len("instructions") || len(key) > 3*len("previous_response_id") {
-			return
-		}
-		for i, f := range responsesFields {
-			if !foldEqual(key, f) {
-				continue
-			}
-			if seen&(1<<i) != 0 || string(key) != f {
-				err = errDupResponsesField[i]
-				return
-			}
-			seen |= 1 << i
-			return
-		}
-	})
-	return err
+	return checkFieldSet(o, responsesFields[:], errDupResponsesField, len("instructions"), 3*len("previous_response_id"))
 }
