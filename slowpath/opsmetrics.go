@@ -112,10 +112,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 var _ prometheus.Collector = (*stateCollector)(nil)
 
-var strCompletionTokens = []byte(`"completion_tokens"`)
-
-// usageTokens reads usage.prompt_tokens and usage.completion_tokens from
-// the last "usage" object of a body or stream event, parsing that object
+// usageTokens reads usage.prompt_tokens and usage.completion_tokens (the
+// Responses API's input_tokens and output_tokens) from the last "usage" object of a body or stream event, parsing that object
 // alone (a large body is not parsed whole a second time); -1 for each one
 // missing.
 func usageTokens(p *fastjson.Parser, body []byte) (prompt, completion int) {
@@ -147,7 +145,11 @@ func usageTokens(p *fastjson.Parser, body []byte) (prompt, completion int) {
 		}
 		return -1
 	}
-	return get("prompt_tokens"), get("completion_tokens")
+	prompt, completion = get("prompt_tokens"), get("completion_tokens")
+	if prompt < 0 && completion < 0 { // the Responses API's names
+		prompt, completion = get("input_tokens"), get("output_tokens")
+	}
+	return prompt, completion
 }
 
 // countTokens adds an answer's reported tokens to the throughput counters

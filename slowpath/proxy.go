@@ -814,11 +814,11 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
 		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
-		ex.tenantUsage(body)
 		if ex.ep == epResponses {
 			s.responseAnswered(ex, body)
 		}
 		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, body)
+		ex.tenantCharge()
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held

@@ -553,19 +553,8 @@ func (ex *exchange) scan(b []byte) {
 	}
 }
 
-// hasUsageKey reports whether b holds a key usageJSON reads something
-// from: "cached_tokens", or a member of llama.cpp's timings it uses
-// ("cache_n", "prompt_n", "prompt_ms", "predicted_ms"). Every one has an
-// underscore, which the rest of an event seldom has, so one byte search
-// finds the candidates (two substring searches per event cost a fifth of
-// the relay's own work).
-func hasUsageKey(b []byte) bool {
-	i, _, _ := nextUsageKey(b, 0, keyCached|keyTimings)
-	return i >= 0
-}
-
 // usageKeyIndex is the index of the first key sseLine reads anything from
-// (hasUsageKey's, and "completion_tokens"), or -1.
+// (cached tokens, llama.cpp timings, and "completion_tokens"), or -1.
 func usageKeyIndex(b []byte) int {
 	i, _, _ := nextUsageKey(b, 0, keyCached|keyTimings|keyTokens)
 	return i
@@ -611,7 +600,7 @@ const (
 	keyTokens                    // "completion_tokens" (usageTokens)
 )
 
-// usageKeys are the keys hasUsageKey looks for, with the offset of their
+// usageKeys are the keys nextUsageKey looks for, with the offset of their
 // first underscore.
 var usageKeys = [...]struct {
 	key  string
@@ -647,13 +636,12 @@ func (ex *exchange) sseLine(line []byte) {
 	if !ex.output && !rolePreamble(data) {
 		ex.output = true
 	}
-	if bytes.Contains(data, strCompletionTokens) {
+	kinds := usageKeysIn(data) // one scan for every key read below
+	if kinds&keyTokens != 0 {
 		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, data)
+		ex.tenantCharge() // the tenant's charge is corrected at the end
 	}
-	if ex.ten.ticket.Active() && bytes.Contains(data, strUsage) {
-		ex.tenantUsage(data) // the tenant's charge is corrected at the end
-	}
-	if bytes.Equal(data, strDone) || !hasUsageKey(data) {
+	if kinds&(keyCached|keyTimings) == 0 {
 		return
 	}
 	if c := usageJSON(&ex.fjParser, data, &ex.timings); c >= 0 {

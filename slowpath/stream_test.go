@@ -387,7 +387,7 @@ func TestRelayFraming(t *testing.T) {
 	}
 }
 
-// FuzzUsageKey: hasUsageKey, the scan's gate, never passes over an event
+// FuzzUsageKey: usageKeysIn, the scan's gate, never passes over an event
 // usageJSON would read cached tokens or engine timings from.
 func FuzzUsageKey(f *testing.F) {
 	for _, s := range sseSeeds {
@@ -399,8 +399,8 @@ func FuzzUsageKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var o affinity.Outcome
 		c := usageJSON(new(fastjson.Parser), b, &o)
-		if (c >= 0 || o != (affinity.Outcome{})) && !hasUsageKey(b) {
-			t.Fatalf("usageJSON reads cached %d, timings %+v from %q, which hasUsageKey passes over", c, o, b)
+		if (c >= 0 || o != (affinity.Outcome{})) && usageKeysIn(b)&(keyCached|keyTimings) == 0 {
+			t.Fatalf("usageJSON reads cached %d, timings %+v from %q, which usageKeysIn passes over", c, o, b)
 		}
 	})
 }

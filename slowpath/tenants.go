@@ -336,41 +336,11 @@ func (s *Server) tenantEnd(ex *exchange) {
 	}
 }
 
-// tenantUsage reads usage.prompt_tokens and usage.completion_tokens
-// (Responses: input_tokens, output_tokens) from an answer or a stream's
-// usage chunk (only the last "usage" object is parsed).
-func (ex *exchange) tenantUsage(body []byte) {
-	if !ex.ten.ticket.Active() {
-		return
-	}
-	i := bytes.LastIndex(body, strUsage)
-	if i < 0 {
-		return
-	}
-	rest := bytes.TrimLeft(body[i+len(strUsage):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return
-	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-	end := objectEnd(rest)
-	if end < 0 {
-		return
-	}
-	v, err := ex.fjParser.ParseBytes(rest[:end+1])
-	if err != nil {
-		return
-	}
-	num := func(k string) int64 {
-		if c := v.Get(k); c != nil {
-			if n, err := c.Int64(); err == nil && n >= 0 {
-				return n
-			}
-		}
-		return -1
-	}
-	ex.ten.in, ex.ten.out = num("prompt_tokens"), num("completion_tokens")
-	if ex.ten.in < 0 && ex.ten.out < 0 { // the Responses API's names
-		ex.ten.in, ex.ten.out = num("input_tokens"), num("output_tokens")
+// tenantCharge corrects the tenant's charge with the engine's usage as
+// read into ex.promptRep and ex.outTok (usageTokens); -1 where not reported.
+func (ex *exchange) tenantCharge() {
+	if ex.ten.ticket.Active() {
+		ex.ten.in, ex.ten.out = int64(ex.promptRep), int64(ex.outTok)
 	}
 }
 

@@ -722,7 +722,8 @@ func TestTenantUsageParse(t *testing.T) {
 		if _, ok := l.Admit("t", tenant.Budget{}, 1, 1, 0, &ex.ten.ticket); !ok {
 			t.Fatal("admit")
 		}
-		ex.tenantUsage([]byte(tc.body))
+		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, []byte(tc.body))
+		ex.tenantCharge()
 		if ex.ten.in != tc.in || ex.ten.out != tc.out {
 			t.Errorf("%s: got %d/%d, want %d/%d", tc.body, ex.ten.in, ex.ten.out, tc.in, tc.out)
 		}
