@@ -23,11 +23,11 @@ import (
 func npmClientDir(t *testing.T) string {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
-		t.Skip("node is not installed (apt-get install nodejs npm): the npm openai client test needs it")
+		t.Fatal("node is not installed (Debian: apt-get install nodejs npm; .ci/run installs it): the npm openai client test needs it")
 	}
 	npm, err := exec.LookPath("npm")
 	if err != nil {
-		t.Skip("npm is not installed (apt-get install nodejs npm): the npm openai client test needs it")
+		t.Fatal("npm is not installed (Debian: apt-get install nodejs npm; .ci/run installs it): the npm openai client test needs it")
 	}
 	lock, err := os.ReadFile("testdata/npm/package-lock.json")
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 func TestReproducibleBuild(t *testing.T) {
 	for _, tool := range []string{"make", "git"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s: %v", tool, err)
+			t.Fatalf("needs %s: %v", tool, err)
 		}
 	}
 	root, err := filepath.Abs("../..")
