@@ -43,8 +43,10 @@ func (f FinishReason) String() string {
 }
 
 // Request is one generation request as the engine sees it. The caller owns
-// it; the engine writes the result fields. Prompt must not change while the
-// request is in flight. A Request may be resubmitted after it finished.
+// it; the engine writes the result fields. The engine reads Prompt only in
+// Submit (it keeps the bytes of the prompt's last partial block), so the
+// caller may reuse the buffer once Submit returns. A Request may be
+// resubmitted after it finished (with its Prompt set again).
 type Request struct {
 	// ID keys the generated text and the sampled output length: the same
 	// ID and Seed give the same output on every engine.
@@ -131,6 +133,7 @@ type seq struct {
 	req       *Request
 	root      uint64   // hash chain seed: adapter + salt namespace
 	hashes    []uint64 // chained hashes of the full blocks of the token stream
+	tail      []byte   // the prompt's bytes after its last full block
 	blocks    []int32  // block table
 	promptLen int
 	numTokens int // prompt + generated
@@ -301,6 +304,7 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	for k := range p / e.bs {
 		s.hashes = append(s.hashes, e.hashBlock(s, k))
 	}
+	s.tail = append(s.tail[:0], r.Prompt[min(p/e.bs*e.bs*BytesPerToken, len(r.Prompt)):]...)
 	e.waiting.pushBack(s)
 	e.st.Submitted++
 	if !e.stepActive && now < e.pendingAt {
@@ -329,7 +333,7 @@ func (e *Engine) hashBlock(s *seq, k int) uint64 {
 	} else {
 		b = e.scratch[:0]
 		if lo < s.promptLen {
-			b = append(b, r.Prompt[lo*BytesPerToken:]...)
+			b = append(b, s.tail...) // lo is the last full block's end
 		}
 		for t := max(lo, s.promptLen); t < hi; t++ {
 			b = append(b, r.tokenText(t-s.promptLen)...)
@@ -731,7 +735,7 @@ func (e *Engine) newSeq() *seq {
 }
 
 func (e *Engine) recycle(s *seq) {
-	*s = seq{hashes: s.hashes[:0], blocks: s.blocks[:0], slot: -1}
+	*s = seq{hashes: s.hashes[:0], blocks: s.blocks[:0], tail: s.tail[:0], slot: -1}
 	e.spare = append(e.spare, s)
 }
 

@@ -193,7 +193,6 @@ type cluster struct {
 	specs              []affinity.ReplicaSpec                      // what each replica was added with (every router the same)
 	onSignals          func(replica int, s affinity.EngineSignals) // tests: every signal the routers get
 	cachedIn, promptIn int64                                       // completed requests' cached and prompt tokens (HitRate)
-	spare              [][]byte                                    // finished requests' engine prompts, for reuse
 
 	ttft, e2e []float64
 	modelErr  []float64 // TTFT model error factors (Result.TTFTModelError)
@@ -427,11 +426,26 @@ func (c *cluster) loop(w *workload.Workload) error {
 		d      affinity.Decision
 		body   []byte
 		msgs   []enginesim.Message
-		text   []byte   // every message's text, back to back
-		texts  [][]byte // message -> its text in text
-		ends   []int
+		ep     []byte   // the engine prompt
+		spans  [][2]int // message -> its text in body
+		// the current request's earlier answers (a conversation's), and
+		// how many of them its messages used so far
+		answers [][]byte
+		na      int
+		wr      *workload.Request
 	)
 	tc := newTextCache()
+	content := func(dst []byte, mi int) []byte {
+		m := &wr.Messages[mi]
+		if m.Role != workload.Assistant {
+			return tc.appendMessage(dst, m)
+		}
+		na++
+		if na <= len(answers) {
+			return append(dst, answers[na-1]...)
+		}
+		return tc.appendMessage(dst, m)
+	}
 	cv := newConversations(w)
 	c.conv = cv
 	followers := make([]bool, len(w.Requests))
@@ -485,32 +499,16 @@ func (c *cluster) loop(w *workload.Workload) error {
 			continue
 		}
 		a := heap.Pop(&c.arrivals).(arrival)
-		wr := &w.Requests[a.idx]
+		wr = &w.Requests[a.idx]
 		// earlier answers of a conversation are the engine's real ones
-		var answers [][]byte
+		answers = nil
 		if wr.Conversation >= 0 {
 			answers = cv.answers[wr.Conversation]
 		}
-		// each message's text once, for the body and the engine prompt
-		text, ends = text[:0], ends[:0]
-		na := 0
-		for mi := range wr.Messages {
-			m := &wr.Messages[mi]
-			if m.Role == workload.Assistant && na < len(answers) {
-				text = append(text, answers[na]...)
-			} else {
-				text = tc.appendMessage(text, m)
-			}
-			if m.Role == workload.Assistant {
-				na++
-			}
-			ends = append(ends, len(text))
-		}
-		texts = texts[:0]
-		for mi, end := range ends {
-			texts = append(texts, text[prevEnd(ends, mi):end])
-		}
-		body = workload.AppendChatBodyTexts(body[:0], wr, true, texts)
+		// each message's text once, into the body; the engine prompt is
+		// rendered from the body's spans
+		na = 0
+		body, spans = workload.AppendChatBodyContent(body[:0], wr, true, content, spans[:0])
 		// router CPU: what the proxy does per request (parse, hash,
 		// decide), not the simulator's making of the prompt text
 		start := time.Now()
@@ -522,10 +520,11 @@ func (c *cluster) loop(w *workload.Workload) error {
 		c.res.DecideNanos += time.Since(start).Nanoseconds()
 		// what the engines will see: their own chat template
 		msgs = msgs[:0]
-		for mi := range wr.Messages {
-			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: transient(texts[mi])})
+		for mi, sp := range spans {
+			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: transient(body[sp[0]:sp[1]])})
 		}
-		ep := enginesim.AppendChatPrompt(c.promptBuf(), msgs, nil)
+		// the engine reads its prompt only in Submit: one buffer serves all
+		ep = enginesim.AppendChatPrompt(ep[:0], msgs, nil)
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
@@ -546,7 +545,9 @@ func (c *cluster) loop(w *workload.Workload) error {
 		in.router.Begin(d.Ranked[0], &req, &d, &f.fl)
 		c.post(k, a.at)
 		e := c.engines[f.replica]
-		if err := e.Submit(&f.req, a.at); err != nil {
+		err = e.Submit(&f.req, a.at)
+		f.req.Prompt = nil // ep is reused for the next request
+		if err != nil {
 			in.router.End(&f.fl, a.at, -1, false)
 			c.post(k, a.at)
 			c.res.Failed++
@@ -664,34 +665,6 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	}
 	c.outTokens += int64(r.OutputTokens)
 	c.last = max(c.last, at)
-	c.freePrompt(r)
-}
-
-// prevEnd is where message mi's text starts in the loop's text buffer.
-func prevEnd(ends []int, mi int) int {
-	if mi == 0 {
-		return 0
-	}
-	return ends[mi-1]
-}
-
-// promptBuf returns an empty buffer for an engine prompt, reusing the
-// prompts of finished requests.
-func (c *cluster) promptBuf() []byte {
-	if n := len(c.spare); n > 0 {
-		b := c.spare[n-1]
-		c.spare = c.spare[:n-1]
-		return b[:0]
-	}
-	return nil
-}
-
-// freePrompt gives a finished request's prompt back to promptBuf.
-func (c *cluster) freePrompt(r *enginesim.Request) {
-	if r.Prompt != nil && len(c.spare) < 4096 {
-		c.spare = append(c.spare, r.Prompt)
-	}
-	r.Prompt = nil
 }
 
 func (c *cluster) finish(w *workload.Workload) *Result {

@@ -67,12 +67,13 @@ func AppendChatBodyWith(dst []byte, r *Request, stream bool, content func(mi int
 	return append(dst, '}')
 }
 
-// AppendChatBodyTexts is AppendChatBody with each message's content given:
-// texts[mi] is message mi's text, appended as it is. Every text must need
-// no JSON escaping (segment text and enginesim's answers need none); the
-// cluster simulator uses it to build each message's text once for the body
-// and the engine prompt.
-func AppendChatBodyTexts(dst []byte, r *Request, stream bool, texts [][]byte) []byte {
+// AppendChatBodyContent is AppendChatBody with each message's content
+// appended by content(dst, mi) as it is (it must need no JSON escaping:
+// segment text and enginesim's answers need none). It also returns where
+// each message's content lies in the result: spans[mi] = [start, end),
+// appended to spans. The cluster simulator writes each message's text once,
+// into the body, and renders the engine prompt from those spans.
+func AppendChatBodyContent(dst []byte, r *Request, stream bool, content func(dst []byte, mi int) []byte, spans [][2]int) ([]byte, [][2]int) {
 	dst = append(dst, `{"model":`...)
 	dst = strconv.AppendQuote(dst, r.Model)
 	dst = append(dst, `,"messages":[`...)
@@ -83,7 +84,9 @@ func AppendChatBodyTexts(dst []byte, r *Request, stream bool, texts [][]byte) []
 		dst = append(dst, `{"role":"`...)
 		dst = append(dst, r.Messages[i].Role.String()...)
 		dst = append(dst, `","content":"`...)
-		dst = append(dst, texts[i]...)
+		start := len(dst)
+		dst = content(dst, i)
+		spans = append(spans, [2]int{start, len(dst)})
 		dst = append(dst, `"}`...)
 	}
 	dst = append(dst, `],"max_tokens":`...)
@@ -91,7 +94,7 @@ func AppendChatBodyTexts(dst []byte, r *Request, stream bool, texts [][]byte) []
 	if stream {
 		dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}`...)
 	}
-	return append(dst, '}')
+	return append(dst, '}'), spans
 }
 
 func contentOf(f func(int) ([]byte, bool), i int) ([]byte, bool) {
