@@ -1,14 +1,16 @@
 package affinity
 
+import "math"
+
 // The prefix index: which replica probably holds which block hash in its KV
 // cache.
 //
 // Layout (all slabs of int32 links, no pointers, so the GC never scans it):
 //
-//	blocks  map[hash]rec        one entry per distinct block hash tracked
-//	pairs   map[hash+rep*K]node one entry per (block, replica) held
-//	recs    []blockRec          24 B: hash, parent hash, holder list head, holder count
-//	nodes   []holder            24 B: block, replica, LRU prev/next, holder prev/next
+//	blockTab table hash->rec        one entry per distinct block hash tracked
+//	pairTab  table hash+rep*K->node one entry per (block, replica) held
+//	recs     []blockRec             24 B: hash, parent hash, holder list head, holder count
+//	nodes    []holder               32 B: block hash and index, replica, LRU prev/next, holder prev/next
 //	lru     []replicaLRU        per replica: most recent at head, capacity in blocks
 //
 // Each replica's nodes form an LRU list bounded by that replica's KV capacity
@@ -35,6 +37,7 @@ type blockRec struct {
 }
 
 type holder struct {
+	hash       uint64 // the block's hash (pairTab's key check)
 	blk        int32
 	rep        ReplicaID
 	prev, next int32 // replica LRU list; prev is more recent
@@ -49,8 +52,13 @@ type replicaLRU struct {
 }
 
 type index struct {
-	blocks    map[uint64]int32
-	pairs     map[uint64]int32
+	blockTab table // block hash -> recs index
+	pairTab  table // pairKey -> nodes index
+	// blocks and pairs are zero-size slices as long as blockTab and
+	// pairTab have entries: the tracked block and pair counts, read with
+	// len by Stats and the tests.
+	blocks    []struct{}
+	pairs     []struct{}
 	recs      []blockRec
 	freeRecs  []int32
 	nodes     []holder
@@ -60,7 +68,8 @@ type index struct {
 }
 
 func newIndex() *index {
-	return &index{blocks: make(map[uint64]int32), pairs: make(map[uint64]int32)}
+	return &index{blockTab: newTable(), pairTab: newTable(),
+		blocks: make([]struct{}, 0, math.MaxInt), pairs: make([]struct{}, 0, math.MaxInt)}
 }
 
 func pairKey(h uint64, r ReplicaID) uint64 { return h + uint64(r+1)*pairMul }
@@ -83,9 +92,41 @@ func (x *index) setCap(id ReplicaID, blocks int) {
 	}
 }
 
+// findBlock returns h's record, or -1 and the blockTab slot where h goes,
+// and h's fingerprint.
+func (x *index) findBlock(h uint64) (rec int32, slot, fp uint32) {
+	t := &x.blockTab
+	fp = t.fp(h)
+	for i := fp & t.mask; ; i = (i + 1) & t.mask {
+		s := t.slots[i]
+		if s.val == 0 {
+			return -1, i, fp
+		}
+		if s.fp == fp && x.recs[s.val-1].hash == h {
+			return s.val - 1, i, fp
+		}
+	}
+}
+
+// findPair returns replica id's node of block h, or -1 and the pairTab
+// slot where it goes, and the pair's fingerprint.
+func (x *index) findPair(h uint64, id ReplicaID) (node int32, slot, fp uint32) {
+	t := &x.pairTab
+	fp = t.fp(pairKey(h, id))
+	for i := fp & t.mask; ; i = (i + 1) & t.mask {
+		s := t.slots[i]
+		if s.val == 0 {
+			return -1, i, fp
+		}
+		if n := &x.nodes[s.val-1]; s.fp == fp && n.hash == h && n.rep == id {
+			return s.val - 1, i, fp
+		}
+	}
+}
+
 // count returns how many replicas hold h.
 func (x *index) count(h uint64) int32 {
-	if i, ok := x.blocks[h]; ok {
+	if i, _, _ := x.findBlock(h); i >= 0 {
 		return x.recs[i].count
 	}
 	return 0
@@ -93,8 +134,8 @@ func (x *index) count(h uint64) int32 {
 
 // holds reports whether replica id holds h.
 func (x *index) holds(h uint64, id ReplicaID) bool {
-	i, ok := x.pairs[pairKey(h, id)]
-	return ok && x.nodes[i].rep == id && x.recs[x.nodes[i].blk].hash == h
+	ni, _, _ := x.findPair(h, id)
+	return ni >= 0
 }
 
 // insert records that replica id now holds hashes (a chain from its first
@@ -192,28 +233,33 @@ func (x *index) runToFront(id ReplicaID, first, last int32, m int) bool {
 // It reports whether the replica held h already.
 func (x *index) touch(id ReplicaID, h, parent uint64) (held bool) {
 	l := &x.lru[id]
-	if ni, ok := x.pairs[pairKey(h, id)]; ok {
+	x.pairTab.reserve()
+	ni, ps, pfp := x.findPair(h, id)
+	if ni >= 0 {
 		if l.head != ni {
 			x.unlinkLRU(ni)
 			x.pushFront(ni)
 		}
 		return true
 	}
-	bi, ok := x.blocks[h]
-	if !ok {
+	x.blockTab.reserve()
+	bi, bs, bfp := x.findBlock(h)
+	if bi < 0 {
 		bi = x.newRec()
 		x.recs[bi] = blockRec{hash: h, parent: parent, head: -1}
-		x.blocks[h] = bi
+		x.blockTab.setAt(bs, bfp, bi)
+		x.blocks = x.blocks[:x.blockTab.n]
 	}
-	ni := x.newNode()
+	ni = x.newNode()
 	n := &x.nodes[ni]
-	*n = holder{blk: bi, rep: id, prev: -1, next: -1, hprev: -1, hnext: x.recs[bi].head}
+	*n = holder{hash: h, blk: bi, rep: id, prev: -1, next: -1, hprev: -1, hnext: x.recs[bi].head}
 	if n.hnext >= 0 {
 		x.nodes[n.hnext].hprev = ni
 	}
 	x.recs[bi].head = ni
 	x.recs[bi].count++
-	x.pairs[pairKey(h, id)] = ni
+	x.pairTab.setAt(ps, pfp, ni)
+	x.pairs = x.pairs[:x.pairTab.n]
 	x.pushFront(ni)
 	return false
 }
@@ -283,9 +329,11 @@ func (x *index) remove(ni int32) {
 		x.nodes[n.hnext].hprev = n.hprev
 	}
 	b.count--
-	delete(x.pairs, pairKey(b.hash, n.rep))
+	x.pairTab.delVal(x.pairTab.fp(pairKey(b.hash, n.rep)), ni)
+	x.pairs = x.pairs[:x.pairTab.n]
 	if b.count == 0 {
-		delete(x.blocks, b.hash)
+		x.blockTab.delVal(x.blockTab.fp(b.hash), n.blk)
+		x.blocks = x.blocks[:x.blockTab.n]
 		x.freeRecs = append(x.freeRecs, n.blk)
 	}
 	*n = holder{blk: -1, rep: NoReplica}
@@ -307,8 +355,8 @@ func (x *index) dropReplica(id ReplicaID) {
 func (x *index) rollback(id ReplicaID, tail uint64, n int) {
 	h := tail
 	for ; n > 0 && h != 0; n-- {
-		ni, ok := x.pairs[pairKey(h, id)]
-		if !ok || x.nodes[ni].rep != id {
+		ni, _, _ := x.findPair(h, id)
+		if ni < 0 {
 			return
 		}
 		parent := x.recs[x.nodes[ni].blk].parent
@@ -384,7 +432,7 @@ func (x *index) split(hashes []uint64, s *matchSet, lo int, clo int32, hi int, c
 			return
 		}
 		if hi == lo+1 {
-			bi := x.blocks[hashes[lo]]
+			bi, _, _ := x.findBlock(hashes[lo])
 			for ni := x.recs[bi].head; ni >= 0; ni = x.nodes[ni].hnext {
 				s.raise(x.nodes[ni].rep, int32(lo+1))
 			}
@@ -405,8 +453,8 @@ func (x *index) split(hashes []uint64, s *matchSet, lo int, clo int32, hi int, c
 // It gives the same answer as longest when the prefix property holds.
 func (x *index) longestLinear(hashes []uint64, s *matchSet) {
 	for i, h := range hashes {
-		bi, ok := x.blocks[h]
-		if !ok {
+		bi, _, _ := x.findBlock(h)
+		if bi < 0 {
 			return
 		}
 		for ni := x.recs[bi].head; ni >= 0; ni = x.nodes[ni].hnext {

@@ -140,8 +140,24 @@ func checkIndex(t *testing.T, x *index) {
 		t.Fatalf("pairs map %d, lists %d", len(x.pairs), pairs)
 	}
 	total := 0
-	for h, bi := range x.blocks {
+	if len(x.blocks) != x.blockTab.n {
+		t.Fatalf("blocks %d, table %d", len(x.blocks), x.blockTab.n)
+	}
+	if len(x.pairs) != x.pairTab.n {
+		t.Fatalf("pairs %d, table %d", len(x.pairs), x.pairTab.n)
+	}
+	for _, ni := range x.pairTab.all() {
+		n := x.nodes[ni]
+		if got, _, _ := x.findPair(n.hash, n.rep); got != ni || x.recs[n.blk].hash != n.hash {
+			t.Fatalf("pair %x/%d: node %d found as %d, block %x", n.hash, n.rep, ni, got, x.recs[n.blk].hash)
+		}
+	}
+	for _, bi := range x.blockTab.all() {
 		b := x.recs[bi]
+		h := b.hash
+		if got, _, _ := x.findBlock(h); got != bi {
+			t.Fatalf("block %x: rec %d found as %d", h, bi, got)
+		}
 		if b.hash != h || b.count <= 0 {
 			t.Fatalf("block %x: rec %+v", h, b)
 		}
