@@ -457,7 +457,7 @@ func (e *Engine) plan(t int64) {
 		need := e.blocksFor(computed+n) - len(e.hits) // slot model: its whole context is its own
 		avail := e.pool.nfree
 		for _, b := range e.hits {
-			if e.pool.inFree[b] {
+			if e.pool.free(b) {
 				avail--
 			}
 		}

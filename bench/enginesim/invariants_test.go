@@ -31,25 +31,26 @@ func (e *Engine) checkInvariants() error {
 		}
 	}
 	free := 0
-	for b := p.head; b >= 0; b = p.next[b] {
+	for b := p.head; b >= 0; b = p.blk[b].next {
 		if free++; free > p.total() {
 			return fmt.Errorf("free queue cycles")
 		}
-		if !p.inFree[b] || p.ref[b] != 0 {
-			return fmt.Errorf("block %d in free queue with ref %d", b, p.ref[b])
+		if !p.blk[b].inFree || p.blk[b].ref != 0 {
+			return fmt.Errorf("block %d in free queue with ref %d", b, p.blk[b].ref)
 		}
 	}
 	if free != p.nfree {
 		return fmt.Errorf("free queue has %d blocks, nfree %d", free, p.nfree)
 	}
 	for b := range p.total() {
-		if p.ref[b] != refs[b] {
-			return fmt.Errorf("block %d ref %d, block tables hold %d", b, p.ref[b], refs[b])
+		k := p.blk[b]
+		if k.ref != refs[b] {
+			return fmt.Errorf("block %d ref %d, block tables hold %d", b, k.ref, refs[b])
 		}
-		if (p.ref[b] == 0) != p.inFree[b] {
-			return fmt.Errorf("block %d ref %d but inFree %v", b, p.ref[b], p.inFree[b])
+		if (k.ref == 0) != k.inFree {
+			return fmt.Errorf("block %d ref %d but inFree %v", b, k.ref, k.inFree)
 		}
-		if h := p.hash[b]; h != 0 && p.cached.get(h) != int32(b) {
+		if h := k.hash; h != 0 && p.cached.get(h) != int32(b) {
 			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h))
 		}
 	}

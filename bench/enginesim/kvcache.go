@@ -7,11 +7,7 @@ package enginesim
 // allocations pop the head, evicting the hash it held. Hit blocks sitting in
 // the free queue are taken back out ("touched").
 type blockPool struct {
-	hash   []uint64 // 0: no cached content
-	ref    []int32
-	prev   []int32 // free-queue links; -1 terminates
-	next   []int32
-	inFree []bool
+	blk    []block // a block's fields together: one cache line per block
 	head   int32
 	tail   int32
 	nfree  int
@@ -20,60 +16,64 @@ type blockPool struct {
 	evictions uint64
 }
 
+type block struct {
+	hash       uint64 // 0: no cached content
+	ref        int32
+	prev, next int32 // free-queue links; -1 terminates
+	inFree     bool
+}
+
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{
-		hash:   make([]uint64, n),
-		ref:    make([]int32, n),
-		prev:   make([]int32, n),
-		next:   make([]int32, n),
-		inFree: make([]bool, n),
-		cached: newHashIndex(n),
-	}
+	p := &blockPool{blk: make([]block, n), cached: newHashIndex(n)}
 	p.reset()
 	return p
 }
 
 // reset frees every block and forgets every cached hash (engine restart).
 func (p *blockPool) reset() {
-	n := len(p.hash)
 	p.cached.clear()
 	p.head, p.tail, p.nfree = -1, -1, 0
-	for i := range n {
-		p.hash[i], p.ref[i] = 0, 0
+	for i := range p.blk {
+		p.blk[i] = block{}
 		p.pushTail(int32(i))
 	}
 }
 
-func (p *blockPool) total() int { return len(p.hash) }
+func (p *blockPool) total() int { return len(p.blk) }
 
 // used is the number of blocks referenced by a request.
-func (p *blockPool) used() int { return len(p.hash) - p.nfree }
+func (p *blockPool) used() int { return len(p.blk) - p.nfree }
+
+// free reports whether block b is in the free queue (no request holds it).
+func (p *blockPool) free(b int32) bool { return p.blk[b].inFree }
 
 func (p *blockPool) pushTail(b int32) {
-	p.prev[b], p.next[b] = p.tail, -1
+	k := &p.blk[b]
+	k.prev, k.next = p.tail, -1
 	if p.tail >= 0 {
-		p.next[p.tail] = b
+		p.blk[p.tail].next = b
 	} else {
 		p.head = b
 	}
 	p.tail = b
-	p.inFree[b] = true
+	k.inFree = true
 	p.nfree++
 }
 
 func (p *blockPool) unlink(b int32) {
-	pr, nx := p.prev[b], p.next[b]
+	k := &p.blk[b]
+	pr, nx := k.prev, k.next
 	if pr >= 0 {
-		p.next[pr] = nx
+		p.blk[pr].next = nx
 	} else {
 		p.head = nx
 	}
 	if nx >= 0 {
-		p.prev[nx] = pr
+		p.blk[nx].prev = pr
 	} else {
 		p.tail = pr
 	}
-	p.inFree[b] = false
+	k.inFree = false
 	p.nfree--
 }
 
@@ -84,10 +84,10 @@ func (p *blockPool) lookup(h uint64) int32 {
 
 // touch takes a reference on a cached block, pulling it out of the free queue.
 func (p *blockPool) touch(b int32) {
-	if p.inFree[b] {
+	if p.blk[b].inFree {
 		p.unlink(b)
 	}
-	p.ref[b]++
+	p.blk[b].ref++
 }
 
 // alloc pops the least recently freed block, evicting its cached hash.
@@ -98,20 +98,22 @@ func (p *blockPool) alloc() int32 {
 		return -1
 	}
 	p.unlink(b)
-	if h := p.hash[b]; h != 0 {
-		p.cached.del(h)
-		p.hash[b] = 0
+	k := &p.blk[b]
+	if k.hash != 0 {
+		p.cached.del(k.hash)
+		k.hash = 0
 		p.evictions++
 	}
-	p.ref[b] = 1
+	k.ref = 1
 	return b
 }
 
 // release drops one reference; a block nobody references joins the free
 // queue's tail, still cached.
 func (p *blockPool) release(b int32) {
-	p.ref[b]--
-	if p.ref[b] == 0 {
+	k := &p.blk[b]
+	k.ref--
+	if k.ref == 0 {
 		p.pushTail(b)
 	}
 }
@@ -119,11 +121,11 @@ func (p *blockPool) release(b int32) {
 // commit records that block b holds the content hashed h, unless another
 // block already caches h (then b stays anonymous, as in vLLM).
 func (p *blockPool) commit(b int32, h uint64) {
-	if p.hash[b] != 0 {
+	if p.blk[b].hash != 0 {
 		return
 	}
 	if p.cached.insert(h, b) {
-		p.hash[b] = h
+		p.blk[b].hash = h
 	}
 }
 
@@ -132,9 +134,13 @@ func (p *blockPool) commit(b int32, h uint64) {
 // at most one entry per block). About twice as fast as a Go map here, and
 // the prefix cache is the engine's hottest path.
 type hashIndex struct {
-	keys []uint64 // 0: empty slot
-	vals []int32
-	mask uint64
+	slots []hslot // key and value side by side: one cache line per probe
+	mask  uint64
+}
+
+type hslot struct {
+	key uint64 // 0: empty slot
+	val int32
 }
 
 func newHashIndex(entries int) hashIndex {
@@ -142,17 +148,17 @@ func newHashIndex(entries int) hashIndex {
 	for n < 2*entries {
 		n <<= 1
 	}
-	return hashIndex{keys: make([]uint64, n), vals: make([]int32, n), mask: uint64(n - 1)}
+	return hashIndex{slots: make([]hslot, n), mask: uint64(n - 1)}
 }
 
-func (x *hashIndex) clear() { clear(x.keys) }
+func (x *hashIndex) clear() { clear(x.slots) }
 
 // get returns h's value or -1.
 func (x *hashIndex) get(h uint64) int32 {
 	for i := h & x.mask; ; i = (i + 1) & x.mask {
-		switch x.keys[i] {
+		switch s := &x.slots[i]; s.key {
 		case h:
-			return x.vals[i]
+			return s.val
 		case 0:
 			return -1
 		}
@@ -162,11 +168,11 @@ func (x *hashIndex) get(h uint64) int32 {
 // insert adds h -> v unless h is present; it reports whether it added.
 func (x *hashIndex) insert(h uint64, v int32) bool {
 	for i := h & x.mask; ; i = (i + 1) & x.mask {
-		switch x.keys[i] {
+		switch s := &x.slots[i]; s.key {
 		case h:
 			return false
 		case 0:
-			x.keys[i], x.vals[i] = h, v
+			s.key, s.val = h, v
 			return true
 		}
 	}
@@ -175,18 +181,18 @@ func (x *hashIndex) insert(h uint64, v int32) bool {
 // del removes h if present, shifting later entries of its probe run back.
 func (x *hashIndex) del(h uint64) {
 	i := h & x.mask
-	for ; x.keys[i] != h; i = (i + 1) & x.mask {
-		if x.keys[i] == 0 {
+	for ; x.slots[i].key != h; i = (i + 1) & x.mask {
+		if x.slots[i].key == 0 {
 			return
 		}
 	}
-	for j := (i + 1) & x.mask; x.keys[j] != 0; j = (j + 1) & x.mask {
-		home := x.keys[j] & x.mask
+	for j := (i + 1) & x.mask; x.slots[j].key != 0; j = (j + 1) & x.mask {
+		home := x.slots[j].key & x.mask
 		// Move j into the hole at i if its home slot is not in (i, j].
 		if (j-home)&x.mask >= (j-i)&x.mask {
-			x.keys[i], x.vals[i] = x.keys[j], x.vals[j]
+			x.slots[i] = x.slots[j]
 			i = j
 		}
 	}
-	x.keys[i] = 0
+	x.slots[i] = hslot{}
 }
