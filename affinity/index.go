@@ -152,14 +152,14 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 		hashes = hashes[:l.cap]
 	}
 	held = len(hashes)
-	// The chain's first m blocks are often the head of the replica's LRU
-	// list already, in order (the same prompt, or a conversation growing,
-	// sent to the same replica): touching them would move each to the
-	// front in turn and leave them where they are. They are left in place
-	// and, once the deeper blocks are touched, moved to the front as one
-	// run, which is the order the touches would give, without a map lookup
-	// per block.
-	m, first, last := x.headRun(id, hashes)
+	// The chain's first m blocks are often a run of the replica's LRU
+	// list already, in order (the same prompt or document sent to the same
+	// replica again, or a conversation growing): touching them would move
+	// each to the front in turn, leaving them in this order. They are left
+	// in place and, once the deeper blocks are touched, moved to the front
+	// as one run, which is the order the touches would give, with one
+	// lookup for the run instead of one per block.
+	m, first, last := x.chainRun(id, hashes)
 	for i := len(hashes) - 1; i >= m; i-- {
 		var parent uint64
 		if i > 0 {
@@ -187,12 +187,19 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 	return held
 }
 
-// headRun returns how many leading hashes are, in order, the first nodes
-// of replica id's LRU list, and the first and last of those nodes.
-func (x *index) headRun(id ReplicaID, hashes []uint64) (m int, first, last int32) {
+// chainRun returns how many leading hashes are, in order, consecutive
+// nodes of replica id's LRU list (from the node of hashes[0], wherever it
+// is), and the first and last of those nodes.
+func (x *index) chainRun(id ReplicaID, hashes []uint64) (m int, first, last int32) {
+	if len(hashes) == 0 {
+		return 0, -1, -1
+	}
 	first, last = x.lru[id].head, -1
+	if first < 0 || x.nodes[first].hash != hashes[0] {
+		first, _, _ = x.findPair(hashes[0], id)
+	}
 	for ni := first; ni >= 0 && m < len(hashes); ni = x.nodes[ni].next {
-		if x.recs[x.nodes[ni].blk].hash != hashes[m] {
+		if x.nodes[ni].hash != hashes[m] {
 			break
 		}
 		m, last = m+1, ni

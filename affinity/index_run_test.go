@@ -66,13 +66,19 @@ func TestInsertHeadRun(t *testing.T) {
 	}
 	bases := []uint64{11, 22, 33}
 	var last []uint64
+	var earlier [][]uint64
 	for step := range 3000 {
 		id := ReplicaID(rng.IntN(3))
 		var h []uint64
-		switch rng.IntN(4) {
+		switch rng.IntN(5) {
 		case 0: // the same chain again
 			if last != nil {
 				h = last
+			}
+		case 2: // an earlier chain again (a document asked about again), now
+			// anywhere in the LRU list or partly evicted
+			if len(earlier) > 0 {
+				h = earlier[rng.IntN(len(earlier))]
 			}
 		case 1: // the last chain grown by a few blocks (a conversation's next turn)
 			if last != nil {
@@ -85,6 +91,11 @@ func TestInsertHeadRun(t *testing.T) {
 			h = chainOf(base, uint64(step), rng.IntN(20), 1+rng.IntN(50))
 		}
 		last = h
+		if len(earlier) < 8 {
+			earlier = append(earlier, h)
+		} else {
+			earlier[rng.IntN(len(earlier))] = h
+		}
 		ha, hb := a.insert(id, h), insertByTouch(b, id, h)
 		if ha != hb {
 			t.Fatalf("step %d: held %d, by touch %d", step, ha, hb)
