@@ -301,8 +301,16 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	*r = Request{ID: r.ID, Prompt: r.Prompt, Adapter: r.Adapter, CacheSalt: r.CacheSalt,
 		MaxTokens: r.MaxTokens, Data: r.Data,
 		PromptTokens: p, OutputTarget: target, Arrival: now, eos: eos, outKey: key, seq: s}
+	// the full prompt blocks' chained hashes, as hashBlock computes them
+	step := e.bs * BytesPerToken
+	parent := s.root
 	for k := range p / e.bs {
-		s.hashes = append(s.hashes, e.hashBlock(s, k))
+		h := xxh3.HashSeed(r.Prompt[k*step:min((k+1)*step, len(r.Prompt))], parent)
+		if h == 0 {
+			h = 1
+		}
+		s.hashes = append(s.hashes, h)
+		parent = h
 	}
 	s.tail = append(s.tail[:0], r.Prompt[min(p/e.bs*e.bs*BytesPerToken, len(r.Prompt)):]...)
 	e.waiting.pushBack(s)

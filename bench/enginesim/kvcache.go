@@ -32,11 +32,12 @@ func newBlockPool(n int) *blockPool {
 // reset frees every block and forgets every cached hash (engine restart).
 func (p *blockPool) reset() {
 	p.cached.clear()
-	p.head, p.tail, p.nfree = -1, -1, 0
-	for i := range p.blk {
-		p.blk[i] = block{}
-		p.pushTail(int32(i))
+	n := int32(len(p.blk))
+	for i := range n { // the free queue in block order
+		p.blk[i] = block{prev: i - 1, next: i + 1, inFree: true}
 	}
+	p.blk[n-1].next = -1
+	p.head, p.tail, p.nfree = 0, n-1, int(n)
 }
 
 func (p *blockPool) total() int { return len(p.blk) }
