@@ -556,3 +556,40 @@ func TestOutputVocabulary(t *testing.T) {
 		seen[w] = true
 	}
 }
+
+// TestPromptReusableAfterSubmit: the engine reads a request's prompt only in
+// Submit, so overwriting the buffer afterwards changes nothing. The next
+// turn (the prompt, its partial last block, then the answer) hits the first
+// turn's blocks, generated ones included, exactly as when the buffer is
+// left alone.
+func TestPromptReusableAfterSubmit(t *testing.T) {
+	run := func(scribble bool) (cached int, answer string) {
+		e := newTestEngine(t, nil)
+		obs := newRecorder(t)
+		p := prompt("turn", 999) // 62 full blocks and 7 tokens
+		buf := append([]byte(nil), p...)
+		r1 := &Request{ID: 1, Prompt: buf, MaxTokens: 40}
+		submit(t, e, r1, 0)
+		if scribble {
+			for i := range buf {
+				buf[i] = 'x'
+			}
+		}
+		now := drain(t, e, obs)
+		out := r1.AppendOutput(nil, 0, r1.OutputTokens)
+		next := append(append([]byte(nil), p...), out...)
+		r2 := &Request{ID: 2, Prompt: append(next, prompt("q", 64)...), MaxTokens: 1}
+		submit(t, e, r2, now)
+		drain(t, e, obs)
+		return r2.CachedTokens, string(out)
+	}
+	c0, a0 := run(false)
+	c1, a1 := run(true)
+	if c0 != c1 || a0 != a1 {
+		t.Fatalf("prompt overwritten after Submit: next turn cached %d, answer %q; untouched: %d, %q", c1, a1, c0, a0)
+	}
+	// the hit covers the partial block and the answer's full blocks
+	if c0 <= 999/16*16 {
+		t.Fatalf("next turn cached %d tokens: the first turn's last partial block and answer did not hit", c0)
+	}
+}
