@@ -11,7 +11,7 @@ import "math"
 //	pairTab  table hash+rep*K->node one entry per (block, replica) held
 //	recs     []blockRec             24 B: hash, parent hash, holder list head, holder count
 //	nodes    []holder               32 B: block hash and index, replica, LRU prev/next, holder prev/next
-//	lru     []replicaLRU        per replica: most recent at head, capacity in blocks
+//	lru      []replicaLRU           per replica: most recent at head, capacity in blocks
 //
 // Each replica's nodes form an LRU list bounded by that replica's KV capacity
 // in blocks, so the index holds at most sum(capacity) (block, replica) pairs
@@ -54,9 +54,9 @@ type replicaLRU struct {
 type index struct {
 	blockTab table // block hash -> recs index
 	pairTab  table // pairKey -> nodes index
-	// blocks and pairs are zero-size slices as long as blockTab and
-	// pairTab have entries: the tracked block and pair counts, read with
-	// len by Stats and the tests.
+	// blocks and pairs are zero-size slices whose lengths are blockTab's
+	// and pairTab's entry counts: the tracked blocks and pairs, which
+	// Stats and the tests read with len.
 	blocks    []struct{}
 	pairs     []struct{}
 	recs      []blockRec
