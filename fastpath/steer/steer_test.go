@@ -12,7 +12,6 @@ import (
 
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/fastpath"
-	"github.com/warmpath/warmpath/slowpath"
 )
 
 var vip = netip.MustParseAddrPort("10.100.0.1:8000")
@@ -21,15 +20,15 @@ var vip = netip.MustParseAddrPort("10.100.0.1:8000")
 // prefill rates) and a replica list with hosts and health.
 type fakeSource struct {
 	mu     sync.Mutex
-	reps   []slowpath.ReplicaStatus
+	reps   []Replica
 	router *affinity.Router
 	now    int64
 }
 
-func (f *fakeSource) Replicas() []slowpath.ReplicaStatus {
+func (f *fakeSource) Replicas() []Replica {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]slowpath.ReplicaStatus(nil), f.reps...)
+	return append([]Replica(nil), f.reps...)
 }
 func (f *fakeSource) Router() *affinity.Router { return f.router }
 func (f *fakeSource) Now() int64 {
@@ -99,7 +98,7 @@ func newRig(t *testing.T, kernel bool, sample uint32) *rig {
 		if err != nil {
 			t.Fatal(err)
 		}
-		src.reps = append(src.reps, slowpath.ReplicaStatus{Name: name, ID: int(id), Host: host, Healthy: true})
+		src.reps = append(src.reps, Replica{ID: int(id), Host: host, Healthy: true})
 		_ = i
 	}
 	clk := &clock{ns: int64(time.Hour), src: src}
@@ -122,11 +121,11 @@ func newRig(t *testing.T, kernel bool, sample uint32) *rig {
 func (r *rig) send(client string, port uint16, i int, first uint64, cached int) {
 	r.t.Helper()
 	r.clk.advance(100 * time.Millisecond)
-	ev := &slowpath.RoutedEvent{
-		Client: netip.AddrPortFrom(netip.MustParseAddr(client), port), Model: []byte("m"),
-		Replica: r.src.reps[i].Name, ReplicaID: affinity.ReplicaID(r.src.reps[i].ID),
-		Hashes: []uint64{first, first + 1}, PromptTokens: 1000, PredictedCachedTokens: cached,
-		CachedTokens: -1, Status: 200, OK: true, Start: r.src.Now(), End: r.src.Now(),
+	ev := &Routed{
+		Client:     netip.AddrPortFrom(netip.MustParseAddr(client), port),
+		ReplicaID:  affinity.ReplicaID(r.src.reps[i].ID),
+		FirstBlock: first, PromptTokens: 1000, PredictedCachedTokens: cached,
+		OK: true, End: r.src.Now(),
 	}
 	r.c.ObserveRouted(ev)
 }
@@ -223,8 +222,8 @@ func TestPromotionWritesEntryWithCurrentGeneration(t *testing.T) {
 	}
 	// IPv6 clients are never promoted (the datapath steers IPv4).
 	for range 5 {
-		r.c.ObserveRouted(&slowpath.RoutedEvent{Client: netip.MustParseAddrPort("[fd00::2]:1"), ReplicaID: 0,
-			Hashes: []uint64{7}, PromptTokens: 1000, PredictedCachedTokens: 900, OK: true, End: r.src.Now()})
+		r.c.ObserveRouted(&Routed{Client: netip.MustParseAddrPort("[fd00::2]:1"), ReplicaID: 0,
+			FirstBlock: 7, PromptTokens: 1000, PredictedCachedTokens: 900, OK: true, End: r.src.Now()})
 	}
 	if st := r.c.Promoter().Stats(); st.Promoted != 1 {
 		t.Fatalf("promoted %d clients, want 1", st.Promoted)
@@ -239,16 +238,16 @@ func TestManyUsersClientNeverPromoted(t *testing.T) {
 		{"many prefixes", func(r *rig, n int) { r.send("10.1.0.3", uint16(30000+n), 2, uint64(1000+n), 900) }},
 		{"many sessions", func(r *rig, n int) {
 			r.clk.advance(100 * time.Millisecond)
-			r.c.ObserveRouted(&slowpath.RoutedEvent{Client: netip.AddrPortFrom(netip.MustParseAddr("10.1.0.3"), uint16(30000+n)),
-				ReplicaID: affinity.ReplicaID(r.src.reps[2].ID), Hashes: []uint64{7}, SessionKey: uint64(100 + n),
+			r.c.ObserveRouted(&Routed{Client: netip.AddrPortFrom(netip.MustParseAddr("10.1.0.3"), uint16(30000+n)),
+				ReplicaID: affinity.ReplicaID(r.src.reps[2].ID), FirstBlock: 7, SessionKey: uint64(100 + n),
 				PromptTokens: 1000, PredictedCachedTokens: 900, OK: true, End: r.src.Now()})
 		}},
 		{"demand over the replica's share", func(r *rig, n int) {
 			// One prefix, but 10 requests/s of 40,000 uncached tokens: far
 			// over half of the replica's 10,000 tokens/s.
 			r.clk.advance(100 * time.Millisecond)
-			r.c.ObserveRouted(&slowpath.RoutedEvent{Client: netip.AddrPortFrom(netip.MustParseAddr("10.1.0.3"), 30000),
-				ReplicaID: affinity.ReplicaID(r.src.reps[2].ID), Hashes: []uint64{7}, PromptTokens: 100000,
+			r.c.ObserveRouted(&Routed{Client: netip.AddrPortFrom(netip.MustParseAddr("10.1.0.3"), 30000),
+				ReplicaID: affinity.ReplicaID(r.src.reps[2].ID), FirstBlock: 7, PromptTokens: 100000,
 				PredictedCachedTokens: 60000, OK: true, End: r.src.Now()})
 		}},
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/affinity"
-	"github.com/warmpath/warmpath/slowpath"
 )
 
 // ObserveRouted runs on every proxied request: no allocation for a
@@ -19,11 +18,11 @@ import (
 func TestObserveRoutedAllocs(t *testing.T) {
 	r := newRig(t, true, 16)
 	r.promote("10.1.0.2", 0)
-	kept := &slowpath.RoutedEvent{Client: netip.MustParseAddrPort("10.1.0.2:40000"), ReplicaID: affinity.ReplicaID(r.src.reps[0].ID),
-		Hashes: []uint64{7, 8}, PromptTokens: 1000, PredictedCachedTokens: 900, OK: true, End: r.src.Now()}
-	other := &slowpath.RoutedEvent{Client: netip.MustParseAddrPort("10.1.0.9:40000"), ReplicaID: affinity.ReplicaID(r.src.reps[1].ID),
-		Hashes: []uint64{9}, PromptTokens: 1000, OK: true, End: r.src.Now()}
-	for _, ev := range []*slowpath.RoutedEvent{kept, other} {
+	kept := &Routed{Client: netip.MustParseAddrPort("10.1.0.2:40000"), ReplicaID: affinity.ReplicaID(r.src.reps[0].ID),
+		FirstBlock: 7, PromptTokens: 1000, PredictedCachedTokens: 900, OK: true, End: r.src.Now()}
+	other := &Routed{Client: netip.MustParseAddrPort("10.1.0.9:40000"), ReplicaID: affinity.ReplicaID(r.src.reps[1].ID),
+		FirstBlock: 9, PromptTokens: 1000, OK: true, End: r.src.Now()}
+	for _, ev := range []*Routed{kept, other} {
 		if n := testing.AllocsPerRun(200, func() {
 			ev.End += int64(time.Millisecond)
 			r.c.ObserveRouted(ev)
