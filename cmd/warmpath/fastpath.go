@@ -236,32 +236,41 @@ func runDecap(_ context.Context, args []string, e env) error {
 		fmt.Fprintf(e.stdout, "decap detached, %s removed\n", *pin)
 		return nil
 	}
-	fc := slowpath.FastpathConfig{Mode: "kernel", Attach: *attach, PinPath: *pin, Interface: *iface,
-		RebalanceInterval: time.Second, EncapSource: *source}
+	var list []string
 	for _, s := range strings.Split(*vips, ",") {
 		if s = strings.TrimSpace(s); s != "" {
-			fc.Services = append(fc.Services, s)
+			list = append(list, s)
 		}
 	}
-	if *iface == "" || len(fc.Services) == 0 {
+	if *iface == "" || len(list) == 0 {
 		return errors.New("decap: --interface and --vip are required")
 	}
-	if err := fc.Validate(); err != nil {
-		return fmt.Errorf("decap: %s", strings.ReplaceAll(strings.ReplaceAll(err.Error(), "fastpath.services", "--vip"), "fastpath.encap_source", "--source"))
-	}
-	opts := fastpath.DecapOptions{Interface: *iface, Attach: fastpath.AttachMode(*attach), PinPath: *pin,
+	svcs, err := fastpath.ParseServices("--vip", list)
+	mode, aerr := fastpath.ParseAttachMode("--attach", *attach)
+	errs := []error{err, aerr}
+	opts := fastpath.DecapOptions{Interface: *iface, Attach: mode, PinPath: *pin,
 		Logger: slog.New(slog.NewTextHandler(e.stderr, nil))}
 	if *source != "" {
-		opts.Source = netip.MustParseAddr(*source)
+		a, err := netip.ParseAddr(*source)
+		if err != nil || !a.Is4() {
+			errs = append(errs, &fastpath.FieldError{Field: "--source", Msg: fmt.Sprintf("must be an IPv4 address of the edge, got %q", *source)})
+		}
+		opts.Source = a
+	}
+	if *pin == "" || (*pin)[0] != '/' {
+		errs = append(errs, &fastpath.FieldError{Field: "--pin-path", Msg: fmt.Sprintf("must be an absolute path on bpffs, got %q", *pin)})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("decap: %w", err)
 	}
 	d, err := fastpath.OpenDecap(opts)
 	if err != nil {
 		return fmt.Errorf("decap: %w", err)
 	}
 	defer d.Close()
-	if err := d.SetServices(fc.ServiceAddrs()); err != nil {
+	if err := d.SetServices(svcs); err != nil {
 		return fmt.Errorf("decap: %w", err)
 	}
-	fmt.Fprintf(e.stdout, "xdp_decap attached to %s for %s (state pinned in %s)\n", *iface, strings.Join(fc.Services, ","), *pin)
+	fmt.Fprintf(e.stdout, "xdp_decap attached to %s for %s (state pinned in %s)\n", *iface, strings.Join(list, ","), *pin)
 	return nil
 }
