@@ -459,7 +459,8 @@ func readCounters(m *ebpf.Map, ncpu int) (Counters, error) {
 		if base+backendSlots > n {
 			break
 		}
-		b := BackendCounters{ID: BackendID(id), Steered: sum(base), SYN: sum(base + 1), Sampled: sum(base + 2)}
+		b := BackendCounters{ID: BackendID(id), Steered: sum(base + backendSteered), SYN: sum(base + backendSYN),
+			Sampled: sum(base + backendSampled)}
 		steered.Packets += b.Steered.Packets
 		steered.Bytes += b.Steered.Bytes
 		if b.Steered != (Counter{}) || b.SYN != (Counter{}) || b.Sampled != (Counter{}) {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/warmpath/warmpath/bpf"
 	"github.com/warmpath/warmpath/fastpath/testbed"
@@ -33,12 +34,34 @@ func TestCounterLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]uint32{
-		"counters": uint32(NumCounterKinds) + MaxBackends*backendSlots,
+		"counters": uint32(NumCounterKinds) + MaxBackends*uint32(backendSlots),
 		"backends": MaxBackends, "services": MaxServices, "affinity": MaxAffinity, "flows": MaxFlows,
 	} {
 		if got := spec.Maps[name].MaxEntries; got != want {
 			t.Errorf("map %s has %d entries, Go expects %d: keep counters.go and warmpath.c in sync", name, got, want)
 		}
+	}
+	// Every counter's metric name is its C enumerator's, read from the
+	// object's BTF: C_PASS_NOT_IPV4 is pass_not_ipv4.
+	var idx *btf.Enum
+	if err := spec.Types.TypeByName("counter_idx", &idx); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, v := range idx.Values {
+		if v.Name == "C_GLOBAL_MAX" {
+			if CounterKind(v.Value) != NumCounterKinds {
+				t.Errorf("C_GLOBAL_MAX = %d, NumCounterKinds = %d", v.Value, NumCounterKinds)
+			}
+			continue
+		}
+		seen++
+		if got, want := CounterKind(v.Value).String(), strings.ToLower(strings.TrimPrefix(v.Name, "C_")); got != want {
+			t.Errorf("%s (%d): metric name %q, want %q", v.Name, v.Value, got, want)
+		}
+	}
+	if seen != int(NumCounterKinds) {
+		t.Errorf("%d C counters, %d Go kinds", seen, NumCounterKinds)
 	}
 }
 
