@@ -65,6 +65,32 @@ func TestCounterLayout(t *testing.T) {
 	}
 }
 
+// openDecapVIP loads xdp_decap (not attached) on a fresh bpffs with vip as
+// its one service and source as the edge it accepts (invalid: any).
+func openDecapVIP(tb testing.TB, source netip.Addr) *Decap {
+	tb.Helper()
+	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(tb), "decap"), Source: source})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = d.Close() })
+	if err := d.SetServices([]Service{vip}); err != nil {
+		tb.Fatal(err)
+	}
+	return d
+}
+
+// vethBed is the setup of the attach tests: root, a fresh namespace with a
+// veth pair (dev and dev+"p", MACs macIn and macClient) and a pin path on a
+// fresh bpffs.
+func vethBed(t *testing.T, tag, dev string) (*testbed.NS, string) {
+	t.Helper()
+	testbed.RequireRoot(t)
+	ns := testbed.NewNS(t, tag)
+	testbed.Veth(t, ns, dev, macIn, ns, dev+"p", macClient)
+	return ns, filepath.Join(testbed.BPFFS(t), "warmpath")
+}
+
 func xdpAttached(ns *testbed.NS, dev string) bool {
 	return strings.Contains(ns.Run("ip", "link", "show", "dev", dev), "prog/xdp")
 }
@@ -72,10 +98,7 @@ func xdpAttached(ns *testbed.NS, dev string) bool {
 // TestPinReload: load, attach, write state, close (program stays attached),
 // open again (state is still there, link adopted), detach (all gone).
 func TestPinReload(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "pin")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "pin", "wpin")
 	open := func() *Kernel {
 		t.Helper()
 		var k *Kernel
@@ -173,10 +196,7 @@ func TestOpenKernelErrors(t *testing.T) {
 
 // TestAttachGeneric: generic (skb) mode attaches where asked to.
 func TestAttachGeneric(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "generic")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "generic", "wpin")
 	var k *Kernel
 	if err := ns.Do(func() (err error) {
 		k, err = OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachGeneric})
@@ -198,14 +218,7 @@ func TestAttachGeneric(t *testing.T) {
 func TestDecapFixtures(t *testing.T) {
 	testbed.RequireRoot(t)
 	edge := netip.MustParseAddr("10.2.0.1")
-	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(t), "decap"), Source: edge})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	if err := d.SetServices([]Service{vip}); err != nil {
-		t.Fatal(err)
-	}
+	d := openDecapVIP(t, edge)
 	gpu := netip.MustParseAddr("10.2.0.2")
 	inner := ack("10.1.0.2", clientPort)
 	innerIP := inner.ip()
@@ -284,14 +297,7 @@ func TestEncapDecapRoundTrip(t *testing.T) {
 	if err := e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(t), "decap")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	if err := d.SetServices([]Service{vip}); err != nil {
-		t.Fatal(err)
-	}
+	d := openDecapVIP(t, netip.Addr{})
 	in := syn("10.1.0.2", clientPort)
 	verdict, wire := e.run(t, e.k.objs.Steer, in.frame())
 	if verdict != 4 {
@@ -312,10 +318,7 @@ func TestEncapDecapRoundTrip(t *testing.T) {
 // TestUninstall: with a program attached and state pinned by a process
 // that is gone, Uninstall (no loading) detaches and removes everything.
 func TestUninstall(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "uninst")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "uninst", "wpin")
 	err := ns.Do(func() error {
 		k, err := OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachDriver})
 		if err != nil {
@@ -346,10 +349,7 @@ func TestUninstall(t *testing.T) {
 // TestReattachAfterInterfaceRecreated: the pinned link of an interface that
 // was deleted and created again is replaced by a fresh attachment.
 func TestReattachAfterInterfaceRecreated(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "recreate")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "recreate", "wpin")
 	open := func() {
 		t.Helper()
 		err := ns.Do(func() error {
