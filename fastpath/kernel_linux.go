@@ -76,7 +76,7 @@ func OpenKernel(opts Options) (*Kernel, error) {
 	}
 	err = spec.LoadAndAssign(&k.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pin}})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return nil, fmt.Errorf("adopt maps pinned at %s (from an incompatible version; remove them with fastpath.Uninstall / warmpath --detach): %w", pin, err)
+		return nil, fmt.Errorf("adopt maps pinned at %s (from an incompatible version; remove them with fastpath.Uninstall / warmpath detach): %w", pin, err)
 	}
 	if err != nil {
 		return nil, unsupported(fmt.Errorf("load xdp_steer: %w", err))
