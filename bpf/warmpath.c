@@ -20,8 +20,9 @@
  *
  * Return codes: a helper that produces an XDP verdict returns it (enum
  * xdp_action, >= 0); one that can fail returns a success value >= 0 (0, or
- * the BPF_FIB_LKUP_RET_* it got) or a negative enum rc below, and its
- * contract above it says which.
+ * the BPF_FIB_LKUP_RET_* it got) or a negative enum rc (defined below),
+ * and a lookup returns a pointer or NULL; the contract above each helper
+ * says which. (steer returns both: a verdict, or a negative rc.)
  *
  * Helper contracts used throughout (each call site repeats the relevant one):
  *   bpf_map_lookup_elem: pointer to the value, or NULL when the key is
