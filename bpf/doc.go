@@ -15,10 +15,24 @@
 // committed so `go build` needs no clang; `make generate` rebuilds them with
 // the pinned clang-14 and CI fails on any difference.
 //
+// Minimum kernel: Linux 5.11, for bpf_ktime_get_coarse_ns, the newest
+// helper the programs call (the others: bpf_jiffies64 5.5, bpf_fib_lookup
+// and bpf_xdp_adjust_tail 4.18; XDP bpf_links 5.9; -mcpu=v3 5.1). Leaving
+// the encap source to the route (BPF_FIB_LOOKUP_SRC) needs 6.8. The docs
+// (docs/fastpath.md, docs/deploy.md) point here; fastpath.Probe checks every helper at
+// start-up, so an older kernel selects userspace mode in auto mode.
+//
+// Conventions in warmpath.c, written at its top: every helper states its
+// return contract above it; helpers return an XDP verdict (>= 0), or a
+// success value >= 0 or a negative enum rc; packets are parsed by one
+// helper (parse_ipv4_tcp) and checksummed by one (csum16). Counter indices
+// are the C enums counter_idx and backend_counter_slot, generated into Go
+// by bpf2go (-type, WarmpathCounterIdx, WarmpathBackendCounterSlot).
+//
 // Lifecycle hazard: the C structs are the map ABI. Maps are pinned by name,
 // so changing a key or value layout makes a restarted warmpath fail to adopt
 // the pinned maps (ErrMapIncompatible) until they are removed
-// (`warmpath --detach`).
+// (`warmpath detach`).
 package bpf
 
 //go:generate sh gen.sh

@@ -18,6 +18,12 @@
  * Rule: anything not understood is passed untouched (never steered, never
  * dropped). Every header access is preceded by a bounds check.
  *
+ * Return codes: a helper that produces an XDP verdict returns it (enum
+ * xdp_action, >= 0); one that can fail returns a success value >= 0 (0, or
+ * the BPF_FIB_LKUP_RET_* it got) or a negative enum rc (defined below),
+ * and a lookup returns a pointer or NULL; the contract above each helper
+ * says which. (steer returns both: a verdict, or a negative rc.)
+ *
  * Helper contracts used throughout (each call site repeats the relevant one):
  *   bpf_map_lookup_elem: pointer to the value, or NULL when the key is
  *     absent (hash) or out of range (array); never NULL for an in-range
@@ -165,7 +171,12 @@ struct counter {
 	__u64 bytes;
 };
 
-/* Global counter slots. Keep in sync with fastpath/counters.go. */
+/*
+ * Global counter slots. bpf2go generates the Go constants from this enum
+ * (-type counter_idx, bpf.WarmpathCounterIdx); fastpath.CounterKind takes
+ * its values from them and each metric name is the enumerator's name in
+ * lower case without "C_" (TestCounterLayout checks it).
+ */
 enum counter_idx {
 	C_PASS_NOT_IPV4 = 0,  /* not IPv4 (IPv6, ARP, VLAN...): passed */
 	C_PASS_NOT_SERVICE,   /* IPv4 but not TCP to a service: passed */
@@ -185,7 +196,7 @@ enum counter_idx {
 	C_FLOW_NEW_STEER,     /* SYN decided: backend */
 	C_FLOW_NEW_LOCAL,     /* SYN decided: LOCAL */
 	C_FLOW_RESTORED,      /* non-SYN without flow, steered from affinity */
-	C_AFF_STALE,          /* affinity ignored: unhealthy, generation, unknown */
+	C_AFFINITY_STALE,     /* affinity ignored: unhealthy, generation, unknown */
 	C_SAMPLED,            /* affinity SYN sampled to the slowpath */
 	C_DECAP_OK,           /* decap: outer header stripped */
 	C_DECAP_PASS,         /* decap: not IPIP for a service: passed untouched */
@@ -195,13 +206,22 @@ enum counter_idx {
 	C_GLOBAL_MAX,
 };
 
-/* Per-backend slots follow the globals: C_GLOBAL_MAX + id*BE_SLOTS + slot. */
+/* Per-backend slots follow the globals: C_GLOBAL_MAX + id*BE_SLOTS + slot
+ * (-type backend_counter_slot for Go). */
 enum backend_counter_slot {
 	BE_STEERED = 0, /* packets/bytes steered to the backend */
 	BE_SYN,         /* SYNs with a valid affinity to the backend */
 	BE_SAMPLED,     /* of those, sampled to the slowpath */
 	BE_SLOTS,
 };
+
+/*
+ * Never read: these make clang emit the two counter enums into BTF, where
+ * bpf2go finds them (-type). Their section is none the loader knows, so no
+ * map or variable is created for them.
+ */
+const enum counter_idx counter_idx_btf __attribute__((section(".btf_only"), used)) = C_GLOBAL_MAX;
+const enum backend_counter_slot backend_counter_slot_btf __attribute__((section(".btf_only"), used)) = BE_SLOTS;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -318,16 +338,22 @@ static __always_inline struct counter *count_backend(__u32 id, __u32 slot, __u64
 	return count(C_GLOBAL_MAX + id * BE_SLOTS + slot, len);
 }
 
-/* ip_csum returns the IPv4 header checksum of a 20-byte header whose check
- * field is zero; the result is stored as is (byte order independent). */
-static __always_inline __u16 ip_csum(const struct iphdr *ip)
+/*
+ * csum16 is the Internet checksum (RFC 1071) of n 16-bit words at p, with
+ * base (a one's complement sum of words summed earlier) added: the words
+ * are summed, the carries folded twice, the result complemented. The
+ * checksum field must be zero in the words summed. The result is stored as
+ * is (byte order independent). n is a compile-time constant at every call
+ * (the loop unrolls).
+ */
+static __always_inline __u16 csum16(const void *p, int n, __u32 base)
 {
-	const __u16 *p = (const __u16 *)ip;
-	__u32 sum = 0;
+	const __u16 *w = p;
+	__u32 sum = base;
 
-#pragma unroll
-	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
-		sum += p[i];
+#pragma clang loop unroll(full)
+	for (int i = 0; i < n; i++)
+		sum += w[i];
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__u16)~sum;
@@ -350,7 +376,7 @@ static __always_inline struct backend *usable_backend(__u32 id)
  * affinity_pick looks up the affinity of (client, service). It returns the
  * backend when the entry exists, its backend is usable and the generations
  * match, writing the id to *id and refreshing last_used_ns. Returns NULL
- * otherwise (a stale entry is counted in C_AFF_STALE).
+ * otherwise (a stale entry is counted in C_AFFINITY_STALE).
  */
 static __always_inline struct backend *affinity_pick(__be32 client, const struct svc_key *sk,
 						     __u32 *id, __u64 len)
@@ -364,7 +390,7 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 		return 0;
 	be = usable_backend(av->backend);
 	if (!be || be->gen != av->gen) {
-		count(C_AFF_STALE, len);
+		count(C_AFFINITY_STALE, len);
 		return 0;
 	}
 	/* bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE, the tick-grained
@@ -374,21 +400,52 @@ static __always_inline struct backend *affinity_pick(__be32 client, const struct
 	return be;
 }
 
-#define STEER_FAIL (-1) /* not forwarded, packet unmodified */
-#define STEER_DROP (-2) /* packet modified and unusable: drop */
-#define STEER_FRAG (-3) /* too big for the egress MTU (in *mtu), unmodified */
 
-/* csum16 folds the one's complement sum of n 16-bit words at p. */
-static __always_inline __u16 csum16(const __u16 *p, int n)
+/* Failure codes of the helpers below (see the top of this file). */
+enum rc {
+	RC_FAIL = -1,      /* not done, packet unmodified */
+	RC_DROP = -2,      /* packet modified and unusable: drop it */
+	RC_FRAG = -3,      /* too big for the egress MTU (in *mtu), unmodified */
+	RC_NOT_TCP = -4,   /* parse: IPv4, not TCP */
+	RC_FRAGMENT = -5,  /* parse: IPv4 TCP fragment */
+	RC_MALFORMED = -6, /* parse: truncated or invalid header */
+};
+
+/*
+ * parse_ipv4_tcp checks the IPv4 header at ip and the TCP header after it,
+ * both below end. Returns 0 with *tcp pointing at the TCP header (its 20
+ * fixed bytes in bounds), *ihl the IPv4 header length and *tot the IPv4
+ * total length in bytes (ip + *tot <= end); or, with nothing written but
+ * possibly *ihl and *tot, RC_MALFORMED (truncated, version not 4, header
+ * length below 20, total length below it or past end, TCP header
+ * truncated), RC_NOT_TCP (another protocol) or RC_FRAGMENT (a TCP
+ * fragment), checked in that order. The TCP data offset is left to the
+ * caller.
+ */
+static __always_inline int parse_ipv4_tcp(struct iphdr *ip, void *end, struct tcphdr **tcp,
+					  __u32 *ihl, __u32 *tot)
 {
-	__u32 sum = 0;
+	struct tcphdr *t;
 
-#pragma unroll
-	for (int i = 0; i < n; i++)
-		sum += p[i];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
+	if ((void *)(ip + 1) > end)
+		return RC_MALFORMED;
+	if ((ip->ver_ihl >> 4) != 4)
+		return RC_MALFORMED;
+	*ihl = (ip->ver_ihl & 0x0f) * 4;
+	if (*ihl < sizeof(*ip))
+		return RC_MALFORMED;
+	*tot = bpf_ntohs(ip->tot_len);
+	if (*tot < *ihl || (void *)ip + *tot > end)
+		return RC_MALFORMED;
+	if (ip->protocol != IPPROTO_TCP)
+		return RC_NOT_TCP;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return RC_FRAGMENT;
+	t = (void *)ip + *ihl;
+	if ((void *)(t + 1) > end)
+		return RC_MALFORMED;
+	*tcp = t;
+	return 0;
 }
 
 /*
@@ -396,9 +453,9 @@ static __always_inline __u16 csum16(const __u16 *p, int n)
  * at least 8 bytes of TCP) into an ICMP "fragmentation needed" (type 3,
  * code 4) from its destination to its source, advertising mtu - 20 so the
  * client's next segments still fit after encapsulation; the caller returns
- * XDP_TX. Returns 0 when rewritten, -1 with the packet unmodified when it
- * must not answer (IP options, DF clear, MTU too small, rate limit, no
- * tailroom), -2 when modified but unusable (drop).
+ * XDP_TX. Returns 0 when rewritten, RC_FAIL with the packet unmodified when
+ * it must not answer (IP options, DF clear, MTU too small, rate limit, no
+ * tailroom), RC_DROP when modified but unusable.
  */
 static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 {
@@ -412,22 +469,22 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 	__u64 now;
 
 	if ((void *)(ip + 1) + sizeof(l4) > end)
-		return -1;
+		return RC_FAIL;
 	if (ip->ver_ihl != 0x45 || !(ip->frag_off & bpf_htons(IP_DF)))
-		return -1;
+		return RC_FAIL;
 	if (mtu < 68 + sizeof(struct iphdr))
-		return -1;
+		return RC_FAIL;
 	/* bpf_map_lookup_elem (per-CPU array, index 0): never NULL. */
 	b = bpf_map_lookup_elem(&icmp_budget, &key);
 	if (!b)
-		return -1;
+		return RC_FAIL;
 	now = bpf_ktime_get_coarse_ns();
 	if (now - b->window_ns >= 1000000000ull) {
 		b->window_ns = now;
 		b->sent = 0;
 	}
 	if (b->sent >= ICMP_RATE_PER_SEC)
-		return -1;
+		return RC_FAIL;
 	b->sent++;
 
 	old = *eth;
@@ -436,11 +493,11 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 	/* bpf_xdp_adjust_tail: 0 on success, < 0 (packet untouched) when the
 	 * new length is out of bounds. Invalidates every packet pointer. */
 	if (bpf_xdp_adjust_tail(ctx, ICMP_REPLY_LEN - (int)(end - data)))
-		return -1;
+		return RC_FAIL;
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
 	if (data + ICMP_REPLY_LEN > end)
-		return -2;
+		return RC_DROP;
 	eth = data;
 	ip = data + sizeof(*eth);
 	icmp = (__u8 *)(ip + 1);
@@ -459,7 +516,7 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 	ip->check = 0;
 	ip->saddr = orig.daddr;
 	ip->daddr = orig.saddr;
-	ip->check = ip_csum(ip);
+	ip->check = csum16(ip, sizeof(*ip) / 2, 0);
 
 	icmp[0] = 3; /* destination unreachable */
 	icmp[1] = 4; /* fragmentation needed and DF set */
@@ -470,7 +527,7 @@ static __always_inline int frag_needed_reply(struct xdp_md *ctx, __u16 mtu)
 	*(__be16 *)(icmp + 6) = bpf_htons(mtu - sizeof(struct iphdr));
 	__builtin_memcpy(icmp + 8, &orig, sizeof(orig));
 	__builtin_memcpy(icmp + 8 + sizeof(orig), l4, sizeof(l4));
-	*(__u16 *)(icmp + 2) = csum16((const __u16 *)icmp, (8 + 20 + 8) / 2);
+	*(__u16 *)(icmp + 2) = csum16(icmp, (8 + 20 + 8) / 2, 0);
 	return 0;
 }
 
@@ -490,8 +547,8 @@ static __always_inline __u32 outer_csum_base(__be32 src, __be32 dst)
  * checks inner_len + 20 against the egress MTU) and fills hop's src,
  * ifindex, smac, dmac and mtu (0xffff: the lookup checked it). Returns
  * BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LKUP_RET_NO_NEIGH (src and ifindex
- * only: the stack resolves the neighbour), STEER_FRAG with *mtu set or
- * STEER_FAIL (both counted). On success with nh non-NULL it refills that
+ * only: the stack resolves the neighbour), RC_FRAG with *mtu set or
+ * RC_FAIL (both counted). On success with nh non-NULL it refills that
  * cache slot, learning the egress MTU with a second lookup.
  */
 static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cfg, __be32 dst,
@@ -522,11 +579,11 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
 		count(C_ERR_FRAG_NEEDED, len);
 		*mtu = fib.mtu_result;
-		return STEER_FRAG;
+		return RC_FRAG;
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		count(C_ERR_FIB, len);
-		return STEER_FAIL;
+		return RC_FAIL;
 	}
 	hop->src = fib.ipv4_src;
 	hop->ifindex = fib.ifindex;
@@ -568,10 +625,10 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
  * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
  * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
  * neighbour is known, XDP_PASS when the neighbour is unresolved (the stack
- * forwards the encapsulated packet and resolves it), STEER_FAIL when the
+ * forwards the encapsulated packet and resolves it), RC_FAIL when the
  * packet cannot be forwarded and is unmodified (route or headroom failure,
- * counted), STEER_FRAG (unmodified, *mtu set) when the encapsulated packet
- * exceeds the egress MTU, STEER_DROP when it was modified but cannot be
+ * counted), RC_FRAG (unmodified, *mtu set) when the encapsulated packet
+ * exceeds the egress MTU, RC_DROP when it was modified but cannot be
  * completed.
  *
  * With the next-hop cache on, a packet whose backend's slot is valid goes
@@ -587,18 +644,17 @@ static __always_inline int steer(struct xdp_md *ctx, const struct config *cfg, _
 	struct iphdr *ip = data + sizeof(*eth);
 	struct nexthop *nh = 0, *hop, tmp;
 	struct iphdr *outer;
-	__u16 inner_len, *w;
-	__u32 sum;
+	__u16 inner_len;
 	__be16 df, ipid;
 	__u8 tos;
 	long rc = BPF_FIB_LKUP_RET_SUCCESS;
 
 	if ((void *)(ip + 1) > end)
-		return STEER_FAIL;
+		return RC_FAIL;
 	inner_len = bpf_ntohs(ip->tot_len);
 	if (inner_len > 0xffff - sizeof(struct iphdr)) {
 		count(C_ERR_FRAG_NEEDED, len);
-		return STEER_FAIL;
+		return RC_FAIL;
 	}
 	tos = ip->tos;
 	ipid = ip->id;
@@ -627,20 +683,20 @@ encap:
 	if (inner_len + sizeof(struct iphdr) > hop->mtu) {
 		count(C_ERR_FRAG_NEEDED, len);
 		*mtu = hop->mtu;
-		return STEER_FRAG;
+		return RC_FRAG;
 	}
 	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
 	 * headroom is too small. Invalidates every packet pointer. */
 	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr))) {
 		count(C_ERR_HEADROOM, len);
-		return STEER_FAIL;
+		return RC_FAIL;
 	}
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
 	eth = data;
 	outer = data + sizeof(*eth);
 	if ((void *)(outer + 1) > end)
-		return STEER_DROP;
+		return RC_DROP;
 
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		__builtin_memcpy(eth->h_dest, hop->dmac, ETH_ALEN);
@@ -664,11 +720,9 @@ encap:
 	outer->check = 0;
 	outer->saddr = hop->src;
 	outer->daddr = dst;
-	w = (__u16 *)outer;
-	sum = hop->csum_base + w[0] + w[1] + w[2] + w[3];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	outer->check = (__u16)~sum;
+	/* The first four words vary per packet (version, tos, length, id,
+	 * DF); csum_base holds the rest. */
+	outer->check = csum16(outer, 4, hop->csum_base);
 
 	count_backend(id, BE_STEERED, len);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
@@ -770,26 +824,16 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end)
-		goto malformed;
-	if ((ip->ver_ihl >> 4) != 4)
-		goto malformed;
-	ihl = (ip->ver_ihl & 0x0f) * 4;
-	if (ihl < sizeof(*ip))
-		goto malformed;
-	tot = bpf_ntohs(ip->tot_len);
-	if (tot < ihl || (void *)ip + tot > end)
-		goto malformed;
-	if (ip->protocol != IPPROTO_TCP) {
+	act = parse_ipv4_tcp(ip, end, &tcp, &ihl, &tot);
+	if (act == RC_NOT_TCP) {
 		count(C_PASS_NOT_SERVICE, len);
 		return XDP_PASS;
 	}
-	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)) {
+	if (act == RC_FRAGMENT) {
 		count(C_PASS_FRAGMENT, len);
 		return XDP_PASS;
 	}
-	tcp = (void *)ip + ihl;
-	if ((void *)(tcp + 1) > end)
+	if (act < 0)
 		goto malformed;
 	doff = (tcp->doff_res >> 4) * 4;
 	if (doff < sizeof(*tcp) || ihl + doff > tot)
@@ -894,7 +938,7 @@ follow:
 	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu);
 	if (act >= 0)
 		return act;
-	if ((act == STEER_FAIL || act == STEER_FRAG) && fresh && syn) {
+	if ((act == RC_FAIL || act == RC_FRAG) && fresh && syn) {
 		/* A new connection that cannot reach its backend starts local. */
 		dec.addr = 0;
 		dec.backend = BACKEND_LOCAL;
@@ -904,14 +948,14 @@ follow:
 	}
 	/* Too big: tell the client the path MTU (as a router would), so TCP
 	 * sends smaller segments instead of blackholing. */
-	if (act == STEER_FRAG) {
+	if (act == RC_FRAG) {
 		int r = frag_needed_reply(ctx, mtu);
 
 		if (r == 0) {
 			count(C_ICMP_FRAG_NEEDED, len);
 			return XDP_TX;
 		}
-		if (r == -2) {
+		if (r == RC_DROP) {
 			count(C_DROPPED, len);
 			return XDP_DROP;
 		}
@@ -950,6 +994,7 @@ int xdp_decap(struct xdp_md *ctx)
 	struct svc_key sk = {};
 	struct config *cfg;
 	__u32 key = 0, ihl, tot;
+	int rc;
 
 	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
 		goto pass;
@@ -965,21 +1010,11 @@ int xdp_decap(struct xdp_md *ctx)
 		goto pass;
 
 	ip = (void *)(outer + 1);
-	if ((void *)(ip + 1) > end)
+	rc = parse_ipv4_tcp(ip, end, &tcp, &ihl, &tot);
+	if (rc == RC_MALFORMED)
 		goto malformed;
-	if ((ip->ver_ihl >> 4) != 4)
-		goto malformed;
-	ihl = (ip->ver_ihl & 0x0f) * 4;
-	if (ihl < sizeof(*ip))
-		goto malformed;
-	tot = bpf_ntohs(ip->tot_len);
-	if (tot < ihl || (void *)ip + tot > end)
-		goto malformed;
-	if (ip->protocol != IPPROTO_TCP || (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET)))
-		goto pass;
-	tcp = (void *)ip + ihl;
-	if ((void *)(tcp + 1) > end)
-		goto malformed;
+	if (rc)
+		goto pass; /* RC_NOT_TCP, RC_FRAGMENT */
 	sk.vip = ip->daddr;
 	sk.port = tcp->dest;
 	sk.proto = IPPROTO_TCP;

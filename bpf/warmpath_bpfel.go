@@ -37,6 +37,15 @@ type WarmpathBackend struct {
 	Pad         [3]uint8
 }
 
+type WarmpathBackendCounterSlot uint32
+
+const (
+	WarmpathBackendCounterSlotBE_STEERED WarmpathBackendCounterSlot = 0
+	WarmpathBackendCounterSlotBE_SYN     WarmpathBackendCounterSlot = 1
+	WarmpathBackendCounterSlotBE_SAMPLED WarmpathBackendCounterSlot = 2
+	WarmpathBackendCounterSlotBE_SLOTS   WarmpathBackendCounterSlot = 3
+)
+
 type WarmpathConfig struct {
 	_         structs.HostLayout
 	EncapSrc  uint32
@@ -51,6 +60,34 @@ type WarmpathCounter struct {
 	Packets uint64
 	Bytes   uint64
 }
+
+type WarmpathCounterIdx uint32
+
+const (
+	WarmpathCounterIdxC_PASS_NOT_IPV4      WarmpathCounterIdx = 0
+	WarmpathCounterIdxC_PASS_NOT_SERVICE   WarmpathCounterIdx = 1
+	WarmpathCounterIdxC_PASS_FRAGMENT      WarmpathCounterIdx = 2
+	WarmpathCounterIdxC_PASS_LOCAL         WarmpathCounterIdx = 3
+	WarmpathCounterIdxC_PASS_NO_STATE      WarmpathCounterIdx = 4
+	WarmpathCounterIdxC_STEERED            WarmpathCounterIdx = 5
+	WarmpathCounterIdxC_STEERED_STACK      WarmpathCounterIdx = 6
+	WarmpathCounterIdxC_DROPPED            WarmpathCounterIdx = 7
+	WarmpathCounterIdxC_ERR_MALFORMED      WarmpathCounterIdx = 8
+	WarmpathCounterIdxC_ERR_FIB            WarmpathCounterIdx = 9
+	WarmpathCounterIdxC_ERR_FRAG_NEEDED    WarmpathCounterIdx = 10
+	WarmpathCounterIdxC_ERR_HEADROOM       WarmpathCounterIdx = 11
+	WarmpathCounterIdxC_FLOW_NEW_STEER     WarmpathCounterIdx = 12
+	WarmpathCounterIdxC_FLOW_NEW_LOCAL     WarmpathCounterIdx = 13
+	WarmpathCounterIdxC_FLOW_RESTORED      WarmpathCounterIdx = 14
+	WarmpathCounterIdxC_AFFINITY_STALE     WarmpathCounterIdx = 15
+	WarmpathCounterIdxC_SAMPLED            WarmpathCounterIdx = 16
+	WarmpathCounterIdxC_DECAP_OK           WarmpathCounterIdx = 17
+	WarmpathCounterIdxC_DECAP_PASS         WarmpathCounterIdx = 18
+	WarmpathCounterIdxC_DECAP_MALFORMED    WarmpathCounterIdx = 19
+	WarmpathCounterIdxC_DECAP_ERR_HEADROOM WarmpathCounterIdx = 20
+	WarmpathCounterIdxC_ICMP_FRAG_NEEDED   WarmpathCounterIdx = 21
+	WarmpathCounterIdxC_GLOBAL_MAX         WarmpathCounterIdx = 22
+)
 
 type WarmpathFlowCacheSlot struct {
 	_       structs.HostLayout

@@ -167,19 +167,7 @@ func endToEnd(t *testing.T, pmtud bool) {
 	t.Cleanup(func() { _ = k.Detach() })
 	d := openTestDecap(t, be, bpffs)
 
-	svc := netip.MustParseAddrPort("10.100.0.1:8000")
-	client := netip.MustParseAddr("10.1.0.2")
-	for _, err := range []error{
-		k.SetServices([]Service{svc}),
-		k.SetBackends([]Backend{{ID: 1, Addr: netip.MustParseAddr("10.2.0.2"), Healthy: true, Generation: 1}}),
-		d.SetServices([]Service{svc}),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	lineServer(t, edge, svc.String(), "edge")
-	lineServer(t, be, svc.String(), "backend")
+	svc, client := e2eServe(t, k, d, edge, be)
 
 	local := dial(t, cli, svc.String())
 	if who := local.ask(t, 100); who != "edge" {
@@ -280,6 +268,28 @@ func passOnClientVeth(t *testing.T, ns *testbed.NS, dev string) {
 	}
 }
 
+// e2eServe writes the e2e service (10.100.0.1:8000) to the edge datapath
+// and the decap program, backend 1 (10.2.0.2, healthy, generation 1) to
+// the edge, starts a line server on the service in the edge and backend
+// namespaces (answering "edge" and "backend"), and returns the service and
+// the client address (10.1.0.2).
+func e2eServe(t *testing.T, dp Datapath, d *Decap, edge, be *testbed.NS) (Service, netip.Addr) {
+	t.Helper()
+	svc := netip.MustParseAddrPort("10.100.0.1:8000")
+	for _, err := range []error{
+		dp.SetServices([]Service{svc}),
+		dp.SetBackends([]Backend{{ID: 1, Addr: netip.MustParseAddr("10.2.0.2"), Healthy: true, Generation: 1}}),
+		d.SetServices([]Service{svc}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	lineServer(t, edge, svc.String(), "edge")
+	lineServer(t, be, svc.String(), "backend")
+	return svc, netip.MustParseAddr("10.1.0.2")
+}
+
 // TestEndToEndFallback: what a fast-path loss does to connections, on real
 // TCP through the e2e topology. Writes that keep failing switch the
 // Fallback to userspace but leave the program attached and drained: the
@@ -326,20 +336,10 @@ func TestEndToEndFallback(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = dp.Close(); _ = Uninstall(pin) })
 			d := openTestDecap(t, be, bpffs)
-			svc := netip.MustParseAddrPort("10.100.0.1:8000")
-			client := netip.MustParseAddr("10.1.0.2")
-			for _, err := range []error{
-				dp.SetServices([]Service{svc}),
-				dp.SetBackends([]Backend{{ID: 1, Addr: netip.MustParseAddr("10.2.0.2"), Healthy: true, Generation: 1}}),
-				d.SetServices([]Service{svc}),
-				dp.SetAffinity(Affinity{Client: client, Service: svc, Backend: 1, Generation: 1}),
-			} {
-				if err != nil {
-					t.Fatal(err)
-				}
+			svc, client := e2eServe(t, dp, d, edge, be)
+			if err := dp.SetAffinity(Affinity{Client: client, Service: svc, Backend: 1, Generation: 1}); err != nil {
+				t.Fatal(err)
 			}
-			lineServer(t, edge, svc.String(), "edge")
-			lineServer(t, be, svc.String(), "backend")
 			// A reset connection's backend end never hears of it: close it
 			// there, or the server waits for its deadline.
 			t.Cleanup(func() { be.Run("ss", "-K", "state", "established", "src", svc.String()) })

@@ -114,9 +114,7 @@ func TestKernelLostMidRun(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := testbed.NewNS(t, "lost")
-			testbed.Veth(t, ns, "wlost", macIn, ns, "wlostp", macClient)
-			pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+			ns, pin := vethBed(t, "lost", "wlost")
 			var logs bytes.Buffer
 			dp, ck := openLost(t, ns, "wlost", pin, &logs)
 
@@ -217,9 +215,7 @@ func TestLostLeavesOthersState(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := testbed.NewNS(t, "others")
-			testbed.Veth(t, ns, "wlost", macIn, ns, "wlostp", macClient)
-			pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+			ns, pin := vethBed(t, "others", "wlost")
 			var logs1, logs2 bytes.Buffer
 			dp1, ck1 := openLost(t, ns, "wlost", pin, &logs1)
 			tc.between(t, ns, pin)
@@ -266,10 +262,7 @@ func (infoFails) Info() (*link.Info, error) { return nil, syscall.EINTR }
 // returns its error (not ErrLost), the Fallback stays in kernel mode and
 // the program attached; the check works again once the call does.
 func TestKernelCheckInfoFails(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "info")
-	testbed.Veth(t, ns, "wlost", macIn, ns, "wlostp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "info", "wlost")
 	var logs bytes.Buffer
 	dp, ck := openLost(t, ns, "wlost", pin, &logs)
 	k := dp.(*Fallback).k.(*Kernel)
@@ -303,28 +296,14 @@ func TestKernelCheckInfoFails(t *testing.T) {
 // not deadlock (the release waits for the range), and the kernel side is
 // released once the range ended.
 func TestKernelLossInsideRange(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "range")
-	testbed.Veth(t, ns, "wlost", macIn, ns, "wlostp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "range", "wlost")
 	var logs bytes.Buffer
 	dp, ck := openLost(t, ns, "wlost", pin, &logs)
 	if err := Uninstall(pin); err != nil {
 		t.Fatal(err)
 	}
-	seen := 0
-	err := dp.RangeAffinity(func(e AffinityEntry) bool {
-		seen++
-		if err := ck.Check(); err != nil {
-			t.Errorf("Check inside the range: %v", err)
-		}
-		if err := dp.SetAffinity(e.Affinity); err != nil {
-			t.Errorf("SetAffinity inside the range: %v", err)
-		}
-		return true
-	})
-	if err != nil || seen != 1 {
-		t.Fatalf("range: %v, %d entries", err, seen)
+	if seen := rangeReentering(t, dp, ck); seen != 1 {
+		t.Fatalf("range: %d entries, want 1", seen)
 	}
 	k := dp.(*Fallback).k.(*Kernel)
 	k.mu.Lock()

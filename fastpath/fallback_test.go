@@ -286,19 +286,8 @@ func TestFallbackLossInsideRange(t *testing.T) {
 		}
 	}
 	k.checkErr.Store(errp(fmt.Errorf("%w: detached", ErrLost)))
-	seen := 0
-	err := f.RangeAffinity(func(e AffinityEntry) bool {
-		seen++
-		if err := f.Check(); err != nil {
-			t.Errorf("Check inside the range: %v", err)
-		}
-		if err := f.SetAffinity(e.Affinity); err != nil {
-			t.Errorf("SetAffinity inside the range: %v", err)
-		}
-		return true
-	})
-	if err != nil || seen != 3 {
-		t.Fatalf("range: %v, %d entries", err, seen)
+	if seen := rangeReentering(t, f, f); seen != 3 {
+		t.Fatalf("range: %d entries, want 3", seen)
 	}
 	if k.underRange.Load() {
 		t.Fatal("kernel side given up while its RangeAffinity ran")
@@ -399,4 +388,26 @@ func TestFallbackCarryOverSeesWrites(t *testing.T) {
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("userspace backends after the switch: %+v %v, want %+v (the write that succeeded)", got, err, want)
 	}
+}
+
+// rangeReentering ranges over dp's entries calling ck.Check and
+// dp.SetAffinity from inside the callback (both must work there) and
+// returns how many entries it saw.
+func rangeReentering(t *testing.T, dp Datapath, ck Checker) int {
+	t.Helper()
+	seen := 0
+	err := dp.RangeAffinity(func(e AffinityEntry) bool {
+		seen++
+		if err := ck.Check(); err != nil {
+			t.Errorf("Check inside the range: %v", err)
+		}
+		if err := dp.SetAffinity(e.Affinity); err != nil {
+			t.Errorf("SetAffinity inside the range: %v", err)
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatalf("range: %v", err)
+	}
+	return seen
 }

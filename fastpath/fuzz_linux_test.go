@@ -3,7 +3,6 @@ package fastpath
 import (
 	"bytes"
 	"net/netip"
-	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -94,14 +93,7 @@ func FuzzDecap(f *testing.F) {
 	f.Add(syn("10.1.0.2", clientPort).frame())
 	f.Add(encap(inner, macBE1, macBE, encapSrc, be1Addr)[:50])
 	testbed.RequireRoot(f)
-	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(f), "decap")})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { _ = d.Close() })
-	if err := d.SetServices([]Service{vip}); err != nil {
-		f.Fatal(err)
-	}
+	d := openDecapVIP(f, netip.Addr{})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) < 14 || len(in) > 1500 {
 			t.Skip("test runner needs an Ethernet header; keep frames MTU-sized")

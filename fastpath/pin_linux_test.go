@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 
 	"github.com/warmpath/warmpath/bpf"
 	"github.com/warmpath/warmpath/fastpath/testbed"
@@ -33,13 +34,61 @@ func TestCounterLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]uint32{
-		"counters": uint32(NumCounterKinds) + MaxBackends*backendSlots,
+		"counters": uint32(NumCounterKinds) + MaxBackends*uint32(backendSlots),
 		"backends": MaxBackends, "services": MaxServices, "affinity": MaxAffinity, "flows": MaxFlows,
 	} {
 		if got := spec.Maps[name].MaxEntries; got != want {
 			t.Errorf("map %s has %d entries, Go expects %d: keep counters.go and warmpath.c in sync", name, got, want)
 		}
 	}
+	// Every counter's metric name is its C enumerator's, read from the
+	// object's BTF: C_PASS_NOT_IPV4 is pass_not_ipv4.
+	var idx *btf.Enum
+	if err := spec.Types.TypeByName("counter_idx", &idx); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, v := range idx.Values {
+		if v.Name == "C_GLOBAL_MAX" {
+			if CounterKind(v.Value) != NumCounterKinds {
+				t.Errorf("C_GLOBAL_MAX = %d, NumCounterKinds = %d", v.Value, NumCounterKinds)
+			}
+			continue
+		}
+		seen++
+		if got, want := CounterKind(v.Value).String(), strings.ToLower(strings.TrimPrefix(v.Name, "C_")); got != want {
+			t.Errorf("%s (%d): metric name %q, want %q", v.Name, v.Value, got, want)
+		}
+	}
+	if seen != int(NumCounterKinds) {
+		t.Errorf("%d C counters, %d Go kinds", seen, NumCounterKinds)
+	}
+}
+
+// openDecapVIP loads xdp_decap (not attached) on a fresh bpffs with vip as
+// its one service and source as the edge it accepts (invalid: any).
+func openDecapVIP(tb testing.TB, source netip.Addr) *Decap {
+	tb.Helper()
+	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(tb), "decap"), Source: source})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = d.Close() })
+	if err := d.SetServices([]Service{vip}); err != nil {
+		tb.Fatal(err)
+	}
+	return d
+}
+
+// vethBed is the setup of the attach tests: root, a fresh namespace with a
+// veth pair (dev and dev+"p", MACs macIn and macClient) and a pin path on a
+// fresh bpffs.
+func vethBed(t *testing.T, tag, dev string) (*testbed.NS, string) {
+	t.Helper()
+	testbed.RequireRoot(t)
+	ns := testbed.NewNS(t, tag)
+	testbed.Veth(t, ns, dev, macIn, ns, dev+"p", macClient)
+	return ns, filepath.Join(testbed.BPFFS(t), "warmpath")
 }
 
 func xdpAttached(ns *testbed.NS, dev string) bool {
@@ -49,10 +98,7 @@ func xdpAttached(ns *testbed.NS, dev string) bool {
 // TestPinReload: load, attach, write state, close (program stays attached),
 // open again (state is still there, link adopted), detach (all gone).
 func TestPinReload(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "pin")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "pin", "wpin")
 	open := func() *Kernel {
 		t.Helper()
 		var k *Kernel
@@ -150,10 +196,7 @@ func TestOpenKernelErrors(t *testing.T) {
 
 // TestAttachGeneric: generic (skb) mode attaches where asked to.
 func TestAttachGeneric(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "generic")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "generic", "wpin")
 	var k *Kernel
 	if err := ns.Do(func() (err error) {
 		k, err = OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachGeneric})
@@ -175,14 +218,7 @@ func TestAttachGeneric(t *testing.T) {
 func TestDecapFixtures(t *testing.T) {
 	testbed.RequireRoot(t)
 	edge := netip.MustParseAddr("10.2.0.1")
-	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(t), "decap"), Source: edge})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	if err := d.SetServices([]Service{vip}); err != nil {
-		t.Fatal(err)
-	}
+	d := openDecapVIP(t, edge)
 	gpu := netip.MustParseAddr("10.2.0.2")
 	inner := ack("10.1.0.2", clientPort)
 	innerIP := inner.ip()
@@ -261,14 +297,7 @@ func TestEncapDecapRoundTrip(t *testing.T) {
 	if err := e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDecap(DecapOptions{PinPath: filepath.Join(testbed.BPFFS(t), "decap")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	if err := d.SetServices([]Service{vip}); err != nil {
-		t.Fatal(err)
-	}
+	d := openDecapVIP(t, netip.Addr{})
 	in := syn("10.1.0.2", clientPort)
 	verdict, wire := e.run(t, e.k.objs.Steer, in.frame())
 	if verdict != 4 {
@@ -289,10 +318,7 @@ func TestEncapDecapRoundTrip(t *testing.T) {
 // TestUninstall: with a program attached and state pinned by a process
 // that is gone, Uninstall (no loading) detaches and removes everything.
 func TestUninstall(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "uninst")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "uninst", "wpin")
 	err := ns.Do(func() error {
 		k, err := OpenKernel(Options{PinPath: pin, Interface: "wpin", Attach: AttachDriver})
 		if err != nil {
@@ -323,10 +349,7 @@ func TestUninstall(t *testing.T) {
 // TestReattachAfterInterfaceRecreated: the pinned link of an interface that
 // was deleted and created again is replaced by a fresh attachment.
 func TestReattachAfterInterfaceRecreated(t *testing.T) {
-	testbed.RequireRoot(t)
-	ns := testbed.NewNS(t, "recreate")
-	testbed.Veth(t, ns, "wpin", macIn, ns, "wpinp", macClient)
-	pin := filepath.Join(testbed.BPFFS(t), "warmpath")
+	ns, pin := vethBed(t, "recreate", "wpin")
 	open := func() {
 		t.Helper()
 		err := ns.Do(func() error {

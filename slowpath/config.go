@@ -68,7 +68,7 @@ type Config struct {
 	// to finish before their connections are closed. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout" reload:"restart"`
 	// Fastpath configures in-kernel steering of promoted clients (XDP on
-	// the edge, package fastpath, glue in slowpath/steer). Off unless
+	// the edge, package fastpath, control loop in fastpath/steer). Off unless
 	// Fastpath.Services lists a VIP. Not reloaded.
 	Fastpath FastpathConfig `yaml:"fastpath" reload:"restart"`
 	// Tenancy isolates tenants' KV caches (see TenancyConfig). Off by default.

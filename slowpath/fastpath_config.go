@@ -13,7 +13,7 @@ import (
 // clients. The fast path is on when Services lists at least one VIP:port;
 // every other field then has a default. slowpath itself only validates it:
 // cmd/warmpath opens the datapath (package fastpath) and runs the control
-// loop (package slowpath/steer) from it.
+// loop (package fastpath/steer) from it.
 type FastpathConfig struct {
 	// Mode: "auto" (default: kernel XDP when BPF is usable, else userspace
 	// with one log line), "kernel" (a failure to load or attach is fatal),

@@ -12,9 +12,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/fastpath"
+	"github.com/warmpath/warmpath/fastpath/steer"
 	"github.com/warmpath/warmpath/slowpath"
-	"github.com/warmpath/warmpath/slowpath/steer"
 )
 
 // fastpathFlags are serve's --fastpath-* flags; each given explicitly
@@ -106,13 +107,13 @@ func startFastpath(dp fastpath.Datapath, f *slowpath.FastpathConfig, srv *slowpa
 	if err := srv.Registry().Register(fastpath.NewCollector(dp)); err != nil {
 		return nil, fmt.Errorf("fastpath metrics: %w", err)
 	}
-	ctl, err := steer.New(steer.Options{Datapath: dp, Source: srv, Services: f.ServiceAddrs(), SampleEvery: f.SampleEvery,
+	ctl, err := steer.New(steer.Options{Datapath: dp, Source: steerSource{srv}, Services: f.ServiceAddrs(), SampleEvery: f.SampleEvery,
 		Interval: f.RebalanceInterval, Promoter: f.Promoter, SignalMaxAge: srv.Config().Scrape.StaleAfter,
 		Logger: log.With("component", "steer"), Registerer: srv.Registry()})
 	if err != nil {
 		return nil, err
 	}
-	srv.Observer = ctl
+	srv.Observer = steerObserver{ctl}
 	ctx, cancel := context.WithCancel(context.Background())
 	fr := &fastpathRun{dp: dp, ctl: ctl, cancel: cancel}
 	fr.wg.Add(1)
@@ -123,6 +124,40 @@ func startFastpath(dp fastpath.Datapath, f *slowpath.FastpathConfig, srv *slowpa
 	}
 	return fr, nil
 }
+
+// steerSource adapts the slowpath to the control loop's steer.Source.
+type steerSource struct{ srv *slowpath.Server }
+
+func (s steerSource) Replicas() []steer.Replica {
+	st := s.srv.Replicas()
+	out := make([]steer.Replica, len(st))
+	for i := range st {
+		out[i] = steer.Replica{ID: st[i].ID, Host: st[i].Host, Healthy: st[i].Healthy}
+	}
+	return out
+}
+
+func (s steerSource) Router() *affinity.Router { return s.srv.Router() }
+func (s steerSource) Now() int64               { return s.srv.Now() }
+
+// steerObserver hands every proxied request to the control loop as a
+// steer.Routed (copied on the stack: no allocation per request).
+type steerObserver struct{ ctl *steer.Controller }
+
+func (o steerObserver) ObserveRouted(ev *slowpath.RoutedEvent) {
+	r := routedOf(ev)
+	o.ctl.ObserveRouted(&r)
+}
+
+func routedOf(ev *slowpath.RoutedEvent) steer.Routed {
+	return steer.Routed{Client: ev.Client, ReplicaID: ev.ReplicaID, FirstBlock: ev.FirstBlock(), SessionKey: ev.SessionKey,
+		PromptTokens: ev.PromptTokens, PredictedCachedTokens: ev.PredictedCachedTokens, OK: ev.OK, End: ev.End}
+}
+
+var (
+	_ steer.Source      = steerSource{}
+	_ slowpath.Observer = steerObserver{}
+)
 
 // stop ends the control loop and closes the datapath. In kernel mode the
 // program stays attached and the state pinned: steered connections keep
@@ -201,32 +236,41 @@ func runDecap(_ context.Context, args []string, e env) error {
 		fmt.Fprintf(e.stdout, "decap detached, %s removed\n", *pin)
 		return nil
 	}
-	fc := slowpath.FastpathConfig{Mode: "kernel", Attach: *attach, PinPath: *pin, Interface: *iface,
-		RebalanceInterval: time.Second, EncapSource: *source}
+	var list []string
 	for _, s := range strings.Split(*vips, ",") {
 		if s = strings.TrimSpace(s); s != "" {
-			fc.Services = append(fc.Services, s)
+			list = append(list, s)
 		}
 	}
-	if *iface == "" || len(fc.Services) == 0 {
+	if *iface == "" || len(list) == 0 {
 		return errors.New("decap: --interface and --vip are required")
 	}
-	if err := fc.Validate(); err != nil {
-		return fmt.Errorf("decap: %s", strings.ReplaceAll(strings.ReplaceAll(err.Error(), "fastpath.services", "--vip"), "fastpath.encap_source", "--source"))
-	}
-	opts := fastpath.DecapOptions{Interface: *iface, Attach: fastpath.AttachMode(*attach), PinPath: *pin,
+	svcs, err := fastpath.ParseServices("--vip", list)
+	mode, aerr := fastpath.ParseAttachMode("--attach", *attach)
+	errs := []error{err, aerr}
+	opts := fastpath.DecapOptions{Interface: *iface, Attach: mode, PinPath: *pin,
 		Logger: slog.New(slog.NewTextHandler(e.stderr, nil))}
 	if *source != "" {
-		opts.Source = netip.MustParseAddr(*source)
+		a, err := netip.ParseAddr(*source)
+		if err != nil || !a.Is4() {
+			errs = append(errs, &fastpath.FieldError{Field: "--source", Msg: fmt.Sprintf("must be an IPv4 address of the edge, got %q", *source)})
+		}
+		opts.Source = a
+	}
+	if *pin == "" || (*pin)[0] != '/' {
+		errs = append(errs, &fastpath.FieldError{Field: "--pin-path", Msg: fmt.Sprintf("must be an absolute path on bpffs, got %q", *pin)})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("decap: %w", err)
 	}
 	d, err := fastpath.OpenDecap(opts)
 	if err != nil {
 		return fmt.Errorf("decap: %w", err)
 	}
 	defer d.Close()
-	if err := d.SetServices(fc.ServiceAddrs()); err != nil {
+	if err := d.SetServices(svcs); err != nil {
 		return fmt.Errorf("decap: %w", err)
 	}
-	fmt.Fprintf(e.stdout, "xdp_decap attached to %s for %s (state pinned in %s)\n", *iface, strings.Join(fc.Services, ","), *pin)
+	fmt.Fprintf(e.stdout, "xdp_decap attached to %s for %s (state pinned in %s)\n", *iface, strings.Join(list, ","), *pin)
 	return nil
 }

@@ -150,6 +150,8 @@ func TestDecapUsage(t *testing.T) {
 		{"no vip", []string{"decap", "--interface", "eth1"}, "decap: --interface and --vip are required"},
 		{"bad vip", []string{"decap", "--interface", "eth1", "--vip", "10.100.0.1"}, `decap: --vip[0]: must be an IPv4 VIP:port with port > 0, got "10.100.0.1"`},
 		{"bad source", []string{"decap", "--interface", "eth1", "--vip", "10.100.0.1:8000", "--source", "edge"}, `decap: --source: must be an IPv4 address of the edge, got "edge"`},
+		{"bad attach", []string{"decap", "--interface", "eth1", "--vip", "10.100.0.1:8000", "--attach", "skb"}, `decap: --attach: must be "auto", "driver" or "generic", got "skb"`},
+		{"duplicate vip", []string{"decap", "--interface", "eth1", "--vip", "10.100.0.1:8000,10.100.0.1:8000"}, `decap: --vip[1]: "10.100.0.1:8000" duplicates --vip[0]`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

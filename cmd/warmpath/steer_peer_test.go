@@ -1,4 +1,4 @@
-package steer
+package main
 
 import (
 	"log/slog"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/affinity"
+	"github.com/warmpath/warmpath/fastpath/steer/steertest"
 	"github.com/warmpath/warmpath/slowpath/cluster"
 	"github.com/warmpath/warmpath/slowpath/cluster/natstest"
 )
@@ -20,9 +21,9 @@ import (
 func TestPeerEntries(t *testing.T) {
 	url := natstest.URL(natstest.Start(t, nil))
 
-	a, b := newRig(t, false, 16), newRig(t, false, 16)
-	node := func(name string, r *rig) *cluster.Node {
-		n, err := cluster.Start(cluster.Options{Router: r.src.router, Logger: slog.New(slog.DiscardHandler),
+	a, b := steertest.New(t, false, 16), steertest.New(t, false, 16)
+	node := func(name string, r *steertest.Rig) *cluster.Node {
+		n, err := cluster.Start(cluster.Options{Router: r.Src.Router(), Logger: slog.New(slog.DiscardHandler),
 			Config: cluster.Config{NATSURL: cluster.URLs{url}, Instance: name, FlushInterval: time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)
@@ -31,16 +32,16 @@ func TestPeerEntries(t *testing.T) {
 		return n
 	}
 	na, nb := node("a", a), node("b", b)
-	a.c.SetEntryHook(na.PublishEntry)
+	a.C.SetEntryHook(na.PublishEntry)
 	var echoed atomic.Int32
-	b.c.SetEntryHook(func(netip.Addr, affinity.ReplicaID, bool) { echoed.Add(1) })
-	nb.SetEntryHandler(b.c.ApplyPeerEntry)
+	b.C.SetEntryHook(func(netip.Addr, affinity.ReplicaID, bool) { echoed.Add(1) })
+	nb.SetEntryHandler(b.C.ApplyPeerEntry)
 	waitUntil(t, "connected", func() bool { return na.Connected() && nb.Connected() })
 
-	a.promote("10.1.0.9", 2)
+	a.Promote("10.1.0.9", 2)
 	waitUntil(t, "entry on b", func() bool {
-		e, ok := b.entry("10.1.0.9")
-		return ok && e.Backend == b.backend(2).ID && e.Generation == b.backend(2).Generation
+		e, ok := b.Entry("10.1.0.9")
+		return ok && e.Backend == b.Backend(2).ID && e.Generation == b.Backend(2).Generation
 	})
 	if n := echoed.Load(); n != 0 {
 		t.Fatalf("b's hook saw %d entries applied from a peer", n)
@@ -48,19 +49,19 @@ func TestPeerEntries(t *testing.T) {
 
 	// A drop decided on a (the client's request went elsewhere without a
 	// cache to speak of) removes it on b too.
-	a.send("10.1.0.9", 40000, 0, 99, 0)
-	if e, ok := a.entry("10.1.0.9"); ok {
+	a.Send("10.1.0.9", 40000, 0, 99, 0)
+	if e, ok := a.Entry("10.1.0.9"); ok {
 		t.Fatalf("a kept the entry: %+v", e)
 	}
-	waitUntil(t, "entry gone on b", func() bool { _, ok := b.entry("10.1.0.9"); return !ok })
+	waitUntil(t, "entry gone on b", func() bool { _, ok := b.Entry("10.1.0.9"); return !ok })
 
 	// Replica 1 is unhealthy on b: a's promotion into it is not adopted.
-	b.src.setHealthy(1, false)
-	b.sync()
-	a.promote("10.1.0.10", 1)
-	a.promote("10.1.0.11", 0) // a later entry that b does adopt: the earlier one has been applied
-	waitUntil(t, "second entry on b", func() bool { _, ok := b.entry("10.1.0.11"); return ok })
-	if e, ok := b.entry("10.1.0.10"); ok {
+	b.Src.SetHealthy(1, false)
+	b.Sync()
+	a.Promote("10.1.0.10", 1)
+	a.Promote("10.1.0.11", 0) // a later entry that b does adopt: the earlier one has been applied
+	waitUntil(t, "second entry on b", func() bool { _, ok := b.Entry("10.1.0.11"); return ok })
+	if e, ok := b.Entry("10.1.0.10"); ok {
 		t.Fatalf("b adopted %+v into a replica unhealthy here", e)
 	}
 }

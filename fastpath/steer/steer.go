@@ -14,18 +14,7 @@ import (
 
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/fastpath"
-	"github.com/warmpath/warmpath/slowpath"
 )
-
-// Source is what the controller reads from the slowpath (*slowpath.Server).
-type Source interface {
-	// Replicas lists the replicas with their health and fast-path host.
-	Replicas() []slowpath.ReplicaStatus
-	// Router is the routing brain (loads, prefill rates).
-	Router() *affinity.Router
-	// Now is the router's clock, the one of RoutedEvent.Start/End.
-	Now() int64
-}
 
 // Options configure New.
 type Options struct {
@@ -60,8 +49,8 @@ type backend struct {
 	present bool // some current replica lives on it
 }
 
-// Controller is the fast-path control loop. Its ObserveRouted is the
-// slowpath's Observer; Sync (or Run) is the periodic step.
+// Controller is the fast-path control loop. ObserveRouted is called per
+// proxied request; Sync (or Run) is the periodic step.
 type Controller struct {
 	dp       fastpath.Datapath
 	src      Source
@@ -160,11 +149,12 @@ func New(opts Options) (*Controller, error) {
 // Promoter exposes the promotion rule (stats, tests).
 func (c *Controller) Promoter() *affinity.Promoter { return c.prom }
 
-// ObserveRouted is the slowpath Observer: it feeds the request to the
-// promotion rule and writes, re-points or deletes the client's affinity
-// entry as the rule says. Runs on the request goroutine; it takes two
-// short locks and, on a decision, one map write per service.
-func (c *Controller) ObserveRouted(ev *slowpath.RoutedEvent) {
+// ObserveRouted feeds one proxied request to the promotion rule and
+// writes, re-points or deletes the client's affinity entry as the rule
+// says (cmd/warmpath calls it from the slowpath's Observer). Runs on the
+// request goroutine; it takes two short locks and, on a decision, one map
+// write per service.
+func (c *Controller) ObserveRouted(ev *Routed) {
 	if !ev.OK {
 		return
 	}
@@ -181,7 +171,7 @@ func (c *Controller) ObserveRouted(ev *slowpath.RoutedEvent) {
 		scale = float64(c.sample)
 	}
 	o := affinity.Observation{
-		Client: key, Replica: ev.ReplicaID, FirstBlock: ev.FirstBlock(), SessionKey: ev.SessionKey,
+		Client: key, Replica: ev.ReplicaID, FirstBlock: ev.FirstBlock, SessionKey: ev.SessionKey,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.PredictedCachedTokens,
 		Capacity: c.src.Router().PrefillRate(ev.ReplicaID), Scale: scale, Now: ev.End,
 	}
@@ -202,48 +192,6 @@ func (c *Controller) ObserveRouted(ev *slowpath.RoutedEvent) {
 		c.m.action(act).Inc()
 		c.share(a, affinity.NoReplica, false)
 	}
-}
-
-// EntryHook is told about the affinity entries this controller writes
-// (add: client steered to replica) or drops because the promotion rule
-// said so (!add; replica is NoReplica). A scale-out node publishes them to
-// the other edge hosts (slowpath/cluster). It runs on the request
-// goroutine and must not block.
-type EntryHook func(client netip.Addr, replica affinity.ReplicaID, add bool)
-
-// SetEntryHook sets (nil: clears) the hook. Entries applied with
-// ApplyPeerEntry and rebalancing's deletions (local load, idleness and
-// health: each host decides those itself) are not reported.
-func (c *Controller) SetEntryHook(h EntryHook) {
-	if h == nil {
-		c.onEntry.Store(nil)
-		return
-	}
-	c.onEntry.Store(&h)
-}
-
-func (c *Controller) share(a netip.Addr, r affinity.ReplicaID, add bool) {
-	if h := c.onEntry.Load(); h != nil {
-		(*h)(a, r, add)
-	}
-}
-
-// ApplyPeerEntry writes (add) or deletes another edge host's affinity entry
-// for client into this host's datapath: replica is this host's ID of the
-// replica the peer steers to. A replica with no usable backend here
-// (unhealthy, saturated, no fast-path host) deletes the client's entry
-// instead, so no stale pin outlives the peer's move. Nothing is reported
-// back to the EntryHook (no echo), and the entry then lives by this host's
-// rebalancing like any adopted entry.
-func (c *Controller) ApplyPeerEntry(client netip.Addr, replica affinity.ReplicaID, add bool) {
-	a := client.Unmap()
-	if !a.Is4() {
-		return
-	}
-	if add && c.write(a, replica) {
-		return
-	}
-	c.delete(a)
 }
 
 // write points a's entries at replica r's backend with its current
@@ -547,71 +495,3 @@ func (c *Controller) markSaturated() {
 	c.saturated = sat
 	c.mu.Unlock()
 }
-
-// connTable remembers, per client, the source ports of its recent
-// slowpath connections, so that after promotion a request on a connection
-// opened before it (not a sampled one) is not scaled up. Direct-mapped and
-// fixed-size: a collision forgets a client's ports, which at worst counts
-// one pre-promotion request as a sampled one.
-type connTable struct {
-	mu    sync.Mutex
-	slots [4096]connSlot
-}
-
-type connSlot struct {
-	key      uint64
-	ports    [8]uint16 // recent connections, ring
-	pos      uint8
-	promoted bool
-	pre      [8]uint16 // connections open when it was promoted
-}
-
-func (t *connTable) slot(key uint64) *connSlot {
-	s := &t.slots[(key*0x9E3779B97F4A7C15)>>52]
-	if s.key != key {
-		*s = connSlot{key: key}
-	}
-	return s
-}
-
-// note records port for key; it reports whether the request must count as
-// one (not promoted, or a connection that predates the promotion).
-func (t *connTable) note(key uint64, port uint16) (pre bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := t.slot(key)
-	known := false
-	for _, p := range s.ports {
-		known = known || p == port
-	}
-	if !known {
-		s.ports[s.pos] = port
-		s.pos = (s.pos + 1) % uint8(len(s.ports))
-	}
-	if !s.promoted {
-		return true
-	}
-	for _, p := range s.pre {
-		if p == port {
-			return true
-		}
-	}
-	return false
-}
-
-func (t *connTable) promote(key uint64) {
-	t.mu.Lock()
-	s := t.slot(key)
-	s.promoted, s.pre = true, s.ports
-	t.mu.Unlock()
-}
-
-func (t *connTable) demote(key uint64) {
-	t.mu.Lock()
-	if s := &t.slots[(key*0x9E3779B97F4A7C15)>>52]; s.key == key {
-		s.promoted = false
-	}
-	t.mu.Unlock()
-}
-
-var _ slowpath.Observer = (*Controller)(nil)

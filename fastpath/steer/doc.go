@@ -1,9 +1,10 @@
-// Package steer wires the slowpath to the fast path: it is the control loop
-// that turns the promotion rule (affinity.Promoter) into affinity entries in
-// the XDP datapath (fastpath.Datapath).
+// Package steer is the fast path's control loop: it turns the promotion
+// rule (affinity.Promoter) into affinity entries in the XDP datapath
+// (fastpath.Datapath). It imports only affinity and fastpath; the slowpath
+// reaches it through Source and Routed, adapted in cmd/warmpath.
 //
-//   - ObserveRouted (the slowpath's Observer) feeds every proxied request to
-//     Promoter.Observe and writes (promote, move) or deletes (drop) the
+//   - ObserveRouted (called from the slowpath's Observer) feeds every
+//     proxied request to Promoter.Observe and writes (promote, move) or deletes (drop) the
 //     client's entry, for every configured VIP, with its backend's current
 //     generation. A promoted client's requests that still reach the slowpath
 //     are the datapath's sampled connections (every SampleEvery-th SYN):
