@@ -73,11 +73,9 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 		}
 		c.done <- c.cmd.Wait()
 	}()
-	t.Cleanup(func() {
-		if c.cmd.ProcessState == nil {
-			_ = c.cmd.Process.Kill()
-		}
-	})
+	// Kill, not a look at ProcessState: the goroutine above writes that
+	// in Wait. Killing a process that already exited does nothing.
+	t.Cleanup(func() { _ = c.cmd.Process.Kill() })
 	select {
 	case <-serving:
 	case err := <-c.done:
