@@ -22,7 +22,7 @@ BUILD_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 BUILDFLAGS := -trimpath -buildvcs=false -ldflags '$(LDFLAGS)'
 
-build: ## static, reproducible binaries into ./bin (CGO_ENABLED=0, -trimpath, version from git describe)
+build: ## static, reproducible binaries into ./bin: warmpath, warmpath-bench, enginesim (CGO_ENABLED=0, -trimpath)
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o $(BIN)/ ./cmd/...
 
 reproducible: ## build twice, from this tree and from a copy elsewhere, and compare the binaries' sha256
@@ -73,10 +73,10 @@ fuzz: ## run every fuzz target for FUZZTIME (default 5s; crashers land in testda
 bench-once: ## run every benchmark once so none rots
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
 
-bench: ## the bench suites: simulator report into bench/results/sim, live (real processes) into bench/results/live
-	$(GO) run ./cmd/warmpath bench sim --out bench/results/sim
+bench: ## the bench suites (warmpath-bench): simulator report into bench/results/sim, live (real processes) into bench/results/live
 	$(MAKE) build
-	./bin/warmpath bench live --out bench/results/live
+	./bin/warmpath-bench sim --out bench/results/sim
+	./bin/warmpath-bench live --out bench/results/live
 
 bench-micro: ## Go micro-benchmarks with allocations, 5 counts (compare with benchstat)
 	@mkdir -p bench/results

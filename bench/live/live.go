@@ -72,7 +72,7 @@ type Options struct {
 	// NginxBin, WarmpathBin and EnginesimBin are binary paths; "" finds
 	// nginx in PATH or /usr/sbin and builds warmpath and enginesim with the
 	// go tool (the working directory must be inside the warmpath module).
-	// `warmpath bench live` passes its own executable as WarmpathBin.
+	// `warmpath-bench live` passes the binaries beside its own.
 	NginxBin, WarmpathBin, EnginesimBin string
 	// OverheadRequests is the request count of each closed-loop throughput
 	// phase of the router-overhead bench (20000 / 300); the unloaded-latency

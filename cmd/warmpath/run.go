@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -35,9 +36,11 @@ var commands = []command{
 	{"decap", "GPU host: attach the IPIP decap program for the VIP(s) and exit", runDecap},
 	{"check", "validate a config file without serving: every error with its line and field", runCheck},
 	{"version", "print version, commit, Go version, build date (--json: as JSON)", runVersion},
-	{"bench", "run a bench suite: sim (cluster simulator) or live (real processes)", runBench},
-	{"analyze", "should this workload use prefix-aware routing? (trace or request log)", runAnalyze},
 }
+
+// benchCommands are warmpath-bench's: the router binary does not link the
+// simulator or the nginx orchestration, and points there instead.
+var benchCommands = []string{"bench", "analyze"}
 
 var errUsage = errors.New("usage")
 
@@ -68,6 +71,7 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "`warmpath <command> -h` lists the command's flags.")
+	fmt.Fprintln(w, "The benches and the workload analysis are warmpath-bench (sim, live, analyze).")
 }
 
 func run(ctx context.Context, args []string, e env) error {
@@ -83,6 +87,11 @@ func run(ctx context.Context, args []string, e env) error {
 		fmt.Fprintln(e.stdout, currentBuild().line())
 		return nil
 	}
+	if slices.Contains(benchCommands, args[0]) {
+		fmt.Fprintf(e.stderr, "warmpath %s is in its own binary, warmpath-bench (make build puts it beside warmpath in bin/): warmpath-bench %s\n",
+			args[0], strings.Join(benchArgs(args), " "))
+		return errUsage
+	}
 	for _, c := range commands {
 		if c.name == args[0] {
 			err := c.run(ctx, args[1:], e)
@@ -94,6 +103,18 @@ func run(ctx context.Context, args []string, e env) error {
 	}
 	usage(e.stderr)
 	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// benchArgs is the warmpath-bench command line for a `warmpath bench` or
+// `warmpath analyze` one: `bench sim ...` is `sim ...`.
+func benchArgs(args []string) []string {
+	if args[0] == "bench" {
+		if len(args) == 1 {
+			return []string{"-h"}
+		}
+		return args[1:]
+	}
+	return args
 }
 
 // hostPort turns a bound listener address into something curl can reach.
