@@ -88,9 +88,20 @@ generate: ## regenerate bpf2go output (needs clang 14, llvm, libbpf-dev)
 generate-check: generate ## regenerate and fail if the committed output differs
 	git diff --exit-code -- bpf/
 
-lint: ## go vet and gofmt
+# staticcheck, pinned; installed once into TOOLS with the go tool (the
+# module proxy), so a clean CI machine needs nothing else.
+STATICCHECK_VERSION ?= v0.8.2
+TOOLS ?= $(CURDIR)/.tools
+STATICCHECK ?= $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+
+$(TOOLS)/staticcheck-$(STATICCHECK_VERSION)/staticcheck:
+	GOBIN=$(@D) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: $(STATICCHECK) ## go vet, gofmt, staticcheck (pinned) and the import rules (cmd/internal/layout)
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(STATICCHECK) ./...
+	$(GO) test -count=1 ./cmd/internal/layout
 
 clean: ## remove build output
 	rm -rf bin

@@ -238,7 +238,7 @@ func (s *Server) handleFaults(w http.ResponseWriter, r *http.Request) {
 		Hang: in.Hang, CloseAfterChunks: in.CloseAfterChunks, StallAfterChunks: in.StallAfterChunks, MetricsGarbage: in.MetricsGarbage,
 		MetricsStall: in.MetricsStall, Unhealthy: in.Unhealthy}
 	if err := f.validate(); err != nil {
-		writeError(w, badRequest("", "faults: %v", err))
+		writeError(w, badRequest("", "%v", err))
 		return
 	}
 	s.SetFaults(f)
