@@ -5,10 +5,10 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"os"
+
+	"github.com/warmpath/warmpath/cmd/internal/cli"
 )
 
 func main() {
@@ -17,13 +17,4 @@ func main() {
 
 // exitCode is the process's exit status for run's error: 2 for a usage
 // error (already printed with the usage), 1 for any other (printed here).
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	}
-	fmt.Fprintln(stderr, "warmpath:", err)
-	return 1
-}
+func exitCode(err error, stderr io.Writer) int { return cli.ExitCode("warmpath", err, stderr) }
