@@ -43,7 +43,7 @@ licenses-check: ## fail when go.mod has a module (or version) docs/licenses.md d
 demo: ## run the router in front of built-in simulated engines
 	$(GO) run ./cmd/warmpath serve --demo
 
-test: lint ## vet, race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once, every fuzz target 5s
+test: lint ## lint (vet, gofmt, staticcheck, import rules), race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once, every fuzz target 5s
 	$(GO) test $(TESTFLAGS) ./...
 	# zero-allocation guarantees: the race detector allocates, so these also run without it
 	$(GO) test -count=1 -run 'Alloc' ./...

@@ -1,6 +1,12 @@
 // Command warmpath is the inference-aware router: `warmpath serve` runs the
 // OpenAI-compatible L7 router (slowpath/), `warmpath serve --demo` runs it in
-// front of three in-process simulated engines.
+// front of three in-process simulated engines. The benches are
+// warmpath-bench's (cmd/warmpath-bench), so this binary links no simulator.
+//
+// serve is a small app (serve.go): each thing it starts (demo engines, fast
+// path, server, request recorder, listeners) pushes its cleanup on one
+// stack (closers.go), run last in, first out, once, on every exit path; a
+// signal drains the server first (drain), a second one cuts the drain.
 package main
 
 import (
