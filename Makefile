@@ -22,7 +22,7 @@ BUILD_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.buildDate=$(BUILD_DATE)
 BUILDFLAGS := -trimpath -buildvcs=false -ldflags '$(LDFLAGS)'
 
-build: ## static, reproducible binaries into ./bin (CGO_ENABLED=0, -trimpath, version from git describe)
+build: ## static, reproducible binaries into ./bin: warmpath, warmpath-bench, enginesim (CGO_ENABLED=0, -trimpath)
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o $(BIN)/ ./cmd/...
 
 reproducible: ## build twice, from this tree and from a copy elsewhere, and compare the binaries' sha256
@@ -43,7 +43,7 @@ licenses-check: ## fail when go.mod has a module (or version) docs/licenses.md d
 demo: ## run the router in front of built-in simulated engines
 	$(GO) run ./cmd/warmpath serve --demo
 
-test: lint ## vet, race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once, every fuzz target 5s
+test: lint ## lint (vet, gofmt, staticcheck, import rules), race-tested suite (as root: BPF and netns tests too), zero-alloc tests, every benchmark once, every fuzz target 5s
 	$(GO) test $(TESTFLAGS) ./...
 	# zero-allocation guarantees: the race detector allocates, so these also run without it
 	$(GO) test -count=1 -run 'Alloc' ./...
@@ -73,10 +73,10 @@ fuzz: ## run every fuzz target for FUZZTIME (default 5s; crashers land in testda
 bench-once: ## run every benchmark once so none rots
 	$(GO) test -run '^$$' -bench . -benchtime=1x ./...
 
-bench: ## the bench suites: simulator report into bench/results/sim, live (real processes) into bench/results/live
-	$(GO) run ./cmd/warmpath bench sim --out bench/results/sim
+bench: ## the bench suites (warmpath-bench): simulator report into bench/results/sim, live (real processes) into bench/results/live
 	$(MAKE) build
-	./bin/warmpath bench live --out bench/results/live
+	./bin/warmpath-bench sim --out bench/results/sim
+	./bin/warmpath-bench live --out bench/results/live
 
 bench-micro: ## Go micro-benchmarks with allocations, 5 counts (compare with benchstat)
 	@mkdir -p bench/results
@@ -88,9 +88,20 @@ generate: ## regenerate bpf2go output (needs clang 14, llvm, libbpf-dev)
 generate-check: generate ## regenerate and fail if the committed output differs
 	git diff --exit-code -- bpf/
 
-lint: ## go vet and gofmt
+# staticcheck, pinned; installed once into TOOLS with the go tool (the
+# module proxy), so a clean CI machine needs nothing else.
+STATICCHECK_VERSION ?= v0.8.2
+TOOLS ?= $(CURDIR)/.tools
+STATICCHECK ?= $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+
+$(TOOLS)/staticcheck-$(STATICCHECK_VERSION)/staticcheck:
+	GOBIN=$(@D) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: $(STATICCHECK) ## go vet, gofmt, staticcheck (pinned) and the import rules (cmd/internal/layout)
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(STATICCHECK) ./...
+	$(GO) test -count=1 ./cmd/internal/layout
 
 clean: ## remove build output
 	rm -rf bin

@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 )
 
-// Recorder writes a sample of the proxied requests for `warmpath analyze`:
+// Recorder writes a sample of the proxied requests for `warmpath-bench analyze`:
 // one JSON line per request in the Mooncake trace format (timestamp in ms
 // since the first recorded request, input_length, output_length, hash_ids)
 // plus "block_tokens" and "model". Prompts are never stored: hash_ids are the

@@ -225,26 +225,26 @@ func (c Config) Validate() error {
 		bad("OutputLen: need Median >= 1, 1 <= Min <= Max, Sigma >= 0 (got %+v)", o)
 	}
 	if err := c.Faults.validate(); err != nil {
-		bad("Faults: %w", err)
+		bad("%w", err)
 	}
 	return errors.Join(errs...)
 }
 
 func (f Faults) validate() error {
 	if !(f.ErrorRate >= 0 && f.ErrorRate <= 1) {
-		return fmt.Errorf("ErrorRate: %v not in [0, 1]", f.ErrorRate)
+		return fmt.Errorf("Faults.ErrorRate: %v not in [0, 1]", f.ErrorRate)
 	}
 	if f.ErrorStatus != 0 && (f.ErrorStatus < 400 || f.ErrorStatus > 599) {
-		return fmt.Errorf("ErrorStatus: %d not in [400, 599]", f.ErrorStatus)
+		return fmt.Errorf("Faults.ErrorStatus: %d not in [400, 599]", f.ErrorStatus)
 	}
 	if f.Latency < 0 {
-		return fmt.Errorf("Latency: %v must be >= 0", f.Latency)
+		return fmt.Errorf("Faults.Latency: %v must be >= 0", f.Latency)
 	}
 	if f.CloseAfterChunks < 0 {
-		return fmt.Errorf("CloseAfterChunks: %d must be >= 0", f.CloseAfterChunks)
+		return fmt.Errorf("Faults.CloseAfterChunks: %d must be >= 0", f.CloseAfterChunks)
 	}
 	if f.StallAfterChunks < 0 {
-		return fmt.Errorf("StallAfterChunks: %d must be >= 0", f.StallAfterChunks)
+		return fmt.Errorf("Faults.StallAfterChunks: %d must be >= 0", f.StallAfterChunks)
 	}
 	return nil
 }

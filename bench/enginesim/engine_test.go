@@ -93,21 +93,7 @@ func submit(t testing.TB, e *Engine, r *Request, now int64) {
 }
 
 func TestPrefixReuse(t *testing.T) {
-	shared := prompt("sys", 160) // 10 blocks
-	tests := []struct {
-		name       string
-		second     []byte
-		adapter    string
-		salt       string
-		wantCached int
-	}{
-		{"identical prompt reuses all but the last block", shared, "", "", 144},
-		{"shared 10 blocks then divergent tail", append(append([]byte(nil), shared...), prompt("user", 40)...), "", "", 160},
-		{"divergence inside block 3 keeps 3 blocks", append(append([]byte(nil), shared[:4*(48+5)]...), prompt("other", 100)...), "", "", 48},
-		{"different first token shares nothing", append([]byte("XXXX"), shared[4:]...), "", "", 0},
-		{"other LoRA adapter shares nothing", shared, "lora-a", "", 0},
-		{"other cache_salt shares nothing", shared, "", "salt", 0},
-	}
+	shared, tests := prefixCases()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newTestEngine(t, nil)
@@ -121,12 +107,12 @@ func TestPrefixReuse(t *testing.T) {
 			b := &Request{ID: 2, Prompt: tc.second, Adapter: tc.adapter, CacheSalt: tc.salt, MaxTokens: 1}
 			submit(t, e, b, now)
 			drain(t, e, rec)
-			if b.CachedTokens != tc.wantCached {
-				t.Errorf("CachedTokens = %d, want %d", b.CachedTokens, tc.wantCached)
+			if b.CachedTokens != tc.want {
+				t.Errorf("CachedTokens = %d, want %d", b.CachedTokens, tc.want)
 			}
 			st := e.Stats()
-			if st.PrefixHits != uint64(tc.wantCached) || st.PrefixQueries != uint64(a.PromptTokens+b.PromptTokens) {
-				t.Errorf("prefix stats hits=%d queries=%d, want %d and %d", st.PrefixHits, st.PrefixQueries, tc.wantCached, a.PromptTokens+b.PromptTokens)
+			if st.PrefixHits != uint64(tc.want) || st.PrefixQueries != uint64(a.PromptTokens+b.PromptTokens) {
+				t.Errorf("prefix stats hits=%d queries=%d, want %d and %d", st.PrefixHits, st.PrefixQueries, tc.want, a.PromptTokens+b.PromptTokens)
 			}
 		})
 	}

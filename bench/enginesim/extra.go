@@ -65,6 +65,35 @@ func (s *Server) model(m string) (string, *apiError) {
 	return m, nil
 }
 
+// decodeModel decodes r's JSON body into req and resolves *model, a field
+// of req; on a bad body or an unknown model it writes the error and
+// returns false.
+func (s *Server) decodeModel(w http.ResponseWriter, r *http.Request, req any, model *string) (string, bool) {
+	if e := parseBody(r, w, req); e != nil {
+		writeError(w, e)
+		return "", false
+	}
+	m, e := s.model(*model)
+	if e != nil {
+		writeError(w, e)
+		return "", false
+	}
+	return m, true
+}
+
+// answer counts a request served for model m and writes body as JSON.
+func (s *Server) answer(w http.ResponseWriter, m string, body any) {
+	s.served[m].Add(1)
+	writeJSON(w, http.StatusOK, body)
+}
+
+// answerList answers with an OpenAI list object of data, vLLM's shape
+// for /score and /pooling; tokens is the prompt's token count.
+func (s *Server) answerList(w http.ResponseWriter, m, idPrefix string, data []any, tokens int) {
+	s.answer(w, m, map[string]any{"id": idPrefix + s.reqID(), "object": "list", "created": time.Now().Unix(), "model": m,
+		"data": data, "usage": map[string]int{"prompt_tokens": tokens, "total_tokens": tokens}})
+}
+
 // tokenIDs splits b into the tokenizer's tokens.
 func tokenIDs(b []byte) []uint32 {
 	ids := make([]uint32, 0, tokensOf(len(b)))
@@ -83,13 +112,8 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		Messages []chatMessage   `json:"messages"`
 		Tools    json.RawMessage `json:"tools"`
 	}
-	if e := parseBody(r, w, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	m, e := s.model(req.Model)
-	if e != nil {
-		writeError(w, e)
+	m, ok := s.decodeModel(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	var text []byte
@@ -112,8 +136,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ids := tokenIDs(text)
-	s.served[m].Add(1)
-	writeJSON(w, http.StatusOK, map[string]any{"count": len(ids), "max_model_len": s.cfg.MaxModelLen, "tokens": ids, "token_strs": nil})
+	s.answer(w, m, map[string]any{"count": len(ids), "max_model_len": s.cfg.MaxModelLen, "tokens": ids, "token_strs": nil})
 }
 
 func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
@@ -121,13 +144,8 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		Model  string   `json:"model"`
 		Tokens []uint32 `json:"tokens"`
 	}
-	if e := parseBody(r, w, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	m, e := s.model(req.Model)
-	if e != nil {
-		writeError(w, e)
+	m, ok := s.decodeModel(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	if req.Tokens == nil {
@@ -138,8 +156,7 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	for _, t := range req.Tokens {
 		b = binary.LittleEndian.AppendUint32(b, t)
 	}
-	s.served[m].Add(1)
-	writeJSON(w, http.StatusOK, map[string]any{"prompt": strings.TrimRight(string(b), "\x00")})
+	s.answer(w, m, map[string]any{"prompt": strings.TrimRight(string(b), "\x00")})
 }
 
 // similarity is the fraction of a's words found in b (a toy relevance).
@@ -165,13 +182,8 @@ func (s *Server) handleRerank(w http.ResponseWriter, r *http.Request) {
 		Documents []string `json:"documents"`
 		TopN      int      `json:"top_n"`
 	}
-	if e := parseBody(r, w, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	m, e := s.model(req.Model)
-	if e != nil {
-		writeError(w, e)
+	m, ok := s.decodeModel(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	if req.Query == nil || len(req.Documents) == 0 {
@@ -198,8 +210,7 @@ func (s *Server) handleRerank(w http.ResponseWriter, r *http.Request) {
 	if req.TopN > 0 && req.TopN < len(res) {
 		res = res[:req.TopN]
 	}
-	s.served[m].Add(1)
-	writeJSON(w, http.StatusOK, map[string]any{"id": "rerank-" + s.reqID(), "model": m, "usage": map[string]int{"total_tokens": tokens}, "results": res})
+	s.answer(w, m, map[string]any{"id": "rerank-" + s.reqID(), "model": m, "usage": map[string]int{"total_tokens": tokens}, "results": res})
 }
 
 // texts decodes a string or an array of strings.
@@ -221,13 +232,8 @@ func (s *Server) handleScore(w http.ResponseWriter, r *http.Request) {
 		Text1 json.RawMessage `json:"text_1"`
 		Text2 json.RawMessage `json:"text_2"`
 	}
-	if e := parseBody(r, w, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	m, e := s.model(req.Model)
-	if e != nil {
-		writeError(w, e)
+	m, ok := s.decodeModel(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	t1, ok1 := texts(req.Text1)
@@ -246,9 +252,7 @@ func (s *Server) handleScore(w http.ResponseWriter, r *http.Request) {
 		tokens += tokensOf(len(a)) + tokensOf(len(b))
 		data = append(data, map[string]any{"index": i, "object": "score", "score": similarity(a, b)})
 	}
-	s.served[m].Add(1)
-	writeJSON(w, http.StatusOK, map[string]any{"id": "score-" + s.reqID(), "object": "list", "created": time.Now().Unix(), "model": m,
-		"data": data, "usage": map[string]int{"prompt_tokens": tokens, "total_tokens": tokens}})
+	s.answerList(w, m, "score-", data, tokens)
 }
 
 func (s *Server) handlePooling(w http.ResponseWriter, r *http.Request) {
@@ -256,13 +260,8 @@ func (s *Server) handlePooling(w http.ResponseWriter, r *http.Request) {
 		Model string          `json:"model"`
 		Input json.RawMessage `json:"input"`
 	}
-	if e := parseBody(r, w, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	m, e := s.model(req.Model)
-	if e != nil {
-		writeError(w, e)
+	m, ok := s.decodeModel(w, r, &req, &req.Model)
+	if !ok {
 		return
 	}
 	in, ok := texts(req.Input)
@@ -280,9 +279,7 @@ func (s *Server) handlePooling(w http.ResponseWriter, r *http.Request) {
 		}
 		data = append(data, map[string]any{"index": i, "object": "pooling", "data": vec})
 	}
-	s.served[m].Add(1)
-	writeJSON(w, http.StatusOK, map[string]any{"id": "pool-" + s.reqID(), "object": "list", "created": time.Now().Unix(), "model": m,
-		"data": data, "usage": map[string]int{"prompt_tokens": tokens, "total_tokens": tokens}})
+	s.answerList(w, m, "pool-", data, tokens)
 }
 
 // handleAudio answers a transcription or translation: multipart with a

@@ -179,18 +179,7 @@ func FuzzExtraRequest(f *testing.F) {
 			f.Add(s, uint8(i))
 		}
 	}
-	cfg := DefaultConfig()
-	cfg.ServedModelNames = []string{"m"}
-	cfg.TimeScale = 1e-6
-	cfg.MaxModelLen = 512
-	cfg.NumGPUBlocks = 64
-	cfg.OutputLen.Max = 16
-	cfg.Logger = discardLogger()
-	s, err := NewServer(cfg)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { s.Close() })
+	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, body string, p uint8) {
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, paths[int(p)%len(paths)], strings.NewReader(body)))

@@ -28,19 +28,7 @@ func FuzzAPIRequest(f *testing.F) {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
-	cfg := DefaultConfig()
-	cfg.ServedModelNames = []string{"m"}
-	cfg.LoRAModules = []string{"lora"}
-	cfg.TimeScale = 1e-6
-	cfg.MaxModelLen = 512
-	cfg.NumGPUBlocks = 64
-	cfg.OutputLen.Max = 16
-	cfg.Logger = discardLogger()
-	s, err := NewServer(cfg)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { s.Close() })
+	s := fuzzServer(f, "lora")
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		path := "/v1/completions"
 		if chat {

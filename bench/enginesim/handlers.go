@@ -154,6 +154,29 @@ func closeConn(w http.ResponseWriter) {
 	}
 }
 
+// streamFault applies CloseAfterChunks and StallAfterChunks before a
+// stream's next chunk (chunks sent so far): true when the stream ends
+// there, the connection closed or held until the client or the server
+// leaves, and the flight aborted.
+func (s *Server) streamFault(w http.ResponseWriter, r *http.Request, f *flight, faults *Faults, chunks int) bool {
+	if n := faults.CloseAfterChunks; n > 0 && chunks >= n {
+		s.inject("close")
+		s.abort(f)
+		closeConn(w)
+		return true
+	}
+	if n := faults.StallAfterChunks; n > 0 && chunks >= n {
+		s.inject("stall")
+		select {
+		case <-r.Context().Done():
+		case <-s.closing:
+		}
+		s.abort(f)
+		return true
+	}
+	return false
+}
+
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	if s.Faults().Unhealthy {
 		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailable", Message: "unhealthy (injected)"})
@@ -238,7 +261,7 @@ func (s *Server) handleFaults(w http.ResponseWriter, r *http.Request) {
 		Hang: in.Hang, CloseAfterChunks: in.CloseAfterChunks, StallAfterChunks: in.StallAfterChunks, MetricsGarbage: in.MetricsGarbage,
 		MetricsStall: in.MetricsStall, Unhealthy: in.Unhealthy}
 	if err := f.validate(); err != nil {
-		writeError(w, badRequest("", "faults: %v", err))
+		writeError(w, badRequest("", "%v", err))
 		return
 	}
 	s.SetFaults(f)
@@ -700,19 +723,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, c *apiCall, f *f
 			if f.req.IsEOS(sent) {
 				continue
 			}
-			if n := faults.CloseAfterChunks; n > 0 && chunks >= n {
-				s.inject("close")
-				s.abort(f)
-				closeConn(w)
-				return
-			}
-			if n := faults.StallAfterChunks; n > 0 && chunks >= n {
-				s.inject("stall")
-				select {
-				case <-r.Context().Done():
-				case <-s.closing:
-				}
-				s.abort(f)
+			if s.streamFault(w, r, f, faults, chunks) {
 				return
 			}
 			tok = f.req.AppendOutput(tok[:0], sent, sent+1)

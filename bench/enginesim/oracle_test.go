@@ -5,23 +5,10 @@ import "testing"
 // TestCachedPrefixTokens: the read-only query predicts exactly the hit the
 // engine then reports when the request is scheduled.
 func TestCachedPrefixTokens(t *testing.T) {
-	shared := prompt("sys", 160) // 10 blocks
-	tests := []struct {
-		name    string
-		second  []byte
-		adapter string
-		salt    string
-		want    int
-	}{
-		{"identical prompt: all but the last block", shared, "", "", 144},
-		{"shared 10 blocks then divergent tail", append(append([]byte(nil), shared...), prompt("user", 40)...), "", "", 160},
-		{"divergence inside block 3 keeps 3 blocks", append(append([]byte(nil), shared[:4*(48+5)]...), prompt("other", 100)...), "", "", 48},
-		{"different first token shares nothing", append([]byte("XXXX"), shared[4:]...), "", "", 0},
-		{"other LoRA adapter shares nothing", shared, "lora-a", "", 0},
-		{"other cache_salt shares nothing", shared, "", "salt", 0},
-		{"shorter than a block", shared[:4*10], "", "", 0},
-		{"empty prompt", nil, "", "", 0},
-	}
+	shared, tests := prefixCases()
+	tests = append(tests,
+		prefixCase{"shorter than a block", shared[:4*10], "", "", 0},
+		prefixCase{"empty prompt", nil, "", "", 0})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newTestEngine(t, nil)

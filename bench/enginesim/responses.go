@@ -287,19 +287,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, c *apiCa
 			if f.req.IsEOS(sent) {
 				continue
 			}
-			if n := faults.CloseAfterChunks; n > 0 && chunks >= n {
-				s.inject("close")
-				s.abort(f)
-				closeConn(w)
-				return
-			}
-			if n := faults.StallAfterChunks; n > 0 && chunks >= n {
-				s.inject("stall")
-				select {
-				case <-r.Context().Done():
-				case <-s.closing:
-				}
-				s.abort(f)
+			if s.streamFault(w, r, f, faults, chunks) {
 				return
 			}
 			if !opened {

@@ -1,5 +1,5 @@
 // Command hostile reproduces the hostile-input figures of
-// docs/reliability.md (issue 15) against a running `warmpath serve`:
+// docs/reliability.md against a running `warmpath serve`:
 //
 //	hostile engine -addr A -size N [-content-length] [-metrics-size N]
 //	    an engine answering every completion with an N-byte JSON body

@@ -72,7 +72,7 @@ type Options struct {
 	// NginxBin, WarmpathBin and EnginesimBin are binary paths; "" finds
 	// nginx in PATH or /usr/sbin and builds warmpath and enginesim with the
 	// go tool (the working directory must be inside the warmpath module).
-	// `warmpath bench live` passes its own executable as WarmpathBin.
+	// `warmpath-bench live` passes the binaries beside its own.
 	NginxBin, WarmpathBin, EnginesimBin string
 	// OverheadRequests is the request count of each closed-loop throughput
 	// phase of the router-overhead bench (20000 / 300); the unloaded-latency
@@ -303,13 +303,7 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		if res.Tenants, err = runTenants(ctx, opts, tmp); err != nil {
 			return nil, fmt.Errorf("live: tenants: %w", err)
 		}
-		res.Elapsed = time.Since(res.Started)
-		if opts.Out != "" {
-			if err := res.writeTenants(opts.Out); err != nil {
-				return nil, fmt.Errorf("live: %w", err)
-			}
-		}
-		return res, nil
+		return res.done(opts.Out, res.writeTenants)
 	}
 	nginx := ""
 	switch {
@@ -327,13 +321,7 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		if res.Perf, res.PerfShapes, err = runPerf(ctx, opts, tmp, nginx); err != nil {
 			return nil, fmt.Errorf("live: perf: %w", err)
 		}
-		res.Elapsed = time.Since(res.Started)
-		if opts.Out != "" {
-			if err := res.write(opts.Out); err != nil {
-				return nil, fmt.Errorf("live: %w", err)
-			}
-		}
-		return res, nil
+		return res.done(opts.Out, res.write)
 	}
 	if err := knownFleets(opts.Fleets); err != nil {
 		return nil, fmt.Errorf("live: %w", err)
@@ -367,8 +355,6 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		if res.Overhead, err = runOverhead(ctx, opts, tmp, nginx); err != nil {
 			return nil, fmt.Errorf("live: overhead: %w", err)
 		}
-	}
-	if !opts.skipOverhead {
 		if res.KeepAlive, err = runKeepAlive(ctx, opts, tmp, nginx); err != nil {
 			return nil, fmt.Errorf("live: keep-alive check: %w", err)
 		}
@@ -378,13 +364,19 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 			return nil, fmt.Errorf("live: perf: %w", err)
 		}
 	}
-	res.Elapsed = time.Since(res.Started)
-	if opts.Out != "" {
-		if err := res.write(opts.Out); err != nil {
+	return res.done(opts.Out, res.write)
+}
+
+// done stamps the run's elapsed time and, when out is set, writes the
+// report into it with write.
+func (r *Results) done(out string, write func(dir string) error) (*Results, error) {
+	r.Elapsed = time.Since(r.Started)
+	if out != "" {
+		if err := write(out); err != nil {
 			return nil, fmt.Errorf("live: %w", err)
 		}
 	}
-	return res, nil
+	return r, nil
 }
 
 func progress(o Options, format string, args ...any) {

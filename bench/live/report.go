@@ -16,12 +16,18 @@ import (
 // write puts live.md and live.json into dir (perf.md and perf.json for a
 // perf-only run).
 func (r *Results) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
 	name := "live"
 	if r.Options.PerfOnly {
 		name = "perf"
+	}
+	return r.writeAs(dir, name)
+}
+
+// writeAs puts the Markdown report and the JSON results into dir as
+// name.md and name.json.
+func (r *Results) writeAs(dir, name string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
 	}
 	md, err := os.Create(filepath.Join(dir, name+".md"))
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -211,27 +210,7 @@ func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh te
 }
 
 // writeTenants puts tenants.md and tenants.json into dir.
-func (r *Results) writeTenants(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	md, err := os.Create(filepath.Join(dir, "tenants.md"))
-	if err != nil {
-		return err
-	}
-	if err := r.WriteMarkdown(md); err != nil {
-		md.Close()
-		return err
-	}
-	if err := md.Close(); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "tenants.json"), append(js, '\n'), 0o644)
-}
+func (r *Results) writeTenants(dir string) error { return r.writeAs(dir, "tenants") }
 
 // write writes the scenario's section.
 func (t *TenantsResult) write(w io.Writer) {

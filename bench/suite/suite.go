@@ -463,11 +463,10 @@ func writeJSON(path string, v any) error {
 
 // bar is a one-line progress bar.
 type bar struct {
-	w      io.Writer
-	n, i   int
-	start  time.Time
-	mu     sync.Mutex
-	labels []string
+	w     io.Writer
+	n, i  int
+	start time.Time
+	mu    sync.Mutex
 }
 
 func newBar(w io.Writer, n int) *bar { return &bar{w: w, n: n, start: time.Now()} }

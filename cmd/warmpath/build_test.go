@@ -65,7 +65,7 @@ func TestReproducibleBuild(t *testing.T) {
 	a, b := filepath.Join(tmp, "a"), filepath.Join(tmp, "b")
 	build(root, a)
 	build(src, b)
-	for _, bin := range []string{"warmpath", "enginesim"} {
+	for _, bin := range []string{"warmpath", "warmpath-bench", "enginesim"} {
 		ha, ba := fileSHA(t, filepath.Join(a, bin))
 		hb, _ := fileSHA(t, filepath.Join(b, bin))
 		if ha != hb {

@@ -18,44 +18,26 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	return out.String(), errb.String(), code
 }
 
-func TestBenchHelp(t *testing.T) {
-	for _, h := range []string{"--help", "-h", "help"} {
-		out, _, code := runCLI(t, "bench", h)
-		if code != 0 || !strings.Contains(out, "\n  sim ") || !strings.Contains(out, "\n  live ") {
-			t.Errorf("bench %s: exit %d, stdout %q; want 0 and the suites", h, code, out)
-		}
-	}
-	if _, errOut, code := runCLI(t, "bench"); code != 2 || !strings.Contains(errOut, "suites:") {
-		t.Errorf("bench without a suite: exit %d, stderr %q", code, errOut)
-	}
-	if _, errOut, code := runCLI(t, "bench", "simulate"); code != 2 || strings.Count(errOut, `unknown suite "simulate"`) != 1 {
-		t.Errorf("bench simulate: exit %d, stderr %q", code, errOut)
-	}
-}
-
-// TestBenchSuiteHelpOwnFlags: each suite's -h lists its own flags only.
-func TestBenchSuiteHelpOwnFlags(t *testing.T) {
-	simOnly := []string{"-trace", "-parallel", "-routers", "-sync-delay", "-delay-routers"}
-	liveOnly := []string{"-skip-nginx", "-fleets", "-commit"}
-	common := []string{"-out", "-smoke", "-seed", "-replicas"}
+// TestBenchPointer: `warmpath bench ...` and `warmpath analyze ...` name
+// the warmpath-bench command line that runs them, exit 2, and run nothing.
+func TestBenchPointer(t *testing.T) {
 	for _, tc := range []struct {
-		suite       string
-		want, never []string
-	}{{"sim", append(simOnly, common...), liveOnly}, {"live", append(liveOnly, common...), simOnly}} {
-		_, errOut, code := runCLI(t, "bench", tc.suite, "--help")
-		if code != 0 {
-			t.Errorf("bench %s --help: exit %d", tc.suite, code)
+		args []string
+		want string
+	}{
+		{[]string{"bench", "sim", "--smoke", "--out", "/nonexistent/x"}, "warmpath-bench sim --smoke --out /nonexistent/x\n"},
+		{[]string{"bench", "live", "--fleets", "llamacpp"}, "warmpath-bench live --fleets llamacpp\n"},
+		{[]string{"bench"}, "warmpath-bench -h\n"},
+		{[]string{"analyze", "--trace", "t.jsonl"}, "warmpath-bench analyze --trace t.jsonl\n"},
+	} {
+		out, errOut, code := runCLI(t, tc.args...)
+		if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.HasSuffix(errOut, ": "+tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2 and one line ending %q", tc.args, code, out, errOut, tc.want)
 		}
-		for _, f := range tc.want {
-			if !strings.Contains(errOut, "  "+f+" ") && !strings.Contains(errOut, "  "+f+"\n") {
-				t.Errorf("bench %s --help lacks %s:\n%s", tc.suite, f, errOut)
-			}
-		}
-		for _, f := range tc.never {
-			if strings.Contains(errOut, "  "+f) {
-				t.Errorf("bench %s --help shows the other suite's %s", tc.suite, f)
-			}
-		}
+	}
+	out, _, _ := runCLI(t, "help")
+	if strings.Contains(out, "\n  bench ") || strings.Contains(out, "\n  analyze ") || !strings.Contains(out, "warmpath-bench (sim, live, analyze)") {
+		t.Errorf("help lists the bench commands as warmpath's, or lacks the pointer:\n%s", out)
 	}
 }
 
@@ -63,8 +45,8 @@ func TestBenchSuiteHelpOwnFlags(t *testing.T) {
 // with the command's flags), exit status 2; main adds nothing.
 func TestBadFlagOnce(t *testing.T) {
 	for _, args := range [][]string{
-		{"serve", "--nope"}, {"check", "--nope"}, {"version", "--nope"}, {"bench", "sim", "--nope"},
-		{"bench", "live", "--nope"}, {"analyze", "--nope"}, {"status", "--nope"},
+		{"serve", "--nope"}, {"check", "--nope"}, {"version", "--nope"}, {"status", "--nope"},
+		{"detach", "--nope"}, {"decap", "--nope"},
 	} {
 		_, errOut, code := runCLI(t, args...)
 		if code != 2 || strings.Count(errOut, "flag provided but not defined: -nope") != 1 || strings.Contains(errOut, "warmpath: flag") {
@@ -72,8 +54,8 @@ func TestBadFlagOnce(t *testing.T) {
 		}
 	}
 	// A bad value too.
-	_, errOut, code := runCLI(t, "bench", "sim", "--parallel", "many")
-	if code != 2 || strings.Count(errOut, `invalid value "many" for flag -parallel`) != 1 {
+	_, errOut, code := runCLI(t, "serve", "--record-requests", "many")
+	if code != 2 || strings.Count(errOut, `invalid value "many" for flag -record-requests`) != 1 {
 		t.Errorf("bad value: exit %d, stderr:\n%s", code, errOut)
 	}
 	// Errors after parsing are printed by main, once.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/bench/enginesim"
+	"github.com/warmpath/warmpath/cmd/internal/cli"
 	"github.com/warmpath/warmpath/slowpath"
 )
 
@@ -119,7 +120,7 @@ func TestSystemdUnitContents(t *testing.T) {
 	}
 	// Every command the unit runs exists.
 	for _, c := range []string{"serve", "check"} {
-		if !slices.ContainsFunc(commands, func(x command) bool { return x.name == c }) {
+		if !slices.ContainsFunc(commands, func(x cli.Command[env]) bool { return x.Name == c }) {
 			t.Errorf("the unit runs `warmpath %s`, which does not exist", c)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -73,11 +72,9 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 		}
 		c.done <- c.cmd.Wait()
 	}()
-	t.Cleanup(func() {
-		if c.cmd.ProcessState == nil {
-			_ = c.cmd.Process.Kill()
-		}
-	})
+	// Kill, not a look at ProcessState: the goroutine above writes that
+	// in Wait. Killing a process that already exited does nothing.
+	t.Cleanup(func() { _ = c.cmd.Process.Kill() })
 	select {
 	case <-serving:
 	case err := <-c.done:
@@ -254,22 +251,11 @@ func (b *testBalancer) relay(c net.Conn) {
 
 func drainEngines(t *testing.T, n int) []*enginesim.Server {
 	t.Helper()
-	var out []*enginesim.Server
-	for i := range n {
-		c := enginesim.DefaultConfig()
-		c.ServedModelNames = []string{"m"}
+	return startEngines(t, n, func(i int, c *enginesim.Config) {
 		c.TimeScale = 0.02
 		c.Seed = uint64(i + 1)
-		c.Logger = slog.New(slog.DiscardHandler)
 		c.OutputLen = enginesim.OutputLen{Median: 6, Sigma: 0.1, Min: 4, Max: 8}
-		en, err := enginesim.Start(c, "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { en.Close() })
-		out = append(out, en)
-	}
-	return out
+	})
 }
 
 // TestGracefulRestartBehindLoadBalancer: two warmpath instances behind a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,16 +25,7 @@ func chatBody(model, user string) string {
 
 func metricsText(t *testing.T, admin string) string {
 	t.Helper()
-	resp, err := testClient.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return scrape(t, "http://"+admin+"/metrics")
 }
 
 // The fast path in userspace mode (forced, or auto without BPF): every
@@ -128,16 +118,7 @@ func TestStatusWithoutPinnedState(t *testing.T) {
 
 func startEngine(t *testing.T) *enginesim.Server {
 	t.Helper()
-	c := enginesim.DefaultConfig()
-	c.ServedModelNames = []string{"m"}
-	c.TimeScale = 0.01
-	c.Logger = slog.New(slog.DiscardHandler)
-	en, err := enginesim.Start(c, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { en.Close() })
-	return en
+	return startEngines(t, 1, func(_ int, c *enginesim.Config) { c.TimeScale = 0.01 })[0]
 }
 
 func TestDecapUsage(t *testing.T) {

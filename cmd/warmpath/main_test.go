@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -221,21 +220,11 @@ func TestServeDemo(t *testing.T) {
 // SIGHUP re-reads the config file and adds/removes replicas under load
 // without failing a request; SIGTERM then drains and exits cleanly.
 func TestServeSIGHUPReloadAndSIGTERM(t *testing.T) {
-	var engines []*enginesim.Server
-	for i := range 3 {
-		c := enginesim.DefaultConfig()
-		c.ServedModelNames = []string{"m"}
+	engines := startEngines(t, 3, func(i int, c *enginesim.Config) {
 		c.TimeScale = 0.01
 		c.Seed = uint64(i + 1)
-		c.Logger = slog.New(slog.DiscardHandler)
 		c.OutputLen = enginesim.OutputLen{Median: 4, Sigma: 0.1, Min: 2, Max: 8}
-		en, err := enginesim.Start(c, "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { en.Close() })
-		engines = append(engines, en)
-	}
+	})
 	f := filepath.Join(t.TempDir(), "warmpath.yaml")
 	write := func(eng ...*enginesim.Server) {
 		t.Helper()

@@ -13,15 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/slowpath"
 )
-
-// demoModel is the model name the demo engines serve.
-const demoModel = "demo-llama-8b"
-
-// demoEngines is how many simulated engines --demo starts.
-const demoEngines = 3
 
 func runServe(ctx context.Context, args []string, e env) error {
 	// Signals first: a SIGHUP or SIGTERM while the engines, the router and
@@ -31,6 +24,39 @@ func runServe(ctx context.Context, args []string, e env) error {
 	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 
+	a, err := parseServe(args, e)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	if err := a.start(e); err != nil {
+		return err
+	}
+	return a.serve(ctx, sigs, e)
+}
+
+// serveApp is one `warmpath serve` run: its config, what it started (each
+// with its cleanup on closers) and the bound listeners.
+type serveApp struct {
+	cfg       slowpath.Config
+	fileBytes []byte // the config file as read, for the reload watcher
+	cfgPath   string
+	demo      bool
+	demoAdmin bool
+	record    string
+	recordN   int
+	log       *slog.Logger
+
+	closers closers
+	srv     *slowpath.Server
+	apiLn   net.Listener
+	adminLn net.Listener // nil: no admin listener
+	stopped bool         // the server was stopped by serve (drained or shut down)
+}
+
+// parseServe reads serve's flags and config file: flags given explicitly
+// win over the file, defaults do not.
+func parseServe(args []string, e env) (*serveApp, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	listen := fs.String("listen", ":8080", "API listen address (overrides the config file's `listen`)")
@@ -40,43 +66,42 @@ func runServe(ctx context.Context, args []string, e env) error {
 	demoAdmin := fs.Bool("demo-admin", false, "with --demo: the engines serve POST /admin/faults and /admin/restart (fault injection; off by default)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := fs.String("log-format", "", "log format: text or json (overrides `log.format`; default text)")
-	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath analyze` (hashed prompts only, never text)")
+	record := fs.String("record", "", "record a sample of the proxied requests to `file` for `warmpath-bench analyze` (hashed prompts only, never text)")
 	recordN := fs.Int("record-requests", 10000, "with --record: stop after this many requests")
 	natsURL := fs.String("nats", "", "NATS server `URL`s, comma-separated: share routing state with the other instances (overrides cluster.nats_url)")
 	instance := fs.String("instance", "", "this instance's unique `name` in the fleet (overrides cluster.instance; default the hostname)")
 	ff := addFastpathFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+		return nil, fmt.Errorf("serve: unexpected arguments %q", fs.Args())
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("serve: --log-level: %w", err)
+		return nil, fmt.Errorf("serve: --log-level: %w", err)
 	}
 	switch *logFormat {
 	case "", slowpath.LogFormatText, slowpath.LogFormatJSON:
 	default:
-		return fmt.Errorf("serve: --log-format: must be text or json, got %q", *logFormat)
+		return nil, fmt.Errorf("serve: --log-format: must be text or json, got %q", *logFormat)
 	}
 
-	cfg := slowpath.Default()
-	var fileBytes []byte
+	a := &serveApp{cfg: slowpath.Default(), cfgPath: *cfgPath, demo: *demo, demoAdmin: *demoAdmin, record: *record, recordN: *recordN}
+	cfg := &a.cfg
 	if *cfgPath != "" {
 		if err := slowpath.CheckConfigPerms(*cfgPath); err != nil {
-			return fmt.Errorf("serve: %w", err)
+			return nil, fmt.Errorf("serve: %w", err)
 		}
 		b, err := os.ReadFile(*cfgPath)
 		if err != nil {
-			return fmt.Errorf("serve: %w", err)
+			return nil, fmt.Errorf("serve: %w", err)
 		}
-		if cfg, err = slowpath.ParseConfig(b); err != nil {
-			return fmt.Errorf("serve: config %s: %w", *cfgPath, err)
+		if *cfg, err = slowpath.ParseConfig(b); err != nil {
+			return nil, fmt.Errorf("serve: config %s: %w", *cfgPath, err)
 		}
-		fileBytes = b
+		a.fileBytes = b
 	}
-	// Flags given explicitly win over the file; defaults do not.
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "log-format":
@@ -97,27 +122,38 @@ func runServe(ctx context.Context, args []string, e env) error {
 		}
 	})
 	ff.apply(fs, &cfg.Fastpath)
-	log := slog.New(slowpath.NewLogHandler(e.stderr, cfg.Log.Format, level))
+	a.log = slog.New(slowpath.NewLogHandler(e.stderr, cfg.Log.Format, level))
+	return a, nil
+}
+
+// close runs the cleanups of what start started, last started first.
+func (a *serveApp) close() {
+	if err := a.closers.close(); err != nil {
+		a.log.Warn("shutdown", "err", err)
+	}
+}
+
+// start starts the demo engines, the fast path, the server, the request
+// recorder and the config watcher, and binds the listeners; each pushes its
+// cleanup, so on an error close stops what did start.
+func (a *serveApp) start(e env) error {
+	cfg, log := &a.cfg, a.log
 	if soft, hard, err := slowpath.RaiseFDLimit(); err != nil {
 		log.Warn("open-file limit unknown", "err", err)
 	} else {
 		log.Info("open-file limit", "soft", soft, "hard", hard)
 	}
 
-	if *demo {
-		engines, err := startDemoEngines(log, *demoAdmin)
+	if a.demo {
+		engines, err := startDemoEngines(log, a.demoAdmin)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			for _, en := range engines {
-				en.Close()
-			}
-		}()
+		a.closers.push("demo engines", func() error { return closeEngines(engines) })
 		for _, en := range engines {
 			cfg.Replicas = append(cfg.Replicas, slowpath.ReplicaConfig{Address: en.Addr(), Models: []string{demoModel}})
 		}
-		if *cfgPath == "" {
+		if a.cfgPath == "" {
 			cfg.Shutdown.DrainDelay = 0 // no load balancer in front of a demo
 		}
 	}
@@ -132,19 +168,32 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	srv, err := slowpath.New(cfg, log)
-	if err != nil {
-		if dp != nil {
-			_ = dp.Close()
-		}
-		return fmt.Errorf("serve: %w", err)
-	}
-	srv.Registry().MustRegister(buildInfoGauge())
+	// One cleanup for the fast path: the datapath alone until its control
+	// loop runs, then both (fr.stop closes the datapath).
 	var fr *fastpathRun
 	if dp != nil {
+		a.closers.push("fast path", func() error {
+			if fr != nil {
+				return fr.stop()
+			}
+			return dp.Close()
+		})
+	}
+	if a.srv, err = slowpath.New(*cfg, log); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	srv := a.srv
+	// A server that never served stops here; one that served was stopped
+	// by serve (drained or shut down) before the cleanups run.
+	a.closers.push("server", func() error {
+		if a.stopped {
+			return nil
+		}
+		return srv.Shutdown(context.Background())
+	})
+	srv.Registry().MustRegister(buildInfoGauge())
+	if dp != nil {
 		if fr, err = startFastpath(dp, &cfg.Fastpath, srv, log); err != nil {
-			_ = dp.Close()
-			_ = srv.Shutdown(context.Background())
 			return fmt.Errorf("serve: %w", err)
 		}
 	}
@@ -153,55 +202,48 @@ func runServe(ctx context.Context, args []string, e env) error {
 		fr.ctl.SetEntryHook(n.PublishEntry)
 		n.SetEntryHandler(fr.ctl.ApplyPeerEntry)
 	}
-	defer func() {
-		if err := fr.stop(); err != nil {
-			log.Warn("close fast path", "err", err)
-		}
-	}()
-	if *record != "" {
-		rec, err := slowpath.NewRecorder(*record, *recordN, srv.Router().HashConfig().BlockTokens, log)
+	if a.record != "" {
+		rec, err := slowpath.NewRecorder(a.record, a.recordN, srv.Router().HashConfig().BlockTokens, log)
 		if err != nil {
-			_ = srv.Shutdown(context.Background())
 			return fmt.Errorf("serve: --record: %w", err)
 		}
+		a.closers.push("request sample", rec.Close)
 		srv.Observer = slowpath.Observers{srv.Observer, rec}
-		defer func() {
-			if err := rec.Close(); err != nil {
-				log.Warn("request sample", "err", err)
-			}
-		}()
-		log.Info("recording a request sample", "file", *record, "requests", *recordN)
+		log.Info("recording a request sample", "file", a.record, "requests", a.recordN)
 	}
 	// Reloads apply the file's replica list; demo engines are not in the
 	// file, so a demo run only reloads when it has no config file.
-	if *cfgPath != "" && !*demo {
-		if err := srv.WatchConfigFile(*cfgPath, fileBytes); err != nil {
-			_ = srv.Shutdown(context.Background())
+	if a.cfgPath != "" && !a.demo {
+		if err := srv.WatchConfigFile(a.cfgPath, a.fileBytes); err != nil {
 			return fmt.Errorf("serve: %w", err)
 		}
 	}
 
-	apiLn, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		_ = srv.Shutdown(context.Background())
+	if a.apiLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("serve: listen %s: %w", cfg.Listen, err)
 	}
-	var adminLn net.Listener
+	a.closers.push("api listener", closeListener(a.apiLn))
 	if cfg.Admin != "" {
-		if adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
-			apiLn.Close()
-			_ = srv.Shutdown(context.Background())
+		if a.adminLn, err = net.Listen("tcp", cfg.Admin); err != nil {
 			return fmt.Errorf("serve: listen admin %s: %w", cfg.Admin, err)
 		}
+		a.closers.push("admin listener", closeListener(a.adminLn))
 	}
+	return nil
+}
 
+// serve serves on the bound listeners until ctx ends, a listener fails or a
+// SIGTERM/SIGINT arrives (SIGHUP reloads), then stops the server: a signal
+// drains it (drain), anything else shuts it down within drain_timeout.
+func (a *serveApp) serve(ctx context.Context, sigs <-chan os.Signal, e env) error {
+	cfg, log, srv, apiLn, adminLn := &a.cfg, a.log, a.srv, a.apiLn, a.adminLn
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(apiLn) }()
 	if adminLn != nil {
 		go func() { errc <- srv.ServeAdmin(adminLn) }()
 	}
 	log.Info("warmpath serving", "api", apiLn.Addr().String(), "tls", cfg.TLS.Enabled(), "admin", addrString(adminLn), "replicas", len(cfg.Replicas))
-	if *demo {
+	if a.demo {
 		log.Info("demo: try this", "curl", demoCurl(hostPort(apiLn.Addr())))
 		fmt.Fprintf(e.stdout, "\nwarmpath demo: %d simulated engines serving %q behind http://%s\ntry:\n  %s\n\n",
 			demoEngines, demoModel, hostPort(apiLn.Addr()), demoCurl(hostPort(apiLn.Addr())))
@@ -248,6 +290,7 @@ loop:
 			}
 		}
 	}
+	a.stopped = true
 	if graceful {
 		if err := sdNotify("STOPPING=1"); err != nil {
 			log.Warn("service manager notification", "err", err)
@@ -268,6 +311,17 @@ loop:
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// closeListener is ln's cleanup: Serve's shutdown closes a listener it
+// served, so an already closed one is not an error.
+func closeListener(ln net.Listener) func() error {
+	return func() error {
+		if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			return err
+		}
+		return nil
+	}
 }
 
 // errSecondSignal ends serve when a second SIGTERM/SIGINT cut the drain.
@@ -308,40 +362,4 @@ func addrString(ln net.Listener) string {
 		return "off"
 	}
 	return ln.Addr().String()
-}
-
-func demoCurl(hostport string) string {
-	return "curl -sN http://" + hostport + "/v1/chat/completions -H 'Content-Type: application/json' -d '" +
-		`{"model":"` + demoModel + `","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say hello."}]}` + "'"
-}
-
-// startDemoEngines starts the simulated engines on loopback ephemeral ports,
-// 20x faster than life.
-func startDemoEngines(log *slog.Logger, admin bool) ([]*enginesim.Server, error) {
-	var out []*enginesim.Server
-	quiet := log
-	for i := range demoEngines {
-		c := enginesim.DefaultConfig()
-		c.ServedModelNames = []string{demoModel}
-		c.TimeScale = 0.05
-		c.Seed = uint64(i + 1)
-		c.Logger = quiet
-		c.OutputLen.Median = 40
-		c.OutputLen.Max = 256
-		c.EnableAdmin = admin
-		en, err := enginesim.Start(c, "127.0.0.1:0")
-		if err != nil {
-			for _, o := range out {
-				o.Close()
-			}
-			return nil, fmt.Errorf("start demo engine %d: %w", i, err)
-		}
-		out = append(out, en)
-	}
-	addrs := make([]string, len(out))
-	for i, en := range out {
-		addrs[i] = en.Addr()
-	}
-	log.Info("demo engines started", "model", demoModel, "addrs", strings.Join(addrs, ","))
-	return out, nil
 }

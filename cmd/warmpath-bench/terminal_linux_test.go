@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,7 +34,7 @@ func TestTerminalOnly(t *testing.T) {
 			t.Errorf("%s taken for a terminal", name)
 		}
 	}
-	if terminalOnly(&syncBuf{}) != nil {
+	if terminalOnly(&bytes.Buffer{}) != nil {
 		t.Error("a buffer taken for a terminal")
 	}
 	ptm, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,38 +19,6 @@ import (
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
-const benchUsage = `usage: warmpath bench <suite> [flags]
-
-suites:
-  sim    the cluster simulator: every workload x load x policy on the real
-         affinity code, side by side with the anchors' policies; report into --out
-  live   real processes over loopback: warmpath vs nginx vs direct, on enginesim
-         and real llama.cpp fleets; report into --out
-
-` + "`warmpath bench <suite> -h`" + ` lists the suite's flags.
-`
-
-// runBench runs a bench suite: `warmpath bench sim` (the cluster simulator,
-// every workload x load x policy) or `warmpath bench live` (real processes:
-// warmpath vs nginx vs direct).
-func runBench(ctx context.Context, args []string, e env) error {
-	if len(args) == 0 {
-		fmt.Fprint(e.stderr, benchUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(e.stdout, benchUsage)
-		return nil
-	case "sim":
-		return runBenchSim(args[1:], e)
-	case "live":
-		return runBenchLive(ctx, args[1:], e)
-	}
-	fmt.Fprintf(e.stderr, "warmpath bench: unknown suite %q\n\n%s", args[0], benchUsage)
-	return errUsage
-}
-
 // benchCommon are the flags both suites take.
 type benchCommon struct {
 	out      *string
@@ -59,7 +28,7 @@ type benchCommon struct {
 }
 
 func benchFlags(mode, replicasHelp string, e env) (*flag.FlagSet, benchCommon) {
-	fs := flag.NewFlagSet("bench "+mode, flag.ContinueOnError)
+	fs := flag.NewFlagSet(mode, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	return fs, benchCommon{
 		out:      fs.String("out", "bench/results/"+mode, "results folder (report, plots, JSON)"),
@@ -70,10 +39,11 @@ func benchFlags(mode, replicasHelp string, e env) (*flag.FlagSet, benchCommon) {
 }
 
 func benchCmdline(mode string, args []string) string {
-	return "warmpath " + strings.Join(append([]string{"bench", mode}, args...), " ")
+	return "warmpath-bench " + strings.Join(append([]string{mode}, args...), " ")
 }
 
-func runBenchSim(args []string, e env) error {
+// runSim runs the cluster simulator suite: every workload x load x policy.
+func runSim(_ context.Context, args []string, e env) error {
 	fs, c := benchFlags("sim", "replicas per load ladder (0 = 8)", e)
 	trace := fs.String("trace", "", "Mooncake trace (default: ../shared/workloads/mooncake-synthetic.jsonl if present; without one the workload is skipped, saying why)")
 	parallel := fs.Int("parallel", 0, "simulations at once (0 = GOMAXPROCS)")
@@ -87,27 +57,27 @@ func runBenchSim(args []string, e env) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench sim: unexpected argument %q", fs.Arg(0))
+		return fmt.Errorf("sim: unexpected argument %q", fs.Arg(0))
 	}
 	var err error
 	if so.Routers, err = parseInts(*routers); err != nil {
-		return fmt.Errorf("bench sim: --routers: %w", err)
+		return fmt.Errorf("sim: --routers: %w", err)
 	}
 	if so.Delays, err = parseDurations(*syncDelays); err != nil {
-		return fmt.Errorf("bench sim: --sync-delays: %w", err)
+		return fmt.Errorf("sim: --sync-delays: %w", err)
 	}
 	so.SyncDelay, so.SweepRouters = *syncDelay, *delayRouters
 	if *delayRouters < 2 {
-		return fmt.Errorf("bench sim: --delay-routers must be >= 2, got %d", *delayRouters)
+		return fmt.Errorf("sim: --delay-routers must be >= 2, got %d", *delayRouters)
 	}
 	if err := so.Validate(); err != nil {
-		return fmt.Errorf("bench sim: %w", err)
+		return fmt.Errorf("sim: %w", err)
 	}
 	sf := []string{}
 	for f := range strings.SplitSeq(*simFleets, ",") {
 		if f = strings.TrimSpace(f); f != "" {
 			if !slices.Contains(suite.DefaultFleets, f) {
-				return fmt.Errorf("bench sim: --sim-fleets: unknown fleet %q (have %s)", f, strings.Join(suite.DefaultFleets, ", "))
+				return fmt.Errorf("sim: --sim-fleets: unknown fleet %q (have %s)", f, strings.Join(suite.DefaultFleets, ", "))
 			}
 			sf = append(sf, f)
 		}
@@ -121,30 +91,34 @@ func runBenchSim(args []string, e env) error {
 	return nil
 }
 
-func runBenchLive(ctx context.Context, args []string, e env) error {
+// runLive runs the live suite on real processes: the warmpath binary
+// beside this one (or --warmpath), nginx and enginesim or llama.cpp.
+func runLive(ctx context.Context, args []string, e env) error {
 	fs, c := benchFlags("live", "engines (0 = 4)", e)
 	skipNginx := fs.Bool("skip-nginx", false, "leave the nginx baseline out")
 	commit := fs.String("commit", "", "commit recorded in the report (default: ask git)")
 	fleets := fs.String("fleets", "", "engine fleets, comma-separated (\"\" = all; --smoke: enginesim,enginesim-hetero); of "+strings.Join(live.Fleets(), ", "))
+	warmpathBin := fs.String("warmpath", "", "warmpath `binary` to measure (default: warmpath beside this binary, as make build puts it; else built with the go tool)")
+	enginesimBin := fs.String("enginesim", "", "enginesim `binary` (default: enginesim beside this binary; else built with the go tool)")
 	scenario := fs.String("scenario", "", "run one scenario alone: \""+live.ScenarioTenants+"\" (a flooding tenant vs a quiet one, with and without the fair queue; writes tenants.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("bench live: unexpected argument %q", fs.Arg(0))
+		return fmt.Errorf("live: unexpected argument %q", fs.Arg(0))
 	}
 	fl, err := parseFleets(*fleets)
 	if err != nil {
-		return fmt.Errorf("bench live: --fleets: %w", err)
+		return fmt.Errorf("live: --fleets: %w", err)
 	}
-	self, err := os.Executable()
+	wp, es, err := siblingBinaries(*warmpathBin, *enginesimBin)
 	if err != nil {
-		return fmt.Errorf("bench live: find own executable: %w", err)
+		return fmt.Errorf("live: %w", err)
 	}
 	// Progress lines are plain (one per finished configuration), fit for a
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
-		Fleets: fl, WarmpathBin: self, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario})
+		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario})
 	if err != nil {
 		return err
 	}
@@ -157,6 +131,41 @@ func runBenchLive(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintf(e.stdout, "\nreport: %s/%s\n", *c.out, report)
 	return nil
+}
+
+// siblingBinaries resolves the live suite's warmpath and enginesim
+// binaries: a path given, else the one beside this executable (bin/ after
+// make build), else "" (live.Run builds it with the go tool).
+func siblingBinaries(warmpath, enginesim string) (string, string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", "", fmt.Errorf("find own executable: %w", err)
+	}
+	dir := filepath.Dir(self)
+	pick := func(given, name string) (string, error) {
+		if given != "" {
+			if !isFile(given) {
+				return "", fmt.Errorf("--%s %s: not a binary", name, given)
+			}
+			return given, nil
+		}
+		if p := filepath.Join(dir, name); isFile(p) {
+			return p, nil
+		}
+		return "", nil
+	}
+	if warmpath, err = pick(warmpath, "warmpath"); err != nil {
+		return "", "", err
+	}
+	if enginesim, err = pick(enginesim, "enginesim"); err != nil {
+		return "", "", err
+	}
+	return warmpath, enginesim, nil
+}
+
+func isFile(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
 }
 
 // terminalOnly returns w when it is a terminal, else nil: a progress bar

@@ -17,7 +17,7 @@ import (
 func TestBenchSimSmoke(t *testing.T) {
 	dir := t.TempDir()
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"bench", "sim", "--smoke", "--replicas", "2", "--out", dir,
+	err := run(context.Background(), []string{"sim", "--smoke", "--replicas", "2", "--out", dir,
 		"--routers", "1,3", "--sync-delay", "2ms", "--sync-delays", "0,50ms", "--delay-routers", "2", "--sim-fleets", "llamacpp, batch-4"}, env{stdout: &out, stderr: &errb})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errb.String())
@@ -48,7 +48,7 @@ func TestBenchSimSmoke(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"--routers", "two"}, {"--routers", "0"}, {"--routers", "300"}, {"--sync-delay", "-1s"},
 		{"--sync-delays", "soon"}, {"--sync-delays", "-5ms"}, {"--delay-routers", "1"}, {"--sim-fleets", "vllm"}, {"--sim-fleets", "batch-4,nope"}} {
-		args := append([]string{"bench", "sim", "--smoke", "--out", t.TempDir()}, bad...)
+		args := append([]string{"sim", "--smoke", "--out", t.TempDir()}, bad...)
 		if err := run(context.Background(), args, env{stdout: &out, stderr: &errb}); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
@@ -82,7 +82,7 @@ func TestParseFleets(t *testing.T) {
 	}
 	// A bad --fleets fails before anything starts.
 	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"bench", "live", "--fleets", "nope", "--out", t.TempDir()}, env{stdout: &out, stderr: &errb})
+	err := run(context.Background(), []string{"live", "--fleets", "nope", "--out", t.TempDir()}, env{stdout: &out, stderr: &errb})
 	if err == nil || !strings.Contains(err.Error(), `--fleets: unknown fleet "nope"`) {
 		t.Fatalf("err = %v", err)
 	}
@@ -120,7 +120,7 @@ func TestAnalyze(t *testing.T) {
 	if err := run(context.Background(), []string{"analyze", "--requests", reqs, "--fast"}, env{stdout: &out, stderr: &errb}); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range [][]string{{"analyze"}, {"analyze", "--trace", trace, "--requests", reqs}, {"analyze", "--trace", filepath.Join(dir, "missing")}, {"bench", "nope"}} {
+	for _, bad := range [][]string{{"analyze"}, {"analyze", "--trace", trace, "--requests", reqs}, {"analyze", "--trace", filepath.Join(dir, "missing")}, {"nope"}} {
 		if err := run(context.Background(), bad, env{stdout: &out, stderr: &errb}); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
@@ -128,3 +128,26 @@ func TestAnalyze(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestLiveBinaries: --warmpath and --enginesim take a binary, and a wrong
+// path fails before anything starts.
+func TestLiveBinaries(t *testing.T) {
+	dir := t.TempDir()
+	wp, es := filepath.Join(dir, "wp"), filepath.Join(dir, "es")
+	for _, p := range []string{wp, es} {
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gotWP, gotES, err := siblingBinaries(wp, es)
+	if err != nil || gotWP != wp || gotES != es {
+		t.Fatalf("siblingBinaries(%s, %s) = %q, %q, %v", wp, es, gotWP, gotES, err)
+	}
+	for _, bad := range [][]string{{"--warmpath", filepath.Join(dir, "missing")}, {"--enginesim", dir}} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), append([]string{"live", "--out", t.TempDir()}, bad...), env{stdout: &out, stderr: &errb})
+		if err == nil || !strings.Contains(err.Error(), bad[0]+" "+bad[1]+": not a binary") {
+			t.Errorf("%v: err = %v", bad, err)
+		}
+	}
+}
