@@ -1,0 +1,9 @@
+//go:build !amd64 || purego
+
+package affinity
+
+const hasBlocks256 = false
+
+// hashBlocks256 sets dst[i] to the unseeded xxh3 of data's i-th 256-byte
+// block for every i < len(dst).
+func hashBlocks256(dst []uint64, data []byte) { hashBlocksGeneric(dst, data, 256) }
