@@ -50,7 +50,8 @@ func BenchmarkHash(b *testing.B) {
 	}
 }
 
-// BenchmarkParse: canonicalize + hash a chat body.
+// BenchmarkParse: canonicalize + hash a chat body (ParseChat: the scanner);
+// twin: the same body through fastjson's parse tree.
 func BenchmarkParse(b *testing.B) {
 	for _, sz := range benchSizes {
 		body := chatBody("m", strings.Repeat("You are a helpful assistant. ", sz.n/29+1)[:sz.n], "question")
@@ -61,6 +62,15 @@ func BenchmarkParse(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := p.ParseChat(body, &pr); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("fastjson/"+sz.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.parseChatJSON(body, &pr); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -311,6 +321,15 @@ func BenchmarkLongPrompt(b *testing.B) {
 		b.ReportAllocs()
 		cpuPerOp(b, func() {
 			if err := p.ParseChat(body, &pr); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("parse-fastjson", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		cpuPerOp(b, func() {
+			if err := p.parseChatJSON(body, &pr); err != nil {
 				b.Fatal(err)
 			}
 		})
