@@ -65,23 +65,20 @@ func AppendHashes(dst []uint64, seed uint64, data []byte, blockBytes int) []uint
 	start := len(dst)
 	dst = slices.Grow(dst, n)[:start+n]
 	blocks := dst[start:]
-	hashBlocks(blocks, data, blockBytes)
+	if blockBytes == 256 {
+		hashChain256(blocks, data, seed)
+		return dst
+	}
+	hashBlocksGeneric(blocks, data, blockBytes)
 	chainBlocks(blocks, seed)
 	return dst
 }
 
-// hashBlocks sets dst[i] to the unseeded xxh3 of data's i-th block of
-// blockBytes bytes, for every i < len(dst). 256-byte blocks (the default)
-// take the fixed-size vector kernel where the CPU has one; its output is
-// xxh3's, bit for bit (TestHashBlocks256 compares them).
-func hashBlocks(dst []uint64, data []byte, blockBytes int) {
-	if blockBytes == 256 {
-		hashBlocks256(dst, data)
-		return
-	}
-	hashBlocksGeneric(dst, data, blockBytes)
-}
-
+// hashBlocksGeneric sets dst[i] to the unseeded xxh3 of data's i-th block
+// of blockBytes bytes, one xxh3.Hash call each. 256-byte blocks (the
+// default) take the fixed-size kernel (hashChain256) where the CPU has one;
+// its output is xxh3's, bit for bit (TestHashBlocks256 and
+// TestAppendHashesMatchesReference compare them).
 func hashBlocksGeneric(dst []uint64, data []byte, blockBytes int) {
 	for i := range dst {
 		dst[i] = xxh3.Hash(data[i*blockBytes : (i+1)*blockBytes])

@@ -56,6 +56,67 @@ DATA xxh3k256<>+368(SB)/8, $0x27d4eb2f165667c5
 DATA xxh3k256<>+376(SB)/8, $0x000000009e3779b1
 GLOBL xxh3k256<>(SB), RODATA|NOPTR, $384
 
+// BLOCK256 leaves in R8 the xxh3 of the 256 bytes at (SI), with Z16-Z21
+// holding xxh3k256 and R9, R10 the avalanche and length constants:
+// acc[i] += lo32(d^k) * hi32(d^k) + d[i^1] for each stripe, then the merge
+// len*PRIME64_1 + sum of fold(acc[2j]^k, acc[2j+1]^k), then the avalanche.
+// It clobbers AX, DX, Z0-Z12 and the 64 bytes at 0(SP).
+#define BLOCK256 \
+	VMOVDQU64 0(SI), Z1; \
+	VPXORQ    Z16, Z1, Z2; \
+	VPSRLQ    $32, Z2, Z3; \
+	VPMULUDQ  Z3, Z2, Z2; \
+	VPSHUFD   $0x4e, Z1, Z1; \
+	VPADDQ    Z21, Z1, Z0; \
+	VPADDQ    Z2, Z0, Z0; \
+	VMOVDQU64 64(SI), Z4; \
+	VPXORQ    Z17, Z4, Z5; \
+	VPSRLQ    $32, Z5, Z6; \
+	VPMULUDQ  Z6, Z5, Z5; \
+	VPSHUFD   $0x4e, Z4, Z4; \
+	VPADDQ    Z4, Z0, Z0; \
+	VPADDQ    Z5, Z0, Z0; \
+	VMOVDQU64 128(SI), Z7; \
+	VPXORQ    Z18, Z7, Z8; \
+	VPSRLQ    $32, Z8, Z9; \
+	VPMULUDQ  Z9, Z8, Z8; \
+	VPSHUFD   $0x4e, Z7, Z7; \
+	VPADDQ    Z7, Z0, Z0; \
+	VPADDQ    Z8, Z0, Z0; \
+	VMOVDQU64 192(SI), Z10; \
+	VPXORQ    Z19, Z10, Z11; \
+	VPSRLQ    $32, Z11, Z12; \
+	VPMULUDQ  Z12, Z11, Z11; \
+	VPSHUFD   $0x4e, Z10, Z10; \
+	VPADDQ    Z10, Z0, Z0; \
+	VPADDQ    Z11, Z0, Z0; \
+	VPXORQ    Z20, Z0, Z0; \
+	VMOVDQU64 Z0, 0(SP); \
+	MOVQ 0(SP), AX; \
+	MULQ 8(SP); \
+	XORQ DX, AX; \
+	MOVQ AX, R8; \
+	MOVQ 16(SP), AX; \
+	MULQ 24(SP); \
+	XORQ DX, AX; \
+	ADDQ AX, R8; \
+	MOVQ 32(SP), AX; \
+	MULQ 40(SP); \
+	XORQ DX, AX; \
+	ADDQ AX, R8; \
+	MOVQ 48(SP), AX; \
+	MULQ 56(SP); \
+	XORQ DX, AX; \
+	ADDQ AX, R8; \
+	ADDQ R10, R8; \
+	MOVQ  R8, AX; \
+	SHRQ  $37, AX; \
+	XORQ  AX, R8; \
+	IMULQ R9, R8; \
+	MOVQ  R8, AX; \
+	SHRQ  $32, AX; \
+	XORQ  AX, R8;
+
 // func hashBlocks256AVX512(dst *uint64, data *byte, n int)
 //
 // dst[i] = xxh3.Hash(data[256*i : 256*(i+1)]) for i < n, n >= 1: the
@@ -78,74 +139,59 @@ TEXT ·hashBlocks256AVX512(SB), NOSPLIT, $64-24
 	MOVQ $0x3779b185ebca8700, R10 // 256 * PRIME64_1
 
 loop:
-	// acc[i] += lo32(d^k) * hi32(d^k) + d[i^1], per stripe
-	VMOVDQU64 0(SI), Z1
-	VPXORQ    Z16, Z1, Z2
-	VPSRLQ    $32, Z2, Z3
-	VPMULUDQ  Z3, Z2, Z2
-	VPSHUFD   $0x4e, Z1, Z1
-	VPADDQ    Z21, Z1, Z0
-	VPADDQ    Z2, Z0, Z0
-
-	VMOVDQU64 64(SI), Z4
-	VPXORQ    Z17, Z4, Z5
-	VPSRLQ    $32, Z5, Z6
-	VPMULUDQ  Z6, Z5, Z5
-	VPSHUFD   $0x4e, Z4, Z4
-	VPADDQ    Z4, Z0, Z0
-	VPADDQ    Z5, Z0, Z0
-
-	VMOVDQU64 128(SI), Z7
-	VPXORQ    Z18, Z7, Z8
-	VPSRLQ    $32, Z8, Z9
-	VPMULUDQ  Z9, Z8, Z8
-	VPSHUFD   $0x4e, Z7, Z7
-	VPADDQ    Z7, Z0, Z0
-	VPADDQ    Z8, Z0, Z0
-
-	VMOVDQU64 192(SI), Z10
-	VPXORQ    Z19, Z10, Z11
-	VPSRLQ    $32, Z11, Z12
-	VPMULUDQ  Z12, Z11, Z11
-	VPSHUFD   $0x4e, Z10, Z10
-	VPADDQ    Z10, Z0, Z0
-	VPADDQ    Z11, Z0, Z0
-
-	// merge: len*PRIME64_1 + sum of fold(acc[2j]^k, acc[2j+1]^k)
-	VPXORQ    Z20, Z0, Z0
-	VMOVDQU64 Z0, 0(SP)
-	MOVQ 0(SP), AX
-	MULQ 8(SP)
-	XORQ DX, AX
-	MOVQ AX, R8
-	MOVQ 16(SP), AX
-	MULQ 24(SP)
-	XORQ DX, AX
-	ADDQ AX, R8
-	MOVQ 32(SP), AX
-	MULQ 40(SP)
-	XORQ DX, AX
-	ADDQ AX, R8
-	MOVQ 48(SP), AX
-	MULQ 56(SP)
-	XORQ DX, AX
-	ADDQ AX, R8
-	ADDQ R10, R8
-
-	// avalanche
-	MOVQ  R8, AX
-	SHRQ  $37, AX
-	XORQ  AX, R8
-	IMULQ R9, R8
-	MOVQ  R8, AX
-	SHRQ  $32, AX
-	XORQ  AX, R8
-
+	BLOCK256
 	MOVQ R8, 0(DI)
 	ADDQ $8, DI
 	ADDQ $256, SI
 	DECQ CX
 	JNZ  loop
+	VZEROUPPER
+	RET
 
+// func hashChain256AVX512(dst *uint64, data *byte, n int, seed uint64)
+//
+// dst[i] = chain(dst[i-1], xxh3(block i)) with dst[-1] = seed: the blocks of
+// hashBlocks256AVX512 folded into the running chain value as they are
+// hashed (see chain in hash.go), so the chain's multiply overlaps the next
+// block's vector work.
+TEXT ·hashChain256AVX512(SB), NOSPLIT, $64-32
+	MOVQ dst+0(FP), DI
+	MOVQ data+8(FP), SI
+	MOVQ n+16(FP), CX
+	VMOVDQU64 xxh3k256<>+0(SB), Z16
+	VMOVDQU64 xxh3k256<>+64(SB), Z17
+	VMOVDQU64 xxh3k256<>+128(SB), Z18
+	VMOVDQU64 xxh3k256<>+192(SB), Z19
+	VMOVDQU64 xxh3k256<>+256(SB), Z20
+	VMOVDQU64 xxh3k256<>+320(SB), Z21
+	MOVQ $0x165667919e3779f9, R9
+	MOVQ $0x3779b185ebca8700, R10 // 256 * PRIME64_1
+	MOVQ seed+24(FP), R11
+	MOVQ $0x9e3779b185ebca87, R12 // chainK1
+	MOVQ $0xc2b2ae3d27d4eb4f, R13 // chainK2
+
+chainloop:
+	BLOCK256
+	// hi, lo = (prev^K1) * (block^K2); x = hi ^ lo ^ block; avalanche
+	MOVQ  R11, AX
+	XORQ  R12, AX
+	MOVQ  R8, BX
+	XORQ  R13, BX
+	MULQ  BX
+	XORQ  DX, AX
+	XORQ  R8, AX
+	MOVQ  AX, DX
+	SHRQ  $37, DX
+	XORQ  DX, AX
+	IMULQ R9, AX
+	MOVQ  AX, DX
+	SHRQ  $32, DX
+	XORQ  DX, AX
+	MOVQ  AX, R11
+	MOVQ  AX, 0(DI)
+	ADDQ  $8, DI
+	ADDQ  $256, SI
+	DECQ  CX
+	JNZ   chainloop
 	VZEROUPPER
 	RET

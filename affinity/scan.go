@@ -2,9 +2,10 @@ package affinity
 
 import (
 	"bytes"
-	"unsafe"
+	"slices"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/valyala/fastjson/fastfloat"
 )
@@ -303,22 +304,35 @@ func hex4(b []byte) rune {
 func (s *chatScan) emitString(i int) (int, bool) {
 	b, p := s.b, s.p
 	i++
-	q := -1 // the next quote at or after i, valid while q >= i
+	q := -1 // generic path: the next quote at or after i, valid while q >= i
 	for {
-		if q < i {
-			q = bytes.IndexByte(b[i:], '"')
-			if q < 0 {
+		if hasCopyPlain && len(p.canon)+len(b)-i <= p.cfg.MaxPromptBytes {
+			// one pass: copy up to the next quote or backslash
+			n := len(p.canon)
+			p.canon = slices.Grow(p.canon, len(b)-i)[:n+len(b)-i]
+			k := copyPlain(p.canon[n:], b[i:])
+			p.canon = p.canon[:n+k]
+			p.text += k
+			if i += k; i == len(b) {
 				return 0, false
 			}
-			q += i
+		} else {
+			if q < i {
+				if q = bytes.IndexByte(b[i:], '"'); q < 0 {
+					return 0, false
+				}
+				q += i
+			}
+			e := bytes.IndexByte(b[i:q], '\\')
+			if e < 0 {
+				e = q - i
+			}
+			p.appendText(b[i : i+e])
+			i += e
 		}
-		e := bytes.IndexByte(b[i:q], '\\')
-		if e < 0 {
-			p.appendText(b[i:q])
-			return q + 1, true
+		if b[i] == '"' {
+			return i + 1, true
 		}
-		p.appendText(b[i : i+e])
-		i += e
 		n := escLen(b[i:])
 		if n == 0 {
 			return 0, false

@@ -215,7 +215,8 @@ func randomChatBody(rng *rand.Rand) []byte {
 }
 
 // FuzzScanChat: on any body the scanner accepts, fastjson accepts it too and
-// gives the same prompt.
+// gives the same prompt; under a cap the body exceeds, strings take the
+// generic path instead of the copy kernel.
 func FuzzScanChat(f *testing.F) {
 	for _, s := range scanCorpus {
 		f.Add([]byte(s))
@@ -227,5 +228,46 @@ func FuzzScanChat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkScan(t, HashConfig{BlockTokens: 4, MaxPromptBytes: 4096}, body)
 		checkScan(t, HashConfig{}, body)
+		checkScan(t, HashConfig{BlockTokens: 4, MaxPromptBytes: 64}, body) // the cap cuts: generic string path
 	})
+}
+
+// TestCopyPlain: the kernel stops at the first quote or backslash at every
+// position and length, copies exactly the bytes before it, and writes
+// nothing past dst[len(src)-1].
+func TestCopyPlain(t *testing.T) {
+	if !hasCopyPlain {
+		t.Skip("no copyPlain kernel on this CPU (the scanner uses bytes.IndexByte)")
+	}
+	src := make([]byte, 300)
+	for i := range src {
+		src[i] = 'a' + byte(i%26)
+	}
+	dst := make([]byte, 400)
+	for n := 0; n <= 260; n++ {
+		for _, stop := range []int{-1, 0, 1, 31, 63, 64, 65, 127, 128, 200, 259} {
+			if stop >= n {
+				continue
+			}
+			for _, c := range []byte{'"', '\\'} {
+				s := slices.Clone(src[:n])
+				want := n
+				if stop >= 0 {
+					s[stop], want = c, stop
+				}
+				for i := range dst {
+					dst[i] = 0xEE
+				}
+				got := copyPlain(dst, s)
+				if got != want || !bytes.Equal(dst[:got], s[:got]) {
+					t.Fatalf("n=%d stop=%d %q: %d, want %d", n, stop, c, got, want)
+				}
+				for i := n; i < len(dst); i++ {
+					if dst[i] != 0xEE {
+						t.Fatalf("n=%d stop=%d: wrote dst[%d]", n, stop, i)
+					}
+				}
+			}
+		}
+	}
 }
