@@ -334,6 +334,26 @@ func BenchmarkLongPrompt(b *testing.B) {
 			}
 		})
 	})
+	// prose and code: a newline escape every line, quotes now and then
+	esc := chatBody("m", strings.Repeat("The \"router\" reads the prompt once; the engine renders it.\n\tif x { return }\n", size/60+1)[:size], "question")
+	b.Run("parse-escaped", func(b *testing.B) {
+		b.SetBytes(int64(len(esc)))
+		b.ReportAllocs()
+		cpuPerOp(b, func() {
+			if err := p.ParseChat(esc, &pr); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("parse-escaped-fastjson", func(b *testing.B) {
+		b.SetBytes(int64(len(esc)))
+		b.ReportAllocs()
+		cpuPerOp(b, func() {
+			if err := p.parseChatJSON(esc, &pr); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
 	for _, n := range []int{100, 1024} {
 		r := benchRouter(b, "cost", n, req)
 		b.Run(fmt.Sprintf("full/replicas=%d", n), func(b *testing.B) {

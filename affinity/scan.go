@@ -14,8 +14,8 @@ import (
 //
 // scanChat reads a /v1/chat/completions body once, left to right, and
 // appends each message's canonical bytes as its content string is scanned:
-// a string without escapes is copied once from the body (no parse tree, no
-// copy of the body, no second pass to unescape), and the blocks are hashed
+// a string is copied once from the body, its escapes decoded on the way (no
+// parse tree, no copy of the body, no second pass to unescape), and the blocks are hashed
 // once at the end. It handles the shapes clients send: a top-level object
 // with system/developer messages before the others, string roles, content as
 // a string or as text parts, no tools or tool_calls. Anything else (an
@@ -306,14 +306,15 @@ func (s *chatScan) emitString(i int) (int, bool) {
 	i++
 	q := -1 // generic path: the next quote at or after i, valid while q >= i
 	for {
-		if hasCopyPlain && len(p.canon)+len(b)-i <= p.cfg.MaxPromptBytes {
-			// one pass: copy up to the next quote or backslash
+		if hasUnescapePlain && len(p.canon)+len(b)-i <= p.cfg.MaxPromptBytes {
+			// one pass: copy and decode two-byte escapes up to the closing
+			// quote or a \u escape
 			n := len(p.canon)
 			p.canon = slices.Grow(p.canon, len(b)-i)[:n+len(b)-i]
-			k := copyPlain(p.canon[n:], b[i:])
-			p.canon = p.canon[:n+k]
-			p.text += k
-			if i += k; i == len(b) {
+			c, w := unescapePlain(p.canon[n:], b[i:])
+			p.canon = p.canon[:n+w]
+			p.text += w
+			if i += c; i == len(b) {
 				return 0, false
 			}
 		} else {

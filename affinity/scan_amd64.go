@@ -4,19 +4,20 @@ package affinity
 
 import "github.com/klauspost/cpuid/v2"
 
-// hasCopyPlain reports whether copyPlain has its vector kernel here.
-var hasCopyPlain = cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW)
+// hasUnescapePlain reports whether unescapePlain has its vector kernel here.
+var hasUnescapePlain = cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW)
 
 //go:noescape
-func copyPlainAVX512(dst, src *byte, n int) int
+func unescapePlainAVX512(dst, src *byte, n int) (consumed, written int)
 
-// copyPlain copies src up to its first '"' or '\\' into dst, which has room
-// for len(src) bytes, and returns that index (len(src) when there is none).
-// Only for hasCopyPlain.
-func copyPlain(dst, src []byte) int {
+// unescapePlain copies src into dst (room for len(src) bytes) up to its
+// first quote or a backslash other than a two-byte escape, decoding those
+// escapes; it returns the bytes of src consumed (the stop's index, or
+// len(src)) and the bytes written. Only for hasUnescapePlain.
+func unescapePlain(dst, src []byte) (consumed, written int) {
 	if len(src) == 0 {
-		return 0
+		return 0, 0
 	}
 	_ = dst[len(src)-1]
-	return copyPlainAVX512(&dst[0], &src[0], len(src))
+	return unescapePlainAVX512(&dst[0], &src[0], len(src))
 }

@@ -2,6 +2,6 @@
 
 package affinity
 
-const hasCopyPlain = false
+const hasUnescapePlain = false
 
-func copyPlain(dst, src []byte) int { panic("copyPlain without a kernel") }
+func unescapePlain(dst, src []byte) (int, int) { panic("unescapePlain without a kernel") }

@@ -232,40 +232,64 @@ func FuzzScanChat(f *testing.F) {
 	})
 }
 
-// TestCopyPlain: the kernel stops at the first quote or backslash at every
-// position and length, copies exactly the bytes before it, and writes
-// nothing past dst[len(src)-1].
-func TestCopyPlain(t *testing.T) {
-	if !hasCopyPlain {
-		t.Skip("no copyPlain kernel on this CPU (the scanner uses bytes.IndexByte)")
-	}
-	src := make([]byte, 300)
-	for i := range src {
-		src[i] = 'a' + byte(i%26)
-	}
-	dst := make([]byte, 400)
-	for n := 0; n <= 260; n++ {
-		for _, stop := range []int{-1, 0, 1, 31, 63, 64, 65, 127, 128, 200, 259} {
-			if stop >= n {
-				continue
+// unescapePlainRef is unescapePlain byte by byte.
+func unescapePlainRef(src []byte) (int, []byte) {
+	simple := map[byte]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+	var out []byte
+	for i := 0; i < len(src); {
+		switch c := src[i]; c {
+		case '"':
+			return i, out
+		case '\\':
+			if i+1 == len(src) {
+				return i, out
 			}
-			for _, c := range []byte{'"', '\\'} {
-				s := slices.Clone(src[:n])
-				want := n
-				if stop >= 0 {
-					s[stop], want = c, stop
+			d, ok := simple[src[i+1]]
+			if !ok {
+				return i, out
+			}
+			out = append(out, d)
+			i += 2
+		default:
+			out = append(out, c)
+			i++
+		}
+	}
+	return len(src), out
+}
+
+// TestUnescapePlain: the kernel decodes two-byte escapes and stops where the
+// byte-by-byte reference stops, on random mixes of plain bytes, quotes,
+// backslashes and escape letters at every length to 300, and writes
+// nothing past dst[len(src)-1].
+func TestUnescapePlain(t *testing.T) {
+	if !hasUnescapePlain {
+		t.Skip("no unescapePlain kernel on this CPU (the scanner uses bytes.IndexByte)")
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	alpha := []byte(`aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"ntu/bfrx\\`)
+	dst := make([]byte, 400)
+	for n := 0; n <= 300; n++ {
+		for range 20 {
+			src := make([]byte, n)
+			sparse := rng.IntN(2) == 0
+			for i := range src {
+				src[i] = 'a' + byte(rng.IntN(26))
+				if !sparse || rng.IntN(40) == 0 {
+					src[i] = alpha[rng.IntN(len(alpha))]
 				}
-				for i := range dst {
-					dst[i] = 0xEE
-				}
-				got := copyPlain(dst, s)
-				if got != want || !bytes.Equal(dst[:got], s[:got]) {
-					t.Fatalf("n=%d stop=%d %q: %d, want %d", n, stop, c, got, want)
-				}
-				for i := n; i < len(dst); i++ {
-					if dst[i] != 0xEE {
-						t.Fatalf("n=%d stop=%d: wrote dst[%d]", n, stop, i)
-					}
+			}
+			for i := range dst {
+				dst[i] = 0xEE
+			}
+			c, w := unescapePlain(dst, src)
+			rc, rout := unescapePlainRef(src)
+			if c != rc || w != len(rout) || !bytes.Equal(dst[:w], rout) {
+				t.Fatalf("%q: consumed %d wrote %q, want %d %q", src, c, dst[:w], rc, rout)
+			}
+			for i := n; i < len(dst); i++ {
+				if dst[i] != 0xEE {
+					t.Fatalf("%q: wrote dst[%d]", src, i)
 				}
 			}
 		}
