@@ -14,17 +14,18 @@ import (
 //
 // scanChat reads a /v1/chat/completions body once, left to right, and
 // appends each message's canonical bytes as its content string is scanned:
-// a string is copied once from the body, its escapes decoded on the way (no
-// parse tree, no copy of the body, no second pass to unescape), and the blocks are hashed
-// once at the end. It handles the shapes clients send: a top-level object
-// with system/developer messages before the others, string roles, content as
-// a string or as text parts, no tools or tool_calls. Anything else (an
-// escape it does not check, a duplicate routing key, tools, image parts, a
-// nesting deeper than scanMaxDepth, any error) makes it report false, and
-// ParseChat parses the body with fastjson instead, which decides the result
-// and the error. So on every body it accepts, scanChat gives exactly what
-// parseChatJSON gives (TestScanChatMatchesJSON, FuzzScanChat): its JSON
-// grammar is strict where fastjson is lax, never the other way round.
+// a string is copied once from the body with its escapes decoded on the way
+// (no parse tree, no copy of the body, no second pass to unescape), and the
+// blocks are hashed once at the end. It handles the shapes clients send: a
+// top-level object with system/developer messages before the others, string
+// roles, content as a string or as text parts, no tools or tool_calls.
+// Anything else (an invalid escape, an escape in a key, model, role or
+// name, a duplicate routing key, tools, image parts, a nesting deeper than
+// scanMaxDepth, any error) makes it report false, and ParseChat parses the
+// body with fastjson instead, which decides the result and the error. So on
+// every body it accepts, scanChat gives exactly what parseChatJSON gives
+// (TestScanChatMatchesJSON, FuzzScanChat): its JSON grammar is strict where
+// fastjson is lax, never the other way round.
 
 const scanMaxDepth = 64
 
