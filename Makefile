@@ -59,7 +59,7 @@ soak: ## the slowpath soak (TestSoakChurn) for SOAK (default 3m), without -race;
 	$(GO) test -run '^TestSoakChurn$$' -count=1 -v -timeout 1h ./slowpath -soak=$(SOAK)
 
 # Every fuzz target, as package:Target. `make fuzz` runs each for FUZZTIME.
-FUZZ_TARGETS := ./affinity:FuzzCanonicalize ./affinity:FuzzParseResponses ./bench/enginesim:FuzzAPIRequest ./bench/enginesim:FuzzEngine ./bench/enginesim:FuzzExtraRequest \
+FUZZ_TARGETS := ./affinity:FuzzCanonicalize ./affinity:FuzzScanChat ./affinity:FuzzParseResponses ./bench/enginesim:FuzzAPIRequest ./bench/enginesim:FuzzEngine ./bench/enginesim:FuzzExtraRequest \
 	./fastpath:FuzzSteer ./fastpath:FuzzDecap ./slowpath:FuzzParseConfig ./slowpath:FuzzSSEScan \
 	./slowpath:FuzzSSERelay ./slowpath:FuzzUsageKey ./slowpath:FuzzHandler ./slowpath:FuzzParseEngineMetrics ./slowpath/cluster:FuzzDecode
 FUZZTIME ?= 5s

@@ -3,6 +3,7 @@ package affinity
 import (
 	"math/bits"
 	"runtime"
+	"slices"
 
 	"github.com/klauspost/cpuid/v2"
 	"github.com/zeebo/xxh3"
@@ -57,24 +58,56 @@ func Seed(model, salt []byte) uint64 {
 // AppendHashes appends the chained hashes of every full block of data to dst
 // and returns it. blockBytes must be positive. No allocation when dst has room.
 func AppendHashes(dst []uint64, seed uint64, data []byte, blockBytes int) []uint64 {
-	h := seed
-	for len(data) >= blockBytes {
-		h = chain(h, xxh3.Hash(data[:blockBytes]))
-		dst = append(dst, h)
-		data = data[blockBytes:]
+	n := len(data) / blockBytes
+	if n == 0 {
+		return dst
 	}
+	start := len(dst)
+	dst = slices.Grow(dst, n)[:start+n]
+	blocks := dst[start:]
+	if blockBytes == 256 {
+		hashChain256(blocks, data, seed)
+		return dst
+	}
+	hashBlocksGeneric(blocks, data, blockBytes)
+	chainBlocks(blocks, seed)
 	return dst
 }
 
-// HashPath reports the vector path xxh3 uses for the default block size
-// (256 bytes): "avx512" | "avx2" | "sse2" | "neon" | "generic".
-// See HashConfig.HashPath for other block sizes.
+// hashBlocksGeneric sets dst[i] to the unseeded xxh3 of data's i-th block
+// of blockBytes bytes, one xxh3.Hash call each. 256-byte blocks (the
+// default) take the fixed-size kernel (hashChain256) where the CPU has one;
+// its output is xxh3's, bit for bit (TestHashBlocks256 and
+// TestAppendHashesMatchesReference compare them).
+func hashBlocksGeneric(dst []uint64, data []byte, blockBytes int) {
+	for i := range dst {
+		dst[i] = xxh3.Hash(data[i*blockBytes : (i+1)*blockBytes])
+	}
+}
+
+// chainBlocks replaces the block hashes in h by their chained values from
+// seed: h[i] = chain(h[i-1], h[i]), h[-1] = seed.
+func chainBlocks(h []uint64, seed uint64) {
+	for i, b := range h {
+		seed = chain(seed, b)
+		h[i] = seed
+	}
+}
+
+// HashPath reports the vector path block hashing takes for the default block
+// size (256 bytes): "avx512-256" (the fixed-size kernel) | "avx512" | "avx2"
+// | "sse2" | "neon" | "generic". See HashConfig.HashPath for other block
+// sizes.
 func HashPath() string { return hashPathFor(DefaultBlockTokens * DefaultBytesPerToken) }
 
-// hashPathFor mirrors zeebo/xxh3's dispatch (which itself uses cpuid): inputs
-// up to 240 bytes take a scalar path, longer ones the widest vector unit,
-// AVX-512 only from 1 KiB.
+// hashPathFor names the kernel for 256-byte blocks when there is one, else
+// mirrors zeebo/xxh3's dispatch (which itself uses cpuid): inputs up to 240
+// bytes take a scalar path, longer ones the widest vector unit, AVX-512
+// only from 1 KiB.
 func hashPathFor(blockBytes int) string {
+	if blockBytes == 256 && hasBlocks256 {
+		return "avx512-256"
+	}
 	if blockBytes <= 240 {
 		return "generic"
 	}

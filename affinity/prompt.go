@@ -170,6 +170,7 @@ type Parser struct {
 	block int
 	jp    fastjson.Parser
 	canon []byte
+	meta  []byte // model, user and cache_salt copied by the scanner
 	hash  []uint64
 	text  int // text bytes counted toward the token estimate
 	ids   int // token ids counted
@@ -284,8 +285,18 @@ func (p *Parser) appendTokenID(id uint64) {
 	}
 }
 
-// ParseChat parses a /v1/chat/completions body.
+// ParseChat parses a /v1/chat/completions body: the one-pass scanner for
+// the shapes clients send (scan.go), fastjson for the rest and for errors.
 func (p *Parser) ParseChat(body []byte, out *Prompt) error {
+	if p.scanChat(body, out) {
+		return nil
+	}
+	return p.parseChatJSON(body, out)
+}
+
+// parseChatJSON is ParseChat through fastjson's parse tree: the reference
+// the scanner is tested against, and the path for every body it leaves.
+func (p *Parser) parseChatJSON(body []byte, out *Prompt) error {
 	v, err := p.begin(body, out)
 	if err != nil {
 		return err
