@@ -1,3 +1,6 @@
+// Long because it is one job: the one-pass chat scanner is a single state
+// machine over the body; what it does not handle goes to prompt.go's parser.
+
 package affinity
 
 import (

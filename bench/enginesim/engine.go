@@ -1,3 +1,7 @@
+// Long because it is one job: the engine's step loop (scheduling, chunked
+// prefill, decode, preemption, prefix-cache commits) is one state machine over
+// one lock.
+
 package enginesim
 
 import (

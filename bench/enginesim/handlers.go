@@ -1,3 +1,7 @@
+// Long because it is one job: the OpenAI-compatible chat and completion
+// handlers, streaming and not, and their validation; extra.go has the other
+// endpoints.
+
 package enginesim
 
 import (

@@ -1,3 +1,6 @@
+// Long because it is one job: the live bench's run of fleets x workloads x
+// configurations, from starting processes to the result rows.
+
 package live
 
 import (

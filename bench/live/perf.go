@@ -1,3 +1,7 @@
+// Long because it is one job: the proxy-cost section (answer shapes, targets,
+// the measurement of CPU and writes per request, its table), kept together so
+// a shape's definition and its measurement read side by side.
+
 package live
 
 import (

@@ -1,3 +1,7 @@
+// Long because it is one job: the discrete-event loop of the cluster simulator
+// (arrivals, router decisions, engine steps, scrapes, peer sync) shares one
+// event queue and one clock.
+
 package sim
 
 import (

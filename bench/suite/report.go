@@ -1,3 +1,6 @@
+// Long because it is one job: the Markdown report, one writer per section, in
+// the order the report reads.
+
 package suite
 
 import (

@@ -1,3 +1,6 @@
+// Long because it is one job: the suite's grid (workloads x loads x policies x
+// fleets) and the loop that walks it, with its progress; the report is report.go.
+
 package suite
 
 import (
