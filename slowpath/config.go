@@ -370,23 +370,6 @@ func CheckConfigPerms(path string) error {
 	return nil
 }
 
-// LoadConfig checks the file's permissions (CheckConfigPerms), reads,
-// strictly decodes and validates the YAML file at path.
-func LoadConfig(path string) (Config, error) {
-	if err := CheckConfigPerms(path); err != nil {
-		return Config{}, err
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("read config: %w", err)
-	}
-	cfg, err := ParseConfig(b)
-	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
-	}
-	return cfg, nil
-}
-
 // ParseConfig strictly decodes YAML over Default() and validates it. Its
 // error is a ConfigErrors: every problem in the file at once, each with its
 // field path and line (configerr.go).

@@ -361,7 +361,7 @@ func TestE2EReloadUnderLoad(t *testing.T) {
 		}
 	}
 	writeCfg(engines[0], engines[1])
-	s, err := slowpath.NewFromFile(cfgFile, slog.New(slog.DiscardHandler))
+	s, err := slowpath.StartFromFile(cfgFile, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -115,9 +115,7 @@ ranked:
 		if attempts > 1 {
 			ex.decided = s.now()
 		}
-		ex.req.Now = ex.decided
-		ex.flight = affinity.Flight{}
-		s.brain.Begin(id, &ex.req, &ex.dec, &ex.flight)
+		ex.beginFlight(id)
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)
@@ -173,12 +171,7 @@ ranked:
 		}
 		if err != nil {
 			// Nothing reached the client: try the next ranked replica.
-			uresp.CloseBodyStream() //nolint:errcheck // discarding
-			ex.up.release(false)    // a retried status's stream: not drained
-			fasthttp.ReleaseResponse(uresp)
-			s.brain.End(&ex.flight, s.now(), -1, false)
-			r.release()
-			s.freed.signal()
+			s.dropAttempt(ex, r, uresp)
 			r.m.retries.Inc()
 			if !errors.Is(err, fasthttp.ErrNoFreeConns) {
 				s.proxyFailed(r, err) // our own pool being full says nothing about the replica
@@ -248,12 +241,7 @@ const msgUpstreamFailed = "The upstream replica failed to answer."
 // endAttempt undoes an attempt that ends the request without an answer
 // from the engine: the flight, both slots and the exchange.
 func (s *Server) endAttempt(ex *exchange, r *replica, uresp *fasthttp.Response) {
-	uresp.CloseBodyStream() //nolint:errcheck // discarding
-	ex.up.release(false)
-	fasthttp.ReleaseResponse(uresp)
-	s.brain.End(&ex.flight, s.now(), -1, false)
-	r.release()
-	s.freed.signal()
+	s.dropAttempt(ex, r, uresp)
 	s.releaseTotal()
 	s.putExchange(ex)
 }
@@ -381,9 +369,7 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	// once. ctx's previous buffer goes back to uresp's pool.
 	uresp.SwapBody(ctx.Response.SwapBody(uresp.SwapBody(nil)))
 	fasthttp.ReleaseResponse(uresp)
-	s.brain.FirstToken(&ex.flight, now)
-	ex.mm.ttft.Observe(seconds(now - ex.start))
-	ex.firstAt = now
+	ex.firstToken(now)
 	s.completeAt(ex, true, nil, now)
 }
 
@@ -395,7 +381,7 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 	r := ex.rep
 	o := ex.timings
 	o.OK, o.CachedTokens = ok && ex.status < 500 && !ex.api.noWork, ex.cached
-	s.brain.EndWith(&ex.flight, now, o)
+	ex.endFlight(now, o)
 	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
 	ex.mm.e2e.Observe(seconds(now - ex.start))
 	if ex.cached >= 0 {

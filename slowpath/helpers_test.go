@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,3 +256,30 @@ const chatBody = `{"model":"m","messages":[{"role":"system","content":"be brief"
 // response (e.g. buffering a gated stream) fails the test instead of hanging
 // it. A hang guard, not a latency assertion.
 var testClient = &http.Client{Timeout: 20 * time.Second}
+
+// StartFromFile builds a Server from the config file at path as `warmpath
+// serve --config` does (CheckConfigPerms, ParseConfig, New, then
+// WatchConfigFile), so reloads re-read the file. Exported for slowpath's
+// external tests.
+func StartFromFile(path string, log *slog.Logger) (*Server, error) {
+	if err := CheckConfigPerms(path); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	s, err := New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.WatchConfigFile(path, b); err != nil {
+		_ = s.Shutdown(context.Background())
+		return nil, err
+	}
+	return s, nil
+}

@@ -48,7 +48,6 @@ var (
 	strOne  = []byte("1")
 
 	strDataPrefix   = []byte("data:")
-	strDone         = []byte("[DONE]")
 	strCachedTokens = []byte(`"cached_tokens"`)
 	strTimings      = []byte(`"timings"`)
 	strRole         = []byte(`"role"`)
@@ -57,7 +56,6 @@ var (
 )
 
 var (
-	errStreamTooLong  = errors.New("sse line longer than the scan buffer")
 	errNoKnownMetrics = errors.New("no known engine metric names")
 )
 
@@ -74,7 +72,7 @@ const maxPooledPrompt = 1 << 20
 type exchange struct {
 	errSent int // bytes of sseBroken already relayed
 	s       *Server
-	parser  promptParser
+	parser  *affinity.Parser
 	prompt  affinity.Prompt
 	req     affinity.Request
 	dec     affinity.Decision
@@ -113,7 +111,6 @@ type exchange struct {
 	promptRep int   // usage.prompt_tokens; -1 = not reported
 	outTok    int   // usage.completion_tokens; -1 = not reported
 	fjParser  fastjson.Parser
-	sseParsed bool
 	ten       tenantState // tenants.go
 	rl        relay       // the stream's upstream decoder and write buffer (stream.go)
 }

@@ -118,7 +118,7 @@ func TestReloadAppliesEveryLiveField(t *testing.T) {
 			}
 			f := filepath.Join(t.TempDir(), "c.yaml")
 			reloadFile(t, f, e.addr, "")
-			s, err := NewFromFile(f, testLogger(t))
+			s, err := StartFromFile(f, testLogger(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -152,7 +152,7 @@ func TestReloadRestartFieldsWarned(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "")
 	var logs syncBuffer
-	s, err := NewFromFile(f, slog.New(slog.NewTextHandler(&logs, nil)))
+	s, err := StartFromFile(f, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestReloadHealthPathAndInterval(t *testing.T) {
 	e := startFakeEngine(t)
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "health: {interval: 1h, timeout: 1s, unhealthy_threshold: 1}")
-	s, err := NewFromFile(f, testLogger(t))
+	s, err := StartFromFile(f, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestReloadPerReplicaLimit(t *testing.T) {
 	e := startFakeEngine(t)
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "")
-	s, err := NewFromFile(f, testLogger(t))
+	s, err := StartFromFile(f, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestDebugConfig(t *testing.T) {
 	e := startFakeEngine(t)
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "")
-	s, err := NewFromFile(f, testLogger(t))
+	s, err := StartFromFile(f, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestReloadConcurrentTraffic(t *testing.T) {
 	e := startFakeEngine(t)
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "")
-	s, err := NewFromFile(f, testLogger(t))
+	s, err := StartFromFile(f, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ import (
 // Server is the L7 router: a fasthttp server for the OpenAI API in front of
 // a set of engine replicas, plus an admin HTTP server for metrics and debug.
 //
-// Lifecycle: New (or NewFromFile) starts the replicas' health and scrape
+// Lifecycle: New starts the replicas' health and scrape
 // loops; Serve/ServeAdmin block serving listeners; Shutdown stops accepting,
 // drains in-flight requests up to its context's deadline, force-closes what
 // remains and stops the loops. A Server is not restartable.
@@ -45,10 +45,9 @@ type Server struct {
 	reloaded      atomic.Pointer[chan struct{}]
 	cfgPath       string
 	log           *slog.Logger
-	brain         brain
-	router        *affinity.Router // nil when a fake brain is injected
+	brain         *affinity.Router // ranking, flights, load and the prefix index
 	cluster       *cluster.Node    // nil unless cluster.nats_url is set
-	newParser     func() promptParser
+	newParser     func() *affinity.Parser
 	reg           *prometheus.Registry
 	m             *metrics
 	connM         *connMetrics
@@ -112,11 +111,10 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	hc := rt.HashConfig()
-	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewKeyedParser(hc, key) })
+	s, err := newServer(cfg, log, rt, func() *affinity.Parser { return affinity.NewKeyedParser(hc, key) })
 	if err != nil {
 		return nil, err
 	}
-	s.router = rt
 	s.reg.MustRegister(affinity.NewCollector(rt))
 	if cfg.Cluster.Enabled() {
 		// Connects in the background; no request waits on it.
@@ -129,34 +127,6 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		if s.ten != nil {
 			s.ten.ledger.OnChange = s.cluster.KickUsage // before serving: no request yet
 		}
-	}
-	return s, nil
-}
-
-// NewFromFile loads the config file at path, calls New and watches the
-// file (see WatchConfigFile).
-func NewFromFile(path string, log *slog.Logger) (*Server, error) {
-	if err := CheckConfigPerms(path); err != nil {
-		return nil, err
-	}
-	b, err := readStable(path, os.ReadFile, settleTime)
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	cfg, err := ParseConfig(b)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	if len(cfg.Replicas) == 0 {
-		return nil, fmt.Errorf("config %s: %w", path, errNoReplicas)
-	}
-	s, err := New(cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.WatchConfigFile(path, b); err != nil {
-		_ = s.Shutdown(context.Background())
-		return nil, err
 	}
 	return s, nil
 }
@@ -186,8 +156,9 @@ func (s *Server) WatchConfigFile(path string, loaded []byte) error {
 	return nil
 }
 
-// newServer builds a Server around any brain (tests inject fakes).
-func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptParser) (*Server, error) {
+// newServer builds a Server around b; New adds the cluster and the
+// affinity collector.
+func newServer(cfg Config, log *slog.Logger, b *affinity.Router, newParser func() *affinity.Parser) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -294,7 +265,7 @@ func (s *Server) Config() Config { return *s.conf() }
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Router is the affinity router.
-func (s *Server) Router() *affinity.Router { return s.router }
+func (s *Server) Router() *affinity.Router { return s.brain }
 
 // Cluster is the scale-out node (nil unless cluster.nats_url is set).
 func (s *Server) Cluster() *cluster.Node { return s.cluster }
@@ -516,8 +487,8 @@ func (s *Server) reloadBytes(b []byte) error {
 	live, restart := configChanges(cur, &cfg)
 	next := *cur
 	applyLive(&next, &cfg)
-	if s.router != nil && !reflect.DeepEqual(next.Routing, cur.Routing) {
-		if err := s.router.Retune(next.Routing); err != nil {
+	if !reflect.DeepEqual(next.Routing, cur.Routing) {
+		if err := s.brain.Retune(next.Routing); err != nil {
 			s.m.reloads.WithLabelValues("error").Inc()
 			return fmt.Errorf("reload: %w", err)
 		}
@@ -629,7 +600,7 @@ type ReplicaStatus struct {
 		Stale            bool      `json:"stale"`
 		Error            string    `json:"error,omitempty"`
 	} `json:"engine"`
-	// Affinity is the routing brain's view (nil with an injected brain).
+	// Affinity is the routing brain's view (nil when it does not list the replica).
 	Affinity *AffinityStatus `json:"affinity,omitempty"`
 }
 
@@ -680,12 +651,9 @@ type SignalsStatus struct {
 
 // Replicas returns a snapshot of every replica, sorted by name.
 func (s *Server) Replicas() []ReplicaStatus {
-	var aff map[string]affinity.ReplicaStatus
-	if s.router != nil {
-		aff = map[string]affinity.ReplicaStatus{}
-		for _, st := range s.router.Replicas() {
-			aff[st.Name] = st
-		}
+	aff := map[string]affinity.ReplicaStatus{}
+	for _, st := range s.brain.Replicas() {
+		aff[st.Name] = st
 	}
 	reps := s.byNameSnapshot()
 	out := make([]ReplicaStatus, 0, len(reps))

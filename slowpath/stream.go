@@ -454,7 +454,7 @@ func (ex *exchange) observe(b []byte) {
 		ex.output = true
 	}
 	if ex.output && !ex.gotFirst {
-		ex.firstToken()
+		ex.firstToken(ex.s.now())
 		if ex.idle != nil {
 			ex.idle.release()
 		}
@@ -483,7 +483,7 @@ func (ex *exchange) CloseWithError(werr error) error {
 	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {
 		ex.sseLine(ex.line)
 		if ex.output && !ex.gotFirst {
-			ex.firstToken()
+			ex.firstToken(ex.s.now())
 		}
 	}
 	ok := ex.upErr == nil
@@ -500,14 +500,4 @@ func (ex *exchange) CloseWithError(werr error) error {
 	}
 	s.completeAt(ex, ok, werr, s.now())
 	return nil
-}
-
-// firstToken marks the exchange's first token: the replica's prefill ends
-// and the TTFT histogram gets its sample.
-func (ex *exchange) firstToken() {
-	ex.gotFirst = true
-	now := ex.s.now()
-	ex.firstAt = now
-	ex.s.brain.FirstToken(&ex.flight, now)
-	ex.mm.ttft.Observe(seconds(now - ex.start))
 }
