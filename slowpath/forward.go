@@ -57,14 +57,14 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err error, full bool) {
 	switch {
 	case errors.Is(err, affinity.ErrModelNotFound):
-		s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
+		s.reject(ctx, apiModelNotFound, "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", "model")
 	case full && s.anyFull(ex.model):
-		s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit", "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		s.reject(ctx, apiReplicaLimit, "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", "")
 	case full:
-		s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica serves model `"+string(ex.model)+"` right now.", errTypeUnavailable, "model", "no_replica_available")
+		s.reject(ctx, apiNoReplica, "No healthy replica serves model `"+string(ex.model)+"` right now.", "model")
 	default:
 		msg, param := badRequest(err)
-		s.reject(ctx, fasthttp.StatusBadRequest, "bad_request", msg, errTypeInvalid, param, "")
+		s.reject(ctx, apiBadRequest, msg, param)
 	}
 }
 
@@ -133,7 +133,7 @@ ranked:
 			s.endAttempt(ex, r, uresp)
 			r.m.clientGone.Inc()
 			r.log.Debug("client left before the answer began; upstream request cancelled")
-			s.reject(ctx, statusClientClosed, "client_gone", "Client closed the request.", errTypeInvalid, "", "")
+			s.reject(ctx, apiClientGone, "Client closed the request.", "")
 			ctx.SetConnectionClose()
 			return
 		case errors.Is(err, fasthttp.ErrBodyTooLarge):
@@ -141,9 +141,8 @@ ranked:
 			// and answer as much. Not the replica's fault either.
 			s.endAttempt(ex, r, uresp)
 			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.conf().Limits.MaxResponseBytes)
-			s.reject(ctx, fasthttp.StatusBadGateway, "response_too_large",
-				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.conf().Limits.MaxResponseBytes),
-				errTypeUpstream, "", "response_too_large")
+			s.reject(ctx, apiResponseTooLarge,
+				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.conf().Limits.MaxResponseBytes), "")
 			return
 		case errors.Is(err, fasthttp.ErrTimeout):
 			// upstream.response_timeout: a long generation looks like this
@@ -152,8 +151,8 @@ ranked:
 			s.endAttempt(ex, r, uresp)
 			r.m.timeouts.Inc()
 			r.log.Warn("upstream response timeout", "timeout", s.conf().Upstream.ResponseTimeout, "started", started)
-			s.reject(ctx, fasthttp.StatusGatewayTimeout, "upstream_timeout",
-				"The upstream replica did not answer within the router's response timeout.", errTypeUpstream, "", "upstream_timeout")
+			s.reject(ctx, apiUpstreamTimeout,
+				"The upstream replica did not answer within the router's response timeout.", "")
 			return
 		default:
 			// The answer began and broke (reset, malformed, stalled past
@@ -162,7 +161,7 @@ ranked:
 			s.endAttempt(ex, r, uresp)
 			s.proxyFailed(r, err)
 			r.log.Warn("upstream answer broke before reaching the client", "err", err)
-			s.reject(ctx, fasthttp.StatusBadGateway, "upstream_failed", msgUpstreamFailed, errTypeUpstream, "", "upstream_error")
+			s.reject(ctx, apiUpstreamFailed, msgUpstreamFailed, "")
 			return
 		}
 		badStatus := err == nil && s.retryStatus(status)
@@ -217,7 +216,7 @@ ranked:
 	s.releaseTotal()
 	s.putExchange(ex)
 	if lastErr == nil {
-		s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No replica serving model `"+string(ex.model)+"` could take the request.", errTypeUnavailable, "model", "no_replica_available")
+		s.reject(ctx, apiNoReplica, "No replica serving model `"+string(ex.model)+"` could take the request.", "model")
 		return
 	}
 	code := fasthttp.StatusBadGateway
@@ -229,7 +228,7 @@ ranked:
 	if attempts > 1 {
 		msg = "The upstream replicas failed to answer."
 	}
-	s.reject(ctx, code, "upstream_failed", msg, errTypeUpstream, "", "upstream_error")
+	s.reject(ctx, apiUpstreamFailed.withStatus(code), msg, "")
 }
 
 var errRetryStatus = errors.New("replica answered with a retryable status")

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -29,7 +29,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if bareLF(ctx.Request.Header.RawHeaders()) {
 		// fasthttp ends a header line at a bare LF; a proxy or engine that
 		// does not would read two headers as one (or the other way round).
-		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request: a header line ends in a bare LF.", errTypeInvalid, "", "")
+		s.reject(ctx, apiMalformedHTTP, "Malformed HTTP request: a header line ends in a bare LF.", "")
 		ctx.SetConnectionClose() // after reject, which resets the response
 		return
 	}
@@ -54,7 +54,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 	default:
 		if !s.handleAPI(ctx) { // responses.go, passthrough.go, models.go
-			s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+			s.reject(ctx, apiUnknownPath, "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", "")
 		}
 	}
 	if s.cors != nil {
@@ -83,8 +83,8 @@ func bareLF(raw []byte) bool {
 // the client sends it, instead of a 100 Continue first.
 func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 	if cl := ctx.Request.Header.ContentLength(); cl > s.cfg.Limits.MaxBodyBytes {
-		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
-			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
+		s.reject(ctx, apiTooLarge,
+			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), "")
 		return fasthttp.StatusRequestEntityTooLarge
 	}
 	return fasthttp.StatusContinue
@@ -95,22 +95,22 @@ func (s *Server) expect(ctx *fasthttp.RequestCtx) int {
 func (s *Server) recoverPanic(ctx *fasthttp.RequestCtx) {
 	if v := recover(); v != nil {
 		s.log.Error("panic in handler", "panic", v, "path", string(ctx.Path()))
-		s.reject(ctx, fasthttp.StatusInternalServerError, "panic", "Internal router error.", "internal_error", "", "")
+		s.reject(ctx, apiPanic, "Internal router error.", "")
 	}
 }
 
 // reject answers from the router itself and counts it. A 429 or 503
 // carries Retry-After: 1 (the limits it reports clear in about a second:
 // a slot frees, a replica is re-admitted at its next probe).
-func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, reason, msg, typ, param, code string) {
-	writeError(ctx, status, msg, typ, param, code)
-	if status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusServiceUnavailable {
+func (s *Server) reject(ctx *fasthttp.RequestCtx, e apiError, msg, param string) {
+	writeError(ctx, e.status, msg, e.typ, param, e.code)
+	if e.status == fasthttp.StatusTooManyRequests || e.status == fasthttp.StatusServiceUnavailable {
 		ctx.Response.Header.SetBytesKV(hdrRetryAfter, strOne)
 	}
-	s.m.localRequest(status)
-	s.m.rejected.WithLabelValues(reason).Inc()
+	s.m.localRequest(e.status)
+	s.m.rejected.WithLabelValues(e.reason).Inc()
 	if a := s.ops.access; a != nil {
-		a.local(ctx, status, code)
+		a.local(ctx, e.status, e.code)
 	}
 }
 
@@ -127,17 +127,17 @@ func isJSONContentType(ct []byte) bool {
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	if !ctx.IsPost() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use POST", errTypeInvalid, "", "method_not_allowed")
+		s.reject(ctx, apiMethod, "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use POST", "")
 		ctx.Response.Header.SetBytesKV(hdrAllow, strPOST) // after reject: writeError resets the response
 		return
 	}
 	if ep == epPassMulti {
 		if !isMultipart(ctx.Request.Header.ContentType()) {
-			s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be multipart/form-data, got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+			s.reject(ctx, apiContentType, "Content-Type must be multipart/form-data, got "+string(ctx.Request.Header.ContentType()), "")
 			return
 		}
 	} else if !isJSONContentType(ctx.Request.Header.ContentType()) {
-		s.reject(ctx, fasthttp.StatusBadRequest, "content_type", "Content-Type must be application/json (or application/*+json), got "+string(ctx.Request.Header.ContentType()), errTypeInvalid, "", "")
+		s.reject(ctx, apiContentType, "Content-Type must be application/json (or application/*+json), got "+string(ctx.Request.Header.ContentType()), "")
 		return
 	}
 	var key *tenant.Key
@@ -148,7 +148,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	body := ctx.PostBody()
 	if len(body) == 0 {
-		s.reject(ctx, fasthttp.StatusBadRequest, "empty_body", "We could not parse the JSON body of your request: the body is empty.", errTypeInvalid, "", "")
+		s.reject(ctx, apiEmptyBody, "We could not parse the JSON body of your request: the body is empty.", "")
 		return
 	}
 	ex := s.getExchange()
@@ -161,12 +161,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 		if d := describeJSON(body); d != "" && ep != epPassMulti {
 			msg, param = "We could not parse the JSON body of your request: "+d, ""
 		}
-		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", msg, errTypeInvalid, param, "")
+		s.reject(ctx, apiBadJSON, msg, param)
 		return
 	}
 	if len(ex.prompt.Model) == 0 {
 		s.putExchange(ex)
-		s.reject(ctx, fasthttp.StatusBadRequest, "no_model", "you must provide a model parameter", errTypeInvalid, "model", "")
+		s.reject(ctx, apiNoModel, "you must provide a model parameter", "model")
 		return
 	}
 	if !s.tenantPrepare(ctx, ex, key) {
@@ -175,7 +175,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	if ex.ten.salt != nil && len(ex.prompt.CacheSalt) > 0 {
 		s.putExchange(ex)
-		s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt is set by the router for this API key", errTypeInvalid, "cache_salt", "")
+		s.reject(ctx, apiBadJSON, "Invalid request: cache_salt is set by the router for this API key", "cache_salt")
 		return
 	}
 	if (s.cfg.Tenancy.SaltFrom != SaltFromNone || ex.ten.salt != nil) && len(ex.prompt.CacheSalt) == 0 && ep.saltable() {
@@ -184,7 +184,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 			err = s.parse(ctx, ex, body)
 			if err != nil || len(ex.prompt.CacheSalt) == 0 {
 				s.putExchange(ex)
-				s.reject(ctx, fasthttp.StatusBadRequest, "bad_json", "Invalid request: cache_salt must be a non-empty string", errTypeInvalid, "cache_salt", "")
+				s.reject(ctx, apiBadJSON, "Invalid request: cache_salt must be a non-empty string", "cache_salt")
 				return
 			}
 		}
@@ -196,7 +196,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	if !s.admit(ex) {
 		s.putExchange(ex)
-		s.reject(ctx, fasthttp.StatusTooManyRequests, "total_limit", "The router is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		s.reject(ctx, apiTotalLimit, "The router is at its concurrency limit; retry later.", "")
 		return
 	}
 	ex.req.Model = ex.model
@@ -249,23 +249,18 @@ func (s *Server) saltBody(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) (
 	return b, true
 }
 
-// badRequest turns a parse error (affinity wraps ErrBadRequest and names the
-// field first: "bad request: messages must be ...") into the client-facing
-// message and the OpenAI `param`. Error path only.
+// badRequest turns a parse error into the client-facing message and the
+// OpenAI `param`: an affinity.FieldError names its field (none for the body
+// as a whole); any other error is the body's. Error path only.
 func badRequest(err error) (msg, param string) {
-	msg = err.Error()
-	if rest, ok := strings.CutPrefix(msg, affinity.ErrBadRequest.Error()+": "); ok {
-		msg = rest
-		field, _, _ := strings.Cut(rest, " ")
-		field, _, _ = strings.Cut(field, "[")
-		if field != "body" {
-			param = field
-		}
+	var fe *affinity.FieldError
+	if !errors.As(err, &fe) {
+		return "We could not parse the JSON body of your request: " + err.Error(), ""
 	}
-	if param == "" {
-		return "We could not parse the JSON body of your request: " + msg, ""
+	if fe.Field == "" {
+		return "We could not parse the JSON body of your request: " + fe.Msg, ""
 	}
-	return "Invalid request: " + msg, param
+	return "Invalid request: " + fe.Msg, fe.Field
 }
 
 // admit takes a slot of the total concurrency limit, queueing if configured.

@@ -398,18 +398,18 @@ func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
-		s.reject(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
-			fmt.Sprintf("Request line and headers exceed %d bytes.", maxHeaderBytes), errTypeInvalid, "", "headers_too_large")
+		s.reject(ctx, apiHeadersTooLarge,
+			fmt.Sprintf("Request line and headers exceed %d bytes.", maxHeaderBytes), "")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
-			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
+		s.reject(ctx, apiTooLarge,
+			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), "")
 	default:
 		var te interface{ Timeout() bool }
 		if errors.As(err, &te) && te.Timeout() {
-			s.reject(ctx, fasthttp.StatusRequestTimeout, "timeout", "Timed out reading the request.", errTypeInvalid, "", "")
+			s.reject(ctx, apiReadTimeout, "Timed out reading the request.", "")
 			return
 		}
-		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request.", errTypeInvalid, "", "")
+		s.reject(ctx, apiMalformedHTTP, "Malformed HTTP request.", "")
 	}
 }
 
