@@ -18,7 +18,7 @@ import (
 )
 
 // Fault injection with real enginesim engines behind the in-process router
-// over loopback (issue 8, "Faults"). Each case starts its own engines and
+// over loopback. Each case starts its own engines and
 // router; engines run 100x faster than life, every loop is bounded.
 
 // sseResult is what a raw HTTP client saw of one request.

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+	"github.com/warmpath/warmpath/bench/enginesim"
 )
 
 // fakeEngine is a tiny OpenAI-compatible engine on a real loopback socket.
@@ -282,4 +284,51 @@ func StartFromFile(path string, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// simEngines starts n simulated engines serving model "m", 100x faster
+// than life, closed when the test ends, and returns their addresses.
+func simEngines(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, 0, n)
+	for i := range n {
+		c := enginesim.DefaultConfig()
+		c.ServedModelNames = []string{"m"}
+		c.TimeScale = 0.01
+		c.Seed = uint64(i + 1)
+		c.Logger = slog.New(slog.DiscardHandler)
+		en, err := enginesim.Start(c, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { en.Close() })
+		addrs = append(addrs, en.Addr())
+	}
+	return addrs
+}
+
+// newIdleServer builds a Server from cfg without serving it; it is shut down (5 s bound) when the
+// test ends.
+func newIdleServer(tb testing.TB, cfg Config) *Server {
+	tb.Helper()
+	s, err := New(cfg, testLogger(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s
+}
+
+// dialInMemory makes every replica of s connect through ln, whatever its
+// address (benchmarks and fuzzing without sockets).
+func dialInMemory(s *Server, ln *fasthttputil.InmemoryListener) {
+	for _, r := range *s.table.Load() {
+		if r != nil {
+			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
+		}
+	}
 }

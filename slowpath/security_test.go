@@ -19,7 +19,6 @@ import (
 	"testing"
 
 	"github.com/warmpath/warmpath/affinity"
-	"github.com/warmpath/warmpath/bench/enginesim"
 )
 
 // TestConfigPermsRefused: start-up (CheckConfigPerms) and Reload refuse a world-writable
@@ -298,20 +297,7 @@ func TestTenancyEngineCache(t *testing.T) {
 		{name: "api_key", from: SaltFromAPIKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var addrs []string
-			for i := range 2 {
-				c := enginesim.DefaultConfig()
-				c.ServedModelNames = []string{"m"}
-				c.TimeScale = 0.01
-				c.Seed = uint64(i + 1)
-				c.Logger = slog.New(slog.DiscardHandler)
-				en, err := enginesim.Start(c, "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { en.Close() })
-				addrs = append(addrs, en.Addr())
-			}
+			addrs := simEngines(t, 2)
 			cfg := testConfig(addrs...)
 			cfg.Tenancy.SaltFrom = tc.from
 			s, base := newTestServer(t, cfg)

@@ -151,11 +151,11 @@ func (ex *exchange) sseLine(line []byte) {
 // rolePreamble reports whether an SSE event is a chat stream's role chunk
 // without output (`"delta":{"role":"assistant","content":""}`): servers may
 // send it before prefill (enginesim does; vLLM sends it with the first
-// token), so the first token is the first event that is not one. Timing
-// prefill at the preamble made every prefill look instantaneous: the live
-// bench fitted prefill rates of 1e8 tokens/s (250,000 real), cache hits
-// were worth nothing to the cost policy, and it spread every shared prefix
-// over all replicas.
+// token), so the first token is the first event that is not one. Timed
+// at the preamble, every prefill would look instantaneous (the live bench
+// fits prefill rates of 1e8 tokens/s against 250,000 real), cache hits
+// would be worth nothing to the cost policy, and it would spread every
+// shared prefix over all replicas.
 func rolePreamble(data []byte) bool {
 	if !bytes.Contains(data, strRole) {
 		return false
