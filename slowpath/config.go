@@ -1,3 +1,6 @@
+// Over 500 lines: the config schema, its defaults and Validate stay in
+// one file, the one place a field is added.
+
 package slowpath
 
 import (
