@@ -332,3 +332,6 @@ func dialInMemory(s *Server, ln *fasthttputil.InmemoryListener) {
 		}
 	}
 }
+
+// MetricSum is metricValue for slowpath's external tests.
+var MetricSum = metricValue
