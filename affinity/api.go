@@ -13,7 +13,7 @@ var (
 	// ErrNoReplica: the model is known but no replica is currently eligible
 	// (all unhealthy, draining or at their concurrency limit).
 	ErrNoReplica = errors.New("no replica available")
-	// ErrBadRequest wraps parse failures; the message names the field.
+	// ErrBadRequest is what every parse failure wraps (a *FieldError).
 	ErrBadRequest = errors.New("bad request")
 )
 

@@ -2,7 +2,6 @@ package affinity
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/valyala/fastjson"
 )
@@ -38,15 +37,15 @@ const (
 	sepCalls  = 0x1C
 )
 
-// Parse errors: preallocated, each wraps ErrBadRequest and names the field.
+// Parse errors: preallocated FieldErrors (they wrap ErrBadRequest).
 var (
-	errBadJSON     = fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
-	errBadModel    = fmt.Errorf("%w: model must be a non-empty string", ErrBadRequest)
-	errBadMessages = fmt.Errorf("%w: messages must be a non-empty array", ErrBadRequest)
-	errBadMessage  = fmt.Errorf("%w: messages[] must be objects with a string role", ErrBadRequest)
-	errBadPrompt   = fmt.Errorf("%w: prompt must be a string or an array of strings or token ids", ErrBadRequest)
-	errBadInput    = fmt.Errorf("%w: input is required", ErrBadRequest)
-	errBadStream   = fmt.Errorf("%w: stream must be a boolean (true or false)", ErrBadRequest)
+	errBadJSON     = &FieldError{Msg: "body is not a JSON object"}
+	errBadModel    = &FieldError{Field: "model", Msg: "model must be a non-empty string"}
+	errBadMessages = &FieldError{Field: "messages", Msg: "messages must be a non-empty array"}
+	errBadMessage  = &FieldError{Field: "messages", Msg: "messages[] must be objects with a string role"}
+	errBadPrompt   = &FieldError{Field: "prompt", Msg: "prompt must be a string or an array of strings or token ids"}
+	errBadInput    = &FieldError{Field: "input", Msg: "input is required"}
+	errBadStream   = &FieldError{Field: "stream", Msg: "stream must be a boolean (true or false)"}
 )
 
 // routingFields are the top-level keys the router reads. Engines resolve a
@@ -62,7 +61,7 @@ var routingFields = [...]string{"model", "stream", "stream_options", "cache_salt
 // errDupIncludeUsage refuses stream_options.include_usage given twice or in
 // another case: the router would expect a usage chunk the engine does not
 // send (or miss one it does).
-var errDupIncludeUsage = fmt.Errorf("%w: stream_options.include_usage must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest)
+var errDupIncludeUsage = &FieldError{Field: "stream_options.include_usage", Msg: "stream_options.include_usage must appear once, spelled in lower case (the body repeats it or has it in another letter case)"}
 
 // errDupField[i] refuses a repeated or differently cased routingFields[i].
 var errDupField = dupFieldErrors(routingFields[:])
@@ -72,7 +71,7 @@ var errDupField = dupFieldErrors(routingFields[:])
 func dupFieldErrors(fields []string) []error {
 	e := make([]error, len(fields))
 	for i, f := range fields {
-		e[i] = fmt.Errorf("%w: %s must appear once, spelled in lower case (the body repeats it or has it in another letter case)", ErrBadRequest, f)
+		e[i] = &FieldError{Field: f, Msg: f + " must appear once, spelled in lower case (the body repeats it or has it in another letter case)"}
 	}
 	return e
 }

@@ -1,8 +1,6 @@
 package affinity
 
 import (
-	"fmt"
-
 	"github.com/valyala/fastjson"
 )
 
@@ -27,10 +25,10 @@ import (
 // compact JSON.
 
 var (
-	errBadResponsesInput = fmt.Errorf("%w: input must be a string or an array of input items", ErrBadRequest)
-	errBadResponsesItem  = fmt.Errorf("%w: input[] must be objects (messages with a string role, or items with a string type)", ErrBadRequest)
-	errBadInstructions   = fmt.Errorf("%w: instructions must be a string", ErrBadRequest)
-	errBadPrevResponse   = fmt.Errorf("%w: previous_response_id must be a non-empty string", ErrBadRequest)
+	errBadResponsesInput = &FieldError{Field: "input", Msg: "input must be a string or an array of input items"}
+	errBadResponsesItem  = &FieldError{Field: "input", Msg: "input[] must be objects (messages with a string role, or items with a string type)"}
+	errBadInstructions   = &FieldError{Field: "instructions", Msg: "instructions must be a string"}
+	errBadPrevResponse   = &FieldError{Field: "previous_response_id", Msg: "previous_response_id must be a non-empty string"}
 )
 
 // responsesFields are the Responses-only keys the router reads; like

@@ -1,7 +1,6 @@
 package slowpath
 
 import (
-	"context"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -39,20 +38,8 @@ func newAPIRig(tb testing.TB) *handlerRig {
 	cfg := testConfig("127.0.0.1:1")
 	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
 	cfg.Scrape.Interval = 0
-	s, err := New(cfg, testLogger(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	for _, r := range *s.table.Load() {
-		if r != nil {
-			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
-		}
-	}
+	s := newIdleServer(tb, cfg)
+	dialInMemory(s, ln)
 	h := &handlerRig{s: s}
 	var req fasthttp.Request
 	req.Header.SetMethod(fasthttp.MethodPost)

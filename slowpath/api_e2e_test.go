@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"mime/multipart"
 	"net/http"
 	"strings"
@@ -219,15 +218,8 @@ func startAPI(t *testing.T, engines []*enginesim.Server, mutate func(*slowpath.C
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	s, err := slowpath.New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obs := &routed{}
-	s.Observer = obs
-	url := serve(t, s)
-	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
-	return s, c, obs, url
+	s, url, obs := startObserved(t, cfg)
+	return s, testOpenAI(url), obs, url
 }
 
 // apiWait polls cond (bounded: 2000 polls of 5ms) until it holds.

@@ -2,10 +2,14 @@ package slowpath
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/warmpath/warmpath/affinity"
 )
 
 func TestBadInputs(t *testing.T) {
@@ -110,4 +114,29 @@ func TestBadInputs(t *testing.T) {
 		t.Fatalf("after bad inputs: %d %s", st, body)
 	}
 	_ = s
+}
+
+// TestBadRequestMessage: a parse error's client message and param come
+// from its *affinity.FieldError; other errors are the body's, without one.
+func TestBadRequestMessage(t *testing.T) {
+	tests := []struct {
+		name       string
+		err        error
+		msg, param string
+	}{
+		{"field", &affinity.FieldError{Field: "messages", Msg: "messages[] must be objects with a string role"},
+			"Invalid request: messages[] must be objects with a string role", "messages"},
+		{"wrapped field", fmt.Errorf("chat: %w", &affinity.FieldError{Field: "model", Msg: "model must be a non-empty string"}),
+			"Invalid request: model must be a non-empty string", "model"},
+		{"whole body", &affinity.FieldError{Msg: "body is not a JSON object"},
+			"We could not parse the JSON body of your request: body is not a JSON object", ""},
+		{"other error", errors.New("unexpected end"), "We could not parse the JSON body of your request: unexpected end", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if msg, param := badRequest(tt.err); msg != tt.msg || param != tt.param {
+				t.Fatalf("badRequest = %q, %q; want %q, %q", msg, param, tt.msg, tt.param)
+			}
+		})
+	}
 }

@@ -3,7 +3,6 @@ package slowpath
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"io"
 	"net"
 	"slices"
@@ -161,20 +160,8 @@ func newHandlerRig(tb testing.TB) *handlerRig {
 	cfg := testConfig("127.0.0.1:1") // never dialled: Dial is the in-memory listener
 	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
 	cfg.Scrape.Interval = 0
-	s, err := New(cfg, testLogger(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	for _, r := range *s.table.Load() {
-		if r != nil {
-			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
-		}
-	}
+	s := newIdleServer(tb, cfg)
+	dialInMemory(s, ln)
 	h := &handlerRig{s: s}
 	var req fasthttp.Request
 	req.SetRequestURI("/v1/chat/completions")
@@ -347,20 +334,8 @@ func BenchmarkHandlerLongPrompt(b *testing.B) {
 	cfg := testConfig(addrs...)
 	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
 	cfg.Scrape.Interval = 0
-	s, err := New(cfg, testLogger(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	for _, r := range *s.table.Load() {
-		if r != nil {
-			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
-		}
-	}
+	s := newIdleServer(b, cfg)
+	dialInMemory(s, ln)
 	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog, ", 400_000/45)
 	body := []byte(`{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"` + prompt + `"}]}`)
 	var req fasthttp.Request

@@ -1,3 +1,6 @@
+// Over 500 lines: the config schema, its defaults and Validate stay in
+// one file, the one place a field is added.
+
 package slowpath
 
 import (
@@ -368,23 +371,6 @@ func CheckConfigPerms(path string) error {
 		return fmt.Errorf("config %s is in world-writable directory %s (mode %v, no sticky bit): anyone could replace it; fix: chmod o-w %s", path, dir, di.Mode().Perm(), dir)
 	}
 	return nil
-}
-
-// LoadConfig checks the file's permissions (CheckConfigPerms), reads,
-// strictly decodes and validates the YAML file at path.
-func LoadConfig(path string) (Config, error) {
-	if err := CheckConfigPerms(path); err != nil {
-		return Config{}, err
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("read config: %w", err)
-	}
-	cfg, err := ParseConfig(b)
-	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
-	}
-	return cfg, nil
 }
 
 // ParseConfig strictly decodes YAML over Default() and validates it. Its

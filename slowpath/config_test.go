@@ -132,7 +132,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fastpath rebalance interval", "fastpath:\n  rebalance_interval: 1ms", "fastpath.rebalance_interval: must be in [10ms, 1m], got 1ms"},
 		{"fastpath promoter window", "fastpath:\n  promoter:\n    window: 9", "fastpath.promoter.window 9: want 1..8"},
 		{"fastpath promoter unknown field", "fastpath:\n  promoter:\n    windw: 3", "line 3: fastpath.promoter.windw: unknown field"},
-		// Non-finite numbers name the field and its line (issue 15, 9).
+		// Non-finite numbers name the field and its line.
 		{"NaN load factor", "routing:\n  load_factor: .nan", "line 2: routing.load_factor NaN: want a finite number"},
 		{"NaN kv high water", "routing:\n  kv_high_water: .nan", "line 2: routing.kv_high_water NaN: want a finite number"},
 		{"Inf load penalty", "routing:\n  load_penalty_seconds: .inf", "line 2: routing.load_penalty_seconds +Inf: want a finite number"},

@@ -95,15 +95,27 @@ func startE2E(t testing.TB, engines []*enginesim.Server, mutate func(*slowpath.C
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	s, url, obs := startObserved(t, cfg)
+	return s, testOpenAI(url), obs
+}
+
+// startObserved serves a Server built from cfg with a routed observer
+// until the test ends; it returns the API base URL.
+func startObserved(t testing.TB, cfg slowpath.Config) (*slowpath.Server, string, *routed) {
+	t.Helper()
 	s, err := slowpath.New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs := &routed{}
 	s.Observer = obs
-	url := serve(t, s)
-	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
-	return s, c, obs
+	return s, serve(t, s), obs
+}
+
+// testOpenAI is the official Go client for the router at url, without
+// retries (a retry would hide the answer under test).
+func testOpenAI(url string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
 }
 
 func longSystem(words int) string {
@@ -361,14 +373,14 @@ func TestE2EReloadUnderLoad(t *testing.T) {
 		}
 	}
 	writeCfg(engines[0], engines[1])
-	s, err := slowpath.NewFromFile(cfgFile, slog.New(slog.DiscardHandler))
+	s, err := slowpath.StartFromFile(cfgFile, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs := &routed{}
 	s.Observer = obs
 	url := serve(t, s)
-	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0))
+	c := testOpenAI(url)
 
 	var stop atomic.Bool
 	var ok, failed atomic.Int64

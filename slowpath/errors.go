@@ -7,7 +7,6 @@ import (
 // OpenAI-style error types.
 const (
 	errTypeInvalid     = "invalid_request_error"
-	errTypeNotFound    = "not_found_error"
 	errTypeRateLimit   = "rate_limit_exceeded"
 	errTypeUnavailable = "service_unavailable"
 	errTypeUpstream    = "upstream_error"

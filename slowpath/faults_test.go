@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -18,7 +17,7 @@ import (
 )
 
 // Fault injection with real enginesim engines behind the in-process router
-// over loopback (issue 8, "Faults"). Each case starts its own engines and
+// over loopback. Each case starts its own engines and
 // router; engines run 100x faster than life, every loop is bounded.
 
 // sseResult is what a raw HTTP client saw of one request.
@@ -110,13 +109,7 @@ func startFaultRouter(t testing.TB, engines []*enginesim.Server, mutate func(*sl
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	s, err := slowpath.New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obs := &routed{}
-	s.Observer = obs
-	return s, serve(t, s), obs
+	return startObserved(t, cfg)
 }
 
 func replicaStatus(t testing.TB, s *slowpath.Server, name string) slowpath.ReplicaStatus {
@@ -139,38 +132,6 @@ func waitCond(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
-}
-
-// metricSum sums a counter family of the router's registry, optionally
-// filtered by one label value.
-func metricSum(t testing.TB, s *slowpath.Server, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := s.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			if label != "" {
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == label && lp.GetValue() != value {
-						continue next
-					}
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				sum += c.GetValue()
-			} else if g := m.GetGauge(); g != nil {
-				sum += g.GetValue()
-			}
-		}
-	}
-	return sum
 }
 
 // TestFaultsUpstream injects one upstream fault into engines[0] of three and
@@ -249,7 +210,7 @@ func TestFaultsUpstream(t *testing.T) {
 			if !tc.victimBreaks && okOthers != n {
 				t.Fatalf("%d of %d requests succeeded", okOthers, n)
 			}
-			retries := metricSum(t, s, "warmpath_slowpath_retries_total", "replica", victim.Addr())
+			retries := slowpath.MetricSum(t, s, "warmpath_slowpath_retries_total", "replica", victim.Addr())
 			if tc.retried && retries != 3 {
 				t.Fatalf("retries_total{replica=victim} = %v, want 3 (then ejected)", retries)
 			}
@@ -289,10 +250,10 @@ func TestFaultsSlowDrip(t *testing.T) {
 		}
 		t.Logf("slow drip %d: %d events in %v", i, len(r.events), time.Since(start))
 	}
-	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+	if n := slowpath.MetricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
 		t.Fatalf("retries_total = %v on a slow but healthy stream", n)
 	}
-	if n := metricSum(t, s, "warmpath_slowpath_broken_streams_total", "", ""); n != 0 {
+	if n := slowpath.MetricSum(t, s, "warmpath_slowpath_broken_streams_total", "", ""); n != 0 {
 		t.Fatalf("broken_streams_total = %v on a slow but healthy stream", n)
 	}
 }
@@ -338,7 +299,7 @@ func TestFaultsMetricsGarbageAndStall(t *testing.T) {
 			}
 		}
 		t.Logf("%+v: %v scrape errors, signals withdrawn, 6/6 requests served", f,
-			metricSum(t, s, "warmpath_slowpath_scrape_errors_total", "", ""))
+			slowpath.MetricSum(t, s, "warmpath_slowpath_scrape_errors_total", "", ""))
 		for _, en := range engines {
 			en.SetFaults(enginesim.Faults{})
 		}
@@ -526,11 +487,11 @@ func TestFaultsIdleTimeout(t *testing.T) {
 		}
 		waitCond(t, "in-flight back to 0", func() bool {
 			return replicaStatus(t, s, victim.Addr()).InFlight == 0 &&
-				metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+				slowpath.MetricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
 		})
 		t.Logf("stalled stream %d ended by idle_timeout after %d events", i, len(r.events))
 	}
-	if b := metricSum(t, s, "warmpath_slowpath_broken_streams_total", "replica", victim.Addr()); b != fails {
+	if b := slowpath.MetricSum(t, s, "warmpath_slowpath_broken_streams_total", "replica", victim.Addr()); b != fails {
 		t.Fatalf("broken_streams_total = %v, want %d", b, fails)
 	}
 	if st := replicaStatus(t, s, victim.Addr()); st.Healthy || st.Ejections != 1 {
@@ -613,7 +574,7 @@ func TestFaultsIdleTimeoutJSON(t *testing.T) {
 			t.Fatalf("answer attributed to %s", rep)
 		}
 	}
-	if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+	if n := slowpath.MetricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
 		t.Fatalf("retries_total = %v, want 0 (the answer had begun)", n)
 	}
 }
@@ -660,13 +621,13 @@ func TestFaultsLongGeneration(t *testing.T) {
 			if served != int64(ok) {
 				t.Fatalf("the other replicas served %d, want %d (no retries)", served, ok)
 			}
-			if r := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); r != 0 {
+			if r := slowpath.MetricSum(t, s, "warmpath_slowpath_retries_total", "", ""); r != 0 {
 				t.Fatalf("retries_total = %v, want 0", r)
 			}
 			if st := replicaStatus(t, s, victim.Addr()); !st.Healthy || st.Ejections != 0 || st.ConsecutiveFailures != 0 {
 				t.Fatalf("slow replica held against: %+v", st)
 			}
-			if m := metricSum(t, s, "warmpath_slowpath_upstream_timeouts_total", "replica", victim.Addr()); int(m) != timedOut {
+			if m := slowpath.MetricSum(t, s, "warmpath_slowpath_upstream_timeouts_total", "replica", victim.Addr()); int(m) != timedOut {
 				t.Fatalf("upstream_timeouts_total = %v, want %d", m, timedOut)
 			}
 			t.Logf("stream=%v: %d/%d complete, %d answered 504 (every request the slow replica got), 0 retries, slow replica healthy", stream, ok, n, timedOut)
@@ -723,7 +684,7 @@ func TestFaultsClientGoneMidStream(t *testing.T) {
 			waitCond(t, "engine sees the request cancelled", func() bool { return en.Stats().Cancelled == 1 })
 			waitCond(t, "router in-flight back to 0", func() bool {
 				return replicaStatus(t, s, en.Addr()).InFlight == 0 &&
-					metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+					slowpath.MetricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
 			})
 			st := en.Stats()
 			if st.Served[e2eModel] != 0 {
@@ -737,7 +698,7 @@ func TestFaultsClientGoneMidStream(t *testing.T) {
 				t.Fatalf("replica blamed for a client leaving: %+v", rs)
 			}
 			t.Logf("%s: engine cancelled %d, aborted %d, broken_streams_total %v", tc.name, st.Cancelled, st.Engine.Aborted,
-				metricSum(t, s, "warmpath_slowpath_broken_streams_total", "", ""))
+				slowpath.MetricSum(t, s, "warmpath_slowpath_broken_streams_total", "", ""))
 		})
 	}
 }
@@ -776,7 +737,7 @@ func TestFaultsIdleTimeoutQueuedStream(t *testing.T) {
 			t.Errorf("stream %d: %d events, error event %v, [DONE] %v, err %v: cut while queued", i, len(r.events), r.errEv, r.done, r.err)
 		}
 	}
-	if b := metricSum(t, s, "warmpath_slowpath_broken_streams_total", "replica", engines[0].Addr()); b != 0 {
+	if b := slowpath.MetricSum(t, s, "warmpath_slowpath_broken_streams_total", "replica", engines[0].Addr()); b != 0 {
 		t.Errorf("broken_streams_total = %v, want 0", b)
 	}
 	if st := replicaStatus(t, s, engines[0].Addr()); !st.Healthy || st.Ejections != 0 {
@@ -842,7 +803,7 @@ func TestFaultsClientGoneBeforeAnswer(t *testing.T) {
 			waitCond(t, "the engine's request ended", func() bool { return en.Stats().InFlight == 0 })
 			waitCond(t, "router in-flight back to 0", func() bool {
 				return replicaStatus(t, s, en.Addr()).InFlight == 0 &&
-					metricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
+					slowpath.MetricSum(t, s, "warmpath_slowpath_in_flight", "", "") == 0
 			})
 			st := en.Stats()
 			if st.Served[e2eModel] != 0 {
@@ -855,10 +816,10 @@ func TestFaultsClientGoneBeforeAnswer(t *testing.T) {
 			if !rs.Healthy || rs.ConsecutiveFailures != 0 {
 				t.Fatalf("replica blamed for a client leaving: %+v", rs)
 			}
-			if n := metricSum(t, s, "warmpath_slowpath_client_gone_total", "", ""); n != 1 {
+			if n := slowpath.MetricSum(t, s, "warmpath_slowpath_client_gone_total", "", ""); n != 1 {
 				t.Fatalf("client_gone_total = %v, want 1", n)
 			}
-			if n := metricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
+			if n := slowpath.MetricSum(t, s, "warmpath_slowpath_retries_total", "", ""); n != 0 {
 				t.Fatalf("retries_total = %v, want 0", n)
 			}
 		})

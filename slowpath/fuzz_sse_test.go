@@ -3,7 +3,6 @@ package slowpath
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -109,20 +108,8 @@ func newRelayRig(tb testing.TB) *relayRig {
 	cfg := testConfig("127.0.0.1:1") // never dialled: Dial is the in-memory listener
 	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
 	cfg.Scrape.Interval = 0
-	s, err := New(cfg, testLogger(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	for _, rep := range *s.table.Load() {
-		if rep != nil {
-			rep.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
-		}
-	}
+	s := newIdleServer(tb, cfg)
+	dialInMemory(s, ln)
 	s.Observer = r
 	r.s = s
 	var req fasthttp.Request

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttputil"
+	"github.com/warmpath/warmpath/bench/enginesim"
 )
 
 // fakeEngine is a tiny OpenAI-compatible engine on a real loopback socket.
@@ -255,3 +258,80 @@ const chatBody = `{"model":"m","messages":[{"role":"system","content":"be brief"
 // response (e.g. buffering a gated stream) fails the test instead of hanging
 // it. A hang guard, not a latency assertion.
 var testClient = &http.Client{Timeout: 20 * time.Second}
+
+// StartFromFile builds a Server from the config file at path as `warmpath
+// serve --config` does (CheckConfigPerms, ParseConfig, New, then
+// WatchConfigFile), so reloads re-read the file. Exported for slowpath's
+// external tests.
+func StartFromFile(path string, log *slog.Logger) (*Server, error) {
+	if err := CheckConfigPerms(path); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ParseConfig(b)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	s, err := New(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.WatchConfigFile(path, b); err != nil {
+		_ = s.Shutdown(context.Background())
+		return nil, err
+	}
+	return s, nil
+}
+
+// simEngines starts n simulated engines serving model "m", 100x faster
+// than life, closed when the test ends, and returns their addresses.
+func simEngines(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, 0, n)
+	for i := range n {
+		c := enginesim.DefaultConfig()
+		c.ServedModelNames = []string{"m"}
+		c.TimeScale = 0.01
+		c.Seed = uint64(i + 1)
+		c.Logger = slog.New(slog.DiscardHandler)
+		en, err := enginesim.Start(c, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { en.Close() })
+		addrs = append(addrs, en.Addr())
+	}
+	return addrs
+}
+
+// newIdleServer builds a Server from cfg without serving it; it is shut down (5 s bound) when the
+// test ends.
+func newIdleServer(tb testing.TB, cfg Config) *Server {
+	tb.Helper()
+	s, err := New(cfg, testLogger(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s
+}
+
+// dialInMemory makes every replica of s connect through ln, whatever its
+// address (benchmarks and fuzzing without sockets).
+func dialInMemory(s *Server, ln *fasthttputil.InmemoryListener) {
+	for _, r := range *s.table.Load() {
+		if r != nil {
+			r.hc.Dial = func(string) (net.Conn, error) { return ln.Dial() }
+		}
+	}
+}
+
+// MetricSum is metricValue for slowpath's external tests.
+var MetricSum = metricValue

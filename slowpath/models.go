@@ -155,7 +155,7 @@ func (s *Server) modelCards() []modelCard {
 // models answers GET /v1/models.
 func (s *Server) models(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", errTypeInvalid, "", "method_not_allowed")
+		s.reject(ctx, apiMethod, "Method "+string(ctx.Method())+" not allowed for /v1/models; use GET", "")
 		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
 		return
 	}
@@ -173,7 +173,7 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 // "meta-llama/Llama-3.1-8B-Instruct").
 func (s *Server) modelByID(ctx *fasthttp.RequestCtx, id string) {
 	if !ctx.IsGet() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use GET", errTypeInvalid, "", "method_not_allowed")
+		s.reject(ctx, apiMethod, "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use GET", "")
 		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
 		return
 	}
@@ -186,5 +186,5 @@ func (s *Server) modelByID(ctx *fasthttp.RequestCtx, id string) {
 			return
 		}
 	}
-	s.reject(ctx, fasthttp.StatusNotFound, "model_not_found", "The model `"+id+"` does not exist or you do not have access to it.", errTypeInvalid, "model", "model_not_found")
+	s.reject(ctx, apiModelNotFound, "The model `"+id+"` does not exist or you do not have access to it.", "model")
 }

@@ -3,7 +3,6 @@ package slowpath
 import (
 	"bytes"
 
-	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -54,9 +53,9 @@ func isMultipart(ct []byte) bool {
 }
 
 var (
-	errPassNotObject = fmt.Errorf("%w: body is not a JSON object", affinity.ErrBadRequest)
-	errPassModel     = fmt.Errorf("%w: model must be a non-empty string", affinity.ErrBadRequest)
-	errPassDupModel  = fmt.Errorf("%w: model must appear once, spelled in lower case (the body repeats it or has it in another letter case)", affinity.ErrBadRequest)
+	errPassNotObject = &affinity.FieldError{Msg: "body is not a JSON object"}
+	errPassModel     = &affinity.FieldError{Field: "model", Msg: "model must be a non-empty string"}
+	errPassDupModel  = &affinity.FieldError{Field: "model", Msg: "model must appear once, spelled in lower case (the body repeats it or has it in another letter case)"}
 )
 
 // parsePassJSON reads the model of a pass-through JSON body.
@@ -137,9 +136,9 @@ const (
 )
 
 var (
-	errBadMultipart = fmt.Errorf("%w: body is not a valid multipart/form-data body", affinity.ErrBadRequest)
-	errMultiModel   = fmt.Errorf("%w: model must be one non-empty form field of at most 1024 bytes", affinity.ErrBadRequest)
-	errMultiStream  = fmt.Errorf("%w: stream must be true or false", affinity.ErrBadRequest)
+	errBadMultipart = &affinity.FieldError{Msg: "body is not a valid multipart/form-data body"}
+	errMultiModel   = &affinity.FieldError{Field: "model", Msg: "model must be one non-empty form field of at most 1024 bytes"}
+	errMultiStream  = &affinity.FieldError{Field: "stream", Msg: "stream must be true or false"}
 )
 
 // parseMultipart reads the `model` and `stream` form fields of an audio
@@ -216,7 +215,7 @@ func readField(dst []byte, p *multipart.Part) ([]byte, error) {
 // {"version": ...}).
 func (s *Server) version(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for /version; use GET", errTypeInvalid, "", "method_not_allowed")
+		s.reject(ctx, apiMethod, "Method "+string(ctx.Method())+" not allowed for /version; use GET", "")
 		ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
 		return
 	}
@@ -226,7 +225,7 @@ func (s *Server) version(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	s.reject(ctx, fasthttp.StatusServiceUnavailable, "no_replica", "No healthy replica can answer right now.", errTypeUnavailable, "", "no_replica_available")
+	s.reject(ctx, apiNoReplica, "No healthy replica can answer right now.", "")
 }
 
 // routeTo proxies the request to r (no model decision), with the same
@@ -241,7 +240,7 @@ func (s *Server) routeTo(ctx *fasthttp.RequestCtx, r *replica, stream bool) {
 	ex.api.noWork = true
 	if !s.admit(ex) {
 		s.putExchange(ex)
-		s.reject(ctx, fasthttp.StatusTooManyRequests, "total_limit", "The router is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		s.reject(ctx, apiTotalLimit, "The router is at its concurrency limit; retry later.", "")
 		return
 	}
 	ex.req.Model = ex.model

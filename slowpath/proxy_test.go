@@ -575,7 +575,7 @@ func TestBufferedAnswersTeachNoTTFT(t *testing.T) {
 		}
 	}
 	waitFor(t, "stream bookkeeping", func() bool { return s.inflight.Load() == 0 })
-	if got := s.router.Replicas()[0].TTFT.Checked; got != 2 {
+	if got := s.brain.Replicas()[0].TTFT.Checked; got != 2 {
 		t.Fatalf("TTFT predictions checked %d, want the 2 streamed requests only", got)
 	}
 }

@@ -254,7 +254,7 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	var enq int64
 	shed := func(status int, reason, msg, typ, code string) bool {
 		s.tm.shed.WithLabelValues(class, ex.ten.name, reason).Inc()
-		s.reject(ctx, status, "queue_"+reason, msg, typ, "", code)
+		s.reject(ctx, apiError{status, "queue_" + reason, typ, code}, msg, "")
 		return false
 	}
 	for {

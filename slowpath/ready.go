@@ -122,7 +122,7 @@ func (s *Server) handleTop(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case "/readyz", "/livez":
 		if !ctx.IsGet() && !ctx.IsHead() {
-			s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use GET", errTypeInvalid, "", "method_not_allowed")
+			s.reject(ctx, apiMethod, "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use GET", "")
 			ctx.Response.Header.SetBytesKV(hdrAllow, strGET)
 			break
 		}

@@ -1,11 +1,17 @@
 package slowpath
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -221,4 +227,190 @@ func (s *Server) debugConfig(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/yaml; charset=utf-8")
 	_, _ = w.Write(b)
+}
+
+// WatchConfigFile makes Reload re-read path, and with reload_interval > 0
+// polls its content and reloads on change. loaded is the content the
+// running config came from (nil: read it now). Call it once, before Serve.
+func (s *Server) WatchConfigFile(path string, loaded []byte) error {
+	if s.cfgPath != "" {
+		return errors.New("watch config: already watching " + s.cfgPath)
+	}
+	if loaded == nil {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("watch config: %w", err)
+		}
+		loaded = b
+	}
+	s.reloadMu.Lock()
+	s.cfgPath = path
+	s.lastFile = loaded
+	s.reloadMu.Unlock()
+	if s.cfg.ReloadInterval > 0 {
+		s.wg.Add(1)
+		go s.watchFile()
+	}
+	return nil
+}
+
+// Reload re-reads the config file and applies its replica list and every
+// other field tagged reload:"live" (routing knobs, limits, timeouts,
+// health, scrape; see reload.go). A change to any other field is named in
+// a warning and ignored until a restart. An invalid file changes nothing.
+func (s *Server) Reload() error {
+	s.reloadMu.Lock()
+	path := s.cfgPath
+	s.reloadMu.Unlock()
+	if path == "" {
+		return errors.New("reload: no config file (started without --config)")
+	}
+	_ = s.ReloadTLS() // logged and counted; the replica list reloads either way
+	if err := CheckConfigPerms(path); err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return fmt.Errorf("reload: %w", err)
+	}
+	b, err := readStable(path, os.ReadFile, settleTime)
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return fmt.Errorf("reload: %w", err)
+	}
+	return s.reloadBytes(b)
+}
+
+// errNoReplicas refuses a config file without replicas: an empty,
+// comment-only or truncated file (`: > warmpath.yaml`) would otherwise
+// remove every replica.
+var errNoReplicas = errors.New("replicas: at least one replica required (an empty, comment-only or half-written file?)")
+
+// settleTime is how long a config file's content must stay the same
+// before it is applied (an editor or a script may be writing it in place).
+const settleTime = 50 * time.Millisecond
+
+// readStable reads the file with read until two reads settle apart return
+// the same bytes (up to 20 reads), so a file being written in place is not
+// applied half-written.
+func readStable(path string, read func(string) ([]byte, error), settle time.Duration) ([]byte, error) {
+	b, err := read(path)
+	for range 20 {
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(settle)
+		var again []byte
+		again, err = read(path)
+		if err == nil && bytes.Equal(again, b) {
+			return b, nil
+		}
+		b = again
+	}
+	if err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("config %s kept changing while being read; not applied", path)
+}
+
+func (s *Server) reloadBytes(b []byte) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	cfg, err := ParseConfig(b)
+	if err == nil && len(cfg.Replicas) == 0 {
+		err = errNoReplicas
+	}
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+		return fmt.Errorf("reload: %w", err)
+	}
+	s.lastFile = b
+	cur := s.conf()
+	cfg.Listen, cfg.Admin = cur.Listen, cur.Admin // flags may override these
+	live, restart := configChanges(cur, &cfg)
+	next := *cur
+	applyLive(&next, &cfg)
+	if !reflect.DeepEqual(next.Routing, cur.Routing) {
+		if err := s.brain.Retune(next.Routing); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			return fmt.Errorf("reload: %w", err)
+		}
+	}
+	s.publishConfig(&next)
+	if len(restart) > 0 {
+		s.log.Warn("config reload: these changes need a restart and are not applied", "fields", strings.Join(restart, ","))
+	}
+	if len(live) > 0 {
+		s.log.Info("config reload applied", "fields", strings.Join(live, ","))
+	}
+	if err := s.applyReplicas(cfg.Replicas); err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return fmt.Errorf("reload: %w", err)
+	}
+	s.m.reloads.WithLabelValues("ok").Inc()
+	return nil
+}
+
+// ApplyReplicas replaces the replica list (what a reload does), for callers
+// that manage replicas themselves.
+func (s *Server) ApplyReplicas(list []ReplicaConfig) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	c := *s.conf()
+	c.Replicas = slices.Clone(list)
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	s.publishConfig(&c)
+	return s.applyReplicas(list)
+}
+
+// watchFile polls the config file and reloads when its content changes.
+func (s *Server) watchFile() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReloadInterval)
+	defer t.Stop()
+	missing := false
+	for {
+		select {
+		case <-s.closing:
+			return
+		case <-t.C:
+		}
+		b, err := os.ReadFile(s.cfgPath)
+		if err != nil {
+			// Gone (or mid-rename): keep what runs, say so once.
+			if !missing {
+				missing = true
+				s.log.Warn("config file unreadable; keeping the running replica set", "path", s.cfgPath, "err", err)
+			}
+			continue
+		}
+		if missing {
+			missing = false
+			s.log.Info("config file readable again", "path", s.cfgPath)
+		}
+		s.reloadMu.Lock()
+		same := bytes.Equal(b, s.lastFile)
+		s.reloadMu.Unlock()
+		if same {
+			continue
+		}
+		if b, err = readStable(s.cfgPath, os.ReadFile, settleTime); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+			continue // the next tick reads it again
+		}
+		if err := CheckConfigPerms(s.cfgPath); err != nil {
+			s.m.reloads.WithLabelValues("error").Inc()
+			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
+			s.reloadMu.Lock()
+			s.lastFile = b
+			s.reloadMu.Unlock()
+			continue
+		}
+		s.log.Info("config file changed, reloading", "path", s.cfgPath)
+		_ = s.reloadBytes(b)
+		s.reloadMu.Lock()
+		s.lastFile = b // do not retry a bad file until it changes again
+		s.reloadMu.Unlock()
+	}
 }

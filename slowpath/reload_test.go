@@ -116,19 +116,10 @@ func TestReloadAppliesEveryLiveField(t *testing.T) {
 			if !ok {
 				t.Fatalf("no liveChanges entry for live field %s", field)
 			}
-			f := filepath.Join(t.TempDir(), "c.yaml")
-			reloadFile(t, f, e.addr, "")
-			s, err := NewFromFile(f, testLogger(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
+			s, f := startFromTestFile(t, e.addr, "")
 			before := s.Config()
 			routerBefore := s.Router().Config()
-			reloadFile(t, f, e.addr, change)
-			if err := s.Reload(); err != nil {
-				t.Fatal(err)
-			}
+			reloadTo(t, s, f, e.addr, change)
 			after := s.Config()
 			live, restart := configChanges(&before, &after)
 			if len(restart) > 0 || !slices.Equal(live, []string{field}) {
@@ -152,15 +143,12 @@ func TestReloadRestartFieldsWarned(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "")
 	var logs syncBuffer
-	s, err := NewFromFile(f, slog.New(slog.NewTextHandler(&logs, nil)))
+	s, err := StartFromFile(f, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
-	reloadFile(t, f, e.addr, "limits: {read_timeout: 7s, max_in_flight: 5}\nrouting: {policy: round-robin, max_ranked: 2}\nsession_header: X-Conv")
-	if err := s.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	reloadTo(t, s, f, e.addr, "limits: {read_timeout: 7s, max_in_flight: 5}\nrouting: {policy: round-robin, max_ranked: 2}\nsession_header: X-Conv")
 	c := s.Config()
 	if c.Limits.ReadTimeout != Default().Limits.ReadTimeout || c.Routing.Policy != "" || c.SessionHeader != "X-Session-ID" {
 		t.Fatalf("restart-only fields applied: %+v", c)
@@ -181,23 +169,14 @@ func TestReloadRestartFieldsWarned(t *testing.T) {
 // health path and interval (from one probe an hour to 20ms).
 func TestReloadHealthPathAndInterval(t *testing.T) {
 	e := startFakeEngine(t)
-	f := filepath.Join(t.TempDir(), "c.yaml")
-	reloadFile(t, f, e.addr, "health: {interval: 1h, timeout: 1s, unhealthy_threshold: 1}")
-	s, err := NewFromFile(f, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
+	s, f := startFromTestFile(t, e.addr, "health: {interval: 1h, timeout: 1s, unhealthy_threshold: 1}")
 	if st := s.Replicas(); len(st) != 1 || !st[0].Healthy {
 		t.Fatalf("replica not healthy at start: %+v", st)
 	}
 	// At one probe an hour a failing engine would stay in rotation; at the
 	// reloaded 20ms it is out within a few probes.
 	e.Unhealthy.Store(true)
-	reloadFile(t, f, e.addr, "health: {interval: 20ms, timeout: 20ms, unhealthy_threshold: 1}")
-	if err := s.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	reloadTo(t, s, f, e.addr, "health: {interval: 20ms, timeout: 20ms, unhealthy_threshold: 1}")
 	waitFor(t, "a probe at the reloaded interval", func() bool {
 		st := s.Replicas()
 		return len(st) == 1 && !st[0].Healthy
@@ -205,10 +184,7 @@ func TestReloadHealthPathAndInterval(t *testing.T) {
 	// The fake engine counts any path but /health and /metrics as a
 	// request: probes of the reloaded path show up there.
 	n := e.requests.Load()
-	reloadFile(t, f, e.addr, "health: {path: /ready, interval: 20ms, timeout: 20ms}")
-	if err := s.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	reloadTo(t, s, f, e.addr, "health: {path: /ready, interval: 20ms, timeout: 20ms}")
 	waitFor(t, "probes of the reloaded path", func() bool { return e.requests.Load() >= n+2 })
 }
 
@@ -216,17 +192,8 @@ func TestReloadHealthPathAndInterval(t *testing.T) {
 // replicas already running.
 func TestReloadPerReplicaLimit(t *testing.T) {
 	e := startFakeEngine(t)
-	f := filepath.Join(t.TempDir(), "c.yaml")
-	reloadFile(t, f, e.addr, "")
-	s, err := NewFromFile(f, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
-	reloadFile(t, f, e.addr, "limits: {max_in_flight_per_replica: 3}")
-	if err := s.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	s, f := startFromTestFile(t, e.addr, "")
+	reloadTo(t, s, f, e.addr, "limits: {max_in_flight_per_replica: 3}")
 	if st := s.Replicas(); st[0].MaxInFlight != 3 {
 		t.Fatalf("replica max_in_flight %d after reload, want 3", st[0].MaxInFlight)
 	}
@@ -236,17 +203,8 @@ func TestReloadPerReplicaLimit(t *testing.T) {
 // back to it, secrets redacted.
 func TestDebugConfig(t *testing.T) {
 	e := startFakeEngine(t)
-	f := filepath.Join(t.TempDir(), "c.yaml")
-	reloadFile(t, f, e.addr, "")
-	s, err := NewFromFile(f, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
-	reloadFile(t, f, e.addr, "upstream: {max_attempts: 2}")
-	if err := s.Reload(); err != nil {
-		t.Fatal(err)
-	}
+	s, f := startFromTestFile(t, e.addr, "")
+	reloadTo(t, s, f, e.addr, "upstream: {max_attempts: 2}")
 	srv := httptest.NewServer(s.AdminHandler())
 	defer srv.Close()
 	resp, err := testClient.Get(srv.URL + "/debug/config")
@@ -329,7 +287,7 @@ func TestReloadConcurrentTraffic(t *testing.T) {
 	e := startFakeEngine(t)
 	f := filepath.Join(t.TempDir(), "c.yaml")
 	reloadFile(t, f, e.addr, "")
-	s, err := NewFromFile(f, testLogger(t))
+	s, err := StartFromFile(f, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,11 +303,32 @@ func TestReloadConcurrentTraffic(t *testing.T) {
 		}
 	}()
 	for i := range 20 {
-		reloadFile(t, f, e.addr, "upstream: {max_attempts: "+string(rune('1'+i%3))+"}\nrouting: {max_ranked: "+string(rune('1'+i%2))+"}")
-		if err := s.Reload(); err != nil {
-			t.Fatal(err)
-		}
+		reloadTo(t, s, f, e.addr, "upstream: {max_attempts: "+string(rune('1'+i%3))+"}\nrouting: {max_ranked: "+string(rune('1'+i%2))+"}")
 		time.Sleep(time.Millisecond)
 	}
 	<-done
+}
+
+// startFromTestFile writes a config naming addr, plus extra, to a temp
+// file and starts a Server from it; the Server is shut down when the test
+// ends. It returns the file for later rewrites.
+func startFromTestFile(t *testing.T, addr, extra string) (*Server, string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	reloadFile(t, f, addr, extra)
+	s, err := StartFromFile(f, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(t.Context()) })
+	return s, f
+}
+
+// reloadTo rewrites f to name addr, plus extra, and reloads s from it.
+func reloadTo(t *testing.T, s *Server, f, addr, extra string) {
+	t.Helper()
+	reloadFile(t, f, addr, extra)
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -284,21 +284,17 @@ func (s *Server) pinnable(ctx *fasthttp.RequestCtx, ex *exchange, name string) *
 	r := s.replicaByName(name)
 	switch {
 	case r == nil:
-		s.reject(ctx, fasthttp.StatusNotFound, "previous_response_gone",
-			"Previous response with id '"+id+"' was held by replica "+name+", which is no longer in the pool; start a new conversation.",
-			errTypeInvalid, "previous_response_id", "previous_response_not_found")
+		s.reject(ctx, apiPrevGone,
+			"Previous response with id '"+id+"' was held by replica "+name+", which is no longer in the pool; start a new conversation.", "previous_response_id")
 	case !r.serves(ex.model):
-		s.reject(ctx, fasthttp.StatusBadRequest, "previous_response_model",
-			"Previous response with id '"+id+"' is held by a replica that does not serve model `"+string(ex.model)+"`.",
-			errTypeInvalid, "previous_response_id", "")
+		s.reject(ctx, apiPrevModel,
+			"Previous response with id '"+id+"' is held by a replica that does not serve model `"+string(ex.model)+"`.", "previous_response_id")
 	case !r.isHealthy():
-		s.reject(ctx, fasthttp.StatusServiceUnavailable, "previous_response_unavailable",
-			"The replica holding previous response '"+id+"' is unavailable right now; retry later.",
-			errTypeUnavailable, "previous_response_id", "replica_unavailable")
+		s.reject(ctx, apiPrevUnavailable,
+			"The replica holding previous response '"+id+"' is unavailable right now; retry later.", "previous_response_id")
 	case r.full():
-		s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit",
-			"The replica holding previous response '"+id+"' is at its concurrency limit; retry later.",
-			errTypeRateLimit, "", "rate_limit_exceeded")
+		s.reject(ctx, apiReplicaLimit,
+			"The replica holding previous response '"+id+"' is at its concurrency limit; retry later.", "")
 	default:
 		return r
 	}
@@ -412,11 +408,11 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, rest string) {
 		method = strPOST
 	}
 	if strings.Contains(id, "/") || id == "" {
-		s.reject(ctx, fasthttp.StatusNotFound, "unknown_path", "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", errTypeInvalid, "", "unknown_url")
+		s.reject(ctx, apiUnknownPath, "Invalid URL ("+string(ctx.Method())+" "+string(ctx.Path())+")", "")
 		return
 	}
 	if !bytes.Equal(ctx.Method(), method) {
-		s.reject(ctx, fasthttp.StatusMethodNotAllowed, "method", "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use "+string(method), errTypeInvalid, "", "method_not_allowed")
+		s.reject(ctx, apiMethod, "Method "+string(ctx.Method())+" not allowed for "+string(ctx.Path())+"; use "+string(method), "")
 		ctx.Response.Header.SetBytesKV(hdrAllow, method)
 		return
 	}
@@ -425,22 +421,22 @@ func (s *Server) responseByID(ctx *fasthttp.RequestCtx, rest string) {
 		name, ok = s.findResponse(ctx, []byte(id), nil)
 	}
 	if !ok {
-		s.reject(ctx, fasthttp.StatusNotFound, "response_not_found", "Response with id '"+id+"' not found.", errTypeInvalid, "response_id", "response_not_found")
+		s.reject(ctx, apiResponseNotFound, "Response with id '"+id+"' not found.", "response_id")
 		return
 	}
 	r := s.replicaByName(name)
 	switch {
 	case r == nil:
-		s.reject(ctx, fasthttp.StatusNotFound, "previous_response_gone",
-			"Response with id '"+id+"' was held by replica "+name+", which is no longer in the pool.", errTypeInvalid, "response_id", "response_not_found")
+		s.reject(ctx, apiResponseGone,
+			"Response with id '"+id+"' was held by replica "+name+", which is no longer in the pool.", "response_id")
 		return
 	case !r.isHealthy():
-		s.reject(ctx, fasthttp.StatusServiceUnavailable, "previous_response_unavailable",
-			"The replica holding response '"+id+"' is unavailable right now; retry later.", errTypeUnavailable, "response_id", "replica_unavailable")
+		s.reject(ctx, apiPrevUnavailable,
+			"The replica holding response '"+id+"' is unavailable right now; retry later.", "response_id")
 		return
 	case r.full():
-		s.reject(ctx, fasthttp.StatusTooManyRequests, "replica_limit",
-			"The replica holding response '"+id+"' is at its concurrency limit; retry later.", errTypeRateLimit, "", "rate_limit_exceeded")
+		s.reject(ctx, apiReplicaLimit,
+			"The replica holding response '"+id+"' is at its concurrency limit; retry later.", "")
 		return
 	}
 	stream := !cancel && bytes.Equal(ctx.QueryArgs().Peek("stream"), strTrue)

@@ -19,10 +19,9 @@ import (
 	"testing"
 
 	"github.com/warmpath/warmpath/affinity"
-	"github.com/warmpath/warmpath/bench/enginesim"
 )
 
-// TestConfigPermsRefused: NewFromFile and Reload refuse a world-writable
+// TestConfigPermsRefused: start-up (CheckConfigPerms) and Reload refuse a world-writable
 // config file, naming it and the fix; the running replica set stays.
 func TestConfigPermsRefused(t *testing.T) {
 	a := startFakeEngine(t)
@@ -30,7 +29,7 @@ func TestConfigPermsRefused(t *testing.T) {
 	if err := os.WriteFile(f, []byte("replicas:\n  - {address: "+a.addr+", models: [m]}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewFromFile(f, testLogger(t))
+	s, err := StartFromFile(f, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,11 +44,8 @@ func TestConfigPermsRefused(t *testing.T) {
 	if n := len(s.Replicas()); n != 1 {
 		t.Fatalf("replicas after refused reload: %d, want 1", n)
 	}
-	if _, err := NewFromFile(f, testLogger(t)); err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("NewFromFile: err %v, want %q", err, want)
-	}
-	if _, err := LoadConfig(f); err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("LoadConfig: err %v, want %q", err, want)
+	if err := CheckConfigPerms(f); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("CheckConfigPerms (serve's start-up check): err %v, want %q", err, want)
 	}
 }
 
@@ -301,20 +297,7 @@ func TestTenancyEngineCache(t *testing.T) {
 		{name: "api_key", from: SaltFromAPIKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var addrs []string
-			for i := range 2 {
-				c := enginesim.DefaultConfig()
-				c.ServedModelNames = []string{"m"}
-				c.TimeScale = 0.01
-				c.Seed = uint64(i + 1)
-				c.Logger = slog.New(slog.DiscardHandler)
-				en, err := enginesim.Start(c, "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { en.Close() })
-				addrs = append(addrs, en.Addr())
-			}
+			addrs := simEngines(t, 2)
 			cfg := testConfig(addrs...)
 			cfg.Tenancy.SaltFrom = tc.from
 			s, base := newTestServer(t, cfg)

@@ -1,7 +1,9 @@
+// Over 500 lines: the Server type, its construction and lifecycle, and
+// the /debug/replicas status that reads its fields stay in one file.
+
 package slowpath
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -12,10 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"reflect"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +29,7 @@ import (
 // Server is the L7 router: a fasthttp server for the OpenAI API in front of
 // a set of engine replicas, plus an admin HTTP server for metrics and debug.
 //
-// Lifecycle: New (or NewFromFile) starts the replicas' health and scrape
+// Lifecycle: New starts the replicas' health and scrape
 // loops; Serve/ServeAdmin block serving listeners; Shutdown stops accepting,
 // drains in-flight requests up to its context's deadline, force-closes what
 // remains and stops the loops. A Server is not restartable.
@@ -45,10 +43,9 @@ type Server struct {
 	reloaded      atomic.Pointer[chan struct{}]
 	cfgPath       string
 	log           *slog.Logger
-	brain         brain
-	router        *affinity.Router // nil when a fake brain is injected
+	brain         *affinity.Router // ranking, flights, load and the prefix index
 	cluster       *cluster.Node    // nil unless cluster.nats_url is set
-	newParser     func() promptParser
+	newParser     func() *affinity.Parser
 	reg           *prometheus.Registry
 	m             *metrics
 	connM         *connMetrics
@@ -112,11 +109,10 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 		return nil, err
 	}
 	hc := rt.HashConfig()
-	s, err := newServer(cfg, log, rt, func() promptParser { return affinity.NewKeyedParser(hc, key) })
+	s, err := newServer(cfg, log, rt, func() *affinity.Parser { return affinity.NewKeyedParser(hc, key) })
 	if err != nil {
 		return nil, err
 	}
-	s.router = rt
 	s.reg.MustRegister(affinity.NewCollector(rt))
 	if cfg.Cluster.Enabled() {
 		// Connects in the background; no request waits on it.
@@ -133,61 +129,9 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	return s, nil
 }
 
-// NewFromFile loads the config file at path, calls New and watches the
-// file (see WatchConfigFile).
-func NewFromFile(path string, log *slog.Logger) (*Server, error) {
-	if err := CheckConfigPerms(path); err != nil {
-		return nil, err
-	}
-	b, err := readStable(path, os.ReadFile, settleTime)
-	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
-	}
-	cfg, err := ParseConfig(b)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	if len(cfg.Replicas) == 0 {
-		return nil, fmt.Errorf("config %s: %w", path, errNoReplicas)
-	}
-	s, err := New(cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.WatchConfigFile(path, b); err != nil {
-		_ = s.Shutdown(context.Background())
-		return nil, err
-	}
-	return s, nil
-}
-
-// WatchConfigFile makes Reload re-read path, and with reload_interval > 0
-// polls its content and reloads on change. loaded is the content the
-// running config came from (nil: read it now). Call it once, before Serve.
-func (s *Server) WatchConfigFile(path string, loaded []byte) error {
-	if s.cfgPath != "" {
-		return errors.New("watch config: already watching " + s.cfgPath)
-	}
-	if loaded == nil {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return fmt.Errorf("watch config: %w", err)
-		}
-		loaded = b
-	}
-	s.reloadMu.Lock()
-	s.cfgPath = path
-	s.lastFile = loaded
-	s.reloadMu.Unlock()
-	if s.cfg.ReloadInterval > 0 {
-		s.wg.Add(1)
-		go s.watchFile()
-	}
-	return nil
-}
-
-// newServer builds a Server around any brain (tests inject fakes).
-func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptParser) (*Server, error) {
+// newServer builds a Server around b; New adds the cluster and the
+// affinity collector.
+func newServer(cfg Config, log *slog.Logger, b *affinity.Router, newParser func() *affinity.Parser) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -294,7 +238,7 @@ func (s *Server) Config() Config { return *s.conf() }
 func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Router is the affinity router.
-func (s *Server) Router() *affinity.Router { return s.router }
+func (s *Server) Router() *affinity.Router { return s.brain }
 
 // Cluster is the scale-out node (nil unless cluster.nats_url is set).
 func (s *Server) Cluster() *cluster.Node { return s.cluster }
@@ -427,179 +371,18 @@ func (s *Server) serverError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
-		s.reject(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
-			fmt.Sprintf("Request line and headers exceed %d bytes.", maxHeaderBytes), errTypeInvalid, "", "headers_too_large")
+		s.reject(ctx, apiHeadersTooLarge,
+			fmt.Sprintf("Request line and headers exceed %d bytes.", maxHeaderBytes), "")
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.reject(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large",
-			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), errTypeInvalid, "", "request_too_large")
+		s.reject(ctx, apiTooLarge,
+			fmt.Sprintf("Request body exceeds the limit of %d bytes.", s.cfg.Limits.MaxBodyBytes), "")
 	default:
 		var te interface{ Timeout() bool }
 		if errors.As(err, &te) && te.Timeout() {
-			s.reject(ctx, fasthttp.StatusRequestTimeout, "timeout", "Timed out reading the request.", errTypeInvalid, "", "")
+			s.reject(ctx, apiReadTimeout, "Timed out reading the request.", "")
 			return
 		}
-		s.reject(ctx, fasthttp.StatusBadRequest, "malformed_http", "Malformed HTTP request.", errTypeInvalid, "", "")
-	}
-}
-
-// Reload re-reads the config file and applies its replica list and every
-// other field tagged reload:"live" (routing knobs, limits, timeouts,
-// health, scrape; see reload.go). A change to any other field is named in
-// a warning and ignored until a restart. An invalid file changes nothing.
-func (s *Server) Reload() error {
-	s.reloadMu.Lock()
-	path := s.cfgPath
-	s.reloadMu.Unlock()
-	if path == "" {
-		return errors.New("reload: no config file (started without --config)")
-	}
-	_ = s.ReloadTLS() // logged and counted; the replica list reloads either way
-	if err := CheckConfigPerms(path); err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
-		return fmt.Errorf("reload: %w", err)
-	}
-	b, err := readStable(path, os.ReadFile, settleTime)
-	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
-		return fmt.Errorf("reload: %w", err)
-	}
-	return s.reloadBytes(b)
-}
-
-// errNoReplicas refuses a config file without replicas: an empty,
-// comment-only or truncated file (`: > warmpath.yaml`) would otherwise
-// remove every replica.
-var errNoReplicas = errors.New("replicas: at least one replica required (an empty, comment-only or half-written file?)")
-
-// settleTime is how long a config file's content must stay the same
-// before it is applied (an editor or a script may be writing it in place).
-const settleTime = 50 * time.Millisecond
-
-// readStable reads the file with read until two reads settle apart return
-// the same bytes (up to 20 reads), so a file being written in place is not
-// applied half-written.
-func readStable(path string, read func(string) ([]byte, error), settle time.Duration) ([]byte, error) {
-	b, err := read(path)
-	for range 20 {
-		if err != nil {
-			return nil, err
-		}
-		time.Sleep(settle)
-		var again []byte
-		again, err = read(path)
-		if err == nil && bytes.Equal(again, b) {
-			return b, nil
-		}
-		b = again
-	}
-	if err != nil {
-		return nil, err
-	}
-	return nil, fmt.Errorf("config %s kept changing while being read; not applied", path)
-}
-
-func (s *Server) reloadBytes(b []byte) error {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	cfg, err := ParseConfig(b)
-	if err == nil && len(cfg.Replicas) == 0 {
-		err = errNoReplicas
-	}
-	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
-		s.log.Error("config reload rejected; keeping the running replica set", "err", err)
-		return fmt.Errorf("reload: %w", err)
-	}
-	s.lastFile = b
-	cur := s.conf()
-	cfg.Listen, cfg.Admin = cur.Listen, cur.Admin // flags may override these
-	live, restart := configChanges(cur, &cfg)
-	next := *cur
-	applyLive(&next, &cfg)
-	if s.router != nil && !reflect.DeepEqual(next.Routing, cur.Routing) {
-		if err := s.router.Retune(next.Routing); err != nil {
-			s.m.reloads.WithLabelValues("error").Inc()
-			return fmt.Errorf("reload: %w", err)
-		}
-	}
-	s.publishConfig(&next)
-	if len(restart) > 0 {
-		s.log.Warn("config reload: these changes need a restart and are not applied", "fields", strings.Join(restart, ","))
-	}
-	if len(live) > 0 {
-		s.log.Info("config reload applied", "fields", strings.Join(live, ","))
-	}
-	if err := s.applyReplicas(cfg.Replicas); err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
-		return fmt.Errorf("reload: %w", err)
-	}
-	s.m.reloads.WithLabelValues("ok").Inc()
-	return nil
-}
-
-// ApplyReplicas replaces the replica list (what a reload does), for callers
-// that manage replicas themselves.
-func (s *Server) ApplyReplicas(list []ReplicaConfig) error {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	c := *s.conf()
-	c.Replicas = slices.Clone(list)
-	if err := c.Validate(); err != nil {
-		return err
-	}
-	s.publishConfig(&c)
-	return s.applyReplicas(list)
-}
-
-// watchFile polls the config file and reloads when its content changes.
-func (s *Server) watchFile() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.ReloadInterval)
-	defer t.Stop()
-	missing := false
-	for {
-		select {
-		case <-s.closing:
-			return
-		case <-t.C:
-		}
-		b, err := os.ReadFile(s.cfgPath)
-		if err != nil {
-			// Gone (or mid-rename): keep what runs, say so once.
-			if !missing {
-				missing = true
-				s.log.Warn("config file unreadable; keeping the running replica set", "path", s.cfgPath, "err", err)
-			}
-			continue
-		}
-		if missing {
-			missing = false
-			s.log.Info("config file readable again", "path", s.cfgPath)
-		}
-		s.reloadMu.Lock()
-		same := bytes.Equal(b, s.lastFile)
-		s.reloadMu.Unlock()
-		if same {
-			continue
-		}
-		if b, err = readStable(s.cfgPath, os.ReadFile, settleTime); err != nil {
-			s.m.reloads.WithLabelValues("error").Inc()
-			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
-			continue // the next tick reads it again
-		}
-		if err := CheckConfigPerms(s.cfgPath); err != nil {
-			s.m.reloads.WithLabelValues("error").Inc()
-			s.log.Error("config reload rejected; keeping the running replica set", "err", err)
-			s.reloadMu.Lock()
-			s.lastFile = b
-			s.reloadMu.Unlock()
-			continue
-		}
-		s.log.Info("config file changed, reloading", "path", s.cfgPath)
-		_ = s.reloadBytes(b)
-		s.reloadMu.Lock()
-		s.lastFile = b // do not retry a bad file until it changes again
-		s.reloadMu.Unlock()
+		s.reject(ctx, apiMalformedHTTP, "Malformed HTTP request.", "")
 	}
 }
 
@@ -629,7 +412,7 @@ type ReplicaStatus struct {
 		Stale            bool      `json:"stale"`
 		Error            string    `json:"error,omitempty"`
 	} `json:"engine"`
-	// Affinity is the routing brain's view (nil with an injected brain).
+	// Affinity is the routing brain's view (nil when it does not list the replica).
 	Affinity *AffinityStatus `json:"affinity,omitempty"`
 }
 
@@ -680,12 +463,9 @@ type SignalsStatus struct {
 
 // Replicas returns a snapshot of every replica, sorted by name.
 func (s *Server) Replicas() []ReplicaStatus {
-	var aff map[string]affinity.ReplicaStatus
-	if s.router != nil {
-		aff = map[string]affinity.ReplicaStatus{}
-		for _, st := range s.router.Replicas() {
-			aff[st.Name] = st
-		}
+	aff := map[string]affinity.ReplicaStatus{}
+	for _, st := range s.brain.Replicas() {
+		aff[st.Name] = st
 	}
 	reps := s.byNameSnapshot()
 	out := make([]ReplicaStatus, 0, len(reps))

@@ -131,7 +131,7 @@ func TestSoakChurn(t *testing.T) {
 	// engines[0] is always configured and is the one restarted; 1..3 churn.
 	set := []*enginesim.Server{engines[0], engines[1], engines[2]}
 	writeCfg(set)
-	s, err := slowpath.NewFromFile(cfgFile, slog.New(slog.DiscardHandler))
+	s, err := slowpath.StartFromFile(cfgFile, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -454,7 +454,7 @@ func (ex *exchange) observe(b []byte) {
 		ex.output = true
 	}
 	if ex.output && !ex.gotFirst {
-		ex.firstToken()
+		ex.firstToken(ex.s.now())
 		if ex.idle != nil {
 			ex.idle.release()
 		}
@@ -483,7 +483,7 @@ func (ex *exchange) CloseWithError(werr error) error {
 	if ex.line != nil && !ex.lineDrop && len(ex.line) > 0 {
 		ex.sseLine(ex.line)
 		if ex.output && !ex.gotFirst {
-			ex.firstToken()
+			ex.firstToken(ex.s.now())
 		}
 	}
 	ok := ex.upErr == nil
@@ -500,178 +500,4 @@ func (ex *exchange) CloseWithError(werr error) error {
 	}
 	s.completeAt(ex, ok, werr, s.now())
 	return nil
-}
-
-// scan feeds streamed bytes through an SSE line splitter to find the usage
-// chunk (stream_options.include_usage) and its cached_tokens. Once the
-// first token was seen, a run of whole lines holding no usage key is
-// passed over with one search, as looking at each of its events would
-// find nothing: in a stream only the final events carry usage.
-func (ex *exchange) scan(b []byte) {
-	skipChecked := false
-	for len(b) > 0 {
-		if ex.output && ex.ep != epResponses && !skipChecked && len(ex.line) == 0 && !ex.lineDrop {
-			skipChecked = true
-			if end := bytes.LastIndexByte(b, '\n'); end >= 0 {
-				// Whole lines before the first usage key need no look.
-				k := usageKeyIndex(b[:end])
-				if k < 0 {
-					b = b[end+1:]
-					continue
-				}
-				if ls := bytes.LastIndexByte(b[:k], '\n'); ls >= 0 {
-					b = b[ls+1:]
-					continue
-				}
-			}
-		}
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			if !ex.lineDrop {
-				if len(ex.line)+len(b) > maxSSELine {
-					ex.lineDrop = true
-					ex.line = ex.line[:0]
-				} else {
-					ex.line = append(ex.line, b...)
-				}
-			}
-			return
-		}
-		seg := b[:i]
-		b = b[i+1:]
-		if ex.lineDrop {
-			ex.lineDrop = false
-			continue
-		}
-		if len(ex.line) > 0 {
-			ex.line = append(ex.line, seg...)
-			ex.sseLine(ex.line)
-			ex.line = ex.line[:0]
-		} else {
-			ex.sseLine(seg)
-		}
-	}
-}
-
-// usageKeyIndex is the index of the first key sseLine reads anything from
-// (cached tokens, llama.cpp timings, and "completion_tokens"), or -1.
-func usageKeyIndex(b []byte) int {
-	i, _, _ := nextUsageKey(b, 0, keyCached|keyTimings|keyTokens)
-	return i
-}
-
-// usageKeysIn reports which kinds of usage key b holds, 0 for none.
-func usageKeysIn(b []byte) (kinds uint8) {
-	for off := 0; ; {
-		i, k, next := nextUsageKey(b, off, keyCached|keyTimings|keyTokens)
-		if i < 0 {
-			return kinds
-		}
-		kinds |= k
-		off = next
-	}
-}
-
-// nextUsageKey finds the first usage key of a kind in mask in b whose
-// underscore is at or after off: its index and kind, and where to look for
-// the next one; -1 when there is none.
-func nextUsageKey(b []byte, off int, mask uint8) (at int, kind uint8, next int) {
-	for off < len(b) {
-		i := bytes.IndexByte(b[off:], '_')
-		if i < 0 {
-			break
-		}
-		i += off
-		off = i + 1
-		for _, k := range usageKeys {
-			if j := i - k.at; k.kind&mask != 0 && j >= 0 && j+len(k.key) <= len(b) && string(b[j:j+len(k.key)]) == k.key {
-				return j, k.kind, off
-			}
-		}
-	}
-	return -1, 0, len(b)
-}
-
-// Kinds of usage key: usage's cached tokens, and the members of llama.cpp's
-// timings object that usageJSON reads.
-const (
-	keyCached  uint8 = 1 << iota // "cached_tokens"
-	keyTimings                   // "cache_n", "prompt_n", "prompt_ms", "predicted_ms"
-	keyTokens                    // "completion_tokens" (usageTokens)
-)
-
-// usageKeys are the keys nextUsageKey looks for, with the offset of their
-// first underscore.
-var usageKeys = [...]struct {
-	key  string
-	at   int
-	kind uint8
-}{
-	{`"cached_tokens"`, 7, keyCached}, {`"cache_n"`, 6, keyTimings}, {`"prompt_n"`, 7, keyTimings},
-	{`"prompt_ms"`, 7, keyTimings}, {`"predicted_ms"`, 10, keyTimings}, {`"completion_tokens"`, 11, keyTokens},
-}
-
-// firstToken marks the exchange's first token: the replica's prefill ends
-// and the TTFT histogram gets its sample.
-func (ex *exchange) firstToken() {
-	ex.gotFirst = true
-	now := ex.s.now()
-	ex.firstAt = now
-	ex.s.brain.FirstToken(&ex.flight, now)
-	ex.mm.ttft.Observe(seconds(now - ex.start))
-}
-
-func (ex *exchange) sseLine(line []byte) {
-	if !bytes.HasPrefix(line, strDataPrefix) {
-		return
-	}
-	data := bytes.TrimSpace(line[len(strDataPrefix):])
-	if len(data) == 0 {
-		return
-	}
-	if ex.ep == epResponses {
-		ex.responsesEvent(data) // named events: their own first token and usage
-		return
-	}
-	if !ex.output && !rolePreamble(data) {
-		ex.output = true
-	}
-	kinds := usageKeysIn(data) // one scan for every key read below
-	if kinds&keyTokens != 0 {
-		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, data)
-		ex.tenantCharge() // the tenant's charge is corrected at the end
-	}
-	if kinds&(keyCached|keyTimings) == 0 {
-		return
-	}
-	if c := usageJSON(&ex.fjParser, data, &ex.timings); c >= 0 {
-		ex.cached = c
-	}
-}
-
-// rolePreamble reports whether an SSE event is a chat stream's role chunk
-// without output (`"delta":{"role":"assistant","content":""}`): servers may
-// send it before prefill (enginesim does; vLLM sends it with the first
-// token), so the first token is the first event that is not one. Timing
-// prefill at the preamble made every prefill look instantaneous: the live
-// bench fitted prefill rates of 1e8 tokens/s (250,000 real), cache hits
-// were worth nothing to the cost policy, and it spread every shared prefix
-// over all replicas.
-func rolePreamble(data []byte) bool {
-	if !bytes.Contains(data, strRole) {
-		return false
-	}
-	for rest := data; ; {
-		i := bytes.Index(rest, strContent)
-		if i < 0 {
-			return true
-		}
-		rest = bytes.TrimLeft(rest[i+len(strContent):], " \t")
-		if len(rest) > 0 && rest[0] == ':' {
-			rest = bytes.TrimLeft(rest[1:], " \t")
-			if len(rest) > 1 && rest[0] == '"' && rest[1] != '"' {
-				return false // non-empty content
-			}
-		}
-	}
 }

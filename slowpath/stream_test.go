@@ -3,7 +3,6 @@ package slowpath
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -188,15 +187,7 @@ func newStreamRig(tb testing.TB, engine string) *streamRig {
 	cfg.Health.Interval, cfg.Health.Timeout = time.Hour, time.Second
 	cfg.Scrape.Interval = 0
 	cfg.Passive.ConsecutiveFailures = 0 // broken streams are under test: never eject
-	s, err := New(cfg, testLogger(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
+	s := newIdleServer(tb, cfg)
 	r := &streamRig{s: s}
 	s.Observer = r
 	var req fasthttp.Request

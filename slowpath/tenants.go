@@ -242,9 +242,8 @@ var strBearer = []byte("Bearer ")
 func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *tenant.Key {
 	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
 	if len(h) == 0 {
-		s.reject(ctx, fasthttp.StatusUnauthorized, "invalid_api_key",
-			"You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-			errTypeInvalid, "", "invalid_api_key")
+		s.reject(ctx, apiInvalidKey,
+			"You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).", "")
 		return nil
 	}
 	key, ok := bytes.CutPrefix(h, strBearer)
@@ -254,7 +253,7 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) *tenant.Key {
 	e, found := s.ten.keys.Load().Lookup(bytes.TrimSpace(key))
 	if !found {
 		// The key is never echoed (OpenAI shows a masked one).
-		s.reject(ctx, fasthttp.StatusUnauthorized, "invalid_api_key", "Incorrect API key provided.", errTypeInvalid, "", "invalid_api_key")
+		s.reject(ctx, apiInvalidKey, "Incorrect API key provided.", "")
 		return nil
 	}
 	return e
@@ -282,7 +281,7 @@ func (s *Server) tenantPrepare(ctx *fasthttp.RequestCtx, ex *exchange, key *tena
 	if v := ctx.Request.Header.PeekBytes(s.prioHeader); len(v) > 0 {
 		c, ok := tenant.ParseClass(string(v))
 		if !ok {
-			s.reject(ctx, fasthttp.StatusBadRequest, "bad_priority", "Invalid "+s.cfg.Tenants.PriorityHeader+" header: must be one of "+strings.Join(tenant.Classes, ", ")+".", errTypeInvalid, "", "")
+			s.reject(ctx, apiBadPriority, "Invalid "+s.cfg.Tenants.PriorityHeader+" header: must be one of "+strings.Join(tenant.Classes, ", ")+".", "")
 			return false
 		}
 		if key != nil {
@@ -319,7 +318,7 @@ func (s *Server) tenantAdmit(ctx *fasthttp.RequestCtx, ex *exchange, ep endpoint
 	if d.TooLarge {
 		msg = fmt.Sprintf("Request too large for tenant %s on %s: limit %d, requested %d.", ts.name, d.Limit, d.Max, d.Want)
 	}
-	s.reject(ctx, fasthttp.StatusTooManyRequests, "tenant_budget", msg, errTypeRateLimit, "", "rate_limit_exceeded")
+	s.reject(ctx, apiTenantBudget, msg, "")
 	ctx.Response.Header.SetBytesK(hdrRetryAfter, strconv.FormatInt(ra, 10))
 	s.tm.budgetRejected.WithLabelValues(ts.name, d.Limit).Inc()
 	return false

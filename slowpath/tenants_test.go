@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -23,7 +22,6 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/valyala/fasthttp"
 	"github.com/warmpath/warmpath/affinity"
-	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/slowpath/tenant"
 )
 
@@ -575,20 +573,7 @@ func TestTenantSideChannel(t *testing.T) {
 		t.Run(tc.salt, func(t *testing.T) {
 			// One engine: where the probe lands is the router's business
 			// (checked below with Decide); the engine's answer is the leak.
-			var addrs []string
-			for i := range 1 {
-				c := enginesim.DefaultConfig()
-				c.ServedModelNames = []string{"m"}
-				c.TimeScale = 0.01
-				c.Seed = uint64(i + 1)
-				c.Logger = slog.New(slog.DiscardHandler)
-				en, err := enginesim.Start(c, "127.0.0.1:0")
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { en.Close() })
-				addrs = append(addrs, en.Addr())
-			}
+			addrs := simEngines(t, 1)
 			keys := filepath.Join(t.TempDir(), "keys.yaml")
 			writeKeys(t, keys, "keys:\n"+keyEntry("sk-a", "a", "")+keyEntry("sk-b", "b", ""))
 			cfg := testConfig(addrs...)

@@ -11,8 +11,6 @@ import (
 
 func TestCodecRoundTrip(t *testing.T) {
 	type rec struct {
-		kind byte
-		id   uint32
 		enc  func([]byte) []byte
 		want Record
 	}

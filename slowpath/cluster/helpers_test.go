@@ -142,3 +142,19 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+// busyPair connects nodes a and b (routers ra, rb) over a fresh NATS
+// server and begins one request on a's replica r0:1, returning once b
+// sees it in flight.
+func busyPair(t *testing.T) (ra, rb *affinity.Router, a, b *Node, f *affinity.Flight) {
+	t.Helper()
+	ns := startNATS(t, 0)
+	ra, rb = newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
+	a = startNode(t, testCfg(natsURL(ns), "a"), ra)
+	b = startNode(t, testCfg(natsURL(ns), "b"), rb)
+	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
+	f = new(affinity.Flight)
+	ra.Begin(lookup(t, ra, "r0:1"), req(chain(1, 4)), nil, f)
+	waitFor(t, "b sees a's load", func() bool { return peerInFlight(t, rb, "r0:1") == 1 })
+	return ra, rb, a, b, f
+}

@@ -55,14 +55,7 @@ func TestNodeSharesIndexAndLoad(t *testing.T) {
 // TestPeerTimeoutWithdrawsLoad: a peer that goes silent (its node stops
 // without a word) has its load withdrawn after peer_timeout.
 func TestPeerTimeoutWithdrawsLoad(t *testing.T) {
-	ns := startNATS(t, 0)
-	ra, rb := newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
-	a := startNode(t, testCfg(natsURL(ns), "a"), ra)
-	b := startNode(t, testCfg(natsURL(ns), "b"), rb)
-	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
-	var f affinity.Flight
-	ra.Begin(lookup(t, ra, "r0:1"), req(chain(1, 4)), nil, &f)
-	waitFor(t, "b sees a's load", func() bool { return peerInFlight(t, rb, "r0:1") == 1 })
+	ra, rb, a, b, f := busyPair(t)
 	a.Close() // a's request stays in flight, but nobody says so any more
 	waitFor(t, "b withdraws a's load", func() bool { return peerInFlight(t, rb, "r0:1") == 0 })
 	if len(b.Peers()) != 0 {
@@ -71,7 +64,7 @@ func TestPeerTimeoutWithdrawsLoad(t *testing.T) {
 	if g := testutil.ToFloat64(b.m.peers); g != 0 {
 		t.Fatalf("peers_seen = %v after the timeout", g)
 	}
-	ra.End(&f, 5, -1, true)
+	ra.End(f, 5, -1, true)
 }
 
 // TestSnapshotWarmUp: an instance started late predicts the cached

@@ -109,8 +109,8 @@ func TestFullBatchReplacesLoads(t *testing.T) {
 }
 
 // H1b: a peer that restarts under the same name within peer_timeout (a
-// new incarnation) has its predecessor's load withdrawn at once. Old code:
-// "peer restarted" was logged, the load kept.
+// new incarnation) has its predecessor's load withdrawn at once, not merely
+// logged as "peer restarted" with the load kept.
 func TestRestartWithdrawsPredecessorLoad(t *testing.T) {
 	rb := newRouter(t, affinity.Config{})
 	b := offlineNode(t, rb, nil)
@@ -127,18 +127,11 @@ func TestRestartWithdrawsPredecessorLoad(t *testing.T) {
 
 // H1c: a replica removed on the sender while busy: its load is withdrawn
 // by the next heartbeat, and heartbeats stop re-sending it (no
-// unknown_replica drops). Old code: the peer kept it forever.
+// unknown_replica drops); the peer does not keep it forever.
 func TestRemovedReplicaLoadWithdrawn(t *testing.T) {
-	ns := startNATS(t, 0)
-	ra, rb := newRouter(t, affinity.Config{}), newRouter(t, affinity.Config{})
-	a := startNode(t, testCfg(natsURL(ns), "a"), ra)
-	b := startNode(t, testCfg(natsURL(ns), "b"), rb)
-	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
-	var f affinity.Flight
-	ra.Begin(lookup(t, ra, "r0:1"), req(chain(1, 4)), nil, &f)
-	waitFor(t, "b sees a's load", func() bool { return peerInFlight(t, rb, "r0:1") == 1 })
+	ra, rb, a, b, f := busyPair(t)
 	ra.RemoveReplica(lookup(t, ra, "r0:1"))
-	ra.End(&f, 5, -1, true)
+	ra.End(f, 5, -1, true)
 	waitFor(t, "b withdraws the removed replica's load", func() bool { return peerInFlight(t, rb, "r0:1") == 0 })
 	// Heartbeats go on; none names the removed id any more.
 	sent := testutil.ToFloat64(a.m.batchesSent)
@@ -151,8 +144,8 @@ func TestRemovedReplicaLoadWithdrawn(t *testing.T) {
 }
 
 // M3: a forged huge sequence number (same incarnation) must not silence
-// the peer: a jump of maxGap or more either way starts over. Old code:
-// every later real batch was "late" and its loads ignored.
+// the peer: a jump of maxGap or more either way starts over, rather than
+// every later real batch being "late" and its loads ignored.
 func TestForgedSeqDoesNotSilencePeer(t *testing.T) {
 	tests := []struct {
 		name          string
@@ -183,8 +176,8 @@ func TestForgedSeqDoesNotSilencePeer(t *testing.T) {
 	}
 }
 
-// M3: only <prefix>.u.<instance> speaks for instance. Old code: one
-// publisher on warmpath.u.evil registered every name it made up.
+// M3: only <prefix>.u.<instance> speaks for instance: one publisher on
+// warmpath.u.evil cannot register every name it makes up.
 func TestSubjectMustMatchInstance(t *testing.T) {
 	ns := startNATS(t, 0)
 	rb := newRouter(t, affinity.Config{})
@@ -311,8 +304,8 @@ func (p *freezeProxy) thaw() {
 }
 
 // M1: a stalled NATS path (no reset) must neither stop peer expiry nor
-// hang Close. Old code: the flusher blocked in nc.Publish for nats.go's
-// one-minute write timeout, expiry ran behind it, Close waited for it.
+// hang Close (a flusher blocked in nc.Publish for nats.go's one-minute
+// write timeout would hold expiry back and make Close wait for it).
 func TestStalledPublishKeepsExpiryAndClose(t *testing.T) {
 	ns := startNATS(t, 0)
 	px := newFreezeProxy(t, ns.Addr().String())
@@ -354,18 +347,12 @@ func TestStalledPublishKeepsExpiryAndClose(t *testing.T) {
 
 // M2: two auth errors in a row (a NATS restart whose credentials are
 // briefly not provisioned) must not end the connection for good; they are
-// logged at Warn and counted. Old code: nats.go closed the connection (no
-// IgnoreAuthErrorAbort), logged at Debug.
+// logged at Warn and counted (nats.go closes the connection on them unless
+// IgnoreAuthErrorAbort is set).
 func TestAuthErrorsKeepReconnecting(t *testing.T) {
 	good := startNATSWith(t, &server.Options{Port: server.RANDOM_PORT, Username: "u", Password: "p"})
 	port := natsPort(good)
-	var logs syncBuf
-	cfg := testCfg(fmt.Sprintf("nats://u:p@127.0.0.1:%d", port), "a")
-	n, err := Start(Options{Config: cfg, Router: newRouter(t, affinity.Config{}),
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, logs := startUserNode(t, port)
 	defer n.Close()
 	waitFor(t, "connected", n.Connected)
 	good.Shutdown()
@@ -387,13 +374,7 @@ func TestAuthErrorsKeepReconnecting(t *testing.T) {
 func TestAuthRejectedFromStartWarned(t *testing.T) {
 	bad := startNATSWith(t, &server.Options{Port: server.RANDOM_PORT, Username: "u", Password: "other"})
 	port := natsPort(bad)
-	var logs syncBuf
-	cfg := testCfg(fmt.Sprintf("nats://u:p@127.0.0.1:%d", port), "a")
-	n, err := Start(Options{Config: cfg, Router: newRouter(t, affinity.Config{}),
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, logs := startUserNode(t, port)
 	defer n.Close()
 	waitFor(t, "a warning naming the auth error", func() bool {
 		l := logs.String()
@@ -406,10 +387,10 @@ func TestAuthRejectedFromStartWarned(t *testing.T) {
 }
 
 // M4: Start does not wait for a server that accepts TCP but never
-// answers. Old code: one synchronous attempt per URL, each given up (the
-// connection closed) after nats.Timeout (2s), before Start returned. Here
-// the first connection the server sees must still be open, the client
-// waiting for the server's INFO in the background.
+// answers (one synchronous attempt per URL would each be given up after
+// nats.Timeout, 2s, before Start returned). Here the first connection
+// the server sees must still be open, the client waiting for the
+// server's INFO in the background.
 func TestStartDoesNotWaitForSilentServer(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -469,8 +450,8 @@ func TestClockAheadDropped(t *testing.T) {
 	}
 }
 
-// L3: once warnOnce remembers 1024 keys it stays quiet. Old code: it
-// warned on every batch of an unremembered key.
+// L3: once warnOnce remembers 1024 keys it stays quiet instead of warning
+// on every batch of an unremembered key.
 func TestWarnOnceFullStaysQuiet(t *testing.T) {
 	var logs syncBuf
 	b := offlineNode(t, newRouter(t, affinity.Config{}), slog.New(slog.NewTextHandler(&logs, nil)))
@@ -556,7 +537,6 @@ func TestUnpublishedBatchTakesNoSeq(t *testing.T) {
 // within peer_timeout; b withdraws the dead process's load as soon as the
 // new one speaks (its new incarnation, and its first full-load heartbeat,
 // each do it; TestRestartWithdrawsPredecessorLoad isolates the first).
-// Old code: b kept it (the restart was only logged).
 func TestCrashRestartWithinPeerTimeout(t *testing.T) {
 	ra, rb, a, b, cfg := closablePair(t)
 	var f affinity.Flight
@@ -596,4 +576,18 @@ func closablePair(t *testing.T) (ra, rb *affinity.Router, a, b *Node, cfg func(n
 	b = startNode(t, cfg("b"), rb)
 	waitFor(t, "connected", func() bool { return a.Connected() && b.Connected() })
 	return ra, rb, a, b, cfg
+}
+
+// startUserNode starts node "a" against the NATS server on port with user
+// u, password p, logging at Info into the returned buffer.
+func startUserNode(t *testing.T, port int) (*Node, *syncBuf) {
+	t.Helper()
+	logs := new(syncBuf)
+	cfg := testCfg(fmt.Sprintf("nats://u:p@127.0.0.1:%d", port), "a")
+	n, err := Start(Options{Config: cfg, Router: newRouter(t, affinity.Config{}),
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, logs
 }

@@ -1,0 +1,427 @@
+package slowpath
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/warmpath/warmpath/affinity"
+)
+
+// Forwarding: rank the replicas (decide), try them in order while nothing
+// has reached the client, then answer buffered (finishBuffered) or hand the
+// stream to the relay (stream.go); completeAt does the shared bookkeeping.
+
+// decide ranks replicas; with on_limit=queue it waits for capacity when
+// every candidate is at its limit.
+func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
+	if s.fq != nil {
+		return s.decideFair(ctx, ex) // queue.go
+	}
+	queue := s.conf().Limits.OnLimit == OnLimitQueue
+	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
+	for {
+		var c chan struct{}
+		if queue {
+			c = s.freed.wait() // before Decide: a release in between wakes us
+		}
+		t0 := s.now()
+		ex.req.Now = t0
+		err := s.brain.Decide(&ex.req, &ex.dec)
+		ex.decided = s.now()
+		s.m.decision.Observe(seconds(ex.decided - t0))
+		if err == nil && len(ex.dec.Ranked) > 0 {
+			if queue {
+				s.freed.done()
+			}
+			return true
+		}
+		full := err == nil || errors.Is(err, affinity.ErrNoReplica)
+		if full && queue && s.anyFull(ex.model) {
+			if s.freed.sleep(c, deadline) {
+				continue
+			}
+		} else if queue {
+			s.freed.done()
+		}
+		s.rejectUndecided(ctx, ex, err, full)
+		return false
+	}
+}
+
+// rejectUndecided answers a request no replica was ranked for: err is
+// Decide's, full whether it found none eligible (rather than failing).
+func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err error, full bool) {
+	switch {
+	case errors.Is(err, affinity.ErrModelNotFound):
+		s.reject(ctx, apiModelNotFound, "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", "model")
+	case full && s.anyFull(ex.model):
+		s.reject(ctx, apiReplicaLimit, "Every replica serving model `"+string(ex.model)+"` is at its concurrency limit; retry later.", "")
+	case full:
+		s.reject(ctx, apiNoReplica, "No healthy replica serves model `"+string(ex.model)+"` right now.", "model")
+	default:
+		msg, param := badRequest(err)
+		s.reject(ctx, apiBadRequest, msg, param)
+	}
+}
+
+// anyFull reports whether a healthy replica serving model is at its limit
+// (429) as opposed to none being healthy (503). Error path only.
+func (s *Server) anyFull(model []byte) bool {
+	for _, r := range *s.table.Load() {
+		if r != nil && r.serves(model) && r.isHealthy() && r.full() {
+			return true
+		}
+	}
+	return false
+}
+
+// forward proxies to the best ranked replica, retrying down the ranking
+// while nothing has been written to the client.
+func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
+	if !s.rank(ctx, ex) { // decide, or the pinned / fixed replica (responses.go)
+		s.releaseTotal()
+		s.putExchange(ex)
+		return
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	s.buildUpstream(ctx, ureq, body, ex)
+
+ranked:
+	table := *s.table.Load()
+	attempts := 0
+	var lastErr error
+	lastStatus := 0
+	for i, id := range ex.dec.Ranked {
+		if attempts >= s.conf().Upstream.MaxAttempts {
+			break
+		}
+		if int(id) < 0 || int(id) >= len(table) {
+			continue
+		}
+		r := table[id]
+		if r == nil || r.removed.Load() || !r.tryAcquire() {
+			continue
+		}
+		attempts++
+		pred := 0
+		if i < len(ex.dec.CachedTokens) {
+			pred = ex.dec.CachedTokens[i]
+		}
+		if attempts > 1 {
+			ex.decided = s.now()
+		}
+		ex.beginFlight(id)
+		uresp := fasthttp.AcquireResponse()
+		uresp.StreamBody = ex.prompt.Stream
+		ureq.Header.SetHost(r.name)
+		s.setEngineAuth(ctx, &ureq.Header, r)
+		started, err := s.attempt(ctx, ex, r, ureq, uresp)
+		status := uresp.StatusCode()
+		last := attempts >= s.conf().Upstream.MaxAttempts || i == len(ex.dec.Ranked)-1
+		switch {
+		case err == nil, !started && !errors.Is(err, errClientGone) && !errors.Is(err, fasthttp.ErrTimeout):
+			// Answered, or failed where the engine cannot have begun the
+			// work (connect error, reset before any byte): retryable below.
+		case errors.Is(err, errClientGone):
+			// Nobody to answer: the upstream connection is closed (the
+			// engine cancels), the replica did nothing wrong.
+			s.endAttempt(ex, r, uresp)
+			r.m.clientGone.Inc()
+			r.log.Debug("client left before the answer began; upstream request cancelled")
+			s.reject(ctx, apiClientGone, "Client closed the request.", "")
+			ctx.SetConnectionClose()
+			return
+		case errors.Is(err, fasthttp.ErrBodyTooLarge):
+			// The engine did the work: another replica would do it again
+			// and answer as much. Not the replica's fault either.
+			s.endAttempt(ex, r, uresp)
+			r.log.Warn("engine answer over limits.max_response_bytes", "limit", s.conf().Limits.MaxResponseBytes)
+			s.reject(ctx, apiResponseTooLarge,
+				fmt.Sprintf("The engine's answer exceeds the router's limit of %d bytes.", s.conf().Limits.MaxResponseBytes), "")
+			return
+		case errors.Is(err, fasthttp.ErrTimeout):
+			// upstream.response_timeout: a long generation looks like this
+			// too. Not retried (another replica would start it over) and
+			// not held against a replica that answers its health checks.
+			s.endAttempt(ex, r, uresp)
+			r.m.timeouts.Inc()
+			r.log.Warn("upstream response timeout", "timeout", s.conf().Upstream.ResponseTimeout, "started", started)
+			s.reject(ctx, apiUpstreamTimeout,
+				"The upstream replica did not answer within the router's response timeout.", "")
+			return
+		default:
+			// The answer began and broke (reset, malformed, stalled past
+			// upstream.idle_timeout): the engine had the request, so it is
+			// not sent again, but a broken answer counts against the replica.
+			s.endAttempt(ex, r, uresp)
+			s.proxyFailed(r, err)
+			r.log.Warn("upstream answer broke before reaching the client", "err", err)
+			s.reject(ctx, apiUpstreamFailed, msgUpstreamFailed, "")
+			return
+		}
+		badStatus := err == nil && s.retryStatus(status)
+		if badStatus && !last {
+			err = errRetryStatus
+		}
+		if err != nil {
+			// Nothing reached the client: try the next ranked replica.
+			s.dropAttempt(ex, r, uresp)
+			r.m.retries.Inc()
+			if !errors.Is(err, fasthttp.ErrNoFreeConns) {
+				s.proxyFailed(r, err) // our own pool being full says nothing about the replica
+			}
+			lastErr, lastStatus = err, status
+			r.log.Debug("attempt failed", "err", err, "status", status)
+			continue
+		}
+		streamed := ex.prompt.Stream && uresp.BodyStream() != nil
+		switch {
+		case badStatus:
+			// Last chance: pass the engine's answer on, but count it.
+			s.proxyFailed(r, errRetryStatus)
+		case !streamed:
+			r.proxyOK()
+		}
+		// A stream counts as a success for passive ejection only when it
+		// ends well (CloseWithError): headers alone would reset the failure
+		// count that a replica breaking every stream mid-way keeps raising.
+		ex.rep = r
+		ex.pred = pred
+		ex.mm = r.modelMetrics(ex.model)
+		ex.status = status
+		if bs := uresp.BodyStream(); ex.prompt.Stream && bs != nil {
+			s.startStream(ctx, ex, uresp, bs)
+			return // exchange finishes in CloseWithError
+		}
+		s.finishBuffered(ctx, ex, uresp)
+		return
+	}
+	if attempts == 0 && s.fq != nil {
+		// Ranked, but each slot went to another request in between: back
+		// to the fair queue (decideFair answers when it gives up).
+		ex.ten.front = true
+		if s.decide(ctx, ex) {
+			goto ranked
+		}
+		s.releaseTotal()
+		s.putExchange(ex)
+		return
+	}
+	// Every attempt failed before the first byte.
+	s.releaseTotal()
+	s.putExchange(ex)
+	if lastErr == nil {
+		s.reject(ctx, apiNoReplica, "No replica serving model `"+string(ex.model)+"` could take the request.", "model")
+		return
+	}
+	code := fasthttp.StatusBadGateway
+	if errors.Is(lastErr, errRetryStatus) && lastStatus > 0 {
+		code = lastStatus
+	}
+	s.log.Warn("every attempt failed", "model", string(ex.model), "attempts", attempts, "err", lastErr)
+	msg := msgUpstreamFailed
+	if attempts > 1 {
+		msg = "The upstream replicas failed to answer."
+	}
+	s.reject(ctx, apiUpstreamFailed.withStatus(code), msg, "")
+}
+
+var errRetryStatus = errors.New("replica answered with a retryable status")
+
+// msgUpstreamFailed is the client's message for a 502; the detail (socket
+// addresses, fasthttp's text) stays in the log.
+const msgUpstreamFailed = "The upstream replica failed to answer."
+
+// endAttempt undoes an attempt that ends the request without an answer
+// from the engine: the flight, both slots and the exchange.
+func (s *Server) endAttempt(ex *exchange, r *replica, uresp *fasthttp.Response) {
+	s.dropAttempt(ex, r, uresp)
+	s.releaseTotal()
+	s.putExchange(ex)
+}
+
+// statusClientClosed is what a request whose client left before its answer
+// began is counted as (nginx's 499; nobody receives it).
+const statusClientClosed = 499
+
+func (s *Server) retryStatus(st int) bool {
+	for _, x := range s.conf().Upstream.RetryStatuses {
+		if x == st {
+			return true
+		}
+	}
+	return false
+}
+
+// buildUpstream copies the client request: same method, URI, headers
+// (Authorization included) and body bytes; hop-by-hop headers dropped,
+// Accept-Encoding dropped so the usage chunk stays readable, X-Forwarded-For
+// appended.
+func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request, body []byte, ex *exchange) {
+	ctx.Request.Header.CopyTo(&ureq.Header)
+	// Always the origin form (path?query): an absolute-form request line
+	// (`POST http://elsewhere/...`) must not carry the client's authority to
+	// the replica, which would take it as Host.
+	ureq.SetRequestURIBytes(ctx.URI().RequestURI())
+	ureq.URI().DisablePathNormalizing = true
+	ureq.UseHostHeader = true // each attempt's Host is its replica (SetHost), not the URI's
+	ureq.Header.DisableNormalizing()
+	h := &ureq.Header
+	delNominated(h, ctx.Request.Header.PeekAll(fasthttp.HeaderConnection))
+	h.DelBytes(hdrConnection)
+	h.DelBytes(hdrKeepAlive)
+	h.DelBytes(hdrProxyConnection)
+	h.DelBytes(hdrTE)
+	h.DelBytes(hdrTrailer)
+	h.DelBytes(hdrTransferEnc)
+	h.DelBytes(hdrUpgrade)
+	h.DelBytes(hdrAcceptEncoding)
+	h.DelBytes(hdrExpect) // the router already read the body
+	if ex.ten.key != nil && !s.cfg.Tenants.ForwardKey {
+		h.Del(fasthttp.HeaderAuthorization) // tenants' keys stay at the router
+	}
+	// Forwarding headers: believed only from trusted_proxies; from anyone
+	// else replaced by what the router saw (every line of them: a second
+	// X-Forwarded-For line would otherwise survive the one set here).
+	trusted := ex.client.IsValid() && s.trustedPeer(ex.client.Addr())
+	if !trusted {
+		h.DelBytes(hdrXRealIP)
+		h.DelBytes(hdrForwarded)
+	}
+	h.DelBytes(hdrXForwardedFor)
+	if ex.client.IsValid() {
+		b := ex.scratch[:0]
+		if trusted {
+			for _, v := range ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor) {
+				b = append(append(b, v...), ", "...)
+			}
+		}
+		n := len(b)
+		b = ex.client.Addr().AppendTo(b)
+		ex.scratch = b
+		h.SetBytesKV(hdrXForwardedFor, b)
+		if !trusted {
+			h.SetBytesKV(hdrXRealIP, b[n:])
+		}
+	}
+	ureq.SetBodyRaw(body)
+}
+
+// delNominated deletes the headers a Connection header names (RFC 9110
+// 7.6.1: they are hop-by-hop too), e.g. `Connection: close, X-Secret`.
+func delNominated(h interface{ DelBytes([]byte) }, conn [][]byte) {
+	for _, v := range conn {
+		for len(v) > 0 {
+			var tok []byte
+			if i := bytes.IndexByte(v, ','); i >= 0 {
+				tok, v = v[:i], v[i+1:]
+			} else {
+				tok, v = v, nil
+			}
+			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+				h.DelBytes(tok)
+			}
+		}
+	}
+}
+
+// trustedPeer reports whether a is in trusted_proxies.
+func (s *Server) trustedPeer(a netip.Addr) bool {
+	for _, p := range s.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// copyResponseHeader copies upstream response headers minus hop-by-hop ones.
+func copyResponseHeader(dst *fasthttp.ResponseHeader, src *fasthttp.ResponseHeader) {
+	src.CopyTo(dst)
+	delNominated(dst, src.PeekAll(fasthttp.HeaderConnection))
+	dst.DelBytes(hdrConnection)
+	dst.DelBytes(hdrKeepAlive)
+	dst.DelBytes(hdrTransferEnc)
+	dst.DelBytes(hdrTrailer)
+	dst.DelBytes(hdrUpgrade)
+}
+
+// finishBuffered answers a non-streaming request from the full upstream body.
+func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *fasthttp.Response) {
+	body := uresp.Body()
+	now := s.now()
+	if ex.status == fasthttp.StatusOK {
+		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		if ex.ep == epResponses {
+			s.responseAnswered(ex, body)
+		}
+		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, body)
+		ex.tenantCharge()
+	}
+	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
+	// Hand the buffer over instead of copying it: a large answer is held
+	// once. ctx's previous buffer goes back to uresp's pool.
+	uresp.SwapBody(ctx.Response.SwapBody(uresp.SwapBody(nil)))
+	fasthttp.ReleaseResponse(uresp)
+	ex.firstToken(now)
+	s.completeAt(ex, true, nil, now)
+}
+
+// seconds converts a s.now() difference for histograms.
+func seconds(ns int64) float64 { return float64(ns) / 1e9 }
+
+// completeAt does the bookkeeping shared by buffered and streamed answers.
+func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
+	r := ex.rep
+	o := ex.timings
+	o.OK, o.CachedTokens = ok && ex.status < 500 && !ex.api.noWork, ex.cached
+	ex.endFlight(now, o)
+	ex.mm.request(ex.status) // a stream broken later also counts in broken_streams_total
+	ex.mm.e2e.Observe(seconds(now - ex.start))
+	if ex.cached >= 0 {
+		// Both only for requests that reported usage: the two are comparable.
+		r.m.predicted.Add(float64(ex.pred))
+		r.m.actual.Add(float64(ex.cached))
+		d := ex.cached - ex.pred
+		if d < 0 {
+			d = -d
+		}
+		s.m.predictionErr.Observe(float64(d))
+	}
+	s.countTokens(ex, now)
+	if obs, acc := s.Observer, s.ops.access; obs != nil || acc != nil {
+		ex.ev = RoutedEvent{
+			Client:                ex.client,
+			Model:                 ex.model,
+			Replica:               r.name,
+			ReplicaID:             r.id,
+			Hashes:                ex.req.Hashes,
+			SessionKey:            ex.req.SessionKey,
+			PromptTokens:          ex.req.PromptTokens,
+			PredictedCachedTokens: ex.pred,
+			CachedTokens:          ex.cached,
+			Status:                ex.status,
+			OK:                    ok && werr == nil,
+			Start:                 ex.decided,
+			End:                   now,
+			Arrival:               ex.start,
+			FirstToken:            ex.firstAt,
+			ReportedPromptTokens:  ex.promptRep,
+			OutputTokens:          ex.outTok,
+		}
+		if obs != nil {
+			obs.ObserveRouted(&ex.ev)
+		}
+		if acc != nil {
+			acc.routed(&ex.ev)
+		}
+	}
+	r.release()
+	s.releaseTotal()
+	s.putExchange(ex)
+}
