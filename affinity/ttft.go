@@ -193,24 +193,6 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	}
 }
 
-// pend adds f, just begun, to the pending sums. Called with the Router's
-// write lock held.
-func (p *replica) pend(f *Flight) {
-	if !p.model.pendBaseSet { // Begin holds the Router's write lock
-		p.model.pendBase.Store(f.Start)
-		p.model.pendBaseSet = true
-	}
-	p.model.pendStart.Add(f.Start - p.model.pendBase.Load())
-	p.model.pendPred.Add(int64(f.predTTFT * 1e9))
-}
-
-// unpend removes f from the pending sums (its first token came, or it
-// ended without one).
-func (p *replica) unpend(f *Flight) {
-	p.model.pendStart.Add(-(f.Start - p.model.pendBase.Load()))
-	p.model.pendPred.Add(-int64(f.predTTFT * 1e9))
-}
-
 // backlog is how far this router's requests still awaiting a first token
 // on p are behind their predictions, on average, at now, beyond the
 // model's usual error: the queueing the model has not explained (a batch
@@ -341,70 +323,6 @@ func (p *replica) sampleEngineRate(tokens int, sec float64) {
 		r = min(max(r, cur/4), cur*4)
 	}
 	ewma(&p.model.engRate, r, 0.1)
-}
-
-// rateFit estimates a replica's time to first token as
-//
-//	ttft = overhead + tokens / rate
-//
-// from samples (tokens = prefill queued ahead at Begin + own uncached tokens,
-// seconds to the first token) of requests that did not wait for a batch
-// slot: an exponentially weighted least-squares line (weight fitWeight per
-// sample once warm, about 20 samples of memory). The intercept is what a
-// request waits besides prefill (the engine step in progress, each step's
-// base cost, decode work sharing the steps), so it is not mistaken for slow
-// prefill, and a fully cached request (tokens near 0) is a useful sample.
-//
-// Robustness: once warm, a sample's seconds are clipped to within 4x of the
-// current line's prediction (one stalled or unexpectedly cached request
-// does not move the line far); without enough spread in tokens (std <
-// fitSpread x mean) the slope is not identifiable and the sample gives a
-// rate through the current intercept; the published rate moves 20% of the
-// way to the new estimate, at most 8x per sample, and stays within
-// [rateFloor, rateCeil]; the intercept is clamped to [0, mean ttft]. When
-// the engine reports its own prefill timings (engineRate > 0), that rate is
-// published and the fit gives the intercept only.
-type rateFit struct {
-	n, mx, my, mxx, mxy float64
-}
-
-const (
-	fitWeight     = 0.05
-	fitSpread     = 0.25
-	fitMinSamples = 8
-	fitClip       = 4
-	rateFloor     = 1
-	rateCeil      = 1e9
-)
-
-func (f *rateFit) add(x, y, rate, over, engineRate float64) (newRate, newOver float64) {
-	if f.n >= fitMinSamples {
-		if pred := over + x/rate; pred > 0 {
-			y = min(max(y, pred/fitClip), pred*fitClip)
-		}
-	}
-	f.n++
-	w := max(1/f.n, fitWeight)
-	f.mx += w * (x - f.mx)
-	f.my += w * (y - f.my)
-	f.mxx += w * (x*x - f.mxx)
-	f.mxy += w * (x*y - f.mxy)
-	if engineRate > 0 {
-		rate = engineRate
-	} else {
-		varx := f.mxx - f.mx*f.mx
-		next := rate
-		if f.n >= fitMinSamples && varx > fitSpread*fitSpread*f.mx*f.mx {
-			if b := (f.mxy - f.mx*f.my) / varx; b > 0 {
-				next = 1 / b
-			}
-		} else if x > 0 {
-			next = x / max(y-over, y/2)
-		}
-		rate += 0.2 * (min(max(next, rate/8), rate*8) - rate)
-		rate = min(max(rate, rateFloor), rateCeil)
-	}
-	return rate, min(max(f.my-f.mx/rate, 0), f.my)
 }
 
 // TTFTStats is one replica's prediction record for metrics.
