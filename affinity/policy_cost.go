@@ -10,9 +10,10 @@ package affinity
 //
 // slotWait_r the expected wait for a batch slot, backlog_r how far this
 // router's pending requests there are past their predictions, Q_r queued
-// prefill tokens (Load.QueuedTokens), P_r and O_r the replica's measured
-// prefill rate and overhead, T the request's prompt tokens, C_r its
-// predicted cached prefix on r (the index's match, plus the measured
+// prefill tokens (Load.QueuedTokens), P_r and O_r the prefill rate and
+// overhead it is priced with (configured or engine-reported, else pooled
+// over the replicas serving its model: replica.prefill), T the request's
+// prompt tokens, C_r its predicted cached prefix on r (the index's match, plus the measured
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh

@@ -21,12 +21,11 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	if o.PrefillSeconds > 0 {
 		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds)
 	}
-	rate, over0 := p.prefill()
-	switch {
+	switch priced, _ := p.prefill(); {
 	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
 		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
 	case f.FirstTokenAt != 0 && !f.buffered:
-		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/rate)
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/priced)
 	default:
 		p.sampleSlot(float64(now-f.Start)/1e9 - f.slotWait)
 	}
@@ -39,6 +38,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// explains what is left of the TTFT (at least a quarter of it, in case
 	// the slot wait was overestimated).
 	y := max(dt-f.slotWait, dt/4)
+	rate, over0 := p.ownPrefill()
 	p.fitMu.Lock()
 	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, loadF(&p.model.engRate))
 	if !p.fitted.Load() {
@@ -64,7 +64,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	}
 	storeF(&p.overhead, over)
 	p.fitMu.Unlock()
-	r.fleetPre.sample(rate, over)
+	p.fleetPrefill.sample(rate, over)
 }
 
 // rateFit estimates a replica's time to first token as

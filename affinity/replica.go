@@ -44,8 +44,9 @@ type replica struct {
 	// fleetSlot is the Router's slotSec: every replica's slot-time samples,
 	// the prior of a replica without its own.
 	fleetSlot *atomic.Uint64
-	// fleetPrefill is the Router's fleet prefill model (fleetPrefill): the
-	// prior of a replica that has no rate of its own yet (fitted false).
+	// fleetPrefill is the pooled prefill model of the replicas serving
+	// this one's first model (Router.pool): what its prefill is priced
+	// with unless the engine reports its own rate (replica.prefill).
 	fleetPrefill *fleetPrefill
 	fitted       atomic.Bool // a configured, engine-reported or fitted rate
 

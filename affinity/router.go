@@ -59,9 +59,10 @@ type Router struct {
 	// slotSec (float64 bits) is the EWMA of every replica's slot-time
 	// samples (ttft.go).
 	slotSec atomic.Uint64
-	// fleetPre: every replica's fitted prefill model, the prior of a
-	// replica without samples of its own.
-	fleetPre fleetPrefill
+	// pools: the pooled prefill model per model, keyed by a replica's
+	// first served model (ReplicaSpec.Models[0]); what the cost policy
+	// prices a replica's prefill with (replica.prefill).
+	pools map[string]*fleetPrefill
 }
 
 // tailSlots sizes Router.tails: 64K pairs, 512 KiB per Router.
@@ -245,7 +246,7 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 		r.reps = append(r.reps, nil)
 	}
 	r.gen++
-	p := &replica{id: id, gen: r.gen, fleetSlot: &r.slotSec, fleetPrefill: &r.fleetPre}
+	p := &replica{id: id, gen: r.gen, fleetSlot: &r.slotSec}
 	r.applySpec(p, spec)
 	p.healthy.Store(true)
 	r.reps[id] = p
@@ -256,6 +257,7 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 
 func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 	p.spec = spec
+	p.fleetPrefill = r.pool(spec)
 	p.weight = spec.Weight
 	if p.weight == 0 {
 		p.weight = 1
@@ -317,6 +319,24 @@ func (r *Router) RemoveReplica(id ReplicaID) {
 	if r.onRemove != nil {
 		r.onRemove.OnRemove(id)
 	}
+}
+
+// pool returns the pooled prefill model of the replicas whose first served
+// model is spec's. Callers hold mu for writing.
+func (r *Router) pool(spec ReplicaSpec) *fleetPrefill {
+	key := ""
+	if len(spec.Models) > 0 {
+		key = spec.Models[0]
+	}
+	f := r.pools[key]
+	if f == nil {
+		if r.pools == nil {
+			r.pools = make(map[string]*fleetPrefill)
+		}
+		f = &fleetPrefill{}
+		r.pools[key] = f
+	}
+	return f
 }
 
 // rep returns the live replica id or nil. Callers hold mu.

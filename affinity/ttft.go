@@ -244,23 +244,60 @@ func (f *fleetPrefill) sample(rate, over float64) {
 	ewma(&f.over, over, fleetWeight)
 }
 
-// prefill is the prefill rate and overhead the cost policy prices p with:
-// its own once it has a configured, engine-reported or fitted rate, else
-// the fleet's (fleetPrefill), else the configured default rate.
-func (p *replica) prefill() (rate, over float64) {
-	if !p.fitted.Load() && p.fleetPrefill != nil && p.fleetPrefill.n.Load() > 0 {
-		return math.Exp(loadF(&p.fleetPrefill.logRate)), loadF(&p.fleetPrefill.over)
+// ownPrefill is p's own prefill rate and overhead: its configured,
+// engine-reported or fitted ones once it has them, else the fleet's
+// (fleetPrefill), else the configured default rate. The fit starts from
+// and updates these.
+func (p *replica) ownPrefill() (rate, over float64) {
+	if !p.fitted.Load() {
+		if r, o, ok := p.fleetModel(); ok {
+			return r, o
+		}
 	}
 	return loadF(&p.rate), loadF(&p.overhead)
+}
+
+// fleetModel is the pooled prefill rate and overhead of the replicas that
+// serve p's model, when any of them has been fitted.
+func (p *replica) fleetModel() (rate, over float64, ok bool) {
+	if p.fleetPrefill == nil || p.fleetPrefill.n.Load() == 0 {
+		return 0, 0, false
+	}
+	return math.Exp(loadF(&p.fleetPrefill.logRate)), loadF(&p.fleetPrefill.over), true
+}
+
+// prefill is the prefill rate and overhead the cost policy prices p with:
+// its configured rate or the rate its engine reports (llama.cpp's timings:
+// a measurement), else
+// the pooled model of the replicas serving p's model (fleetModel), else
+// ownPrefill. A replica's own fitted line is not identifiable under load:
+// its samples carry queueing and batched steps, rates fitted on identical
+// engines differ by orders of magnitude, and a replica fitted slow while it
+// was busy gets no traffic to correct it, so its decisions follow noise.
+// The pooled model averages every replica's fit; differences in speed
+// between replicas still show in their backlog (pending requests later
+// than predicted), their slot times and their load.
+func (p *replica) prefill() (rate, over float64) {
+	if p.spec.PrefillTokensPerSec > 0 || loadF(&p.model.engRate) > 0 {
+		return p.ownPrefill()
+	}
+	if r, o, ok := p.fleetModel(); ok {
+		return r, o
+	}
+	return p.ownPrefill()
 }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
 func (p *replica) predictTTFT(unc float64) float64 {
 	rate, over := p.prefill()
-	inv := 1 / rate
+	return p.predictWith(rate, over, unc)
+}
+
+// predictWith is predictTTFT with the given prefill rate and overhead.
+func (p *replica) predictWith(rate, over, unc float64) float64 {
 	return over + p.slotWait(p.totalInFlight()) +
-		(float64(max(p.totalPending(), 0))+unc)*inv
+		(float64(max(p.totalPending(), 0))+unc)/rate
 }
 
 // casAddF adds d to the float64 in a.

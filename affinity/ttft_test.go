@@ -424,3 +424,77 @@ func TestPendingPrefillCountsUntrustedHitsAsWork(t *testing.T) {
 		t.Fatalf("pending prefill %d tokens, want about the whole %d-token prompt", p, req.PromptTokens)
 	}
 }
+
+// TestFitPoisonedUnderLoadDoesNotStrandAnIdleReplica: two identical
+// replicas, one of whose TTFTs were measured while its engine queued work
+// the router did not route (another router's burst), so its own line says
+// it is 40x slower than the other. Idle now, it is still the better place
+// for a cold prompt than the other replica with 12,000 tokens of prefill
+// queued: the cost policy prices both with the pooled model of the
+// replicas serving the model, not with a fit that cannot be identified
+// under load. Priced with its own fit, the cold prompt joined the queue.
+func TestFitPoisonedUnderLoadDoesNotStrandAnIdleReplica(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	feed := func(id ReplicaID, rate float64, from int) {
+		for i := range 40 {
+			unc := 200 + 100*(i%10)
+			req := &Request{Model: []byte("m"), PromptTokens: unc, Now: int64(from+i) * 1e9}
+			var f Flight
+			r.Begin(id, req, nil, &f)
+			ttft := 0.02 + float64(unc)/rate
+			r.FirstToken(&f, req.Now+int64(ttft*1e9))
+			r.EndWith(&f, req.Now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0})
+		}
+	}
+	feed(ids[0], 500, 0)     // measured behind an unseen queue
+	feed(ids[1], 20000, 100) // measured idle
+	if own := r.Replicas()[0].PrefillTokensPerSec; own > 2000 {
+		t.Fatalf("replica 0's own fitted rate %.0f tokens/s, want it poisoned (about 500)", own)
+	}
+	now := int64(200e9)
+	for range 3 { // 3 x 4,000 cold tokens queued for prefill on replica 1
+		var f Flight
+		r.Begin(ids[1], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
+	}
+	req := promptReq(t, "a cold prompt", "question")
+	req.PromptTokens, req.Now = 4000, now+1e6
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("idle replica 0 (poisoned fit) vs replica 1 with 12,000 tokens queued: ranked %v", d.Ranked)
+	}
+}
+
+// TestPrefillPoolIsPerModel: replicas serving another model (a larger one,
+// 10x slower to prefill) do not pool with this model's: each is priced with
+// its own model's pool.
+func TestPrefillPoolIsPerModel(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	big, err := r.AddReplica(ReplicaSpec{Name: "big", Models: []string{"big"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := func(id ReplicaID, model string, rate float64) {
+		for i := range 40 {
+			unc := 200 + 100*(i%10)
+			req := &Request{Model: []byte(model), PromptTokens: unc, Now: int64(i) * 1e9}
+			var f Flight
+			r.Begin(id, req, nil, &f)
+			ttft := 0.02 + float64(unc)/rate
+			r.FirstToken(&f, req.Now+int64(ttft*1e9))
+			r.EndWith(&f, req.Now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0})
+		}
+	}
+	feed(ids[0], "m", 50000)
+	feed(big, "big", 5000)
+	predict := func(id ReplicaID, model string) float64 {
+		var f Flight
+		r.Begin(id, &Request{Model: []byte(model), PromptTokens: 4000, Now: 100e9}, nil, &f)
+		defer r.End(&f, 101e9, 0, true)
+		return f.PredictedTTFT()
+	}
+	if p := predict(ids[0], "m"); p > 0.2 {
+		t.Fatalf("m's replica: predicted %.3f s for 4,000 cold tokens, want ~0.1 s (its pool: 50,000 tokens/s)", p)
+	}
+	if p := predict(big, "big"); p < 0.5 {
+		t.Fatalf("big's replica: predicted %.3f s for 4,000 cold tokens, want ~0.8 s (its pool: 5,000 tokens/s)", p)
+	}
+}
