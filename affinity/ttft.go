@@ -88,6 +88,10 @@ type ttftModel struct {
 	pendStart, pendPred, pendBase atomic.Int64
 	pendBaseSet                   bool
 
+	// maxRunningSeen is maxRunning for readers outside learnMu: a replica
+	// that ran more than its pool's slot limit does not take it.
+	maxRunningSeen atomic.Int64
+
 	learnMu     sync.Mutex
 	maxRunning  int64 // the most requests any scrape saw running
 	prevRunning int64 // the previous scrape's running count
@@ -107,7 +111,14 @@ func (p *replica) slots() int64 {
 	if s := p.model.slotsSig.Load(); s > 0 {
 		return s
 	}
-	return p.model.slotsLearned.Load()
+	if s := p.model.slotsLearned.Load(); s > 0 || p.fleetPrefill == nil {
+		return s
+	}
+	// The pool's limit, unless this replica has run more than it.
+	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= p.model.maxRunningSeen.Load() {
+		return s
+	}
+	return 0
 }
 
 // slotSeconds is D_r; before its first sample, the fleet's (the mean slot
@@ -183,12 +194,16 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	m.prevRunning = int64(running)
 	if int64(running) > m.maxRunning {
 		m.maxRunning, m.fullAtMax = int64(running), 0
+		m.maxRunningSeen.Store(m.maxRunning)
 		m.slotsLearned.Store(0)
 	}
 	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
 		// A plateau (the scrape before ran as many) counts as a repeat.
 		if m.fullAtMax++; m.fullAtMax >= slotLearnRepeat || prev == m.maxRunning {
 			m.slotsLearned.Store(m.maxRunning)
+			if p.fleetPrefill != nil {
+				p.fleetPrefill.slots.Store(m.maxRunning)
+			}
 		}
 	}
 }
@@ -229,6 +244,9 @@ func (p *replica) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 type fleetPrefill struct {
 	logRate, over atomic.Uint64 // float64 bits
 	n             atomic.Uint64
+	// slots: the batch-slot limit last learned on any replica of the pool
+	// (learnSlots), the limit of a replica that has not shown its own.
+	slots atomic.Int64
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {

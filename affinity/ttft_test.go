@@ -498,3 +498,31 @@ func TestPrefillPoolIsPerModel(t *testing.T) {
 		t.Fatalf("big's replica: predicted %.3f s for 4,000 cold tokens, want ~0.8 s (its pool: 5,000 tokens/s)", p)
 	}
 }
+
+// TestUnlearnedReplicaTakesItsPoolsSlots: replica 0's scrapes showed a
+// 4-slot batch limit; replica 1, serving the same model, has shown none yet
+// (the burst on it came within one scrape interval). With 8 requests on
+// replica 1 and 4 on replica 0, replica 1 is the worse place: it has the
+// same limit, and more requests wait for a slot there. Without the pool's
+// limit replica 1 had no slot term and took the request.
+func TestUnlearnedReplicaTakesItsPoolsSlots(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	r.SetSignals(ids[0], EngineSignals{Running: 4, Waiting: 3, At: 1})
+	r.SetSignals(ids[0], EngineSignals{Running: 4, Waiting: 3, At: 2})
+	if got := r.Replicas()[0].BatchSlots; got != 4 {
+		t.Fatalf("replica 0 learned %d slots, want 4", got)
+	}
+	// Requests of this router only: the scrapes are stale by now.
+	for i, n := range []int{4, 8} {
+		for range n {
+			var f Flight
+			r.Begin(ids[i], &Request{Model: []byte("m"), PromptTokens: 64, Now: 100e9}, nil, &f)
+			r.FirstToken(&f, 100e9+1e6)
+		}
+	}
+	req := promptReq(t, "short", "question")
+	req.Now = 100e9 + 2e6
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("4 requests on 4 slots vs 8 on a replica of the same model: ranked %v", d.Ranked)
+	}
+}
