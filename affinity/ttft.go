@@ -153,8 +153,17 @@ func (p *replica) slotWait(busy int64) float64 {
 // not materialise (an index ahead of the engine, llama.cpp's per-slot
 // caches) has its predicted hits discounted, so its decisions lean toward
 // load balance until its predictions come true again.
+//
+// Before fitMinSamples of its own it takes its pool's (the share over
+// every replica serving its model): replicas of one model run one engine
+// configuration, and a replica whose first requests have not finished (a
+// burst still queued there) otherwise counted on hits that never come,
+// looked cheapest, and took the rest of the burst too.
 func (p *replica) confidence() float64 {
 	if p.model.hitN.Load() < fitMinSamples {
+		if f := p.fleetPrefill; f != nil && f.hitN.Load() >= fitMinSamples {
+			return min(max(loadF(&f.hitReal), 0), 1)
+		}
 		return 1
 	}
 	return min(max(loadF(&p.model.hitReal), 0), 1)
@@ -166,6 +175,13 @@ func (p *replica) sampleHit(predicted, actual int) {
 		return
 	}
 	x := min(float64(actual)/float64(predicted), 1)
+	if f := p.fleetPrefill; f != nil {
+		if f.hitN.Add(1) == 1 {
+			storeF(&f.hitReal, x)
+		} else {
+			ewma(&f.hitReal, x, errWeight)
+		}
+	}
 	if p.model.hitN.Add(1) == 1 {
 		storeF(&p.model.hitReal, x)
 		return
@@ -247,6 +263,9 @@ type fleetPrefill struct {
 	// slots: the batch-slot limit last learned on any replica of the pool
 	// (learnSlots), the limit of a replica that has not shown its own.
 	slots atomic.Int64
+	// hitReal, hitN: the realised share of predicted hits over every
+	// replica of the pool (replica.confidence before a replica's own).
+	hitReal, hitN atomic.Uint64
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {

@@ -526,3 +526,35 @@ func TestUnlearnedReplicaTakesItsPoolsSlots(t *testing.T) {
 		t.Fatalf("4 requests on 4 slots vs 8 on a replica of the same model: ranked %v", d.Ranked)
 	}
 }
+
+// TestConfidenceStartsFromThePool: on engines without prefix caching the
+// replicas' predicted hits never come true, and their confidence fell to 0;
+// a replica whose first requests have not finished yet (a burst queued
+// there) takes its pool's confidence, not full trust: its queued
+// cold prompts count as the work they are.
+func TestConfidenceStartsFromThePool(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	system := strings.Repeat("company instructions. ", 373)[:8192]
+	for u := range 20 { // replica 0: every predicted hit reported uncached
+		req := hotRequest(t, system, u)
+		req.Now = int64(u) * 1e9
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		r.FirstToken(&f, req.Now+1e8)
+		r.EndWith(&f, req.Now+2e8, Outcome{OK: true, CachedTokens: 0})
+	}
+	if c := r.Replicas()[0].Confidence; c > 0.2 {
+		t.Fatalf("replica 0's confidence %.2f after 20 unrealised hits, want near 0", c)
+	}
+	first := hotRequest(t, system, 100)
+	first.Now = 30e9
+	var f0 Flight
+	r.Begin(ids[1], first, nil, &f0) // replica 1 now holds the prompt in the index
+	req := hotRequest(t, system, 101)
+	req.Now = 30e9 + 1e6
+	var f Flight
+	r.Begin(ids[1], req, nil, &f)
+	if f.UncachedTokens < req.PromptTokens/2 {
+		t.Fatalf("replica 1 with no finished request of its own counts %d of %d tokens uncached, want the pool's distrust (most of them)", f.UncachedTokens, req.PromptTokens)
+	}
+}
