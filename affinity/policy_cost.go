@@ -68,6 +68,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	// above, so it is the same float64.
 	cs := v.costScratch(len(cands))
 	best := 0.0
+	var l Load
 	for i, id := range cands {
 		rp := v.r.reps[id]
 		c := 0.0
@@ -81,29 +82,22 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			}
 		}
 		best = max(best, c)
-		busy, fresh, waiting := rp.busy(now, maxAge)
-		queued := float64(max(rp.totalPending(), 0))
-		var kv float64
-		if fresh {
-			if pr := rp.totalPendingReqs(); waiting > pr {
-				queued += float64(waiting-pr) * loadF(&rp.uncachedAvg)
-			}
-			kv = loadF(&rp.sigKV)
-		}
+		rp.queueLoad(&l, now, maxAge)
+		busy := int64(l.Busy())
 		backlog := rp.backlog(now)
 		rate, over := rp.prefill()
 		inv := 1 / rate
 		e := &cs[i]
 		e.cached = c
-		e.queuedReqs = rp.queuedReqs(busy, fresh, waiting)
-		e.full = rp.fullWith(busy, backlog)
+		e.queuedReqs = int64(l.QueuedRequests())
+		e.full = rp.full(busy, backlog)
 		e.unc = max(t-rp.confidence()*c, 0)
 		e.inv = inv
-		e.pre = over + max(rp.slotWait(busy), backlog) + queued*inv
+		e.pre = over + max(rp.slotWait(busy), backlog) + l.QueuedTokens()*inv
 		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
-		e.kv = kv > cfg.KVHighWater
+		e.kv = l.KVUsage > cfg.KVHighWater
 		if e.kv {
-			e.kvPen = cfg.KVPenaltySeconds * (kv - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
 	}
 	// The typical prefill queue a recompute joins: the mean over the
@@ -138,30 +132,12 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	v.RankLowest(d)
 }
 
-// busy is B_r: the requests on the replica (this router's and its peers'),
-// plus, when the engine's signals are fresh, the requests the engine ran
-// or queued beyond those at the scrape (other routers' traffic the peers
-// did not report). The engine's own count is as old as the scrape; the
-// router's is current, so only the excess is taken from the engine. Also
-// whether the signals are fresh and the engine's waiting count.
-func (p *replica) busy(now, maxAge int64) (b int64, fresh bool, waiting int64) {
-	b = p.totalInFlight()
-	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
-		waiting = p.sigWaiting.Load()
-		return b + max(waiting+p.sigRunning.Load()-p.sigOwnBusy.Load(), 0), true, waiting
-	}
-	return b, false, 0
-}
-
 // full reports whether a new request on the replica would wait for others
 // to finish: every batch slot is taken, or its pending requests are behind
-// their predictions by more than the TTFT the model predicts for a new one
-// (queueing the model has not learned yet, such as a batch limit before
-// any scrape showed it).
-func (p *replica) full(busy, now int64) bool { return p.fullWith(busy, p.backlog(now)) }
-
-// fullWith is full with the replica's backlog already computed.
-func (p *replica) fullWith(busy int64, backlog float64) bool {
+// their predictions (backlog, replica.backlog at the decision's time) by
+// more than the TTFT the model predicts for a new one (queueing the model
+// has not learned yet, such as a batch limit before any scrape showed it).
+func (p *replica) full(busy int64, backlog float64) bool {
 	if s := p.slots(); s > 0 && busy >= s {
 		return true
 	}
@@ -179,21 +155,6 @@ type costCand struct {
 	kvPen      float64 // the KV penalty, when kv
 	kv         bool    // U_r is past KVHighWater
 	full       bool
-}
-
-// queuedReqs is the replica's share of N: requests waiting for prefill, not
-// for a batch slot. With known slots, the busy requests beyond them wait
-// for a slot; without, the engine's waiting count (when fresh and larger)
-// stands for the prefill queue.
-func (p *replica) queuedReqs(busy int64, fresh bool, waiting int64) int64 {
-	n := max(p.totalPendingReqs(), 0)
-	if s := p.slots(); s > 0 {
-		return max(n-max(busy-s, 0), 0)
-	}
-	if fresh {
-		n = max(n, waiting)
-	}
-	return n
 }
 
 // Interface guards.

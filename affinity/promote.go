@@ -221,7 +221,6 @@ type Promoter struct {
 	table    clientTable
 	promoted int
 	st       PromoterStats
-	scratch  []int // Rebalance
 }
 
 // NewPromoter validates cfg and returns an empty Promoter.

@@ -169,7 +169,6 @@ func (p *Promoter) Rebalance(now int64, loads []ReplicaLoad, entries []Entry, ds
 	return dst
 }
 
-// util is busy requests per unit of weight.
 // Saturated appends to dst[:0], indexed by ReplicaID, whether Rebalance's
 // saturation test finds each eligible replica in loads saturated (the
 // control loop uses it to keep promotions out of saturated replicas between
@@ -213,6 +212,7 @@ func meanUtil(loads []ReplicaLoad) float64 {
 	return sum / float64(n)
 }
 
+// util is busy requests per unit of weight.
 func util(l *ReplicaLoad) float64 {
 	w := l.Weight
 	if w <= 0 {

@@ -170,10 +170,9 @@ func TestRateFitUnderFullBatches(t *testing.T) {
 	r, ids := buildRouter(t, Config{Policy: "round-robin"}, state{n: 2, slots: []int{4, 4}})
 	engines := []*fakeEngine{{slots: 4, rate: 1000, decode: 0.5, overhed: 0.01}, {slots: 4, rate: 1000, decode: 0.5, overhed: 0.01}}
 	type ev struct {
-		f           Flight
-		first, end  float64
-		firstDone   bool
-		replicaSlot int
+		f          Flight
+		first, end float64
+		firstDone  bool
 	}
 	var open []*ev
 	now := 0.0
