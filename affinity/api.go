@@ -115,7 +115,8 @@ type Policy interface {
 	Rank(v *View, req *Request, d *Decision)
 }
 
-// The Router API (implemented in router.go):
+// The Router API (the replica set and Decide in router.go; Begin,
+// FirstToken and End in flight.go; snapshots in status.go):
 //
 //	func NewRouter(cfg Config) (*Router, error)
 //	func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error)
@@ -142,15 +143,15 @@ type Policy interface {
 //	func (p *Parser) ParseEmbedding(body []byte, out *Prompt) error  // /v1/embeddings: model only
 //	func HashPath() string                                   // "avx512-256" | "avx512" | "avx2" | "sse2" | "neon" | "generic" (the path for 256-byte blocks)
 //
-// Additions beyond the original contract: Config/HashConfig (config.go),
-// View and Load (view.go), ReplicaStatus, Stats, Router.HashConfig,
-// Router.PolicyName (router.go), PolicyNames, NewPolicy, BeginHook, RemoveHook
-// and the built-in policy types (policy.go), NewRouterWithPolicy (custom.go),
-// NewCollector (metrics.go), Seed, AppendHashes, SessionKey, CPUFeatures
-// (hash.go), Prompt.Fill (prompt.go), CacheOracle and Router.SetCacheOracle
-// (oracle.go), Promoter, PromoterConfig, Observation, Action, Entry,
-// ReplicaLoad, ReplicaLoadOf, Change, Reason (promote.go), Router.PrefillRate,
-// Router.ContinuationCredit.
+// Also exported: Config/HashConfig (config.go), View and Load (view.go),
+// ReplicaStatus and Stats (status.go), Router.HashConfig, Router.PolicyName
+// and Router.PrefillRate (router.go), Router.ContinuationCredit (flight.go),
+// PolicyNames, NewPolicy, BeginHook, RemoveHook (policy.go) and the built-in
+// policy types (policy_*.go), NewRouterWithPolicy (custom.go), NewCollector
+// (metrics.go), Seed, AppendHashes, SessionKey, CPUFeatures (hash.go),
+// Prompt.Fill (prompt.go), CacheOracle and Router.SetCacheOracle
+// (oracle.go), Promoter, PromoterConfig, Observation, Action (promote.go),
+// Entry, ReplicaLoad, ReplicaLoadOf, Change, Reason (rebalance.go).
 
 // Prompt is the routing-relevant part of one request body. Slices point into
 // the Parser's scratch buffers and are valid until the Parser's next call.

@@ -1,18 +1,17 @@
 package affinity
 
 import (
-	"cmp"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 )
 
-// This file is the fast-path promotion rule (issue 6): which clients get an
-// in-kernel affinity entry to one replica, when it is re-validated, moved or
-// dropped, and which entries the load-aware rebalancer drops. Pure: the
-// caller passes every time and does the map writes. README.md "Promotion".
+// This file is the fast-path promotion rule: which clients get an in-kernel
+// affinity entry to one replica, and when it is re-validated, moved or
+// dropped. rebalance.go drops the entries of saturated replicas;
+// promote_clients.go keeps the tracked clients. Pure: the caller passes
+// every time and does the map writes. README.md "Promotion".
 
 // Action is what the caller should do with a client's fast-path entry.
 type Action uint8
@@ -39,27 +38,6 @@ func (a Action) String() string {
 		return "drop"
 	}
 	return "none"
-}
-
-// Reason says why Rebalance changes an entry.
-type Reason uint8
-
-const (
-	ReasonIdle       Reason = iota + 1 // unused for longer than IdleTTL
-	ReasonIneligible                   // its replica is unhealthy, draining or gone
-	ReasonSaturated                    // its replica is saturated relative to the rest
-)
-
-func (r Reason) String() string {
-	switch r {
-	case ReasonIdle:
-		return "idle"
-	case ReasonIneligible:
-		return "ineligible"
-	case ReasonSaturated:
-		return "saturated"
-	}
-	return ""
 }
 
 // Defaults of PromoterConfig.
@@ -221,50 +199,6 @@ func (o *Observation) Fill(client uint64, req *Request, f *Flight) {
 	}
 }
 
-// Entry is one fast-path affinity entry, as Rebalance reads it.
-type Entry struct {
-	Client     uint64
-	Replica    ReplicaID
-	PromotedAt int64   // when it was written (newest are dropped first)
-	LastUsed   int64   // latest use: last observation or last steered packet
-	CacheValue float64 // mean predicted cached tokens per request on Replica
-}
-
-// ReplicaLoad is one replica's load for Rebalance.
-type ReplicaLoad struct {
-	Replica  ReplicaID
-	Eligible bool    // healthy and not draining
-	Weight   float64 // 0 means 1
-	// Busy is the requests occupying the replica: the router's in-flight
-	// count, or the engine's running+waiting when fresh and larger (steered
-	// requests bypass the router, so only the engine counts them).
-	Busy float64
-	// Steered and Routed are the connections the datapath steered to the
-	// replica, and the slowpath routed to it, over the same recent interval
-	// (per-backend counter deltas). Both 0: all its load is assumed steered.
-	Steered, Routed float64
-}
-
-// ReplicaLoadOf reads s's eligibility, weight and busy requests (engine
-// signals count when younger than maxAge at now; peers' in-flight requests
-// count too). The caller adds the datapath's Steered and Routed counts.
-func ReplicaLoadOf(s *ReplicaStatus, now int64, maxAge time.Duration) ReplicaLoad {
-	busy := s.InFlight + s.PeerInFlight
-	if s.Signals.At != 0 && now-s.Signals.At <= int64(maxAge) {
-		busy = max(busy, s.Signals.Waiting+s.Signals.Running)
-	}
-	return ReplicaLoad{Replica: s.ID, Eligible: s.Healthy && !s.Draining, Weight: s.Weight, Busy: float64(busy)}
-}
-
-// Change is one entry Rebalance wants changed.
-type Change struct {
-	Client uint64
-	Action Action // ActionDrop
-	From   ReplicaID
-	To     ReplicaID // NoReplica for a drop
-	Reason Reason
-}
-
 // PromoterStats are cumulative counters.
 type PromoterStats struct {
 	Observed, Promotions, Moves, Drops uint64
@@ -287,34 +221,6 @@ type Promoter struct {
 	table    clientTable
 	promoted int
 	st       PromoterStats
-	scratch  []int // Rebalance
-}
-
-// pclient is one tracked client. Fixed size: no per-client allocation.
-type pclient struct {
-	key        uint64
-	prev, next int32
-	n, pos     uint8     // ring fill and next write position
-	promoted   ReplicaID // NoReplica when not promoted
-	promotedAt int64
-	lastSeen   int64
-	demandAt   int64
-	demand     float64 // decayed sum of (uncached + request cost) tokens
-	cacheAvg   float64 // EWMA of cached tokens per request on the chosen replica
-	ring       [maxPromoteWindow]pobs
-	prefixes   [distinctSlots]seenKey
-	sessions   [distinctSlots]seenKey
-}
-
-type pobs struct {
-	replica        ReplicaID
-	cached, prompt int32
-	session        uint64
-}
-
-type seenKey struct {
-	key uint64
-	at  int64
 }
 
 // NewPromoter validates cfg and returns an empty Promoter.
@@ -466,60 +372,6 @@ func (p *Promoter) demote(c *pclient) {
 	c.n, c.pos = 0, 0
 }
 
-// touch finds or creates the client's record and moves it to the LRU head.
-func (p *Promoter) touch(key uint64, now int64) *pclient {
-	if i := p.table.get(key); i >= 0 {
-		c := &p.clients[i]
-		p.unlink(i)
-		p.pushHead(i)
-		c.lastSeen = now
-		return c
-	}
-	var i int32
-	if len(p.clients) < p.cfg.MaxClients {
-		p.clients = append(p.clients, pclient{})
-		i = int32(len(p.clients) - 1)
-	} else {
-		i = p.tail
-		old := &p.clients[i]
-		if old.promoted != NoReplica {
-			p.promoted--
-		}
-		p.table.del(old.key)
-		p.unlink(i)
-		p.st.Evictions++
-	}
-	p.clients[i] = pclient{key: key, promoted: NoReplica, lastSeen: now}
-	p.table.insert(key, i)
-	p.pushHead(i)
-	return &p.clients[i]
-}
-
-func (p *Promoter) unlink(i int32) {
-	c := &p.clients[i]
-	if c.prev >= 0 {
-		p.clients[c.prev].next = c.next
-	} else {
-		p.head = c.next
-	}
-	if c.next >= 0 {
-		p.clients[c.next].prev = c.prev
-	} else {
-		p.tail = c.prev
-	}
-}
-
-func (p *Promoter) pushHead(i int32) {
-	c := &p.clients[i]
-	c.prev, c.next = -1, p.head
-	if p.head >= 0 {
-		p.clients[p.head].prev = i
-	} else {
-		p.tail = i
-	}
-	p.head = i
-}
-
 // Demote forgets client's promotion (its entry was deleted elsewhere, e.g.
 // by the datapath's own expiry). It reports whether the client was promoted.
 func (p *Promoter) Demote(client uint64) bool {
@@ -556,217 +408,4 @@ func (p *Promoter) Stats() PromoterStats {
 	s := p.st
 	s.Tracked, s.Promoted = len(p.clients), p.promoted
 	return s
-}
-
-// Rebalance is the control loop's check of the current entries against the
-// replicas' load. It appends to dst a drop for every entry
-//   - idle: now - LastUsed > IdleTTL;
-//   - ineligible: its replica is not Eligible or not in loads;
-//   - saturated: its replica's u = Busy/Weight exceeds both
-//     SaturationRatio x mean(u) and mean(u) + SaturationExcess over eligible
-//     replicas; of that replica's entries it drops the fraction
-//     min(1, f/s), f = (u - mean)/u the excess share of its load and
-//     s = Steered/(Steered+Routed) the share the entries carry (1 when
-//     unknown), least cache-valuable first, then newest first.
-//
-// Saturated entries are dropped, not moved: the next request then goes
-// through the slowpath, whose decision weighs that client's cache against
-// every replica's load, and the promotion rule re-promotes it where that
-// decision settles. Dropped clients known to the Promoter lose their
-// promotion. Each entry appears at most once.
-func (p *Promoter) Rebalance(now int64, loads []ReplicaLoad, entries []Entry, dst []Change) []Change {
-	cfg := &p.cfg
-	mean := meanUtil(loads)
-	var byID []int32 // ReplicaID -> index in loads + 1
-	for i := range loads {
-		if id := int(loads[i].Replica); id >= 0 {
-			if id >= len(byID) {
-				byID = append(byID, make([]int32, id+1-len(byID))...)
-			}
-			byID[id] = int32(i + 1)
-		}
-	}
-	find := func(id ReplicaID) *ReplicaLoad {
-		if int(id) < 0 || int(id) >= len(byID) || byID[id] == 0 {
-			return nil
-		}
-		return &loads[byID[id]-1]
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	start := len(dst)
-	var sat []int // entries on saturated replicas, by index
-	for i := range entries {
-		e := &entries[i]
-		l := find(e.Replica)
-		switch {
-		case now-e.LastUsed > int64(cfg.IdleTTL):
-			dst = append(dst, Change{Client: e.Client, Action: ActionDrop, From: e.Replica, To: NoReplica, Reason: ReasonIdle})
-		case l == nil || !l.Eligible:
-			dst = append(dst, Change{Client: e.Client, Action: ActionDrop, From: e.Replica, To: NoReplica, Reason: ReasonIneligible})
-		default:
-			if cfg.saturated(util(l), mean) {
-				sat = append(sat, i)
-			}
-		}
-	}
-	// Per saturated replica: order its entries and drop the excess share.
-	slices.SortFunc(sat, func(a, b int) int {
-		ea, eb := &entries[a], &entries[b]
-		return cmp.Or(cmp.Compare(ea.Replica, eb.Replica),
-			cmp.Compare(ea.CacheValue, eb.CacheValue),
-			cmp.Compare(eb.PromotedAt, ea.PromotedAt),
-			cmp.Compare(ea.Client, eb.Client))
-	})
-	for lo := 0; lo < len(sat); {
-		id := entries[sat[lo]].Replica
-		hi := lo
-		for hi < len(sat) && entries[sat[hi]].Replica == id {
-			hi++
-		}
-		l := find(id)
-		u := util(l)
-		f := (u - mean) / u
-		s := 1.0
-		if t := l.Steered + l.Routed; t > 0 {
-			s = l.Steered / t
-		}
-		share := 1.0
-		if s > 0 {
-			share = min(1, f/s)
-		}
-		k := int(math.Ceil(share * float64(hi-lo)))
-		for _, i := range sat[lo : lo+k] {
-			e := &entries[i]
-			dst = append(dst, Change{Client: e.Client, Action: ActionDrop, From: e.Replica, To: NoReplica, Reason: ReasonSaturated})
-		}
-		lo = hi
-	}
-	for i := start; i < len(dst); i++ {
-		ch := &dst[i]
-		if j := p.table.get(ch.Client); j >= 0 && p.clients[j].promoted == ch.From {
-			p.demote(&p.clients[j])
-		}
-		p.st.Drops++
-	}
-	return dst
-}
-
-// util is busy requests per unit of weight.
-// Saturated appends to dst[:0], indexed by ReplicaID, whether Rebalance's
-// saturation test finds each eligible replica in loads saturated (the
-// control loop uses it to keep promotions out of saturated replicas between
-// rebalances). Ids absent from loads read false.
-func (p *Promoter) Saturated(loads []ReplicaLoad, dst []bool) []bool {
-	dst = dst[:0]
-	mean := meanUtil(loads)
-	for i := range loads {
-		l := &loads[i]
-		if l.Replica < 0 {
-			continue
-		}
-		for int(l.Replica) >= len(dst) {
-			dst = append(dst, false)
-		}
-		dst[l.Replica] = l.Eligible && p.cfg.saturated(util(l), mean)
-	}
-	return dst
-}
-
-// saturated is the saturation test on one replica's utilisation u against
-// the mean over eligible replicas.
-func (c *PromoterConfig) saturated(u, mean float64) bool {
-	return u > c.SaturationRatio*mean && u-mean > c.SaturationExcess
-}
-
-// meanUtil is the mean utilisation (Busy per unit weight) over the eligible
-// replicas in loads, 0 when none is.
-func meanUtil(loads []ReplicaLoad) float64 {
-	var sum float64
-	n := 0
-	for i := range loads {
-		if loads[i].Eligible {
-			sum += util(&loads[i])
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
-}
-
-func util(l *ReplicaLoad) float64 {
-	w := l.Weight
-	if w <= 0 {
-		w = 1
-	}
-	return l.Busy / w
-}
-
-// clientTable maps client keys to slab indices: open addressing, linear
-// probing, backward-shift deletion, at most half full, allocated once.
-type clientTable struct {
-	keys []uint64 // 0 = empty (key 0 is stored as zeroKey)
-	vals []int32
-	mask uint64
-}
-
-const zeroKey = 0x9E3779B97F4A7C15
-
-func newClientTable(entries int) clientTable {
-	n := 16
-	for n < 2*entries {
-		n <<= 1
-	}
-	return clientTable{keys: make([]uint64, n), vals: make([]int32, n), mask: uint64(n - 1)}
-}
-
-func tkey(k uint64) uint64 {
-	if k == 0 {
-		return zeroKey
-	}
-	return k
-}
-
-func (t *clientTable) slot(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15 >> 17) & t.mask }
-
-func (t *clientTable) get(k uint64) int32 {
-	k = tkey(k)
-	for i := t.slot(k); ; i = (i + 1) & t.mask {
-		switch t.keys[i] {
-		case k:
-			return t.vals[i]
-		case 0:
-			return -1
-		}
-	}
-}
-
-func (t *clientTable) insert(k uint64, v int32) {
-	k = tkey(k)
-	for i := t.slot(k); ; i = (i + 1) & t.mask {
-		if t.keys[i] == 0 || t.keys[i] == k {
-			t.keys[i], t.vals[i] = k, v
-			return
-		}
-	}
-}
-
-func (t *clientTable) del(k uint64) {
-	k = tkey(k)
-	i := t.slot(k)
-	for ; t.keys[i] != k; i = (i + 1) & t.mask {
-		if t.keys[i] == 0 {
-			return
-		}
-	}
-	for j := (i + 1) & t.mask; t.keys[j] != 0; j = (j + 1) & t.mask {
-		home := t.slot(t.keys[j])
-		if (j-home)&t.mask >= (j-i)&t.mask {
-			t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
-			i = j
-		}
-	}
-	t.keys[i] = 0
 }

@@ -75,6 +75,7 @@ type ttftModel struct {
 	slotsSig     atomic.Int64  // engine-reported batch slots; 0 = none
 	slotsLearned atomic.Int64  // learned from full-batch scrapes; 0 = none
 	slotSec      atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
+	decSec       atomic.Uint64 // float64 bits: mean decode seconds per request (sampleDecode)
 	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
 	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
 	errN         atomic.Uint64 // predictions checked
@@ -87,6 +88,10 @@ type ttftModel struct {
 	// TTFTs, in nanoseconds, for backlog.
 	pendStart, pendPred, pendBase atomic.Int64
 	pendBaseSet                   bool
+
+	// maxRunningSeen is maxRunning for readers outside learnMu: a replica
+	// that ran more than its pool's slot limit does not take it.
+	maxRunningSeen atomic.Int64
 
 	learnMu     sync.Mutex
 	maxRunning  int64 // the most requests any scrape saw running
@@ -107,7 +112,14 @@ func (p *replica) slots() int64 {
 	if s := p.model.slotsSig.Load(); s > 0 {
 		return s
 	}
-	return p.model.slotsLearned.Load()
+	if s := p.model.slotsLearned.Load(); s > 0 || p.fleetPrefill == nil {
+		return s
+	}
+	// The pool's limit, unless this replica has run more than it.
+	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= p.model.maxRunningSeen.Load() {
+		return s
+	}
+	return 0
 }
 
 // slotSeconds is D_r; before its first sample, the fleet's (the mean slot
@@ -142,8 +154,17 @@ func (p *replica) slotWait(busy int64) float64 {
 // not materialise (an index ahead of the engine, llama.cpp's per-slot
 // caches) has its predicted hits discounted, so its decisions lean toward
 // load balance until its predictions come true again.
+//
+// Before fitMinSamples of its own it takes its pool's (the share over
+// every replica serving its model): replicas of one model run one engine
+// configuration, and a replica whose first requests have not finished (a
+// burst still queued there) otherwise counted on hits that never come,
+// looked cheapest, and took the rest of the burst too.
 func (p *replica) confidence() float64 {
 	if p.model.hitN.Load() < fitMinSamples {
+		if f := p.fleetPrefill; f != nil && f.hitN.Load() >= fitMinSamples {
+			return min(max(loadF(&f.hitReal), 0), 1)
+		}
 		return 1
 	}
 	return min(max(loadF(&p.model.hitReal), 0), 1)
@@ -155,6 +176,13 @@ func (p *replica) sampleHit(predicted, actual int) {
 		return
 	}
 	x := min(float64(actual)/float64(predicted), 1)
+	if f := p.fleetPrefill; f != nil {
+		if f.hitN.Add(1) == 1 {
+			storeF(&f.hitReal, x)
+		} else {
+			ewma(&f.hitReal, x, errWeight)
+		}
+	}
 	if p.model.hitN.Add(1) == 1 {
 		storeF(&p.model.hitReal, x)
 		return
@@ -183,32 +211,18 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	m.prevRunning = int64(running)
 	if int64(running) > m.maxRunning {
 		m.maxRunning, m.fullAtMax = int64(running), 0
+		m.maxRunningSeen.Store(m.maxRunning)
 		m.slotsLearned.Store(0)
 	}
 	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
 		// A plateau (the scrape before ran as many) counts as a repeat.
 		if m.fullAtMax++; m.fullAtMax >= slotLearnRepeat || prev == m.maxRunning {
 			m.slotsLearned.Store(m.maxRunning)
+			if p.fleetPrefill != nil {
+				p.fleetPrefill.slots.Store(m.maxRunning)
+			}
 		}
 	}
-}
-
-// pend adds f, just begun, to the pending sums. Called with the Router's
-// write lock held.
-func (p *replica) pend(f *Flight) {
-	if !p.model.pendBaseSet { // Begin holds the Router's write lock
-		p.model.pendBase.Store(f.Start)
-		p.model.pendBaseSet = true
-	}
-	p.model.pendStart.Add(f.Start - p.model.pendBase.Load())
-	p.model.pendPred.Add(int64(f.predTTFT * 1e9))
-}
-
-// unpend removes f from the pending sums (its first token came, or it
-// ended without one).
-func (p *replica) unpend(f *Flight) {
-	p.model.pendStart.Add(-(f.Start - p.model.pendBase.Load()))
-	p.model.pendPred.Add(-int64(f.predTTFT * 1e9))
 }
 
 // backlog is how far this router's requests still awaiting a first token
@@ -247,6 +261,15 @@ func (p *replica) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 type fleetPrefill struct {
 	logRate, over atomic.Uint64 // float64 bits
 	n             atomic.Uint64
+	// slots: the batch-slot limit last learned on any replica of the pool
+	// (learnSlots), the limit of a replica that has not shown its own.
+	slots atomic.Int64
+	// decSec: EWMA of every pool replica's decode times (sampleDecode),
+	// the reference of a replica's relative speed (replica.prefill).
+	decSec atomic.Uint64
+	// hitReal, hitN: the realised share of predicted hits over every
+	// replica of the pool (replica.confidence before a replica's own).
+	hitReal, hitN atomic.Uint64
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
@@ -262,23 +285,71 @@ func (f *fleetPrefill) sample(rate, over float64) {
 	ewma(&f.over, over, fleetWeight)
 }
 
-// prefill is the prefill rate and overhead the cost policy prices p with:
-// its own once it has a configured, engine-reported or fitted rate, else
-// the fleet's (fleetPrefill), else the configured default rate.
-func (p *replica) prefill() (rate, over float64) {
-	if !p.fitted.Load() && p.fleetPrefill != nil && p.fleetPrefill.n.Load() > 0 {
-		return math.Exp(loadF(&p.fleetPrefill.logRate)), loadF(&p.fleetPrefill.over)
+// ownPrefill is p's own prefill rate and overhead: its configured,
+// engine-reported or fitted ones once it has them, else the fleet's
+// (fleetPrefill), else the configured default rate. The fit starts from
+// and updates these.
+func (p *replica) ownPrefill() (rate, over float64) {
+	if !p.fitted.Load() {
+		if r, o, ok := p.fleetModel(); ok {
+			return r, o
+		}
 	}
 	return loadF(&p.rate), loadF(&p.overhead)
 }
+
+// fleetModel is the pooled prefill rate and overhead of the replicas that
+// serve p's model, when any of them has been fitted.
+func (p *replica) fleetModel() (rate, over float64, ok bool) {
+	if p.fleetPrefill == nil || p.fleetPrefill.n.Load() == 0 {
+		return 0, 0, false
+	}
+	return math.Exp(loadF(&p.fleetPrefill.logRate)), loadF(&p.fleetPrefill.over), true
+}
+
+// prefill is the prefill rate and overhead the cost policy prices p with:
+// its configured rate or the rate its engine reports (llama.cpp's timings:
+// a measurement), else
+// the pooled model of the replicas serving p's model (fleetModel), else
+// ownPrefill. A replica's own fitted line is not identifiable under load:
+// its samples carry queueing and batched steps, rates fitted on identical
+// engines differ by orders of magnitude, and a replica fitted slow while it
+// was busy gets no traffic to correct it, so its decisions follow noise.
+// The pooled model averages every replica's fit; differences in speed
+// between replicas still show in their backlog (pending requests later
+// than predicted), their slot times and their load.
+func (p *replica) prefill() (rate, over float64) {
+	if p.spec.PrefillTokensPerSec > 0 || loadF(&p.model.engRate) > 0 {
+		return p.ownPrefill()
+	}
+	if r, o, ok := p.fleetModel(); ok {
+		// Scaled by the replica's speed relative to its pool: the pool's
+		// mean decode time per request over its own (first to last token,
+		// measured on every streamed request and identifiable where the
+		// prefill line is not), within [1/4, 4]. An older GPU's steps are
+		// slower for prefill and decode alike.
+		if d, f := loadF(&p.model.decSec), loadF(&p.fleetPrefill.decSec); d > 0 && f > 0 {
+			r *= min(max(f/d, 1/speedClamp), speedClamp)
+		}
+		return r, o
+	}
+	return p.ownPrefill()
+}
+
+// speedClamp bounds a replica's speed relative to its pool (prefill).
+const speedClamp = 4
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
 func (p *replica) predictTTFT(unc float64) float64 {
 	rate, over := p.prefill()
-	inv := 1 / rate
+	return p.predictWith(rate, over, unc)
+}
+
+// predictWith is predictTTFT with the given prefill rate and overhead.
+func (p *replica) predictWith(rate, over, unc float64) float64 {
 	return over + p.slotWait(p.totalInFlight()) +
-		(float64(max(p.totalPending(), 0))+unc)*inv
+		(float64(max(p.totalPending(), 0))+unc)/rate
 }
 
 // casAddF adds d to the float64 in a.
@@ -330,6 +401,22 @@ func (p *replica) sampleSlot(sec float64) {
 	}
 }
 
+// sampleDecode folds one request's decode time (first to last token) into
+// p's and its pool's means, the reference of p's relative speed; clipped
+// like sampleSlot.
+func (p *replica) sampleDecode(sec float64) {
+	if !(sec > 0) || math.IsInf(sec, 0) {
+		return
+	}
+	if d := loadF(&p.model.decSec); d > 0 {
+		sec = min(max(sec, d/8), d*8)
+	}
+	ewma(&p.model.decSec, sec, slotWeight)
+	if p.fleetPrefill != nil {
+		ewma(&p.fleetPrefill.decSec, sec, slotWeight)
+	}
+}
+
 // sampleEngineRate folds an engine-reported prefill (tokens in seconds)
 // into P_r's engine estimate, clipped to within 4x of the current one.
 func (p *replica) sampleEngineRate(tokens int, sec float64) {
@@ -341,70 +428,6 @@ func (p *replica) sampleEngineRate(tokens int, sec float64) {
 		r = min(max(r, cur/4), cur*4)
 	}
 	ewma(&p.model.engRate, r, 0.1)
-}
-
-// rateFit estimates a replica's time to first token as
-//
-//	ttft = overhead + tokens / rate
-//
-// from samples (tokens = prefill queued ahead at Begin + own uncached tokens,
-// seconds to the first token) of requests that did not wait for a batch
-// slot: an exponentially weighted least-squares line (weight fitWeight per
-// sample once warm, about 20 samples of memory). The intercept is what a
-// request waits besides prefill (the engine step in progress, each step's
-// base cost, decode work sharing the steps), so it is not mistaken for slow
-// prefill, and a fully cached request (tokens near 0) is a useful sample.
-//
-// Robustness: once warm, a sample's seconds are clipped to within 4x of the
-// current line's prediction (one stalled or unexpectedly cached request
-// does not move the line far); without enough spread in tokens (std <
-// fitSpread x mean) the slope is not identifiable and the sample gives a
-// rate through the current intercept; the published rate moves 20% of the
-// way to the new estimate, at most 8x per sample, and stays within
-// [rateFloor, rateCeil]; the intercept is clamped to [0, mean ttft]. When
-// the engine reports its own prefill timings (engineRate > 0), that rate is
-// published and the fit gives the intercept only.
-type rateFit struct {
-	n, mx, my, mxx, mxy float64
-}
-
-const (
-	fitWeight     = 0.05
-	fitSpread     = 0.25
-	fitMinSamples = 8
-	fitClip       = 4
-	rateFloor     = 1
-	rateCeil      = 1e9
-)
-
-func (f *rateFit) add(x, y, rate, over, engineRate float64) (newRate, newOver float64) {
-	if f.n >= fitMinSamples {
-		if pred := over + x/rate; pred > 0 {
-			y = min(max(y, pred/fitClip), pred*fitClip)
-		}
-	}
-	f.n++
-	w := max(1/f.n, fitWeight)
-	f.mx += w * (x - f.mx)
-	f.my += w * (y - f.my)
-	f.mxx += w * (x*x - f.mxx)
-	f.mxy += w * (x*y - f.mxy)
-	if engineRate > 0 {
-		rate = engineRate
-	} else {
-		varx := f.mxx - f.mx*f.mx
-		next := rate
-		if f.n >= fitMinSamples && varx > fitSpread*fitSpread*f.mx*f.mx {
-			if b := (f.mxy - f.mx*f.my) / varx; b > 0 {
-				next = 1 / b
-			}
-		} else if x > 0 {
-			next = x / max(y-over, y/2)
-		}
-		rate += 0.2 * (min(max(next, rate/8), rate*8) - rate)
-		rate = min(max(rate, rateFloor), rateCeil)
-	}
-	return rate, min(max(f.my-f.mx/rate, 0), f.my)
 }
 
 // TTFTStats is one replica's prediction record for metrics.

@@ -170,10 +170,9 @@ func TestRateFitUnderFullBatches(t *testing.T) {
 	r, ids := buildRouter(t, Config{Policy: "round-robin"}, state{n: 2, slots: []int{4, 4}})
 	engines := []*fakeEngine{{slots: 4, rate: 1000, decode: 0.5, overhed: 0.01}, {slots: 4, rate: 1000, decode: 0.5, overhed: 0.01}}
 	type ev struct {
-		f           Flight
-		first, end  float64
-		firstDone   bool
-		replicaSlot int
+		f          Flight
+		first, end float64
+		firstDone  bool
 	}
 	var open []*ev
 	now := 0.0
@@ -422,5 +421,169 @@ func TestPendingPrefillCountsUntrustedHitsAsWork(t *testing.T) {
 	}
 	if p := r.Replicas()[0].PendingPrefillTokens; p < req.PromptTokens*9/10 {
 		t.Fatalf("pending prefill %d tokens, want about the whole %d-token prompt", p, req.PromptTokens)
+	}
+}
+
+// TestFitPoisonedUnderLoadDoesNotStrandAnIdleReplica: two identical
+// replicas, one of whose TTFTs were measured while its engine queued work
+// the router did not route (another router's burst), so its own line says
+// it is 40x slower than the other. Idle now, it is still the better place
+// for a cold prompt than the other replica with 12,000 tokens of prefill
+// queued: the cost policy prices both with the pooled model of the
+// replicas serving the model, not with a fit that cannot be identified
+// under load. Priced with its own fit, the cold prompt joined the queue.
+func TestFitPoisonedUnderLoadDoesNotStrandAnIdleReplica(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	feed := func(id ReplicaID, rate float64, from int) {
+		for i := range 40 {
+			unc := 200 + 100*(i%10)
+			req := &Request{Model: []byte("m"), PromptTokens: unc, Now: int64(from+i) * 1e9}
+			var f Flight
+			r.Begin(id, req, nil, &f)
+			ttft := 0.02 + float64(unc)/rate
+			r.FirstToken(&f, req.Now+int64(ttft*1e9))
+			r.EndWith(&f, req.Now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0})
+		}
+	}
+	feed(ids[0], 500, 0)     // measured behind an unseen queue
+	feed(ids[1], 20000, 100) // measured idle
+	if own := r.Replicas()[0].PrefillTokensPerSec; own > 2000 {
+		t.Fatalf("replica 0's own fitted rate %.0f tokens/s, want it poisoned (about 500)", own)
+	}
+	now := int64(200e9)
+	for range 3 { // 3 x 4,000 cold tokens queued for prefill on replica 1
+		var f Flight
+		r.Begin(ids[1], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
+	}
+	req := promptReq(t, "a cold prompt", "question")
+	req.PromptTokens, req.Now = 4000, now+1e6
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("idle replica 0 (poisoned fit) vs replica 1 with 12,000 tokens queued: ranked %v", d.Ranked)
+	}
+}
+
+// TestPrefillPoolIsPerModel: replicas serving another model (a larger one,
+// 10x slower to prefill) do not pool with this model's: each is priced with
+// its own model's pool.
+func TestPrefillPoolIsPerModel(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	big, err := r.AddReplica(ReplicaSpec{Name: "big", Models: []string{"big"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := func(id ReplicaID, model string, rate float64) {
+		for i := range 40 {
+			unc := 200 + 100*(i%10)
+			req := &Request{Model: []byte(model), PromptTokens: unc, Now: int64(i) * 1e9}
+			var f Flight
+			r.Begin(id, req, nil, &f)
+			ttft := 0.02 + float64(unc)/rate
+			r.FirstToken(&f, req.Now+int64(ttft*1e9))
+			r.EndWith(&f, req.Now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0})
+		}
+	}
+	feed(ids[0], "m", 50000)
+	feed(big, "big", 5000)
+	predict := func(id ReplicaID, model string) float64 {
+		var f Flight
+		r.Begin(id, &Request{Model: []byte(model), PromptTokens: 4000, Now: 100e9}, nil, &f)
+		defer r.End(&f, 101e9, 0, true)
+		return f.PredictedTTFT()
+	}
+	if p := predict(ids[0], "m"); p > 0.2 {
+		t.Fatalf("m's replica: predicted %.3f s for 4,000 cold tokens, want ~0.1 s (its pool: 50,000 tokens/s)", p)
+	}
+	if p := predict(big, "big"); p < 0.5 {
+		t.Fatalf("big's replica: predicted %.3f s for 4,000 cold tokens, want ~0.8 s (its pool: 5,000 tokens/s)", p)
+	}
+}
+
+// TestUnlearnedReplicaTakesItsPoolsSlots: replica 0's scrapes showed a
+// 4-slot batch limit; replica 1, serving the same model, has shown none yet
+// (the burst on it came within one scrape interval). With 8 requests on
+// replica 1 and 4 on replica 0, replica 1 is the worse place: it has the
+// same limit, and more requests wait for a slot there. Without the pool's
+// limit replica 1 had no slot term and took the request.
+func TestUnlearnedReplicaTakesItsPoolsSlots(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	r.SetSignals(ids[0], EngineSignals{Running: 4, Waiting: 3, At: 1})
+	r.SetSignals(ids[0], EngineSignals{Running: 4, Waiting: 3, At: 2})
+	if got := r.Replicas()[0].BatchSlots; got != 4 {
+		t.Fatalf("replica 0 learned %d slots, want 4", got)
+	}
+	// Requests of this router only: the scrapes are stale by now.
+	for i, n := range []int{4, 8} {
+		for range n {
+			var f Flight
+			r.Begin(ids[i], &Request{Model: []byte("m"), PromptTokens: 64, Now: 100e9}, nil, &f)
+			r.FirstToken(&f, 100e9+1e6)
+		}
+	}
+	req := promptReq(t, "short", "question")
+	req.Now = 100e9 + 2e6
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("4 requests on 4 slots vs 8 on a replica of the same model: ranked %v", d.Ranked)
+	}
+}
+
+// TestConfidenceStartsFromThePool: on engines without prefix caching the
+// replicas' predicted hits never come true, and their confidence fell to 0;
+// a replica whose first requests have not finished yet (a burst queued
+// there) takes its pool's confidence, not full trust: its queued
+// cold prompts count as the work they are.
+func TestConfidenceStartsFromThePool(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	system := strings.Repeat("company instructions. ", 373)[:8192]
+	for u := range 20 { // replica 0: every predicted hit reported uncached
+		req := hotRequest(t, system, u)
+		req.Now = int64(u) * 1e9
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		r.FirstToken(&f, req.Now+1e8)
+		r.EndWith(&f, req.Now+2e8, Outcome{OK: true, CachedTokens: 0})
+	}
+	if c := r.Replicas()[0].Confidence; c > 0.2 {
+		t.Fatalf("replica 0's confidence %.2f after 20 unrealised hits, want near 0", c)
+	}
+	first := hotRequest(t, system, 100)
+	first.Now = 30e9
+	var f0 Flight
+	r.Begin(ids[1], first, nil, &f0) // replica 1 now holds the prompt in the index
+	req := hotRequest(t, system, 101)
+	req.Now = 30e9 + 1e6
+	var f Flight
+	r.Begin(ids[1], req, nil, &f)
+	if f.UncachedTokens < req.PromptTokens/2 {
+		t.Fatalf("replica 1 with no finished request of its own counts %d of %d tokens uncached, want the pool's distrust (most of them)", f.UncachedTokens, req.PromptTokens)
+	}
+}
+
+// TestSlowerReplicaPricedSlowerThroughItsDecodeTime: two replicas of one
+// model, one an older GPU whose requests take 3x as long to decode. Both
+// are priced through the model's pooled prefill model, scaled by their
+// speed relative to the pool (decode time), so the slow one's cold prefill
+// is predicted slower: the pool alone would price them alike.
+func TestSlowerReplicaPricedSlowerThroughItsDecodeTime(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	for i := range 40 {
+		for k, slow := range []float64{1, 3} {
+			unc := 200 + 100*(i%10)
+			req := &Request{Model: []byte("m"), PromptTokens: unc, Now: int64(i) * 1e9}
+			var f Flight
+			r.Begin(ids[k], req, nil, &f)
+			ttft := slow * (0.02 + float64(unc)/20000)
+			r.FirstToken(&f, req.Now+int64(ttft*1e9))
+			r.EndWith(&f, req.Now+int64((ttft+slow*0.2)*1e9), Outcome{OK: true, CachedTokens: 0})
+		}
+	}
+	predict := func(id ReplicaID) float64 {
+		var f Flight
+		r.Begin(id, &Request{Model: []byte("m"), PromptTokens: 8000, Now: 100e9}, nil, &f)
+		defer r.End(&f, 101e9, 0, true)
+		return f.PredictedTTFT()
+	}
+	fast, slow := predict(ids[0]), predict(ids[1])
+	if slow < 1.8*fast {
+		t.Fatalf("predicted cold prefill: fast replica %.3f s, 3x slower replica %.3f s, want it at least 1.8x", fast, slow)
 	}
 }

@@ -62,10 +62,10 @@ type Load struct {
 	Confidence           float64 // trust in the replica's predicted hits, 0..1 (ttft.go)
 }
 
-// QueuedTokens estimates prefill tokens queued ahead of a new request: the
-// router's own pending prefill, plus, when fresh engine signals show more
-// waiting requests than this router has pending (other routers' traffic),
-// the excess times the mean uncached size.
+// QueuedTokens is Q_r, the prefill tokens queued ahead of a new request:
+// PendingPrefillTokens, plus, when fresh engine signals show more waiting
+// requests than PendingRequests (other routers' traffic), the excess times
+// the mean uncached size.
 func (l *Load) QueuedTokens() float64 {
 	q := float64(l.PendingPrefillTokens)
 	if l.Fresh && l.Waiting > l.PendingRequests {
@@ -74,10 +74,10 @@ func (l *Load) QueuedTokens() float64 {
 	return q
 }
 
-// QueuedRequests is the number of requests waiting for prefill ahead of a
-// new one, not counting those waiting for a batch slot: with known slots,
-// PendingRequests less the busy requests beyond the slots; without, the
-// router's own, or the engine's waiting count when fresh and larger.
+// QueuedRequests is N_r, the number of requests waiting for prefill ahead
+// of a new one, not counting those waiting for a batch slot: with known
+// slots, PendingRequests less the busy requests beyond the slots; without,
+// PendingRequests, or the engine's waiting count when fresh and larger.
 func (l *Load) QueuedRequests() int {
 	if l.BatchSlots > 0 {
 		return max(l.PendingRequests-max(l.Busy()-l.BatchSlots, 0), 0)
@@ -88,9 +88,10 @@ func (l *Load) QueuedRequests() int {
 	return l.PendingRequests
 }
 
-// Busy is the number of requests occupying the replica: the router's
-// in-flight count, plus, when fresh, what the engine ran and queued beyond
-// the router's count at the scrape (SignalBaseline).
+// Busy is B_r, the number of requests occupying the replica: InFlight
+// (this router's and its peers'), plus, when fresh, what the engine ran and
+// queued beyond that count at the scrape (SignalBaseline): other routers'
+// traffic the peers did not report.
 func (l *Load) Busy() int {
 	if l.Fresh {
 		return l.InFlight + max(l.Waiting+l.Running-l.SignalBaseline, 0)
@@ -171,28 +172,36 @@ func (v *View) CachedTokens(id ReplicaID) int {
 // Load reads replica id's load.
 func (v *View) Load(id ReplicaID) Load {
 	p := v.r.reps[id]
-	l := Load{
-		InFlight:             int(p.totalInFlight()),
-		PendingPrefillTokens: int(max(p.totalPending(), 0)),
-		PendingRequests:      int(max(p.totalPendingReqs(), 0)),
-		PeerInFlight:         int(p.peerInFlight.Load()),
-		PrefillTokensPerSec:  loadF(&p.rate),
-		OverheadSeconds:      loadF(&p.overhead),
-		UncachedAvg:          loadF(&p.uncachedAvg),
-		Weight:               p.weight,
-		MaxInFlight:          int(p.maxInFlight),
-		BatchSlots:           int(p.slots()),
-		Confidence:           p.confidence(),
-	}
-	if at := p.sigAt.Load(); at != 0 && v.req.Now-at <= int64(v.r.cfg.SignalMaxAge) {
+	var l Load
+	p.queueLoad(&l, v.req.Now, int64(v.r.cfg.SignalMaxAge))
+	l.PeerInFlight = int(p.peerInFlight.Load())
+	l.PrefillTokensPerSec = loadF(&p.rate)
+	l.OverheadSeconds = loadF(&p.overhead)
+	l.Weight = p.weight
+	l.MaxInFlight = int(p.maxInFlight)
+	l.Confidence = p.confidence()
+	l.SlotWaitSeconds = p.slotWait(int64(l.Busy()))
+	return l
+}
+
+// queueLoad sets the fields of l that Busy, QueuedTokens and QueuedRequests
+// derive from: p's counters, its batch slots and, when younger than maxAge
+// at now, its engine signals (zero when stale). It leaves the other fields
+// as they are: the cost policy reuses one Load for every candidate.
+func (p *replica) queueLoad(l *Load, now, maxAge int64) {
+	l.InFlight = int(p.totalInFlight())
+	l.PendingPrefillTokens = int(max(p.totalPending(), 0))
+	l.PendingRequests = int(max(p.totalPendingReqs(), 0))
+	l.UncachedAvg = loadF(&p.uncachedAvg)
+	l.BatchSlots = int(p.slots())
+	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.SignalBaseline = false, 0, 0, 0, 0
+	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
 		l.Fresh = true
 		l.Waiting = int(p.sigWaiting.Load())
 		l.Running = int(p.sigRunning.Load())
 		l.KVUsage = loadF(&p.sigKV)
 		l.SignalBaseline = int(p.sigOwnBusy.Load())
 	}
-	l.SlotWaitSeconds = p.slotWait(int64(l.Busy()))
-	return l
 }
 
 // Scores returns a zeroed score slice parallel to Candidates, for RankLowest.

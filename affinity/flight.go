@@ -1,0 +1,228 @@
+package affinity
+
+// Flight accounting: Begin, FirstToken and End keep each replica's in-flight
+// count and pending prefill, correct the index, and feed the learned models.
+
+// Begin records that req was sent to replica id: the request's prefix is
+// inserted into the index speculatively (the engine will cache it), and the
+// replica's in-flight count and pending prefill grow. f is filled for
+// FirstToken and End. d may be nil. An unknown id leaves f.Replica ==
+// NoReplica and changes nothing.
+func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
+	*f = Flight{Replica: NoReplica}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.rep(id)
+	if p == nil {
+		return
+	}
+	hs := req.Hashes
+	if len(hs) > p.capEff {
+		hs = hs[:p.capEff]
+	}
+	held := r.idx.insert(id, hs)
+	cached := min(held*r.bt, req.PromptTokens)
+	// The prefill the replica is expected to do: the index's hit discounted
+	// by how much of its predicted hits come true there (an engine without
+	// prefix caching computes the whole prompt however warm the index is).
+	unc := max(req.PromptTokens-int(p.confidence()*float64(cached)), 0)
+	wait := p.slotWait(p.totalInFlight())
+	*f = Flight{
+		Replica:        id,
+		UncachedTokens: unc,
+		PromptTokens:   req.PromptTokens,
+		predCached:     cached,
+		Start:          req.Now,
+		gen:            p.gen,
+		queued:         p.totalPending(),
+		newBlocks:      int32(len(hs) - held),
+		buffered:       req.Buffered,
+		predTTFT:       p.predictTTFT(float64(unc)),
+		slotWait:       wait,
+		busy:           int32(min(p.totalInFlight(), 1<<30)),
+	}
+	if len(hs) > 0 {
+		f.tail = hs[len(hs)-1]
+	}
+	f.cont = held > 0 && held < len(hs) && r.finishedTail(hs[held-1], id)
+	p.inFlight.Add(1)
+	p.pending.Add(int64(unc))
+	p.pendingReqs.Add(1)
+	p.pend(f)
+	r.promptTokens.Add(uint64(max(req.PromptTokens, 0)))
+	r.cachedTokens.Add(uint64(cached))
+	ewma(&p.uncachedAvg, float64(unc), 0.1)
+	if r.onBegin != nil {
+		r.onBegin.OnBegin(id, req)
+	}
+	if r.sink != nil {
+		if len(hs) > 0 {
+			r.sink.PeerInsert(id, hs)
+		}
+		r.sink.PeerLoad(id, p.localLoad())
+	}
+}
+
+// live returns f's replica if it is still the one f began on. Callers hold mu.
+func (r *Router) live(f *Flight) *replica {
+	p := r.rep(f.Replica)
+	if p == nil || p.gen != f.gen {
+		return nil
+	}
+	return p
+}
+
+// FirstToken records the end of prefill: the replica's pending prefill drops
+// by f.UncachedTokens. Its time is kept in f: End, once the engine's real
+// cached tokens are known, gives the replica's rate fit the sample (tokens
+// queued ahead at Begin + the real uncached tokens, FirstTokenAt - Start),
+// unless the request was Buffered (see rateFit and sampleRate).
+func (r *Router) FirstToken(f *Flight, now int64) {
+	if f.Replica == NoReplica || f.FirstTokenAt != 0 {
+		return
+	}
+	f.FirstTokenAt = max(now, 1)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	p := r.live(f)
+	if p == nil {
+		return
+	}
+	p.pending.Add(-int64(f.UncachedTokens))
+	p.pendingReqs.Add(-1)
+	p.unpend(f)
+	if r.sink != nil {
+		r.sink.PeerLoad(f.Replica, p.localLoad())
+	}
+}
+
+// Outcome is what a finished request reports back (EndWith).
+type Outcome struct {
+	// OK: the request succeeded.
+	OK bool
+	// CachedTokens is the engine's usage.prompt_tokens_details.cached_tokens
+	// (or llama.cpp's timings.cache_n); < 0 when unknown.
+	CachedTokens int
+	// PrefillTokens and PrefillSeconds are the engine's own prefill timing
+	// (llama.cpp timings.prompt_n and prompt_ms); 0 when not reported.
+	PrefillTokens  int
+	PrefillSeconds float64
+	// DecodeSeconds is the engine's own decode time (llama.cpp
+	// timings.predicted_ms); 0 when not reported.
+	DecodeSeconds float64
+}
+
+// End is EndWith with only the cached tokens and success known.
+func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
+	r.EndWith(f, now, Outcome{OK: ok, CachedTokens: cachedTokens})
+}
+
+// EndWith closes a Flight with what the engine reported. A request
+// that failed before its first token rolls back its speculative index
+// insert. An engine report of fewer than half the predicted cached tokens
+// means the replica evicted blocks we still index: its index capacity shrinks
+// by the missed blocks (to at least a quarter of its KV capacity) and grows
+// back one block per correct prediction. It is idempotent.
+func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
+	if f.Replica == NoReplica {
+		return
+	}
+	cachedTokens, ok := o.CachedTokens, o.OK
+	predicted := f.predCached
+	rollback := !ok && f.FirstTokenAt == 0 && f.newBlocks > 0
+	miss := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens*2 < predicted
+	grow := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens >= predicted
+	if rollback || miss || grow {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	} else {
+		r.mu.RLock()
+		defer r.mu.RUnlock()
+	}
+	p := r.live(f)
+	if p == nil {
+		f.Replica = NoReplica
+		return
+	}
+	p.inFlight.Add(-1)
+	if f.FirstTokenAt == 0 {
+		p.pending.Add(-int64(f.UncachedTokens))
+		p.pendingReqs.Add(-1)
+		p.unpend(f)
+	} else if ok {
+		r.sampleRate(p, f, now, &o)
+	}
+	if ok && cachedTokens >= 0 && predicted >= r.bt {
+		p.sampleHit(predicted, cachedTokens)
+	}
+	if ok {
+		if f.tail != 0 {
+			k := tailKey(f.tail, f.Replica)
+			r.tails[k%tailSlots].Store(k)
+			if r.tailSink != nil {
+				r.tailSink.PeerTail(f.Replica, f.tail)
+			}
+		}
+		if f.cont && cachedTokens >= 0 {
+			ewma(&r.contCredit, float64(max(cachedTokens-predicted, 0)), 0.1)
+		}
+	}
+	if r.sink != nil {
+		r.sink.PeerLoad(f.Replica, p.localLoad())
+		if rollback {
+			r.sink.PeerTruncate(f.Replica, f.tail, int(f.newBlocks))
+		}
+	}
+	switch {
+	case rollback:
+		r.idx.rollback(f.Replica, f.tail, int(f.newBlocks))
+		r.rollbacks.Add(1)
+	case miss:
+		r.mispredicts.Add(1)
+		p.mispredicts.Add(1)
+		p.capEff = max(p.capEff-(predicted-cachedTokens)/r.bt, p.capMax/4, 1)
+		r.idx.setCap(p.id, p.capEff)
+	case grow:
+		if p.capEff < p.capMax {
+			p.capEff++
+			r.idx.setCap(p.id, p.capEff)
+		}
+	}
+	f.Replica = NoReplica
+}
+
+func tailKey(h uint64, id ReplicaID) uint64 { return pairKey(h, id) | 1 }
+
+// finishedTail reports whether block h was the deepest block of a request
+// that finished successfully on replica id (lossy: may forget, never
+// invents a pair that was not recorded, up to hash collisions).
+func (r *Router) finishedTail(h uint64, id ReplicaID) bool {
+	k := tailKey(h, id)
+	return r.tails[k%tailSlots].Load() == k
+}
+
+// ContinuationCredit is the measured number of tokens a replica caches
+// beyond the index's prediction when the request's held prefix there ends
+// exactly where a finished request's prompt ended (a chat's next turn: the
+// engine also cached the previous answer, which the router never hashes).
+// The cost policy subtracts it (up to the unmatched rest) from that
+// replica's uncached tokens.
+func (r *Router) ContinuationCredit() float64 { return loadF(&r.contCredit) }
+
+// pend adds f, just begun, to the pending sums. Called with the Router's
+// write lock held.
+func (p *replica) pend(f *Flight) {
+	if !p.model.pendBaseSet { // Begin holds the Router's write lock
+		p.model.pendBase.Store(f.Start)
+		p.model.pendBaseSet = true
+	}
+	p.model.pendStart.Add(f.Start - p.model.pendBase.Load())
+	p.model.pendPred.Add(int64(f.predTTFT * 1e9))
+}
+
+// unpend removes f from the pending sums (its first token came, or it
+// ended without one).
+func (p *replica) unpend(f *Flight) {
+	p.model.pendStart.Add(-(f.Start - p.model.pendBase.Load()))
+	p.model.pendPred.Add(-int64(f.predTTFT * 1e9))
+}

@@ -1,0 +1,134 @@
+package affinity
+
+// The prefill-rate fit: what a finished request teaches its replica's
+// TTFT model (sampleRate) and the robust line behind P_r and O_r (rateFit).
+
+// sampleRate feeds the replica's TTFT model with f's outcome. It runs at
+// End, when the engine's real cached tokens are known: timing a prefill
+// with the predicted uncached tokens would read an unpredicted cache hit (a
+// prefix another router sent, or one our index evicted too early) as a
+// very fast prefill of the whole prompt and inflate the rate without bound.
+// o.CachedTokens < 0 (unknown) falls back to the prediction. A request that
+// waited for a batch slot waited for decodes to finish (decode time, not
+// prefill), so the prefill fit takes its TTFT less the predicted
+// slot wait; every request gives a slot-time sample, and a
+// streamed one checks the TTFT prediction made at Begin.
+func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
+	uncached := f.UncachedTokens
+	if o.CachedTokens >= 0 {
+		uncached = max(0, f.PromptTokens-o.CachedTokens)
+	}
+	if o.PrefillSeconds > 0 {
+		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds)
+	}
+	switch priced, _ := p.prefill(); {
+	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
+		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
+		p.sampleDecode(o.DecodeSeconds)
+	case f.FirstTokenAt != 0 && !f.buffered:
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/priced)
+		p.sampleDecode(float64(now-f.FirstTokenAt) / 1e9)
+	default:
+		p.sampleSlot(float64(now-f.Start)/1e9 - f.slotWait)
+	}
+	dt := float64(f.FirstTokenAt-f.Start) / 1e9
+	if f.FirstTokenAt == 0 || dt <= 0 || f.buffered {
+		return
+	}
+	p.checkPrediction(f.predTTFT, dt)
+	// The wait for a batch slot is the slot term's, not prefill: the fit
+	// explains what is left of the TTFT (at least a quarter of it, in case
+	// the slot wait was overestimated).
+	y := max(dt-f.slotWait, dt/4)
+	rate, over0 := p.ownPrefill()
+	p.fitMu.Lock()
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, loadF(&p.model.engRate))
+	if !p.fitted.Load() {
+		storeF(&p.overhead, over0)
+		p.fitted.Store(true)
+	}
+	storeF(&p.rate, rate)
+	if s := p.slots(); s > 0 {
+		// With known slots the intercept comes from clean samples only:
+		// requests that found a free slot and no prefill queued ahead.
+		// The line's intercept absorbs queueing the model missed (a burst
+		// before the slot count was learned), and a replica whose
+		// intercept is inflated gets no traffic to correct it.
+		over = loadF(&p.overhead)
+		if f.queued == 0 && int64(f.busy) < s {
+			over = max(dt-float64(uncached)/rate, 0)
+			if p.model.cleanN++; p.model.cleanN > 1 {
+				over = loadF(&p.overhead) + 0.1*(over-loadF(&p.overhead))
+			}
+		} else if p.model.cleanN == 0 {
+			over = 0
+		}
+	}
+	storeF(&p.overhead, over)
+	p.fitMu.Unlock()
+	p.fleetPrefill.sample(rate, over)
+}
+
+// rateFit estimates a replica's time to first token as
+//
+//	ttft = overhead + tokens / rate
+//
+// from samples (tokens = prefill queued ahead at Begin + own uncached tokens,
+// seconds to the first token) of requests that did not wait for a batch
+// slot: an exponentially weighted least-squares line (weight fitWeight per
+// sample once warm, about 20 samples of memory). The intercept is what a
+// request waits besides prefill (the engine step in progress, each step's
+// base cost, decode work sharing the steps), so it is not mistaken for slow
+// prefill, and a fully cached request (tokens near 0) is a useful sample.
+//
+// Robustness: once warm, a sample's seconds are clipped to within 4x of the
+// current line's prediction (one stalled or unexpectedly cached request
+// does not move the line far); without enough spread in tokens (std <
+// fitSpread x mean) the slope is not identifiable and the sample gives a
+// rate through the current intercept; the published rate moves 20% of the
+// way to the new estimate, at most 8x per sample, and stays within
+// [rateFloor, rateCeil]; the intercept is clamped to [0, mean ttft]. When
+// the engine reports its own prefill timings (engineRate > 0), that rate is
+// published and the fit gives the intercept only.
+type rateFit struct {
+	n, mx, my, mxx, mxy float64
+}
+
+const (
+	fitWeight     = 0.05
+	fitSpread     = 0.25
+	fitMinSamples = 8
+	fitClip       = 4
+	rateFloor     = 1
+	rateCeil      = 1e9
+)
+
+func (f *rateFit) add(x, y, rate, over, engineRate float64) (newRate, newOver float64) {
+	if f.n >= fitMinSamples {
+		if pred := over + x/rate; pred > 0 {
+			y = min(max(y, pred/fitClip), pred*fitClip)
+		}
+	}
+	f.n++
+	w := max(1/f.n, fitWeight)
+	f.mx += w * (x - f.mx)
+	f.my += w * (y - f.my)
+	f.mxx += w * (x*x - f.mxx)
+	f.mxy += w * (x*y - f.mxy)
+	if engineRate > 0 {
+		rate = engineRate
+	} else {
+		varx := f.mxx - f.mx*f.mx
+		next := rate
+		if f.n >= fitMinSamples && varx > fitSpread*fitSpread*f.mx*f.mx {
+			if b := (f.mxy - f.mx*f.my) / varx; b > 0 {
+				next = 1 / b
+			}
+		} else if x > 0 {
+			next = x / max(y-over, y/2)
+		}
+		rate += 0.2 * (min(max(next, rate/8), rate*8) - rate)
+		rate = min(max(rate, rateFloor), rateCeil)
+	}
+	return rate, min(max(f.my-f.mx/rate, 0), f.my)
+}

@@ -1,0 +1,111 @@
+package affinity
+
+import (
+	"slices"
+)
+
+// Snapshots for /debug and metrics: per-replica status and router counters.
+
+// ReplicaStatus is a snapshot of one replica for /debug and metrics.
+type ReplicaStatus struct {
+	ID                   ReplicaID
+	Name                 string
+	Models               []string
+	Healthy              bool
+	Draining             bool
+	Weight               float64
+	MaxInFlight          int
+	InFlight             int     // this router's requests in flight
+	PendingPrefillTokens int     // this router's uncached tokens awaiting prefill
+	PeerInFlight         int     // peers' requests in flight (ApplyPeer)
+	PeerPendingTokens    int     // peers' uncached tokens awaiting prefill
+	PrefillTokensPerSec  float64 // current estimate
+	OverheadSeconds      float64 // current estimate of time to first token besides prefill
+	CachedBlocks         int     // blocks the index attributes to it
+	CapacityBlocks       int     // its index bound (effective)
+	Signals              EngineSignals
+	Mispredictions       uint64
+	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
+	SlotSeconds          float64   // D_r: mean time a request holds a batch slot
+	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
+	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
+	TTFT                 TTFTStats // predicted vs measured TTFT
+}
+
+// Replicas returns a snapshot of every replica, by ID. It allocates.
+func (r *Router) Replicas() []ReplicaStatus {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]ReplicaStatus, 0, len(r.reps))
+	for _, p := range r.reps {
+		if p == nil {
+			continue
+		}
+		out = append(out, ReplicaStatus{
+			ID:                   p.id,
+			Name:                 p.spec.Name,
+			Models:               slices.Clone(p.spec.Models),
+			Healthy:              p.healthy.Load(),
+			Draining:             p.draining.Load(),
+			Weight:               p.weight,
+			MaxInFlight:          p.spec.MaxInFlight,
+			InFlight:             int(p.inFlight.Load()),
+			PendingPrefillTokens: int(p.pending.Load()),
+			PeerInFlight:         int(p.peerInFlight.Load()),
+			PeerPendingTokens:    int(p.peerPending.Load()),
+			PrefillTokensPerSec:  loadF(&p.rate),
+			OverheadSeconds:      loadF(&p.overhead),
+			CachedBlocks:         r.idx.blocksOf(p.id),
+			CapacityBlocks:       p.capEff,
+			Signals: EngineSignals{
+				Waiting:          int(p.sigWaiting.Load()),
+				Running:          int(p.sigRunning.Load()),
+				KVUsage:          loadF(&p.sigKV),
+				KVCapacityTokens: int(p.sigKVCap.Load()),
+				BatchSlots:       int(p.model.slotsSig.Load()),
+				At:               p.sigAt.Load(),
+			},
+			Mispredictions:    p.mispredicts.Load(),
+			BatchSlots:        int(p.slots()),
+			SlotSeconds:       p.slotSeconds(),
+			EnginePrefillRate: loadF(&p.model.engRate),
+			Confidence:        p.confidence(),
+			TTFT:              p.ttftStats(),
+		})
+	}
+	return out
+}
+
+// Stats are router-wide counters for metrics.
+type Stats struct {
+	Decisions      uint64 // successful Decide calls
+	ModelNotFound  uint64 // Decide calls that returned ErrModelNotFound
+	NoReplica      uint64 // Decide calls that returned ErrNoReplica
+	Mispredictions uint64 // End reports far below the predicted cached tokens
+	Rollbacks      uint64 // speculative inserts undone (failed before first token)
+	Evictions      uint64 // (block, replica) pairs evicted by LRU bounds
+	TrackedBlocks  int    // distinct block hashes in the index
+	TrackedPairs   int    // (block, replica) pairs in the index
+
+	PromptTokens          uint64 // estimated prompt tokens of begun requests
+	PredictedCachedTokens uint64 // of which predicted cached on their replica at Begin
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() Stats {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return Stats{
+		Decisions:      r.decisions.Load(),
+		ModelNotFound:  r.modelNotFound.Load(),
+		NoReplica:      r.noReplica.Load(),
+		Mispredictions: r.mispredicts.Load(),
+		Rollbacks:      r.rollbacks.Load(),
+		Evictions:      r.idx.evictions,
+		TrackedBlocks:  len(r.idx.blocks),
+		TrackedPairs:   len(r.idx.pairs),
+
+		PromptTokens:          r.promptTokens.Load(),
+		PredictedCachedTokens: r.cachedTokens.Load(),
+	}
+}
