@@ -548,7 +548,7 @@ ranked:
 			continue
 		}
 		r := table[id]
-		if r == nil || r.removed.Load() || !r.tryAcquire() {
+		if r == nil || r.removed.Load() || !s.tryBegin(ex, r, attempts > 0) {
 			continue
 		}
 		attempts++
@@ -556,12 +556,6 @@ ranked:
 		if i < len(ex.dec.CachedTokens) {
 			pred = ex.dec.CachedTokens[i]
 		}
-		if attempts > 1 {
-			ex.decided = s.now()
-		}
-		ex.req.Now = ex.decided
-		ex.flight = affinity.Flight{}
-		s.brain.Begin(id, &ex.req, &ex.dec, &ex.flight)
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)

@@ -210,6 +210,7 @@ func newServer(cfg Config, log *slog.Logger, b brain, newParser func() promptPar
 		closing:       make(chan struct{}),
 		conns:         make(map[net.Conn]struct{}),
 	}
+	s.router, _ = b.(*affinity.Router) // the replicas' eligibility, before any is added
 	s.cors, s.api = newCORS(cfg.CORS), newAPIServer()
 	empty := []*replica{}
 	s.table.Store(&empty)
@@ -698,11 +699,11 @@ func (s *Server) Replicas() []ReplicaStatus {
 		if h := replicaHost(rc); h.IsValid() {
 			st.Host = h.String()
 		}
-		st.InFlight = r.inflight.Load()
-		st.MaxInFlight = r.maxInFlight.Load()
+		st.InFlight = r.inFlight()
+		st.MaxInFlight = r.maxInFlight()
 		st.ConsecutiveFailures = r.consecFail.Load()
 		r.mu.Lock()
-		st.Healthy = r.healthy
+		st.Healthy = r.isHealthy()
 		st.Ejections = r.ejections
 		if time.Now().Before(r.ejectedUntil) {
 			st.EjectedUntil = r.ejectedUntil
