@@ -139,6 +139,18 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
+// parseDecide is the proxy's decision from a raw chat body: ParseChat into
+// pr, the Request q from it, Decide into d.
+func parseDecide(b *testing.B, p *Parser, r *Router, body []byte, pr *Prompt, q *Request, d *Decision) {
+	if err := p.ParseChat(body, pr); err != nil {
+		b.Fatal(err)
+	}
+	*q = Request{Model: pr.Model, Hashes: pr.Hashes, PromptTokens: pr.Tokens, Now: 1}
+	if err := r.Decide(q, d); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // BenchmarkFullDecision: canonicalize + hash + lookup + pick from the raw
 // body, the per-request router cost in the proxy (Begin/End excluded).
 func BenchmarkFullDecision(b *testing.B) {
@@ -154,15 +166,7 @@ func BenchmarkFullDecision(b *testing.B) {
 					q  Request
 					d  Decision
 				)
-				cpuPerOp(b, func() {
-					if err := p.ParseChat(body, &pr); err != nil {
-						b.Fatal(err)
-					}
-					q = Request{Model: pr.Model, Hashes: pr.Hashes, PromptTokens: pr.Tokens, Now: 1}
-					if err := r.Decide(&q, &d); err != nil {
-						b.Fatal(err)
-					}
-				})
+				cpuPerOp(b, func() { parseDecide(b, p, r, body, &pr, &q, &d) })
 			})
 		}
 	}
@@ -366,15 +370,7 @@ func BenchmarkLongPrompt(b *testing.B) {
 				q Request
 				d Decision
 			)
-			cpuPerOp(b, func() {
-				if err := p.ParseChat(body, &pr); err != nil {
-					b.Fatal(err)
-				}
-				q = Request{Model: pr.Model, Hashes: pr.Hashes, PromptTokens: pr.Tokens, Now: 1}
-				if err := r.Decide(&q, &d); err != nil {
-					b.Fatal(err)
-				}
-			})
+			cpuPerOp(b, func() { parseDecide(b, p, r, body, &pr, &q, &d) })
 		})
 	}
 }

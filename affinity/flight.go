@@ -9,12 +9,27 @@ package affinity
 // FirstToken and End. d may be nil. An unknown id leaves f.Replica ==
 // NoReplica and changes nothing.
 func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
+	r.begin(id, req, f, false)
+}
+
+// TryBegin is Begin on a replica below its MaxInFlight: at the limit, or
+// for an unknown id, it reports false, leaves f.Replica == NoReplica and
+// changes nothing. The check and the count are one step under the write
+// lock, so concurrent callers never take a replica past its limit; it is
+// how a caller that routes to a replica it chose (a pinned or fixed
+// target, a retry down the ranking) takes one of its slots.
+func (r *Router) TryBegin(id ReplicaID, req *Request, d *Decision, f *Flight) bool {
+	return r.begin(id, req, f, true)
+}
+
+// begin is Begin; limited refuses a replica at its MaxInFlight.
+func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool {
 	*f = Flight{Replica: NoReplica}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.rep(id)
-	if p == nil {
-		return
+	if p == nil || limited && p.atLimit() {
+		return false
 	}
 	hs := req.Hashes
 	if len(hs) > p.capEff {
@@ -61,6 +76,7 @@ func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) {
 		}
 		r.sink.PeerLoad(id, p.localLoad())
 	}
+	return true
 }
 
 // live returns f's replica if it is still the one f began on. Callers hold mu.

@@ -59,8 +59,13 @@ type replica struct {
 }
 
 func (p *replica) eligible() bool {
-	return p.healthy.Load() && !p.draining.Load() &&
-		(p.maxInFlight <= 0 || p.inFlight.Load() < p.maxInFlight)
+	return p.healthy.Load() && !p.draining.Load() && !p.atLimit()
+}
+
+// atLimit reports whether this router's requests in flight on p reached
+// its MaxInFlight (peers' requests do not count: limits are local).
+func (p *replica) atLimit() bool {
+	return p.maxInFlight > 0 && p.inFlight.Load() >= p.maxInFlight
 }
 
 func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }

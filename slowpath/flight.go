@@ -10,11 +10,22 @@ import (
 // keeps the replica's in-flight load, pending prefill and speculative index
 // entries from these three calls; each attempt that begins ends once.
 
-// beginFlight starts the attempt on replica id at ex.decided.
-func (ex *exchange) beginFlight(id affinity.ReplicaID) {
-	ex.req.Now = ex.decided
-	ex.flight = affinity.Flight{}
-	ex.s.brain.Begin(id, &ex.req, &ex.dec, &ex.flight)
+// beginFlight takes one of r's in-flight slots and starts the attempt on
+// it, at ex.decided for the first attempt and now for a retry: affinity
+// checks r's in-flight limit and counts the request in one step
+// (Router.TryBegin). false: r is at its limit, nothing began.
+func (ex *exchange) beginFlight(r *replica, retry bool) bool {
+	now := ex.decided
+	if retry {
+		now = ex.s.now()
+	}
+	ex.req.Now = now
+	if !ex.s.brain.TryBegin(r.id, &ex.req, &ex.dec, &ex.flight) {
+		return false
+	}
+	ex.decided = now
+	r.m.inFlight.Inc()
+	return true
 }
 
 // firstToken marks the exchange's first token at now: the replica's

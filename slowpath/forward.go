@@ -104,7 +104,7 @@ ranked:
 			continue
 		}
 		r := table[id]
-		if r == nil || r.removed.Load() || !r.tryAcquire() {
+		if r == nil || r.removed.Load() || !ex.beginFlight(r, attempts > 0) {
 			continue
 		}
 		attempts++
@@ -112,10 +112,6 @@ ranked:
 		if i < len(ex.dec.CachedTokens) {
 			pred = ex.dec.CachedTokens[i]
 		}
-		if attempts > 1 {
-			ex.decided = s.now()
-		}
-		ex.beginFlight(id)
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)

@@ -208,7 +208,7 @@ func (s *Server) modelSlots(model string) int {
 		if r == nil || !r.isHealthy() || !r.serves(mb) {
 			continue
 		}
-		l := r.maxInFlight.Load()
+		l := r.maxInFlight()
 		if l <= 0 {
 			return 0
 		}

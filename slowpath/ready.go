@@ -67,7 +67,7 @@ func (s *Server) Ready() (ok bool, reason string) {
 	}
 	for _, r := range s.byNameSnapshot() {
 		r.mu.Lock()
-		h := r.healthy && r.lastProbeErr == ""
+		h := r.isHealthy() && r.lastProbeErr == ""
 		r.mu.Unlock()
 		if h {
 			return true, ""

@@ -18,22 +18,24 @@ import (
 )
 
 // replica is one engine behind the router. The hot path reads id, hc, cfg
-// (through an atomic pointer), inflight and consecFail; the rest belongs to
-// the replica's control goroutine and the passive-ejection path under mu.
+// (through an atomic pointer) and consecFail; the rest belongs to the
+// replica's control goroutine and the passive-ejection path under mu. Its
+// eligibility (healthy, at its in-flight limit) and in-flight count are
+// the affinity Router's (rt): the health checks and passive ejection here
+// decide, rt.SetHealthy records, and every reader asks rt.
 type replica struct {
 	id   affinity.ReplicaID
 	name string
+	rt   *affinity.Router
 	hc   *fasthttp.HostClient // proxied traffic
 	ctl  *fasthttp.HostClient // health checks and scrapes
 	auth []byte               // Authorization towards the engine; nil = the client's (tls.go)
 	cfg  atomic.Pointer[ReplicaConfig]
 
-	inflight    atomic.Int64
-	maxInFlight atomic.Int64 // 0 = unlimited
-	consecFail  atomic.Int32
-	removed     atomic.Bool
-	firstRound  bool        // of the starting configuration: its first probe counts toward readiness
-	scrapeBig   atomic.Bool // the last scrape's body was over scrape.body_size_limit
+	consecFail atomic.Int32
+	removed    atomic.Bool
+	firstRound bool        // of the starting configuration: its first probe counts toward readiness
+	scrapeBig  atomic.Bool // the last scrape's body was over scrape.body_size_limit
 
 	stop chan struct{}
 	done chan struct{}
@@ -41,7 +43,6 @@ type replica struct {
 	log  *slog.Logger
 
 	mu           sync.Mutex
-	healthy      bool
 	activeOK     int
 	activeFail   int
 	ejectedUntil time.Time
@@ -69,36 +70,24 @@ func (r *replica) modelMetrics(model []byte) *modelMetrics {
 	return &r.m.models[0]
 }
 
-// tryAcquire takes one of the replica's in-flight slots.
-func (r *replica) tryAcquire() bool {
-	limit := r.maxInFlight.Load()
-	for {
-		n := r.inflight.Load()
-		if limit > 0 && n >= limit {
-			return false
-		}
-		if r.inflight.CompareAndSwap(n, n+1) {
-			r.m.inFlight.Inc()
-			return true
-		}
-	}
-}
-
+// release follows the End of a flight beginFlight began: the in-flight gauge.
 func (r *replica) release() {
-	r.inflight.Add(-1)
 	r.m.inFlight.Dec()
 }
 
-func (r *replica) full() bool {
-	limit := r.maxInFlight.Load()
-	return limit > 0 && r.inflight.Load() >= limit
-}
+// full reports whether r is at its in-flight limit.
+func (r *replica) full() bool { return r.rt.AtLimit(r.id) }
 
-func (r *replica) isHealthy() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.healthy
-}
+// isHealthy reports whether r is in rotation. A removed replica is not
+// (its id may already name another).
+func (r *replica) isHealthy() bool { return !r.removed.Load() && r.rt.Healthy(r.id) }
+
+// inFlight is this router's requests in flight on r.
+func (r *replica) inFlight() int64 { return int64(r.rt.InFlight(r.id)) }
+
+// maxInFlight is r's in-flight limit (Server.maxInFlight of its config);
+// 0 = unlimited.
+func (r *replica) maxInFlight() int64 { return int64(r.rt.MaxInFlight(r.id)) }
 
 // serves reports whether the replica serves model.
 func (r *replica) serves(model []byte) bool {
@@ -158,7 +147,7 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 			if slices.Equal(cur.Models, rc.Models) && sameEngineConn(cur, &rc) {
 				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens &&
 					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec &&
-					cur.BatchSlots == rc.BatchSlots && r.maxInFlight.Load() == int64(s.maxInFlight(&rc)) {
+					cur.BatchSlots == rc.BatchSlots && r.maxInFlight() == int64(s.maxInFlight(&rc)) {
 					continue
 				}
 				if err := s.brain.UpdateReplica(r.id, s.spec(&rc)); err != nil {
@@ -166,7 +155,6 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 					return fmt.Errorf("update replica %s: %w", rc.Address, err)
 				}
 				r.cfg.Store(&rc)
-				r.maxInFlight.Store(int64(s.maxInFlight(&rc)))
 				updated++
 				continue
 			}
@@ -206,6 +194,7 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 
 // removeLocked takes r out of routing; its in-flight requests finish. s.repMu held.
 func (s *Server) removeLocked(r *replica, table []*replica) {
+	n := r.inFlight()
 	s.brain.RemoveReplica(r.id)
 	r.removed.Store(true)
 	close(r.stop)
@@ -214,7 +203,7 @@ func (s *Server) removeLocked(r *replica, table []*replica) {
 	}
 	delete(s.byName, r.name)
 	s.m.forgetReplica(r.name)
-	r.log.Info("replica removed", "in_flight", r.inflight.Load())
+	r.log.Info("replica removed", "in_flight", n)
 }
 
 func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig, ec engineConn) *replica {
@@ -222,6 +211,7 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig, ec engineC
 	r := &replica{
 		id:   id,
 		name: rc.Address,
+		rt:   s.brain,
 		hc: &fasthttp.HostClient{
 			Addr:                          rc.Address,
 			MaxConns:                      u.MaxConnsPerReplica,
@@ -249,12 +239,10 @@ func (s *Server) newReplica(id affinity.ReplicaID, rc *ReplicaConfig, ec engineC
 		done:       make(chan struct{}),
 		m:          s.m.forReplica(rc.Address, rc.Models),
 		log:        s.log.With("replica", rc.Address),
-		healthy:    true, // optimistic: passive ejection catches a dead one
 		admittedAt: time.Now(),
 	}
 	r.cfg.Store(rc)
-	r.maxInFlight.Store(int64(s.maxInFlight(rc)))
-	r.m.healthy.Set(1)
+	r.m.healthy.Set(1) // AddReplica admits it: passive ejection catches a dead one
 	if r.auth = ec.auth; r.auth != nil {
 		s.ops.anyAuth.Store(true)
 	}
@@ -291,13 +279,11 @@ func (s *Server) dialer(timeout time.Duration) fasthttp.DialFunc {
 	}
 }
 
-// setHealthy flips the replica's routing eligibility; r.mu held.
+// setHealthyLocked flips the replica's routing eligibility in the affinity
+// Router; r.mu held (the health checks and passive ejection of r take it,
+// so the check and the flip are one step).
 func (s *Server) setHealthyLocked(r *replica, h bool, why string) {
-	if r.healthy == h {
-		return
-	}
-	r.healthy = h
-	if r.removed.Load() {
+	if r.removed.Load() || r.rt.Healthy(r.id) == h {
 		return
 	}
 	s.brain.SetHealthy(r.id, h)
@@ -325,7 +311,7 @@ func (s *Server) proxyFailed(r *replica, err error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.healthy {
+	if !r.isHealthy() {
 		return
 	}
 	now := time.Now()
@@ -440,7 +426,7 @@ func (s *Server) probe(r *replica) {
 	r.activeFail = 0
 	r.activeOK++
 	r.lastProbeErr = ""
-	if !r.healthy && r.activeOK >= h.HealthyThreshold && !time.Now().Before(r.ejectedUntil) {
+	if !r.isHealthy() && r.activeOK >= h.HealthyThreshold && !time.Now().Before(r.ejectedUntil) {
 		s.setHealthyLocked(r, true, fmt.Sprintf("%d consecutive good health checks", r.activeOK))
 	}
 }

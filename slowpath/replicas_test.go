@@ -24,6 +24,35 @@ func replicaStatus(t testing.TB, s *Server, name string) ReplicaStatus {
 	return ReplicaStatus{}
 }
 
+// openStream starts a streamed chat request and returns its body once the
+// first event arrived (the stream is in flight); closed at cleanup.
+func openStream(t testing.TB, url string) *bufio.Reader {
+	t.Helper()
+	resp, err := testClient.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	br := bufio.NewReader(resp.Body)
+	readEvent(t, br)
+	return br
+}
+
+// postOKAvoiding sends n chat requests, each must succeed, none may reach e.
+func postOKAvoiding(t testing.TB, url string, e *fakeEngine, n int, why string) {
+	t.Helper()
+	before := e.requests.Load()
+	for range n {
+		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+			t.Fatalf("%d %s", st, body)
+		}
+	}
+	if e.requests.Load() != before {
+		t.Fatal(why)
+	}
+}
+
 func TestActiveHealthOutAndReadmitted(t *testing.T) {
 	a, b := startFakeEngine(t), startFakeEngine(t)
 	cfg := testConfig(a.addr, b.addr)
@@ -31,15 +60,7 @@ func TestActiveHealthOutAndReadmitted(t *testing.T) {
 	s, url := newTestServer(t, cfg)
 	a.Unhealthy.Store(true)
 	waitFor(t, "a out of rotation", func() bool { return !replicaStatus(t, s, a.addr).Healthy })
-	before := a.requests.Load()
-	for range 10 {
-		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
-			t.Fatalf("%d %s", st, body)
-		}
-	}
-	if a.requests.Load() != before {
-		t.Fatal("an unhealthy replica received requests")
-	}
+	postOKAvoiding(t, url, a, 10, "an unhealthy replica received requests")
 	a.Unhealthy.Store(false)
 	waitFor(t, "a re-admitted", func() bool { return replicaStatus(t, s, a.addr).Healthy })
 	// Both unhealthy: 503 in OpenAI form.
@@ -183,14 +204,7 @@ func TestRemovedReplicaFinishesItsStream(t *testing.T) {
 	a.Gate = make(chan struct{})
 	cfg := testConfig(a.addr)
 	s, url := newTestServer(t, cfg)
-	resp, err := testClient.Post(url+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	readEvent(t, br)
+	br := openStream(t, url)
 	// Replace a by b while a's stream is mid-flight.
 	if err := s.ApplyReplicas([]ReplicaConfig{{Address: b.addr, Models: []string{"m"}}}); err != nil {
 		t.Fatal(err)
@@ -342,4 +356,54 @@ func (w *syncBuffer) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.String()
+}
+
+// TestReplicaStateIsTheRouters: a replica's health, in-flight count and
+// limit have one owner, the affinity Router: what it says is what
+// /debug/replicas shows and what routing and the 429/503 answers follow.
+func TestReplicaStateIsTheRouters(t *testing.T) {
+	a, b := startFakeEngine(t), startFakeEngine(t)
+	cfg := testConfig(a.addr, b.addr)
+	cfg.Health.Interval = time.Hour // only the first probe: the test sets health
+	cfg.Health.Timeout = time.Second
+	cfg.Replicas[0].MaxInFlight = 1
+	s, url := newTestServer(t, cfg)
+	waitFor(t, "the first health round", func() bool { ok, _ := s.Ready(); return ok })
+	rt := s.Router()
+	ida, _ := rt.Lookup(a.addr)
+	idb, _ := rt.Lookup(b.addr)
+	if st := replicaStatus(t, s, a.addr); !st.Healthy || st.MaxInFlight != 1 || st.InFlight != 0 {
+		t.Fatalf("a at start: %+v", st)
+	}
+
+	rt.SetHealthy(ida, false)
+	if replicaStatus(t, s, a.addr).Healthy {
+		t.Fatal("a marked unhealthy in the Router, healthy in /debug/replicas")
+	}
+	postOKAvoiding(t, url, a, 5, "a replica the Router marked unhealthy received requests")
+	rt.SetHealthy(ida, true)
+	rt.SetHealthy(idb, false)
+	if st := replicaStatus(t, s, a.addr); !st.Healthy {
+		t.Fatal("a back in the Router, not in /debug/replicas")
+	}
+
+	// a is the only healthy replica: a stream held open there takes its one
+	// slot, the Router counts it, and the next request finds a at its limit.
+	a.Gate = make(chan struct{})
+	br := openStream(t, url)
+	if st := replicaStatus(t, s, a.addr); st.InFlight != 1 || !rt.AtLimit(ida) || rt.InFlight(ida) != 1 {
+		t.Fatalf("stream in flight on a: status %+v, Router in flight %d, at limit %v", st, rt.InFlight(ida), rt.AtLimit(ida))
+	}
+	st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody)
+	want := "{\"error\":{\"message\":\"Every replica serving model `m` is at its concurrency limit; retry later.\",\"type\":\"rate_limit_exceeded\",\"param\":null,\"code\":\"rate_limit_exceeded\"}}"
+	if st != 429 || body != want {
+		t.Fatalf("request past a's limit: %d %s\nwant 429 %s", st, body, want)
+	}
+	a.open()
+	for readEvent(t, br) != "[DONE]" {
+	}
+	waitFor(t, "a's slot freed", func() bool { return replicaStatus(t, s, a.addr).InFlight == 0 && !rt.AtLimit(ida) })
+	if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 {
+		t.Fatalf("after the stream ended: %d %s", st, body)
+	}
 }

@@ -478,11 +478,11 @@ func (s *Server) Replicas() []ReplicaStatus {
 		if h := replicaHost(rc); h.IsValid() {
 			st.Host = h.String()
 		}
-		st.InFlight = r.inflight.Load()
-		st.MaxInFlight = r.maxInFlight.Load()
+		st.InFlight = r.inFlight()
+		st.MaxInFlight = r.maxInFlight()
 		st.ConsecutiveFailures = r.consecFail.Load()
 		r.mu.Lock()
-		st.Healthy = r.healthy
+		st.Healthy = r.isHealthy()
 		st.Ejections = r.ejections
 		if time.Now().Before(r.ejectedUntil) {
 			st.EjectedUntil = r.ejectedUntil
