@@ -132,12 +132,6 @@ func (x *index) count(h uint64) int32 {
 	return 0
 }
 
-// holds reports whether replica id holds h.
-func (x *index) holds(h uint64, id ReplicaID) bool {
-	ni, _, _ := x.findPair(h, id)
-	return ni >= 0
-}
-
 // insert records that replica id now holds hashes (a chain from its first
 // block), deepest first, evicting the replica's least recent blocks beyond
 // its capacity. Only the first cap blocks are inserted. It returns how many
