@@ -562,6 +562,7 @@ ranked:
 		ex.req.Now = ex.decided
 		ex.flight = affinity.Flight{}
 		s.brain.Begin(id, &ex.req, &ex.dec, &ex.flight)
+		s.guardStarted(ex, r) // the fair queue's prefill guard (queueguard.go)
 		uresp := fasthttp.AcquireResponse()
 		uresp.StreamBody = ex.prompt.Stream
 		ureq.Header.SetHost(r.name)

@@ -619,6 +619,9 @@ func (ex *exchange) firstToken() {
 	ex.firstAt = now
 	ex.s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
+	if ex.ten.pendOn != nil {
+		ex.s.fq.prefilled(ex) // the prefill guard (queueguard.go)
+	}
 }
 
 func (ex *exchange) sseLine(line []byte) {
