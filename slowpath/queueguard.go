@@ -78,11 +78,34 @@ func (q *fairQueue) loadsLocked(model, t string, now int64) (slots int, ok bool)
 	return slots, len(q.reps) > 0
 }
 
-// overLocked reports whether tenant t is over its share of model (after
-// loadsLocked returned slots), and if so the free slots it must leave
-// (tenant.Need).
-func (q *fairQueue) overLocked(model, t string, slots int, now int64) (over bool, need int) {
-	if !tenant.OverShare(q.running[model][t], slots, q.activeLocked(model, now)) {
+// overLocked reports whether the guard holds tenant t back on model: its
+// demand is over its equal share and another active tenant is lighter
+// (tenant.Lighter); placing: the request being placed is not queued. If
+// so it returns the free slots t must leave (tenant.Need).
+func (q *fairQueue) overLocked(model, t string, slots int, now int64, placing bool) (over bool, need int) {
+	sc := q.byModel[model]
+	demandOf := func(x string) int {
+		d := q.running[model][x]
+		if sc != nil {
+			d += sc.QueuedAll(x)
+		}
+		return d
+	}
+	demand, running := demandOf(t), q.running[model][t]
+	if placing {
+		demand++
+	}
+	if !tenant.OverShare(demand, slots, q.activeLocked(model, now)) {
+		return false, 0
+	}
+	lightest := true
+	for o := range q.active[model] { // the active tenants (activeLocked pruned the rest)
+		if o != t && tenant.Lighter(q.running[model][o], demandOf(o), running, demand) {
+			lightest = false
+			break
+		}
+	}
+	if lightest {
 		return false, 0
 	}
 	others := 0
@@ -102,7 +125,7 @@ func (q *fairQueue) guardEligibleLocked(model, t string, now int64) bool {
 	if !ok {
 		return true
 	}
-	over, need := q.overLocked(model, t, slots, now)
+	over, need := q.overLocked(model, t, slots, now, false)
 	for j, l := range q.loads {
 		if over && tenant.MayStart(q.loads, j, need) || !over && l.Free > 0 {
 			return true
@@ -128,7 +151,7 @@ func (q *fairQueue) place(ex *exchange) bool {
 	if !ok {
 		return true
 	}
-	over, need := q.overLocked(m, t, slots, now)
+	over, need := q.overLocked(m, t, slots, now, true)
 	ex.ten.heavy = over
 	d := &ex.dec
 	table := *q.s.table.Load()

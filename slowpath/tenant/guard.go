@@ -7,7 +7,7 @@ type ReplicaLoad struct {
 	// Free is the replica's free slots (its cap less its requests in
 	// flight).
 	Free int
-	// Heavy: a request of a tenant over its share is waiting for its
+	// Heavy: a request of a tenant over its share (OverShare) is waiting for its
 	// first token there (a prefill that would share the engine's batch
 	// steps with a newcomer's).
 	Heavy bool
@@ -16,15 +16,27 @@ type ReplicaLoad struct {
 	Others bool
 }
 
-// OverShare reports whether a tenant running running of a model's slots
-// is at or over its equal share of them while active tenants (at least
-// two) use the model: the tenant the prefill guard holds back. A tenant
+// OverShare reports whether a tenant whose demand (requests running plus
+// queued, the one being placed included) exceeds its equal share of a
+// model's slots while active tenants (at least two) use the model: the
+// tenant the prefill guard holds back, whatever it holds right now (a
+// flood that the guard keeps below its share stays the flood). A tenant
 // alone is never over its share.
-func OverShare(running, slots, active int) bool {
+func OverShare(demand, slots, active int) bool {
 	if active < 2 || slots <= 0 {
 		return false
 	}
-	return running >= max(slots/active, 1)
+	return demand > max(slots/active, 1)
+}
+
+// Lighter reports whether a tenant running running requests with demand
+// (running plus queued) uses the model less than one running than with
+// thanDemand: fewer running, or as many and less demand. The guard never
+// holds back the lightest active tenant, so a quiet tenant that fell
+// behind (its demand above its share after a burst) is not throttled as
+// if it were the flood, and two tenants never hold each other back.
+func Lighter(running, demand, thanRunning, thanDemand int) bool {
+	return running < thanRunning || running == thanRunning && demand < thanDemand
 }
 
 // Need is the free slots a tenant over its share must leave on clean

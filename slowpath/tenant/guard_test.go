@@ -4,19 +4,35 @@ import "testing"
 
 func TestOverShare(t *testing.T) {
 	for _, tc := range []struct {
-		running, slots, active int
-		want                   bool
+		demand, slots, active int
+		want                  bool
 	}{
-		{7, 8, 1, false}, // alone: never held back
-		{3, 8, 2, false}, // below its equal share of 4
-		{4, 8, 2, true},
+		{30, 8, 1, false}, // alone: never held back
+		{4, 8, 2, false},  // within its equal share of 4
+		{5, 8, 2, true},
 		{3, 8, 3, true}, // 8/3 = 2
-		{1, 1, 2, true}, // a share is at least one slot
-		{0, 1, 2, false},
+		{2, 1, 2, true}, // a share is at least one slot
+		{1, 1, 2, false},
 		{5, 0, 2, false}, // no capped slots: the guard does not apply
 	} {
-		if got := OverShare(tc.running, tc.slots, tc.active); got != tc.want {
-			t.Errorf("OverShare(%d, %d, %d) = %v, want %v", tc.running, tc.slots, tc.active, got, tc.want)
+		if got := OverShare(tc.demand, tc.slots, tc.active); got != tc.want {
+			t.Errorf("OverShare(%d, %d, %d) = %v, want %v", tc.demand, tc.slots, tc.active, got, tc.want)
+		}
+	}
+}
+
+func TestLighter(t *testing.T) {
+	for _, tc := range []struct {
+		r, d, tr, td int
+		want         bool
+	}{
+		{1, 1, 6, 30, true},  // the quiet tenant against the flood
+		{5, 8, 3, 30, false}, // a quiet tenant that fell behind holds more: not lighter
+		{3, 5, 3, 30, true},  // as many running, less demand
+		{3, 30, 3, 30, false},
+	} {
+		if got := Lighter(tc.r, tc.d, tc.tr, tc.td); got != tc.want {
+			t.Errorf("Lighter(%d, %d, %d, %d) = %v, want %v", tc.r, tc.d, tc.tr, tc.td, got, tc.want)
 		}
 	}
 }
