@@ -63,7 +63,13 @@ func (q *fairQueue) loadsLocked(model, t string, now int64) (slots int, ok bool)
 		if c <= 0 {
 			return 0, false
 		}
-		l := tenant.ReplicaLoad{Free: max(int(c-r.inflight.Load()), 0)}
+		free := int(c - r.inflight.Load())
+		for _, p := range q.pending[r] {
+			if !p.ten.started {
+				free-- // placed here, its slot not acquired yet
+			}
+		}
+		l := tenant.ReplicaLoad{Free: max(free, 0)}
 		for _, p := range q.pending[r] {
 			if p.ten.pendUntil != 0 && now >= p.ten.pendUntil {
 				continue // a non-streamed request past its predicted TTFT
@@ -174,9 +180,12 @@ func (q *fairQueue) place(ex *exchange) bool {
 		}
 	}
 	if over {
+		// One replica, the best it may start on: placed there at once, so
+		// a request placed next sees its slot taken and its prefill.
 		for i, id := range d.Ranked {
 			if j := index(id); j >= 0 && tenant.MayStart(q.loads, j, need) {
 				add(i)
+				break
 			}
 		}
 	} else {
@@ -201,7 +210,24 @@ func (q *fairQueue) place(ex *exchange) bool {
 	} else {
 		d.CachedTokens = d.CachedTokens[:0] // forward reads it only where present
 	}
-	return len(d.Ranked) > 0
+	if len(d.Ranked) == 0 {
+		return false
+	}
+	if j := index(d.Ranked[0]); j >= 0 {
+		q.pendLocked(ex, q.reps[j], now)
+		ex.ten.started = false
+	}
+	return true
+}
+
+// pendLocked records ex as waiting for its first token on r.
+func (q *fairQueue) pendLocked(ex *exchange, r *replica, now int64) {
+	q.unpendLocked(ex)
+	ex.ten.pendOn, ex.ten.pendUntil = r, 0
+	if !ex.prompt.Stream {
+		ex.ten.pendUntil = now + max(int64(ex.flight.PredictedTTFT()*1e9), 1)
+	}
+	q.pending[r] = append(q.pending[r], ex)
 }
 
 // guardStarted records that ex's attempt on r waits for its first token,
@@ -214,12 +240,12 @@ func (s *Server) guardStarted(ex *exchange, r *replica) {
 	}
 	now := s.now()
 	q.mu.Lock()
-	q.unpendLocked(ex)
-	ex.ten.pendOn, ex.ten.pendUntil = r, 0
-	if !ex.prompt.Stream {
+	if ex.ten.pendOn != r {
+		q.pendLocked(ex, r, now) // placed elsewhere (or a retry): it waits here
+	} else if !ex.prompt.Stream {
 		ex.ten.pendUntil = now + max(int64(ex.flight.PredictedTTFT()*1e9), 1)
 	}
-	q.pending[r] = append(q.pending[r], ex)
+	ex.ten.started = true
 	q.mu.Unlock()
 	q.kick()
 }
@@ -238,7 +264,7 @@ func (q *fairQueue) unpendLocked(ex *exchange) {
 	if r == nil {
 		return
 	}
-	ex.ten.pendOn = nil
+	ex.ten.pendOn, ex.ten.started = nil, false
 	l := q.pending[r]
 	if i := slices.Index(l, ex); i >= 0 {
 		l = slices.Delete(l, i, i+1)
