@@ -277,9 +277,6 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	if q.cfg.Headroom > 0 {
 		q.arrived(ex)
-		if ex.ten.pendOn != nil {
-			q.prefilled(ex) // placed, but its slot went to another: placed anew below
-		}
 	}
 	for {
 		if (w != nil || !q.busy(ex.model)) && !q.atShare(ex) {

@@ -63,13 +63,7 @@ func (q *fairQueue) loadsLocked(model, t string, now int64) (slots int, ok bool)
 		if c <= 0 {
 			return 0, false
 		}
-		free := int(c - r.inflight.Load())
-		for _, p := range q.pending[r] {
-			if !p.ten.started {
-				free-- // placed here, its slot not acquired yet
-			}
-		}
-		l := tenant.ReplicaLoad{Free: max(free, 0)}
+		l := tenant.ReplicaLoad{Free: max(int(c-r.inflight.Load()), 0)}
 		for _, p := range q.pending[r] {
 			if p.ten.pendUntil != 0 && now >= p.ten.pendUntil {
 				continue // a non-streamed request past its predicted TTFT
@@ -180,12 +174,9 @@ func (q *fairQueue) place(ex *exchange) bool {
 		}
 	}
 	if over {
-		// One replica, the best it may start on: placed there at once, so
-		// a request placed next sees its slot taken and its prefill.
 		for i, id := range d.Ranked {
 			if j := index(id); j >= 0 && tenant.MayStart(q.loads, j, need) {
 				add(i)
-				break
 			}
 		}
 	} else {
@@ -210,24 +201,7 @@ func (q *fairQueue) place(ex *exchange) bool {
 	} else {
 		d.CachedTokens = d.CachedTokens[:0] // forward reads it only where present
 	}
-	if len(d.Ranked) == 0 {
-		return false
-	}
-	if j := index(d.Ranked[0]); j >= 0 {
-		q.pendLocked(ex, q.reps[j], now)
-		ex.ten.started = false
-	}
-	return true
-}
-
-// pendLocked records ex as waiting for its first token on r.
-func (q *fairQueue) pendLocked(ex *exchange, r *replica, now int64) {
-	q.unpendLocked(ex)
-	ex.ten.pendOn, ex.ten.pendUntil = r, 0
-	if !ex.prompt.Stream {
-		ex.ten.pendUntil = now + max(int64(ex.flight.PredictedTTFT()*1e9), 1)
-	}
-	q.pending[r] = append(q.pending[r], ex)
+	return len(d.Ranked) > 0
 }
 
 // guardStarted records that ex's attempt on r waits for its first token,
@@ -240,12 +214,12 @@ func (s *Server) guardStarted(ex *exchange, r *replica) {
 	}
 	now := s.now()
 	q.mu.Lock()
-	if ex.ten.pendOn != r {
-		q.pendLocked(ex, r, now) // placed elsewhere (or a retry): it waits here
-	} else if !ex.prompt.Stream {
+	q.unpendLocked(ex)
+	ex.ten.pendOn, ex.ten.pendUntil = r, 0
+	if !ex.prompt.Stream {
 		ex.ten.pendUntil = now + max(int64(ex.flight.PredictedTTFT()*1e9), 1)
 	}
-	ex.ten.started = true
+	q.pending[r] = append(q.pending[r], ex)
 	q.mu.Unlock()
 	q.kick()
 }
@@ -264,7 +238,7 @@ func (q *fairQueue) unpendLocked(ex *exchange) {
 	if r == nil {
 		return
 	}
-	ex.ten.pendOn, ex.ten.started = nil, false
+	ex.ten.pendOn = nil
 	l := q.pending[r]
 	if i := slices.Index(l, ex); i >= 0 {
 		l = slices.Delete(l, i, i+1)

@@ -157,13 +157,10 @@ type tenantState struct {
 	// guard, tenants.queue.headroom).
 	heavy bool
 	// pendOn is the replica where it waits for its first token (the
-	// prefill guard) from the moment it is placed; pendUntil ends a non-streamed request's wait at its
+	// prefill guard); pendUntil ends a non-streamed request's wait at its
 	// predicted TTFT (0: at its first token).
 	pendOn    *replica
 	pendUntil int64
-	// started: the attempt on pendOn holds its slot (until then the
-	// guard counts the slot as taken: placed, not yet acquired).
-	started bool
 }
 
 func (t *tenantState) reset() {

@@ -132,7 +132,6 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 	}
 	alone := len(cfgs)
 	cfgs = append(cfgs, cfg{"flood alone, fair queue", false, true, true, 0, 0, -1})
-	cfgs = append(cfgs, cfg{fmt.Sprintf("flood alone, fair queue, reserve %d of %d slots", sh.reserve, slots), false, true, true, sh.reserve, 0, alone})
 	for _, h := range sh.headroom {
 		cfgs = append(cfgs, cfg{fmt.Sprintf("flood alone, fair queue, prefill guard (headroom %d)", h), false, true, true, 0, h, alone})
 	}

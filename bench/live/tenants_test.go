@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestSmokeTenants runs the tenants scenario alone at smoke sizes: ten
+// TestSmokeTenants runs the tenants scenario alone at smoke sizes: nine
 // rows, every quiet request answered in the six with the quiet tenant,
 // the flood running in every row but the first, each policy row's flood
 // compared with its base, tenants.md and tenants.json written and live.md
@@ -23,7 +23,7 @@ func TestSmokeTenants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Tenants == nil || len(res.Tenants.Rows) != 10 || len(res.Workloads) != 0 || len(res.Overhead) != 0 {
+	if res.Tenants == nil || len(res.Tenants.Rows) != 9 || len(res.Workloads) != 0 || len(res.Overhead) != 0 {
 		t.Fatalf("result %+v", res)
 	}
 	for i, r := range res.Tenants.Rows {
