@@ -35,6 +35,9 @@ func (ex *exchange) firstToken(now int64) {
 	ex.firstAt = now
 	ex.s.brain.FirstToken(&ex.flight, now)
 	ex.mm.ttft.Observe(seconds(now - ex.start))
+	if ex.ten.pendOn != nil {
+		ex.s.fq.prefilled(ex) // the prefill guard (queueguard.go)
+	}
 }
 
 // endFlight ends the attempt with what the engine reported.

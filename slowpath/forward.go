@@ -107,6 +107,7 @@ ranked:
 		if r == nil || r.removed.Load() || !ex.beginFlight(r, attempts > 0) {
 			continue
 		}
+		s.guardStarted(ex, r) // the fair queue's prefill guard (queueguard.go)
 		attempts++
 		pred := 0
 		if i < len(ex.dec.CachedTokens) {

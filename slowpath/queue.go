@@ -25,7 +25,15 @@ type fairQueue struct {
 	mu      sync.Mutex
 	byModel map[string]*tenant.Scheduler[*waiter]
 	lens    []int                     // queued per class over all models
-	running map[string]map[string]int // model -> tenant -> dispatched from here (reserve only)
+	running map[string]map[string]int // model -> tenant -> dispatched from here (reserve, headroom)
+
+	// The prefill guard (tenants.queue.headroom; guard.go).
+	active  map[string]map[string]int64 // model -> tenant -> last arrival
+	pending map[*replica][]*exchange    // requests waiting for their first token
+	reps    []*replica                  // scratch: the model's replicas,
+	loads   []tenant.ReplicaLoad        // and their loads
+	rk      []affinity.ReplicaID        // scratch: a reordered ranking
+	ct      []int
 }
 
 // waiter is one queued request.
@@ -45,7 +53,7 @@ const queuePoll = 250 * time.Millisecond
 
 func newFairQueue(s *Server, cfg FairQueueConfig) *fairQueue {
 	q := &fairQueue{s: s, cfg: cfg, byModel: make(map[string]*tenant.Scheduler[*waiter]), lens: make([]int, len(tenant.Classes)),
-		running: make(map[string]map[string]int)}
+		running: make(map[string]map[string]int), active: make(map[string]map[string]int64), pending: make(map[*replica][]*exchange)}
 	s.wg.Add(1)
 	go q.poll()
 	return q
@@ -140,9 +148,19 @@ func (q *fairQueue) kick() {
 			continue
 		}
 		var eligible func(string) bool
+		reserve := 0
 		if q.cfg.Reserve > 0 {
 			if slots := q.s.modelSlots(m); slots > 0 {
-				eligible = func(t string) bool { return q.running[m][t] < slots-q.cfg.Reserve }
+				reserve = slots - q.cfg.Reserve
+			}
+		}
+		if reserve > 0 || q.cfg.Headroom > 0 {
+			now := q.s.now()
+			eligible = func(t string) bool {
+				if reserve > 0 && q.running[m][t] >= reserve {
+					return false
+				}
+				return q.cfg.Headroom <= 0 || q.guardEligibleLocked(m, t, now)
 			}
 		}
 		it := sc.PopEligible(eligible)
@@ -172,9 +190,9 @@ func (q *fairQueue) atShare(ex *exchange) bool {
 	return q.running[string(ex.model)][ex.ten.name] >= slots-q.cfg.Reserve
 }
 
-// dispatched counts ex as running for its tenant (reserve only).
+// dispatched counts ex as running for its tenant (reserve, headroom).
 func (q *fairQueue) dispatched(ex *exchange) {
-	if q.cfg.Reserve <= 0 || ex.ten.dispatched {
+	if (q.cfg.Reserve <= 0 && q.cfg.Headroom <= 0) || ex.ten.dispatched {
 		return
 	}
 	ex.ten.dispatched = true
@@ -257,6 +275,9 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		s.reject(ctx, apiError{status, "queue_" + reason, typ, code}, msg, "")
 		return false
 	}
+	if q.cfg.Headroom > 0 {
+		q.arrived(ex)
+	}
 	for {
 		if (w != nil || !q.busy(ex.model)) && !q.atShare(ex) {
 			t0 := s.now()
@@ -265,14 +286,15 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			ex.decided = s.now()
 			s.m.decision.Observe(seconds(ex.decided - t0))
 			if err == nil && len(ex.dec.Ranked) > 0 {
-				if w != nil {
-					s.tm.queueWait.WithLabelValues(class).Observe(seconds(ex.decided - enq))
+				if q.place(ex) {
+					if w != nil {
+						s.tm.queueWait.WithLabelValues(class).Observe(seconds(ex.decided - enq))
+					}
+					q.dispatched(ex)
+					return true
 				}
-				q.dispatched(ex)
-				return true
-			}
-			full := err == nil || errors.Is(err, affinity.ErrNoReplica)
-			if !full || !s.anyFull(ex.model) {
+				// Held back by the prefill guard: it waits its turn.
+			} else if full := err == nil || errors.Is(err, affinity.ErrNoReplica); !full || !s.anyFull(ex.model) {
 				s.rejectUndecided(ctx, ex, err, full)
 				return false
 			}
@@ -292,7 +314,7 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				return shed(fasthttp.StatusTooManyRequests, "queue_full", "The router's queue for priority class `"+class+"` is full; retry later.", errTypeRateLimit, "rate_limit_exceeded")
 			}
 			enq = s.now()
-			if q.cfg.Reserve > 0 {
+			if q.cfg.Reserve > 0 || q.cfg.Headroom > 0 {
 				q.kick() // a reserved slot may be free: no release would come for it
 			}
 		} else {

@@ -75,6 +75,20 @@ type FairQueueConfig struct {
 	// idle. 0 (default): work-conserving, no reserve. Applies only when
 	// every replica of the model has a cap.
 	Reserve int `yaml:"reserve"`
+	// Headroom turns on the prefill guard: while two or more tenants are
+	// active on a model, a tenant at or over its equal share of the
+	// model's slots starts a request only where no other tenant's request
+	// waits for its first token, and only while this many free slots stay
+	// on replicas where no such tenant's prefill runs (with one replica:
+	// on it). Another tenant's request then finds a slot at once on a
+	// replica whose batch steps carry no long prefill. A tenant alone is
+	// never held back. 0 (default): off. Applies only when every replica
+	// of the model has a cap.
+	Headroom int `yaml:"headroom"`
+	// ActiveWindow is how long a tenant counts as active on a model after
+	// its last request arrived (besides while it has requests queued or
+	// running): the tenants sharing the slots for the guard. Default 2s.
+	ActiveWindow time.Duration `yaml:"active_window"`
 }
 
 // Tenants salt values.
@@ -88,7 +102,7 @@ const (
 func DefaultTenants() TenantsConfig {
 	return TenantsConfig{
 		Salt: TenantSaltTenant, DefaultMaxTokens: 1024, PriorityHeader: "X-Warmpath-Priority",
-		Queue: FairQueueConfig{MaxLength: 1024, Timeout: 30 * time.Second, Quantum: 512},
+		Queue: FairQueueConfig{MaxLength: 1024, Timeout: 30 * time.Second, Quantum: 512, ActiveWindow: 2 * time.Second},
 	}
 }
 
@@ -114,6 +128,10 @@ func (t *TenantsConfig) validate(c *Config) error {
 		return fmt.Errorf("tenants.queue.quantum: must be in [1, 16777216], got %d", q.Quantum)
 	case q.Reserve < 0 || q.Reserve > 1<<20:
 		return fmt.Errorf("tenants.queue.reserve: must be in [0, 1048576] (0 = none), got %d", q.Reserve)
+	case q.Headroom < 0 || q.Headroom > 1<<20:
+		return fmt.Errorf("tenants.queue.headroom: must be in [0, 1048576] (0 = off), got %d", q.Headroom)
+	case q.ActiveWindow <= 0 || q.ActiveWindow > time.Hour:
+		return fmt.Errorf("tenants.queue.active_window: must be in (0s, 1h], got %s", q.ActiveWindow)
 	}
 	return nil
 }
@@ -135,6 +153,14 @@ type tenantState struct {
 	// front: forward found every ranked slot taken; the fair queue takes
 	// it back at its tenant's head.
 	front bool
+	// heavy: dispatched while its tenant was over its share (the prefill
+	// guard, tenants.queue.headroom).
+	heavy bool
+	// pendOn is the replica where it waits for its first token (the
+	// prefill guard); pendUntil ends a non-streamed request's wait at its
+	// predicted TTFT (0: at its first token).
+	pendOn    *replica
+	pendUntil int64
 }
 
 func (t *tenantState) reset() {
@@ -327,6 +353,9 @@ func (s *Server) tenantAdmit(ctx *fasthttp.RequestCtx, ex *exchange, ep endpoint
 // tenantEnd returns the exchange's charge, corrected with the engine's
 // usage when it reported one (putExchange: every path out).
 func (s *Server) tenantEnd(ex *exchange) {
+	if ex.ten.pendOn != nil {
+		s.fq.prefilled(ex)
+	}
 	if ex.ten.dispatched {
 		s.fq.finished(ex)
 	}

@@ -42,6 +42,11 @@ type TenantsRow struct {
 	P99Ratio, P50Ratio float64
 	// RoundsP99 is the quiet p99 of every round (the row is the median's).
 	RoundsP99 []float64
+	// FloodVs is the flood's wall req/s over that of the row named
+	// FloodBase (the same load without the row's policy): the policy's
+	// throughput cost for the flood. 0 without a base.
+	FloodVs   float64 `json:",omitempty"`
+	FloodBase string  `json:",omitempty"`
 }
 
 // tenantsShape is the scenario's sizes.
@@ -54,14 +59,15 @@ type tenantsShape struct {
 	quietTok, quietOut [2]int
 	warmup             time.Duration // flood alone before the quiet tenant starts
 	timeScale          float64       // the engines' --time-scale
-	reserve            int           // tenants.queue.reserve of the last row
+	reserve            int           // tenants.queue.reserve of the reserve row
+	headroom           []int         // tenants.queue.headroom of the guard rows
 	queueTimeout       time.Duration
 }
 
 func tenantsSizes(o Options) tenantsShape {
 	s := tenantsShape{engines: 2, seqs: 4, floodConc: 32, quietRequests: 120, quietRPS: 4,
 		floodTok: [2]int{512, 1024}, floodOut: [2]int{64, 64}, quietTok: [2]int{128, 256}, quietOut: [2]int{16, 16},
-		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5, reserve: 2}
+		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5, reserve: 2, headroom: []int{1, 2}}
 	if o.Smoke {
 		s.floodConc, s.quietRequests, s.warmup, s.timeScale = 8, 16, 500*time.Millisecond, o.TimeScale
 	}
@@ -99,20 +105,34 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 		"the quiet tenant sends %d streamed requests of %d-%d-token prompts and %d output tokens, Poisson at %g req/s (model time). "+
 		"Without the fair queue the router has no per-replica cap: the requests pile onto the engines, which queue beyond %d running FIFO. "+
 		"With it, `max_in_flight: %d` per replica (the engines' batch) and `tenants.queue.enabled`: the rest waits at the router, "+
-		"deficit round-robin between the two tenants; the last row also holds %d of the %d slots back from any one tenant (`tenants.queue.reserve`). Latencies in model seconds.",
+		"deficit round-robin between the two tenants. The reserve row also holds %d of the %d slots back from any one tenant (`tenants.queue.reserve`); "+
+		"the prefill guard rows (`tenants.queue.headroom`) hold the tenant over its equal share back, while the other is active, from starting a request where another's first token is pending "+
+		"or where it already prefills, and from taking the last free slots (headroom, less the slots the other tenant holds, at least 1) on replicas without its prefill. "+
+		"The flood-alone rows run the flood for as long as the quiet tenant's schedule lasts, without it. Latencies in model seconds.",
 		sh.engines, sh.seqs, o.TimeScale, sh.floodConc, sh.floodTok[0], sh.floodTok[1], sh.floodOut[0], sh.warmup,
 		sh.quietRequests, sh.quietTok[0], sh.quietTok[1], sh.quietOut[0], sh.quietRPS, sh.seqs, sh.seqs, sh.reserve, sh.engines*sh.seqs)}
 	type cfg struct {
-		name    string
-		flood   bool
-		fair    bool
-		reserve int
+		name         string
+		quiet, flood bool
+		fair         bool
+		reserve      int
+		headroom     int
+		base         int // the row whose flood req/s this row's is compared with; -1 none
 	}
+	slots := sh.engines * sh.seqs
 	cfgs := []cfg{
-		{"quiet tenant alone", false, false, 0},
-		{"flood + quiet, no fair queue", true, false, 0},
-		{"flood + quiet, fair queue", true, true, 0},
-		{fmt.Sprintf("flood + quiet, fair queue, reserve %d of %d slots", sh.reserve, sh.engines*sh.seqs), true, true, sh.reserve},
+		{"quiet tenant alone", true, false, false, 0, 0, -1},
+		{"flood + quiet, no fair queue", true, true, false, 0, 0, -1},
+		{"flood + quiet, fair queue", true, true, true, 0, 0, 1},
+		{fmt.Sprintf("flood + quiet, fair queue, reserve %d of %d slots", sh.reserve, slots), true, true, true, sh.reserve, 0, 2},
+	}
+	for _, h := range sh.headroom {
+		cfgs = append(cfgs, cfg{fmt.Sprintf("flood + quiet, fair queue, prefill guard (headroom %d)", h), true, true, true, 0, h, 2})
+	}
+	alone := len(cfgs)
+	cfgs = append(cfgs, cfg{"flood alone, fair queue", false, true, true, 0, 0, -1})
+	for _, h := range sh.headroom {
+		cfgs = append(cfgs, cfg{fmt.Sprintf("flood alone, fair queue, prefill guard (headroom %d)", h), false, true, true, 0, h, alone})
 	}
 	// Rounds interleave the configurations; each row is the round with
 	// the median quiet p99 (one noisy round on a shared machine does not
@@ -120,35 +140,52 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 	runs := make([][]TenantsRow, len(cfgs))
 	for round := range o.Rounds {
 		for i, c := range cfgs {
-			row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.flood, c.fair, c.reserve)
+			row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.quiet, c.flood, c.fair, c.reserve, c.headroom)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", c.name, err)
 			}
 			row.Config = c.name
-			progress(o, "tenants: round %d: %s: quiet ok %d/%d TTFT p50 %.3fs p99 %.3fs", round+1, c.name, row.Quiet.OK, row.Quiet.Sent,
-				row.Quiet.TTFT.P50, row.Quiet.TTFT.P99)
+			frps := 0.0
+			if row.Flood != nil {
+				frps = row.Flood.RPS
+			}
+			progress(o, "tenants: round %d: %s: quiet ok %d/%d TTFT p50 %.3fs p99 %.3fs; flood %.1f req/s", round+1, c.name, row.Quiet.OK, row.Quiet.Sent,
+				row.Quiet.TTFT.P50, row.Quiet.TTFT.P99, frps)
 			runs[i] = append(runs[i], *row)
 		}
 	}
-	for i := range cfgs {
+	for i, c := range cfgs {
 		rs := runs[i]
-		slices.SortFunc(rs, func(a, b TenantsRow) int { return cmp.Compare(a.Quiet.TTFT.P99, b.Quiet.TTFT.P99) })
+		if c.quiet {
+			slices.SortFunc(rs, func(a, b TenantsRow) int { return cmp.Compare(a.Quiet.TTFT.P99, b.Quiet.TTFT.P99) })
+		} else {
+			slices.SortFunc(rs, func(a, b TenantsRow) int { return cmp.Compare(a.Flood.RPS, b.Flood.RPS) })
+		}
 		row := rs[len(rs)/2]
 		for _, r := range rs {
-			row.RoundsP99 = append(row.RoundsP99, r.Quiet.TTFT.P99)
+			if c.quiet {
+				row.RoundsP99 = append(row.RoundsP99, r.Quiet.TTFT.P99)
+			}
 		}
 		res.Rows = append(res.Rows, row)
 	}
 	if alone := res.Rows[0].Quiet.TTFT; alone.P99 > 0 && alone.P50 > 0 {
 		for i := range res.Rows {
-			res.Rows[i].P99Ratio, res.Rows[i].P50Ratio = res.Rows[i].Quiet.TTFT.P99/alone.P99, res.Rows[i].Quiet.TTFT.P50/alone.P50
+			if cfgs[i].quiet {
+				res.Rows[i].P99Ratio, res.Rows[i].P50Ratio = res.Rows[i].Quiet.TTFT.P99/alone.P99, res.Rows[i].Quiet.TTFT.P50/alone.P50
+			}
+		}
+	}
+	for i, c := range cfgs {
+		if r := &res.Rows[i]; c.base >= 0 && r.Flood != nil && res.Rows[c.base].Flood != nil && res.Rows[c.base].Flood.RPS > 0 {
+			r.FloodVs, r.FloodBase = r.Flood.RPS/res.Rows[c.base].Flood.RPS, cfgs[c.base].name
 		}
 	}
 	return res, nil
 }
 
 func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh tenantsShape, keys string,
-	flood, quiet *workload.Workload, withFlood, fair bool, reserve int) (*TenantsRow, error) {
+	flood, quiet *workload.Workload, withQuiet, withFlood, fair bool, reserve, headroom int) (*TenantsRow, error) {
 	var g child.Group
 	defer g.Stop()
 	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, f.engines, &g)
@@ -161,7 +198,7 @@ func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh te
 	setup.extra = "tenants:\n  keys_file: " + strconv.Quote(keys) + "\n"
 	if fair {
 		setup.maxInFlight = sh.seqs
-		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n    reserve: %d\n", sh.queueTimeout, reserve)
+		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n    reserve: %d\n    headroom: %d\n", sh.queueTimeout, reserve, headroom)
 	}
 	setup.authKey = "sk-quiet"
 	p, listen, _, err := startWarmpath(ctx, o.WarmpathBin, tmp, setup)
@@ -190,12 +227,21 @@ func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh te
 			return nil, ctx.Err()
 		}
 	}
-	qr, err := loadgen.Run(ctx, loadgen.Config{URL: url, Workload: quiet, TimeScale: f.timeScale, Stream: true,
-		MaxDuration: 3 * time.Minute, RequestTimeout: 2 * time.Minute, Header: hdr("sk-quiet")})
-	if err != nil {
-		return nil, err
+	if withQuiet {
+		qr, err := loadgen.Run(ctx, loadgen.Config{URL: url, Workload: quiet, TimeScale: f.timeScale, Stream: true,
+			MaxDuration: 3 * time.Minute, RequestTimeout: 2 * time.Minute, Header: hdr("sk-quiet")})
+		if err != nil {
+			return nil, err
+		}
+		row.Quiet = *qr
+	} else {
+		// The flood alone, for as long as the quiet tenant's schedule.
+		select {
+		case <-time.After(time.Duration(float64(sh.quietRequests) / sh.quietRPS * f.timeScale * float64(time.Second))):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	row.Quiet = *qr
 	if withFlood {
 		stopFlood()
 		row.Flood = <-floodDone
@@ -217,19 +263,31 @@ func (t *TenantsResult) write(w io.Writer) {
 	b := bufio.NewWriter(w)
 	defer b.Flush()
 	fmt.Fprintf(b, "\n## Tenants: a flooding tenant and a quiet one\n\n%s\n\n", t.About)
-	fmt.Fprintf(b, "Each row is the round with the median quiet p99 of %d rounds (configurations interleaved, fresh engines for each); every round's p99 is listed, lowest first.\n\n", len(t.Rows[0].RoundsP99))
-	fmt.Fprintf(b, "| configuration | quiet ok/sent | quiet TTFT p50 | quiet TTFT p99 | p50 vs alone | **p99 vs alone** | p99 of each round | quiet statuses | flood completed | flood req/s (wall) | flood statuses |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(b, "Each row with the quiet tenant is the round with the median quiet p99 of %d rounds (configurations interleaved, fresh engines for each); every round's p99 is listed, lowest first. A flood-alone row is the round with the median flood req/s. "+
+		"**flood vs base** is the flood's req/s over that of the row named in the cell (the same load without the row's policy): what the policy costs the flood.\n\n", len(t.Rows[0].RoundsP99))
+	fmt.Fprintf(b, "| configuration | quiet ok/sent | quiet TTFT p50 | quiet TTFT p99 | p50 vs alone | **p99 vs alone** | p99 of each round | quiet statuses | flood completed | flood req/s (wall) | **flood vs base** | flood statuses |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	var bases []string
 	for _, r := range t.Rows {
-		fl, frps, fst := "-", "-", "-"
+		fl, frps, fvs, fst := "-", "-", "-", "-"
 		if r.Flood != nil {
 			fl, frps, fst = strconv.Itoa(r.Flood.OK), fmt.Sprintf("%.1f", r.Flood.RPS), statuses(r.Flood.StatusCounts)
+		}
+		if r.FloodVs > 0 {
+			fvs = fmt.Sprintf("**%.2fx** (%s)", r.FloodVs, r.FloodBase)
+			if !slices.Contains(bases, r.FloodBase) {
+				bases = append(bases, r.FloodBase)
+			}
+		}
+		if r.Quiet.Sent == 0 {
+			fmt.Fprintf(b, "| %s | - | - | - | - | - | - | - | %s | %s | %s | %s |\n", r.Config, fl, frps, fvs, fst)
+			continue
 		}
 		var each []string
 		for _, p := range r.RoundsP99 {
 			each = append(each, sec(p))
 		}
-		fmt.Fprintf(b, "| %s | %d/%d | %s | %s | %.2fx | **%.2fx** | %s | %s | %s | %s | %s |\n", r.Config, r.Quiet.OK, r.Quiet.Sent,
-			sec(r.Quiet.TTFT.P50), sec(r.Quiet.TTFT.P99), r.P50Ratio, r.P99Ratio, strings.Join(each, ", "), statuses(r.Quiet.StatusCounts), fl, frps, fst)
+		fmt.Fprintf(b, "| %s | %d/%d | %s | %s | %.2fx | **%.2fx** | %s | %s | %s | %s | %s | %s |\n", r.Config, r.Quiet.OK, r.Quiet.Sent,
+			sec(r.Quiet.TTFT.P50), sec(r.Quiet.TTFT.P99), r.P50Ratio, r.P99Ratio, strings.Join(each, ", "), statuses(r.Quiet.StatusCounts), fl, frps, fvs, fst)
 	}
 	fmt.Fprintf(b, "\nThe flood's last streams are cancelled when the quiet tenant's run ends (counted as failures in its statuses, status 0).\n")
 }

@@ -9,9 +9,11 @@ import (
 	"time"
 )
 
-// TestSmokeTenants runs the tenants scenario alone at smoke sizes: four
-// rows, every quiet request answered, the flood running beside it in the
-// two flood rows, tenants.md and tenants.json written and live.md not.
+// TestSmokeTenants runs the tenants scenario alone at smoke sizes: nine
+// rows, every quiet request answered in the six with the quiet tenant,
+// the flood running in every row but the first, each policy row's flood
+// compared with its base, tenants.md and tenants.json written and live.md
+// not.
 func TestSmokeTenants(t *testing.T) {
 	trackChildren(t)
 	out := filepath.Join(t.TempDir(), "out")
@@ -21,15 +23,18 @@ func TestSmokeTenants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Tenants == nil || len(res.Tenants.Rows) != 4 || len(res.Workloads) != 0 || len(res.Overhead) != 0 {
+	if res.Tenants == nil || len(res.Tenants.Rows) != 9 || len(res.Workloads) != 0 || len(res.Overhead) != 0 {
 		t.Fatalf("result %+v", res)
 	}
 	for i, r := range res.Tenants.Rows {
-		if r.Quiet.OK != r.Quiet.Sent || r.Quiet.Sent == 0 || r.Quiet.TTFT.P99 <= 0 {
+		if withQuiet := i < 6; r.Quiet.OK != r.Quiet.Sent || (r.Quiet.Sent > 0) != withQuiet || withQuiet && r.Quiet.TTFT.P99 <= 0 {
 			t.Fatalf("row %s: quiet %+v", r.Config, r.Quiet)
 		}
 		if (r.Flood != nil) != (i > 0) || (r.Flood != nil && r.Flood.OK == 0) {
 			t.Fatalf("row %s: flood %+v", r.Config, r.Flood)
+		}
+		if hasBase := i >= 2 && i != 6; (r.FloodVs > 0) != hasBase {
+			t.Fatalf("row %s: flood vs %q %.2f", r.Config, r.FloodBase, r.FloodVs)
 		}
 	}
 	md, err := os.ReadFile(filepath.Join(out, "tenants.md"))

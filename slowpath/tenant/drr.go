@@ -70,6 +70,15 @@ func (s *Scheduler[T]) Queued(c int, tenant string) int {
 	return 0
 }
 
+// QueuedAll returns tenant's requests queued in every class.
+func (s *Scheduler[T]) QueuedAll(tenant string) int {
+	n := 0
+	for c := range s.classes {
+		n += s.Queued(c, tenant)
+	}
+	return n
+}
+
 // Push queues it. When its class is full, the tenant with the most queued
 // requests gives up its newest one (evicted, to be shed) if it has at
 // least two more than it's tenant; otherwise it is refused (ok false):
