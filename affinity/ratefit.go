@@ -24,10 +24,8 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	switch priced, _ := p.prefill(); {
 	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
 		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
-		p.sampleDecode(o.DecodeSeconds)
 	case f.FirstTokenAt != 0 && !f.buffered:
 		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/priced)
-		p.sampleDecode(float64(now-f.FirstTokenAt) / 1e9)
 	default:
 		p.sampleSlot(float64(now-f.Start)/1e9 - f.slotWait)
 	}

@@ -75,7 +75,6 @@ type ttftModel struct {
 	slotsSig     atomic.Int64  // engine-reported batch slots; 0 = none
 	slotsLearned atomic.Int64  // learned from full-batch scrapes; 0 = none
 	slotSec      atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
-	decSec       atomic.Uint64 // float64 bits: mean decode seconds per request (sampleDecode)
 	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
 	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
 	errN         atomic.Uint64 // predictions checked
@@ -264,9 +263,6 @@ type fleetPrefill struct {
 	// slots: the batch-slot limit last learned on any replica of the pool
 	// (learnSlots), the limit of a replica that has not shown its own.
 	slots atomic.Int64
-	// decSec: EWMA of every pool replica's decode times (sampleDecode),
-	// the reference of a replica's relative speed (replica.prefill).
-	decSec atomic.Uint64
 	// hitReal, hitN: the realised share of predicted hits over every
 	// replica of the pool (replica.confidence before a replica's own).
 	hitReal, hitN atomic.Uint64
@@ -323,21 +319,10 @@ func (p *replica) prefill() (rate, over float64) {
 		return p.ownPrefill()
 	}
 	if r, o, ok := p.fleetModel(); ok {
-		// Scaled by the replica's speed relative to its pool: the pool's
-		// mean decode time per request over its own (first to last token,
-		// measured on every streamed request and identifiable where the
-		// prefill line is not), within [1/4, 4]. An older GPU's steps are
-		// slower for prefill and decode alike.
-		if d, f := loadF(&p.model.decSec), loadF(&p.fleetPrefill.decSec); d > 0 && f > 0 {
-			r *= min(max(f/d, 1/speedClamp), speedClamp)
-		}
 		return r, o
 	}
 	return p.ownPrefill()
 }
-
-// speedClamp bounds a replica's speed relative to its pool (prefill).
-const speedClamp = 4
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
@@ -398,22 +383,6 @@ func (p *replica) sampleSlot(sec float64) {
 	ewma(&p.model.slotSec, sec, slotWeight)
 	if p.fleetSlot != nil {
 		ewma(p.fleetSlot, sec, slotWeight)
-	}
-}
-
-// sampleDecode folds one request's decode time (first to last token) into
-// p's and its pool's means, the reference of p's relative speed; clipped
-// like sampleSlot.
-func (p *replica) sampleDecode(sec float64) {
-	if !(sec > 0) || math.IsInf(sec, 0) {
-		return
-	}
-	if d := loadF(&p.model.decSec); d > 0 {
-		sec = min(max(sec, d/8), d*8)
-	}
-	ewma(&p.model.decSec, sec, slotWeight)
-	if p.fleetPrefill != nil {
-		ewma(&p.fleetPrefill.decSec, sec, slotWeight)
 	}
 }
 

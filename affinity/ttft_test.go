@@ -557,33 +557,3 @@ func TestConfidenceStartsFromThePool(t *testing.T) {
 		t.Fatalf("replica 1 with no finished request of its own counts %d of %d tokens uncached, want the pool's distrust (most of them)", f.UncachedTokens, req.PromptTokens)
 	}
 }
-
-// TestSlowerReplicaPricedSlowerThroughItsDecodeTime: two replicas of one
-// model, one an older GPU whose requests take 3x as long to decode. Both
-// are priced through the model's pooled prefill model, scaled by their
-// speed relative to the pool (decode time), so the slow one's cold prefill
-// is predicted slower: the pool alone would price them alike.
-func TestSlowerReplicaPricedSlowerThroughItsDecodeTime(t *testing.T) {
-	r, ids := buildRouter(t, Config{}, state{n: 2})
-	for i := range 40 {
-		for k, slow := range []float64{1, 3} {
-			unc := 200 + 100*(i%10)
-			req := &Request{Model: []byte("m"), PromptTokens: unc, Now: int64(i) * 1e9}
-			var f Flight
-			r.Begin(ids[k], req, nil, &f)
-			ttft := slow * (0.02 + float64(unc)/20000)
-			r.FirstToken(&f, req.Now+int64(ttft*1e9))
-			r.EndWith(&f, req.Now+int64((ttft+slow*0.2)*1e9), Outcome{OK: true, CachedTokens: 0})
-		}
-	}
-	predict := func(id ReplicaID) float64 {
-		var f Flight
-		r.Begin(id, &Request{Model: []byte("m"), PromptTokens: 8000, Now: 100e9}, nil, &f)
-		defer r.End(&f, 101e9, 0, true)
-		return f.PredictedTTFT()
-	}
-	fast, slow := predict(ids[0]), predict(ids[1])
-	if slow < 1.8*fast {
-		t.Fatalf("predicted cold prefill: fast replica %.3f s, 3x slower replica %.3f s, want it at least 1.8x", fast, slow)
-	}
-}
