@@ -1,3 +1,6 @@
+// About 500 lines, one job: the replica set (add, update, remove, groups,
+// signals) and Decide; flights, the rate fit and status have their own files.
+
 package affinity
 
 import (

@@ -1,3 +1,6 @@
+// About 500 lines, one job: the proxy's replicas (construction, health checks
+// and passive ejection, their metrics); eligibility itself is affinity's.
+
 package slowpath
 
 import (

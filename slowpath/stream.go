@@ -1,3 +1,6 @@
+// About 500 lines, one job: relaying an SSE stream (reads, coalesced writes,
+// stall and idle timeouts, client-gone checks); the scan of its events is sse.go.
+
 package slowpath
 
 import (
