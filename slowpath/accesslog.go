@@ -2,7 +2,6 @@ package slowpath
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -59,7 +58,7 @@ func openAccessLog(dest, format string, dropped prometheus.Counter) (*accessLog,
 	default:
 		f, err := os.OpenFile(dest, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 		if err != nil {
-			return nil, fmt.Errorf("log.access: %w", err)
+			return nil, fieldErrorf("log.access", "%w", err)
 		}
 		w, closer = f, f
 	}

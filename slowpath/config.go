@@ -401,7 +401,7 @@ func ParseConfig(b []byte) (Config, error) {
 func (c *Config) Validate() error {
 	var v fieldErrs
 	if c.Listen == "" {
-		v.addf("listen: must be a host:port address, got empty")
+		v.addf("listen", "must be a host:port address, got empty")
 	} else {
 		v.add(checkAddr("listen", c.Listen))
 	}
@@ -413,163 +413,163 @@ func (c *Config) Validate() error {
 		r := &c.Replicas[i]
 		f := "replicas[" + strconv.Itoa(i) + "]"
 		if r.Address == "" {
-			v.addf("%s.address: required (host:port)", f)
+			v.addf(f+".address", "required (host:port)")
 		} else if err := checkAddr(f+".address", r.Address); err != nil {
 			v.add(err)
 		} else if j, dup := seen[r.Address]; dup {
-			v.addf("%s.address: %q duplicates replicas[%d]", f, r.Address, j)
+			v.addf(f+".address", "%q duplicates replicas[%d]", r.Address, j)
 		} else {
 			seen[r.Address] = i
 		}
 		if len(r.Models) == 0 {
-			v.addf("%s.models: at least one model name required", f)
+			v.addf(f+".models", "at least one model name required")
 		}
 		for j, m := range r.Models {
 			if m == "" {
-				v.addf("%s.models[%d]: must not be empty", f, j)
+				v.addf(f+".models["+strconv.Itoa(j)+"]", "must not be empty")
 			}
 		}
 		if !(r.Weight >= 0 && r.Weight <= 1000) { // also rejects NaN
-			v.addf("%s.weight: must be in [0, 1000] (0 means 1), got %g", f, r.Weight)
+			v.addf(f+".weight", "must be in [0, 1000] (0 means 1), got %g", r.Weight)
 		}
 		if r.BatchSlots < 0 {
-			v.addf("%s.batch_slots: must be >= 0 (0 = discover from the engine), got %d", f, r.BatchSlots)
+			v.addf(f+".batch_slots", "must be >= 0 (0 = discover from the engine), got %d", r.BatchSlots)
 		}
 		if r.KVCapacityTokens < 0 {
-			v.addf("%s.kv_capacity_tokens: must be >= 0 (0 = from engine metrics), got %d", f, r.KVCapacityTokens)
+			v.addf(f+".kv_capacity_tokens", "must be >= 0 (0 = from engine metrics), got %d", r.KVCapacityTokens)
 		}
 		if !(r.PrefillTokensPerSec >= 0) || math.IsInf(r.PrefillTokensPerSec, 0) {
-			v.addf("%s.prefill_tokens_per_sec: must be >= 0 (0 = routing default), got %g", f, r.PrefillTokensPerSec)
+			v.addf(f+".prefill_tokens_per_sec", "must be >= 0 (0 = routing default), got %g", r.PrefillTokensPerSec)
 		}
 		if r.MaxInFlight < 0 {
-			v.addf("%s.max_in_flight: must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", f, r.MaxInFlight)
+			v.addf(f+".max_in_flight", "must be >= 0 (0 = limits.max_in_flight_per_replica), got %d", r.MaxInFlight)
 		}
 		if r.Host != "" {
 			if a, err := netip.ParseAddr(r.Host); err != nil || !a.Is4() {
-				v.addf("%s.host: must be an IPv4 address (the GPU host), got %q", f, r.Host)
+				v.addf(f+".host", "must be an IPv4 address (the GPU host), got %q", r.Host)
 			}
 		}
 	}
 	l := &c.Limits
 	if l.MaxBodyBytes < 1024 || l.MaxBodyBytes > 1<<30 {
-		v.addf("limits.max_body_bytes: must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
+		v.addf("limits.max_body_bytes", "must be in [1024, 1073741824], got %d", l.MaxBodyBytes)
 	}
 	if l.MaxResponseBytes < 1024 || l.MaxResponseBytes > 4<<30 {
-		v.addf("limits.max_response_bytes: must be in [1024, 4294967296], got %d", l.MaxResponseBytes)
+		v.addf("limits.max_response_bytes", "must be in [1024, 4294967296], got %d", l.MaxResponseBytes)
 	}
 	if l.ReadTimeout <= 0 {
-		v.addf("limits.read_timeout: must be > 0, got %s", l.ReadTimeout)
+		v.addf("limits.read_timeout", "must be > 0, got %s", l.ReadTimeout)
 	}
 	if l.WriteTimeout < 0 {
-		v.addf("limits.write_timeout: must be >= 0 (0 = none), got %s", l.WriteTimeout)
+		v.addf("limits.write_timeout", "must be >= 0 (0 = none), got %s", l.WriteTimeout)
 	}
 	if l.StallTimeout <= 0 {
-		v.addf("limits.stall_timeout: must be > 0, got %s", l.StallTimeout)
+		v.addf("limits.stall_timeout", "must be > 0, got %s", l.StallTimeout)
 	}
 	if l.IdleTimeout <= 0 {
-		v.addf("limits.idle_timeout: must be > 0, got %s", l.IdleTimeout)
+		v.addf("limits.idle_timeout", "must be > 0, got %s", l.IdleTimeout)
 	}
 	if l.MaxConnections < -1 {
-		v.addf("limits.max_connections: must be >= -1 (0 = half the fd limit, -1 = no cap), got %d", l.MaxConnections)
+		v.addf("limits.max_connections", "must be >= -1 (0 = half the fd limit, -1 = no cap), got %d", l.MaxConnections)
 	}
 	if l.MaxConnectionsPerClient < 0 {
-		v.addf("limits.max_connections_per_client: must be >= 0 (0 = no cap), got %d", l.MaxConnectionsPerClient)
+		v.addf("limits.max_connections_per_client", "must be >= 0 (0 = no cap), got %d", l.MaxConnectionsPerClient)
 	}
 	if l.MaxInFlight < 0 {
-		v.addf("limits.max_in_flight: must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
+		v.addf("limits.max_in_flight", "must be >= 0 (0 = unlimited), got %d", l.MaxInFlight)
 	}
 	if l.MaxInFlightPerReplica < 0 {
-		v.addf("limits.max_in_flight_per_replica: must be >= 0 (0 = unlimited), got %d", l.MaxInFlightPerReplica)
+		v.addf("limits.max_in_flight_per_replica", "must be >= 0 (0 = unlimited), got %d", l.MaxInFlightPerReplica)
 	}
 	if l.OnLimit != OnLimitReject && l.OnLimit != OnLimitQueue {
-		v.addf("limits.on_limit: must be %q or %q, got %q", OnLimitReject, OnLimitQueue, l.OnLimit)
+		v.addf("limits.on_limit", "must be %q or %q, got %q", OnLimitReject, OnLimitQueue, l.OnLimit)
 	}
 	if l.OnLimit == OnLimitQueue && l.QueueTimeout <= 0 {
-		v.addf("limits.queue_timeout: must be > 0 when on_limit is queue, got %s", l.QueueTimeout)
+		v.addf("limits.queue_timeout", "must be > 0 when on_limit is queue, got %s", l.QueueTimeout)
 	}
 	u := &c.Upstream
 	if u.DialTimeout <= 0 {
-		v.addf("upstream.dial_timeout: must be > 0, got %s", u.DialTimeout)
+		v.addf("upstream.dial_timeout", "must be > 0, got %s", u.DialTimeout)
 	}
 	if u.ResponseTimeout <= 0 {
-		v.addf("upstream.response_timeout: must be > 0, got %s", u.ResponseTimeout)
+		v.addf("upstream.response_timeout", "must be > 0, got %s", u.ResponseTimeout)
 	}
 	if u.IdleTimeout <= 0 {
-		v.addf("upstream.idle_timeout: must be > 0, got %s", u.IdleTimeout)
+		v.addf("upstream.idle_timeout", "must be > 0, got %s", u.IdleTimeout)
 	}
 	if u.MaxConnsPerReplica < 1 {
-		v.addf("upstream.max_conns_per_replica: must be >= 1, got %d", u.MaxConnsPerReplica)
+		v.addf("upstream.max_conns_per_replica", "must be >= 1, got %d", u.MaxConnsPerReplica)
 	}
 	if u.MaxIdleConnDuration <= 0 {
-		v.addf("upstream.max_idle_conn_duration: must be > 0, got %s", u.MaxIdleConnDuration)
+		v.addf("upstream.max_idle_conn_duration", "must be > 0, got %s", u.MaxIdleConnDuration)
 	}
 	if u.MaxAttempts < 1 || u.MaxAttempts > 16 {
-		v.addf("upstream.max_attempts: must be in [1, 16], got %d", u.MaxAttempts)
+		v.addf("upstream.max_attempts", "must be in [1, 16], got %d", u.MaxAttempts)
 	}
 	for i, st := range u.RetryStatuses {
 		if st < 500 || st > 599 {
-			v.addf("upstream.retry_statuses[%d]: must be in [500, 599], got %d", i, st)
+			v.addf("upstream.retry_statuses["+strconv.Itoa(i)+"]", "must be in [500, 599], got %d", st)
 		}
 	}
 	h := &c.Health
 	if h.Path == "" || h.Path[0] != '/' {
-		v.addf("health.path: must start with '/', got %q", h.Path)
+		v.addf("health.path", "must start with '/', got %q", h.Path)
 	}
 	if h.Interval <= 0 {
-		v.addf("health.interval: must be > 0, got %s", h.Interval)
+		v.addf("health.interval", "must be > 0, got %s", h.Interval)
 	} else if h.Timeout <= 0 || h.Timeout > h.Interval {
-		v.addf("health.timeout: must be in (0, health.interval=%s], got %s", h.Interval, h.Timeout)
+		v.addf("health.timeout", "must be in (0, health.interval=%s], got %s", h.Interval, h.Timeout)
 	}
 	if h.HealthyThreshold < 1 || h.HealthyThreshold > 100 {
-		v.addf("health.healthy_threshold: must be in [1, 100], got %d", h.HealthyThreshold)
+		v.addf("health.healthy_threshold", "must be in [1, 100], got %d", h.HealthyThreshold)
 	}
 	if h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > 100 {
-		v.addf("health.unhealthy_threshold: must be in [1, 100], got %d", h.UnhealthyThreshold)
+		v.addf("health.unhealthy_threshold", "must be in [1, 100], got %d", h.UnhealthyThreshold)
 	}
 	p := &c.Passive
 	if p.ConsecutiveFailures < 0 {
-		v.addf("passive.consecutive_failures: must be >= 0 (0 = never eject), got %d", p.ConsecutiveFailures)
+		v.addf("passive.consecutive_failures", "must be >= 0 (0 = never eject), got %d", p.ConsecutiveFailures)
 	}
 	if p.EjectTime <= 0 {
-		v.addf("passive.eject_time: must be > 0, got %s", p.EjectTime)
+		v.addf("passive.eject_time", "must be > 0, got %s", p.EjectTime)
 	} else if p.MaxEjectTime < p.EjectTime {
-		v.addf("passive.max_eject_time: must be >= passive.eject_time=%s, got %s", p.EjectTime, p.MaxEjectTime)
+		v.addf("passive.max_eject_time", "must be >= passive.eject_time=%s, got %s", p.EjectTime, p.MaxEjectTime)
 	}
 	s := &c.Scrape
 	if s.Path == "" || s.Path[0] != '/' {
-		v.addf("scrape.path: must start with '/', got %q", s.Path)
+		v.addf("scrape.path", "must start with '/', got %q", s.Path)
 	}
 	if s.Interval < 0 {
-		v.addf("scrape.interval: must be >= 0 (0 = off), got %s", s.Interval)
+		v.addf("scrape.interval", "must be >= 0 (0 = off), got %s", s.Interval)
 	}
 	if s.Interval > 0 && (s.Timeout <= 0 || s.Timeout > s.Interval) {
-		v.addf("scrape.timeout: must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
+		v.addf("scrape.timeout", "must be in (0, scrape.interval=%s], got %s", s.Interval, s.Timeout)
 	}
 	if s.Interval > 0 && s.StaleAfter < s.Interval {
-		v.addf("scrape.stale_after: must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
+		v.addf("scrape.stale_after", "must be >= scrape.interval=%s, got %s", s.Interval, s.StaleAfter)
 	}
 	if s.BodySizeLimit < 4096 || s.BodySizeLimit > 1<<30 {
-		v.addf("scrape.body_size_limit: must be in [4096, 1073741824], got %d", s.BodySizeLimit)
+		v.addf("scrape.body_size_limit", "must be in [4096, 1073741824], got %d", s.BodySizeLimit)
 	}
 	v.addPrefixed("routing.", c.Routing.Validate())
 	v.add(checkTrusted(c.TrustedProxies))
 	if c.SessionHeader == "" {
-		v.addf("session_header: must be a header name, got empty")
+		v.addf("session_header", "must be a header name, got empty")
 	}
 	if c.ReloadInterval < 0 {
-		v.addf("reload_interval: must be >= 0 (0 = no file watch), got %s", c.ReloadInterval)
+		v.addf("reload_interval", "must be >= 0 (0 = no file watch), got %s", c.ReloadInterval)
 	}
 	if c.DrainTimeout < 0 {
-		v.addf("drain_timeout: must be >= 0, got %s", c.DrainTimeout)
+		v.addf("drain_timeout", "must be >= 0, got %s", c.DrainTimeout)
 	}
 	switch c.Tenancy.SaltFrom {
 	case SaltFromNone, SaltFromAPIKey:
 	case SaltFromHeader:
 		if c.Tenancy.Header == "" {
-			v.addf("tenancy.header: must be set when salt_from is header")
+			v.addf("tenancy.header", "must be set when salt_from is header")
 		}
 	default:
-		v.addf("tenancy.salt_from: must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
+		v.addf("tenancy.salt_from", "must be none, api_key or header, got %q", c.Tenancy.SaltFrom)
 	}
 	v.add(c.Tenants.validate(c))
 	v.add(c.CORS.Validate())
@@ -588,18 +588,18 @@ func LoadHashKey(path string) (key, id uint64, err error) {
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
-		return 0, 0, fmt.Errorf("hash_key_file: %w", err)
+		return 0, 0, fieldErrorf("hash_key_file", "%w", err)
 	}
 	if fi.Mode().Perm()&0o004 != 0 {
-		return 0, 0, fmt.Errorf("hash_key_file: %s is readable by others (mode %v): fix: chmod o-r %s", path, fi.Mode().Perm(), path)
+		return 0, 0, fieldErrorf("hash_key_file", "%s is readable by others (mode %v): fix: chmod o-r %s", path, fi.Mode().Perm(), path)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, 0, fmt.Errorf("hash_key_file: %w", err)
+		return 0, 0, fieldErrorf("hash_key_file", "%w", err)
 	}
 	b = bytes.TrimSpace(b)
 	if len(b) < 16 {
-		return 0, 0, fmt.Errorf("hash_key_file: %s holds %d bytes, want at least 16 (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(b), path)
+		return 0, 0, fieldErrorf("hash_key_file", "%s holds %d bytes, want at least 16 (e.g. head -c 32 /dev/urandom | base64 > %s)", path, len(b), path)
 	}
 	k := sha256.Sum256(append([]byte("warmpath hash key\x00"), b...))
 	i := sha256.Sum256(append([]byte("warmpath hash key id\x00"), b...))
@@ -615,7 +615,7 @@ func parseTrusted(list []string) ([]netip.Prefix, error) {
 		if err != nil {
 			a, aerr := netip.ParseAddr(v)
 			if aerr != nil {
-				return nil, fmt.Errorf("trusted_proxies[%d]: must be an IP address or CIDR prefix, got %q", i, v)
+				return nil, fieldErrorf("trusted_proxies["+strconv.Itoa(i)+"]", "must be an IP address or CIDR prefix, got %q", v)
 			}
 			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
 		}
@@ -629,7 +629,7 @@ func checkTrusted(list []string) error {
 	var v fieldErrs
 	for i, e := range list {
 		if _, err := parseTrusted([]string{e}); err != nil {
-			v.addf("trusted_proxies[%d]: must be an IP address or CIDR prefix, got %q", i, e)
+			v.addf("trusted_proxies["+strconv.Itoa(i)+"]", "must be an IP address or CIDR prefix, got %q", e)
 		}
 	}
 	return errors.Join(v...)
@@ -638,12 +638,12 @@ func checkTrusted(list []string) error {
 func checkAddr(field, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%s: must be host:port, got %q", field, addr)
+		return fieldErrorf(field, "must be host:port, got %q", addr)
 	}
 	_ = host
 	n, err := strconv.Atoi(port)
 	if err != nil || n < 0 || n > 65535 {
-		return fmt.Errorf("%s: port must be in [0, 65535], got %q", field, port)
+		return fieldErrorf(field, "port must be in [0, 65535], got %q", port)
 	}
 	return nil
 }

@@ -71,6 +71,41 @@ func (es ConfigErrors) sort() {
 	})
 }
 
+// fieldError is one validation problem with the path of the field it is
+// about; validationErrors reads the path from here, never from the text.
+// Error prints "field: message" (just the message when field is empty).
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string {
+	if e.field == "" {
+		return e.err.Error()
+	}
+	return e.field + ": " + e.err.Error()
+}
+
+func (e *fieldError) Unwrap() error { return e.err }
+func (e *fieldError) Field() string { return e.field }
+
+// fieldErrorf is fmt.Errorf for a problem with one field (%w wraps as
+// usual); the error prints "field: " and the formatted message.
+func fieldErrorf(field, format string, a ...any) error {
+	return &fieldError{field: field, err: fmt.Errorf(format, a...)}
+}
+
+// errorField is the field path an error carries: that of the outermost
+// error in its chain with a Field method (fieldError, prefixedErr); ok is
+// false when none has one.
+func errorField(err error) (field string, ok bool) {
+	var f interface{ Field() string }
+	if errors.As(err, &f) {
+		return f.Field(), true
+	}
+	return "", false
+}
+
 // fieldErrs collects validation errors; Validate returns errors.Join of
 // them.
 type fieldErrs []error
@@ -81,25 +116,43 @@ func (v *fieldErrs) add(err error) {
 	}
 }
 
-func (v *fieldErrs) addf(format string, a ...any) {
-	*v = append(*v, fmt.Errorf(format, a...))
+// addf adds a problem with field: fieldErrorf(field, format, a...).
+func (v *fieldErrs) addf(field, format string, a ...any) {
+	*v = append(*v, fieldErrorf(field, format, a...))
 }
 
 // addPrefixed adds a sub-config's errors (one or an errors.Join of many)
-// with their field paths prefixed ("routing." + "load_factor ...").
+// with their field paths prefixed ("routing." + "load_factor"). The
+// affinity and cluster packages' Validate errors are plain errors whose
+// message starts with the field's name ("load_factor 0.5: want >= 1",
+// "nkey_seed_file, creds_file: set at most one"); for those the name is
+// that first word (their Validate docs say the messages name the field).
 func (v *fieldErrs) addPrefixed(prefix string, err error) {
 	for _, e := range flatten(err) {
-		*v = append(*v, &prefixedErr{prefix, e})
+		field, ok := errorField(e)
+		if !ok {
+			msg := e.Error()
+			field = msg
+			if end := strings.IndexAny(msg, " :,"); end > 0 {
+				field = msg[:end]
+			}
+		}
+		*v = append(*v, &prefixedErr{field: prefix + field, prefix: prefix, err: e})
 	}
 }
 
+// prefixedErr is a sub-config's error under its parent's prefix: it
+// prints the prefix and the sub-config's message, and carries the full
+// field path.
 type prefixedErr struct {
+	field  string
 	prefix string
 	err    error
 }
 
 func (p *prefixedErr) Error() string { return p.prefix + p.err.Error() }
 func (p *prefixedErr) Unwrap() error { return p.err }
+func (p *prefixedErr) Field() string { return p.field }
 
 // flatten undoes errors.Join, recursively; nil gives nil.
 func flatten(err error) []error {
@@ -117,9 +170,10 @@ func flatten(err error) []error {
 }
 
 // validationErrors turns Validate's error into FieldErrors, each with the
-// field its message starts with and that field's line in src. A field that
-// already has a decode error (in typeErrs) is not reported again: it kept
-// its default, and what validation says of it follows from that.
+// field its error carries (errorField; "" for an error without one) and
+// that field's line in src. A field that already has a decode error (in
+// typeErrs) is not reported again: it kept its default, and what
+// validation says of it follows from that.
 func validationErrors(src []byte, err error, typeErrs ConfigErrors) ConfigErrors {
 	list := flatten(err)
 	if len(list) == 0 {
@@ -129,11 +183,7 @@ func validationErrors(src []byte, err error, typeErrs ConfigErrors) ConfigErrors
 	_ = yaml.Unmarshal(src, &root)
 	out := make(ConfigErrors, 0, len(list))
 	for _, e := range list {
-		msg := e.Error()
-		field := msg
-		if end := strings.IndexAny(msg, " :,"); end > 0 {
-			field = msg[:end]
-		}
+		field, _ := errorField(e)
 		if slices.ContainsFunc(typeErrs, func(t *FieldError) bool { return t.Field != "" && t.Field == field }) {
 			continue
 		}

@@ -2,7 +2,6 @@ package slowpath
 
 import (
 	"bytes"
-	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -20,11 +19,11 @@ func (c *CORSConfig) Validate() error {
 		u, err := url.Parse(o)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
 			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil || strings.HasSuffix(o, "/") {
-			return fmt.Errorf("cors.allowed_origins[%d]: must be \"*\" or scheme://host[:port] (http or https, no path or trailing slash), got %q", i, o)
+			return fieldErrorf("cors.allowed_origins["+strconv.Itoa(i)+"]", "must be \"*\" or scheme://host[:port] (http or https, no path or trailing slash), got %q", o)
 		}
 	}
 	if c.MaxAge < 0 || c.MaxAge > 24*time.Hour {
-		return fmt.Errorf("cors.max_age: must be in [0s, 24h], got %s", c.MaxAge)
+		return fieldErrorf("cors.max_age", "must be in [0s, 24h], got %s", c.MaxAge)
 	}
 	return nil
 }

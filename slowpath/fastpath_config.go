@@ -88,43 +88,43 @@ func (f *FastpathConfig) Validate() error {
 	switch f.Mode {
 	case FastpathAuto, FastpathKernel, FastpathUserspace:
 	default:
-		v.addf("fastpath.mode: must be %q, %q or %q, got %q", FastpathAuto, FastpathKernel, FastpathUserspace, f.Mode)
+		v.addf("fastpath.mode", "must be %q, %q or %q, got %q", FastpathAuto, FastpathKernel, FastpathUserspace, f.Mode)
 	}
 	switch f.Attach {
 	case "auto", "driver", "generic":
 	default:
-		v.addf("fastpath.attach: must be \"auto\", \"driver\" or \"generic\", got %q", f.Attach)
+		v.addf("fastpath.attach", "must be \"auto\", \"driver\" or \"generic\", got %q", f.Attach)
 	}
 	seen := map[netip.AddrPort]int{}
 	for i, s := range f.Services {
 		field := "fastpath.services[" + strconv.Itoa(i) + "]"
 		a, err := netip.ParseAddrPort(s)
 		if err != nil || !a.Addr().Is4() || a.Port() == 0 {
-			v.addf("%s: must be an IPv4 VIP:port with port > 0, got %q", field, s)
+			v.addf(field, "must be an IPv4 VIP:port with port > 0, got %q", s)
 			continue
 		}
 		if j, dup := seen[a]; dup {
-			v.addf("%s: %q duplicates fastpath.services[%d]", field, s, j)
+			v.addf(field, "%q duplicates fastpath.services[%d]", s, j)
 			continue
 		}
 		seen[a] = i
 	}
 	if len(f.Services) > 64 {
-		v.addf("fastpath.services: at most 64, got %d", len(f.Services))
+		v.addf("fastpath.services", "at most 64, got %d", len(f.Services))
 	}
 	if f.EncapSource != "" {
 		if a, err := netip.ParseAddr(f.EncapSource); err != nil || !a.Is4() {
-			v.addf("fastpath.encap_source: must be an IPv4 address of the edge, got %q", f.EncapSource)
+			v.addf("fastpath.encap_source", "must be an IPv4 address of the edge, got %q", f.EncapSource)
 		}
 	}
 	if f.Enabled() && f.Mode != FastpathUserspace && f.Interface == "" {
-		v.addf("fastpath.interface: required (the client-facing interface for XDP) when fastpath.services is set and mode is %q", f.Mode)
+		v.addf("fastpath.interface", "required (the client-facing interface for XDP) when fastpath.services is set and mode is %q", f.Mode)
 	}
 	if f.PinPath == "" || f.PinPath[0] != '/' {
-		v.addf("fastpath.pin_path: must be an absolute path on bpffs, got %q", f.PinPath)
+		v.addf("fastpath.pin_path", "must be an absolute path on bpffs, got %q", f.PinPath)
 	}
 	if f.RebalanceInterval < 10*time.Millisecond || f.RebalanceInterval > time.Minute {
-		v.addf("fastpath.rebalance_interval: must be in [10ms, 1m], got %s", f.RebalanceInterval)
+		v.addf("fastpath.rebalance_interval", "must be in [10ms, 1m], got %s", f.RebalanceInterval)
 	}
 	v.addPrefixed("fastpath.promoter.", f.Promoter.Validate())
 	return errors.Join(v...)

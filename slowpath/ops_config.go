@@ -1,7 +1,6 @@
 package slowpath
 
 import (
-	"errors"
 	"fmt"
 	"time"
 )
@@ -89,10 +88,10 @@ func (l *LogConfig) AccessOn() bool { return l.Access != "" && l.Access != "fals
 // blocks (and the replicas' own tls and auth).
 func (c *Config) validateOps() error {
 	if c.Shutdown.DrainDelay < 0 {
-		return fmt.Errorf("shutdown.drain_delay: must be >= 0 (0 = stop accepting at once), got %s", c.Shutdown.DrainDelay)
+		return fieldErrorf("shutdown.drain_delay", "must be >= 0 (0 = stop accepting at once), got %s", c.Shutdown.DrainDelay)
 	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		return errors.New("tls.cert_file: cert_file and key_file must be set together")
+		return fieldErrorf("tls.cert_file", "cert_file and key_file must be set together")
 	}
 	if err := c.EngineAuth.validate("engine_auth"); err != nil {
 		return err
@@ -101,20 +100,20 @@ func (c *Config) validateOps() error {
 		r := &c.Replicas[i]
 		f := fmt.Sprintf("replicas[%d]", i)
 		if r.APIKey != "" && r.APIKeyFile != "" {
-			return fmt.Errorf("%s.api_key: set api_key or api_key_file, not both", f)
+			return fieldErrorf(f+".api_key", "set api_key or api_key_file, not both")
 		}
 	}
 	switch c.Log.Format {
 	case LogFormatText, LogFormatJSON:
 	default:
-		return fmt.Errorf("log.format: must be %q or %q, got %q", LogFormatText, LogFormatJSON, c.Log.Format)
+		return fieldErrorf("log.format", "must be %q or %q, got %q", LogFormatText, LogFormatJSON, c.Log.Format)
 	}
 	return nil
 }
 
 func (a *EngineAuthConfig) validate(field string) error {
 	if a.APIKey != "" && a.APIKeyFile != "" {
-		return fmt.Errorf("%s.api_key: set api_key or api_key_file, not both", field)
+		return fieldErrorf(field+".api_key", "set api_key or api_key_file, not both")
 	}
 	return nil
 }

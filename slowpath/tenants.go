@@ -2,7 +2,6 @@ package slowpath
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -110,28 +109,28 @@ func (t *TenantsConfig) validate(c *Config) error {
 	switch t.Salt {
 	case TenantSaltTenant, TenantSaltKey, TenantSaltNone:
 	default:
-		return fmt.Errorf("tenants.salt: must be tenant, key or none, got %q", t.Salt)
+		return fieldErrorf("tenants.salt", "must be tenant, key or none, got %q", t.Salt)
 	}
 	q := &t.Queue
 	switch {
 	case t.KeysFile != "" && c.Tenancy.SaltFrom != SaltFromNone:
-		return fmt.Errorf("tenants.keys_file: tenancy.salt_from must be none with a keys file (tenants.salt sets the salt), got %q", c.Tenancy.SaltFrom)
+		return fieldErrorf("tenants.keys_file", "tenancy.salt_from must be none with a keys file (tenants.salt sets the salt), got %q", c.Tenancy.SaltFrom)
 	case t.DefaultMaxTokens < 0 || t.DefaultMaxTokens > 1<<24:
-		return fmt.Errorf("tenants.default_max_tokens: must be in [0, 16777216], got %d", t.DefaultMaxTokens)
+		return fieldErrorf("tenants.default_max_tokens", "must be in [0, 16777216], got %d", t.DefaultMaxTokens)
 	case t.PriorityHeader == "":
-		return errors.New("tenants.priority_header: must be a header name, got empty")
+		return fieldErrorf("tenants.priority_header", "must be a header name, got empty")
 	case q.MaxLength < 1 || q.MaxLength > 1<<20:
-		return fmt.Errorf("tenants.queue.max_length: must be in [1, 1048576], got %d", q.MaxLength)
+		return fieldErrorf("tenants.queue.max_length", "must be in [1, 1048576], got %d", q.MaxLength)
 	case q.Timeout <= 0:
-		return fmt.Errorf("tenants.queue.timeout: must be > 0, got %s", q.Timeout)
+		return fieldErrorf("tenants.queue.timeout", "must be > 0, got %s", q.Timeout)
 	case q.Quantum < 1 || q.Quantum > 1<<24:
-		return fmt.Errorf("tenants.queue.quantum: must be in [1, 16777216], got %d", q.Quantum)
+		return fieldErrorf("tenants.queue.quantum", "must be in [1, 16777216], got %d", q.Quantum)
 	case q.Reserve < 0 || q.Reserve > 1<<20:
-		return fmt.Errorf("tenants.queue.reserve: must be in [0, 1048576] (0 = none), got %d", q.Reserve)
+		return fieldErrorf("tenants.queue.reserve", "must be in [0, 1048576] (0 = none), got %d", q.Reserve)
 	case q.Headroom < 0 || q.Headroom > 1<<20:
-		return fmt.Errorf("tenants.queue.headroom: must be in [0, 1048576] (0 = off), got %d", q.Headroom)
+		return fieldErrorf("tenants.queue.headroom", "must be in [0, 1048576] (0 = off), got %d", q.Headroom)
 	case q.ActiveWindow <= 0 || q.ActiveWindow > time.Hour:
-		return fmt.Errorf("tenants.queue.active_window: must be in (0s, 1h], got %s", q.ActiveWindow)
+		return fieldErrorf("tenants.queue.active_window", "must be in (0s, 1h], got %s", q.ActiveWindow)
 	}
 	return nil
 }
@@ -212,11 +211,11 @@ func (s *Server) startTenants() error {
 // by others (anyone could add a key).
 func loadKeys(path string) (*tenant.Keys, []byte, error) {
 	if err := CheckConfigPerms(path); err != nil {
-		return nil, nil, fmt.Errorf("tenants.keys_file: %w", err)
+		return nil, nil, fieldErrorf("tenants.keys_file", "%w", err)
 	}
 	b, err := readStable(path, os.ReadFile, settleTime)
 	if err != nil {
-		return nil, nil, fmt.Errorf("tenants.keys_file: %w", err)
+		return nil, nil, fieldErrorf("tenants.keys_file", "%w", err)
 	}
 	k, err := tenant.ParseKeys(b)
 	if err != nil {

@@ -46,11 +46,11 @@ func (c *certReloader) reload() (changed bool, err error) {
 	defer c.mu.Unlock()
 	cb, err := os.ReadFile(c.certFile)
 	if err != nil {
-		return false, fmt.Errorf("tls.cert_file: %w", err)
+		return false, fieldErrorf("tls.cert_file", "%w", err)
 	}
 	kb, err := os.ReadFile(c.keyFile)
 	if err != nil {
-		return false, fmt.Errorf("tls.key_file: %w", err)
+		return false, fieldErrorf("tls.key_file", "%w", err)
 	}
 	if c.cur.Load() != nil && bytes.Equal(cb, c.certPEM) && bytes.Equal(kb, c.keyPEM) {
 		return false, nil
@@ -62,7 +62,7 @@ func (c *certReloader) reload() (changed bool, err error) {
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return false, fmt.Errorf("tls.cert_file: %s: %w", c.certFile, err)
+		return false, fieldErrorf("tls.cert_file", "%s: %w", c.certFile, err)
 	}
 	pair.Leaf = leaf
 	c.cur.Store(&pair)
