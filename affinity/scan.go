@@ -545,18 +545,27 @@ func (s *chatScan) messages(i int) (int, bool) {
 		if i, ok = s.message(i); !ok {
 			return 0, false
 		}
-		i = s.ws(i)
-		if i >= len(b) {
-			return 0, false
+		var done bool
+		if i, done, ok = s.arrayNext(i); !ok || done {
+			return i, ok
 		}
-		if b[i] == ']' {
-			return i + 1, true
-		}
-		if b[i] != ',' {
-			return 0, false
-		}
-		i = s.ws(i + 1)
 	}
+}
+
+// arrayNext reads what follows an array element ending at i: the closing
+// bracket (done, i past it) or a comma and the whitespace after it.
+func (s *chatScan) arrayNext(i int) (next int, done, ok bool) {
+	b := s.b
+	i = s.ws(i)
+	switch {
+	case i >= len(b):
+		return 0, false, false
+	case b[i] == ']':
+		return i + 1, true, true
+	case b[i] != ',':
+		return 0, false, false
+	}
+	return s.ws(i + 1), false, true
 }
 
 // message reads one message object. Its content is appended while it is
@@ -729,17 +738,10 @@ func (s *chatScan) content(i int) (int, bool) {
 		if !ok {
 			return 0, false
 		}
-		i = s.ws(i)
-		if i >= len(b) {
-			return 0, false
+		var done bool
+		if i, done, ok = s.arrayNext(i); !ok || done {
+			return i, ok
 		}
-		if b[i] == ']' {
-			return i + 1, true
-		}
-		if b[i] != ',' {
-			return 0, false
-		}
-		i = s.ws(i + 1)
 	}
 }
 
