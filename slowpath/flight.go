@@ -5,10 +5,23 @@ import (
 	"github.com/warmpath/warmpath/affinity"
 )
 
-// The exchange's flight: the only place the proxy tells affinity that an
-// attempt began on a replica, produced its first token and ended. affinity
+// The exchange's decision and flight: the only place the proxy asks
+// affinity for a ranking and tells it that an attempt began on a replica,
+// produced its first token and ended. affinity
 // keeps the replica's in-flight load, pending prefill and speculative index
 // entries from these three calls; each attempt that begins ends once.
+
+// decide ranks the replicas for ex as of now (Router.Decide) and times the
+// decision.
+func (ex *exchange) decide() error {
+	s := ex.s
+	t0 := s.now()
+	ex.req.Now = t0
+	err := s.brain.Decide(&ex.req, &ex.dec)
+	ex.decided = s.now()
+	s.m.decision.Observe(seconds(ex.decided - t0))
+	return err
+}
 
 // beginFlight takes one of r's in-flight slots and starts the attempt on
 // it, at ex.decided for the first attempt and now for a retry: affinity

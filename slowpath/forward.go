@@ -28,11 +28,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		if queue {
 			c = s.freed.wait() // before Decide: a release in between wakes us
 		}
-		t0 := s.now()
-		ex.req.Now = t0
-		err := s.brain.Decide(&ex.req, &ex.dec)
-		ex.decided = s.now()
-		s.m.decision.Observe(seconds(ex.decided - t0))
+		err := ex.decide()
 		if err == nil && len(ex.dec.Ranked) > 0 {
 			if queue {
 				s.freed.done()

@@ -280,11 +280,7 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	for {
 		if (w != nil || !q.busy(ex.model)) && !q.atShare(ex) {
-			t0 := s.now()
-			ex.req.Now = t0
-			err := s.brain.Decide(&ex.req, &ex.dec)
-			ex.decided = s.now()
-			s.m.decision.Observe(seconds(ex.decided - t0))
+			err := ex.decide()
 			if err == nil && len(ex.dec.Ranked) > 0 {
 				if q.place(ex) {
 					if w != nil {
