@@ -516,17 +516,13 @@ func (s *chatScan) streamOptions(i int) (int, bool, bool) {
 		if i, ok = s.skip(i, 1); !ok {
 			return 0, false, false
 		}
-		i = s.ws(i)
-		if i >= len(b) {
+		var done bool
+		if i, done, ok = s.next(i, '}'); !ok {
 			return 0, false, false
 		}
-		if b[i] == '}' {
-			return i + 1, usage, true
+		if done {
+			return i, usage, true
 		}
-		if b[i] != ',' {
-			return 0, false, false
-		}
-		i = s.ws(i + 1)
 	}
 }
 
@@ -546,21 +542,22 @@ func (s *chatScan) messages(i int) (int, bool) {
 			return 0, false
 		}
 		var done bool
-		if i, done, ok = s.arrayNext(i); !ok || done {
+		if i, done, ok = s.next(i, ']'); !ok || done {
 			return i, ok
 		}
 	}
 }
 
-// arrayNext reads what follows an array element ending at i: the closing
-// bracket (done, i past it) or a comma and the whitespace after it.
-func (s *chatScan) arrayNext(i int) (next int, done, ok bool) {
+// next reads what follows an array element or object member ending at i:
+// the closing bracket or brace (done, next past it) or a comma and the
+// whitespace after it.
+func (s *chatScan) next(i int, close byte) (next int, done, ok bool) {
 	b := s.b
 	i = s.ws(i)
 	switch {
 	case i >= len(b):
 		return 0, false, false
-	case b[i] == ']':
+	case b[i] == close:
 		return i + 1, true, true
 	case b[i] != ',':
 		return 0, false, false
@@ -641,17 +638,13 @@ func (s *chatScan) message(i int) (int, bool) {
 				return 0, false
 			}
 		}
-		i = s.ws(i)
-		if i >= len(b) {
+		var done bool
+		if i, done, ok = s.next(i, '}'); !ok {
 			return 0, false
 		}
-		if b[i] == '}' {
+		if done {
 			break
 		}
-		if b[i] != ',' {
-			return 0, false
-		}
-		i = s.ws(i + 1)
 	}
 	if !roleSeen {
 		return 0, false
@@ -670,7 +663,7 @@ func (s *chatScan) message(i int) (int, bool) {
 		p.appendByte(sepCallID)
 		p.appendText(b[callID.lo:callID.hi])
 	}
-	return i + 1, true
+	return i, true
 }
 
 // strField reads a field whose value is used only when it is a string
@@ -739,7 +732,7 @@ func (s *chatScan) content(i int) (int, bool) {
 			return 0, false
 		}
 		var done bool
-		if i, done, ok = s.arrayNext(i); !ok || done {
+		if i, done, ok = s.next(i, ']'); !ok || done {
 			return i, ok
 		}
 	}
@@ -799,17 +792,13 @@ func (s *chatScan) part(i int) (int, bool) {
 				return 0, false
 			}
 		}
-		i = s.ws(i)
-		if i >= len(b) {
+		var done bool
+		if i, done, ok = s.next(i, '}'); !ok {
 			return 0, false
 		}
-		if b[i] == '}' {
+		if done {
 			break
 		}
-		if b[i] != ',' {
-			return 0, false
-		}
-		i = s.ws(i + 1)
 	}
 	if !typSeen || !textSeen {
 		return 0, false
@@ -819,7 +808,7 @@ func (s *chatScan) part(i int) (int, bool) {
 			return 0, false
 		}
 	}
-	return i + 1, true
+	return i, true
 }
 
 func isTextPart(b []byte, typ span) bool {
