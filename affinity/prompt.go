@@ -344,7 +344,21 @@ func (p *Parser) appendMessage(m *fastjson.Value, role []byte) {
 		p.appendText(name)
 		p.appendByte(sepUnit)
 	}
-	c := m.Get("content")
+	p.appendContent(m.Get("content"), false)
+	if id := m.GetStringBytes("tool_call_id"); len(id) > 0 {
+		p.appendByte(sepCallID)
+		p.appendText(id)
+	}
+	if calls := m.Get("tool_calls"); calls != nil && calls.Type() == fastjson.TypeArray {
+		p.appendByte(sepCalls)
+		p.appendJSON(calls)
+	}
+}
+
+// appendContent appends a message's content: a string as text, an array
+// part by part (chat's parts, or the Responses API's when responses), any
+// other value but null as JSON.
+func (p *Parser) appendContent(c *fastjson.Value, responses bool) {
 	switch {
 	case c == nil:
 	case c.Type() == fastjson.TypeString:
@@ -353,18 +367,14 @@ func (p *Parser) appendMessage(m *fastjson.Value, role []byte) {
 	case c.Type() == fastjson.TypeArray:
 		parts, _ := c.Array()
 		for _, part := range parts {
-			p.appendPart(part)
+			if responses {
+				p.appendResponsesPart(part)
+			} else {
+				p.appendPart(part)
+			}
 		}
 	case c.Type() != fastjson.TypeNull:
 		p.appendJSON(c)
-	}
-	if id := m.GetStringBytes("tool_call_id"); len(id) > 0 {
-		p.appendByte(sepCallID)
-		p.appendText(id)
-	}
-	if calls := m.Get("tool_calls"); calls != nil && calls.Type() == fastjson.TypeArray {
-		p.appendByte(sepCalls)
-		p.appendJSON(calls)
 	}
 }
 

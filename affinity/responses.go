@@ -139,20 +139,7 @@ func (p *Parser) appendResponsesItem(it *fastjson.Value, role []byte) {
 	p.appendByte(sepRecord)
 	p.appendText(role)
 	p.appendByte(sepUnit)
-	c := it.Get("content")
-	switch {
-	case c == nil:
-	case c.Type() == fastjson.TypeString:
-		s, _ := c.StringBytes()
-		p.appendText(s)
-	case c.Type() == fastjson.TypeArray:
-		parts, _ := c.Array()
-		for _, part := range parts {
-			p.appendResponsesPart(part)
-		}
-	case c.Type() != fastjson.TypeNull:
-		p.appendJSON(c)
-	}
+	p.appendContent(it.Get("content"), true)
 }
 
 func (p *Parser) appendResponsesPart(part *fastjson.Value) {
