@@ -291,29 +291,3 @@ func (t *TenantsResult) write(w io.Writer) {
 	}
 	fmt.Fprintf(b, "\nThe flood's last streams are cancelled when the quiet tenant's run ends (counted as failures in its statuses, status 0).\n")
 }
-
-// waitKeyed polls url with an API key until it answers 200.
-func waitKeyed(ctx context.Context, url, key string, timeout time.Duration) error {
-	c := &http.Client{Timeout: time.Second}
-	defer c.CloseIdleConnections()
-	var last error
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := c.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("warmpath not ready at %s after %v: %v", url, timeout, last)
-}

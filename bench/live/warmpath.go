@@ -108,11 +108,7 @@ func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (p *chil
 		p.Stop(time.Second)
 		return nil, "", "", err
 	}
-	ready := func() error { return child.WaitReady(ctx, p, "http://"+listen+"/v1/models", 10*time.Second) }
-	if s.authKey != "" {
-		ready = func() error { return waitKeyed(ctx, "http://"+listen+"/v1/models", s.authKey, 10*time.Second) }
-	}
-	if err := ready(); err != nil {
+	if err := child.WaitReadyAuth(ctx, p, "http://"+listen+"/v1/models", s.authKey, 10*time.Second); err != nil {
 		p.Stop(time.Second)
 		return nil, "", "", err
 	}

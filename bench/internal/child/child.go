@@ -128,6 +128,11 @@ func FreeAddr() (string, error) {
 // WaitReady polls GET url until it answers 200, the process dies, ctx ends
 // or timeout passes.
 func WaitReady(ctx context.Context, p *Proc, url string, timeout time.Duration) error {
+	return WaitReadyAuth(ctx, p, url, "", timeout)
+}
+
+// WaitReadyAuth is WaitReady sending key as a bearer token ("" = none).
+func WaitReadyAuth(ctx context.Context, p *Proc, url, key string, timeout time.Duration) error {
 	c := &http.Client{Timeout: time.Second}
 	defer c.CloseIdleConnections()
 	deadline := time.Now().Add(timeout)
@@ -137,6 +142,9 @@ func WaitReady(ctx context.Context, p *Proc, url string, timeout time.Duration) 
 			return err
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
 		resp, err := c.Do(req)
 		if err == nil {
 			resp.Body.Close()
