@@ -160,8 +160,8 @@ func testConfig(addrs ...string) Config {
 	cfg := Default()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Admin = "127.0.0.1:0"
-	cfg.Health.Interval = 20 * time.Millisecond
-	cfg.Health.Timeout = 20 * time.Millisecond
+	cfg.Health.Interval = 100 * time.Millisecond
+	cfg.Health.Timeout = 100 * time.Millisecond // a slow check under -race and load must not eject a live replica
 	cfg.Scrape.Interval = 20 * time.Millisecond
 	cfg.Scrape.Timeout = 20 * time.Millisecond
 	cfg.Scrape.StaleAfter = 100 * time.Millisecond
