@@ -30,6 +30,7 @@ var (
 	perfBL  = flag.String("live.baseline", "", "a second warmpath binary for the proxy-cost bench")
 	perfBLN = flag.String("live.baseline-label", "", "its label in the report (\"\" = baseline)")
 	fullRds = flag.Int("live.rounds", 0, "overhead and perf rounds (0 = default)")
+	fullRR  = flag.Int("live.routing-rounds", 0, "rounds of every routing point (0 = default)")
 )
 
 func TestFull(t *testing.T) {
@@ -47,7 +48,7 @@ func TestFull(t *testing.T) {
 	}
 	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
-		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds,
+		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds, RoutingRounds: *fullRR,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
 	if *fullCmd != "" {
 		opts.Command = *fullCmd

@@ -83,6 +83,12 @@ type Options struct {
 	OverheadRequests int
 	// OverheadConcurrency is the throughput phase's concurrency (32 / 4).
 	OverheadConcurrency int
+	// RoutingRounds repeats every routing point (fleet, workload, rate)
+	// with a fresh workload seed per round (Seed, Seed+1, ...), the
+	// configurations interleaved and their order rotated each round; rows
+	// pool every round's requests and keep each round's figures (3 / 1).
+	// The direct row runs in the first round only.
+	RoutingRounds int
 	// Rounds repeats the overhead bench, targets interleaved, and reports
 	// each figure's median over rounds (3 / 1); the tenants scenario
 	// repeats its rows as many times and keeps the median round.
@@ -182,6 +188,9 @@ func (o Options) withDefaults() Options {
 	if o.Rounds <= 0 {
 		o.Rounds = pick(3, 1)
 	}
+	if o.RoutingRounds <= 0 {
+		o.RoutingRounds = pick(3, 1)
+	}
 	if o.BaselineWarmpathBin != "" && o.BaselineLabel == "" {
 		o.BaselineLabel = "baseline"
 	}
@@ -232,7 +241,8 @@ type FleetResult struct {
 type WorkloadResult struct {
 	Fleet        string
 	Name, Params string
-	Requests     int
+	Requests     int     // per round
+	Rounds       int     // rounds pooled in each row (the direct row: 1)
 	RPS          float64 // cluster arrival rate, requests per (model) second
 	Rows         []RoutingRow
 }
@@ -248,6 +258,17 @@ type RoutingRow struct {
 	// measured (its ttft_prediction_ratio histogram over every replica);
 	// zero for other routers.
 	TTFTModel TTFTModelError `json:",omitempty"`
+	// Rounds are each round's own figures, in round order; the row's
+	// Result pools them.
+	Rounds []RoundFigures `json:",omitempty"`
+}
+
+// RoundFigures is one round of a routing row.
+type RoundFigures struct {
+	Seed      uint64
+	OK, Sent  int
+	Mean, P99 float64 // TTFT
+	HitRate   float64
 }
 
 // OverheadRow is one target of the router-overhead bench in one mode;
@@ -346,7 +367,7 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		res.Fleets = append(res.Fleets, fr)
 		for _, w := range fleetWorkloads(opts, f) {
 			for _, rps := range f.rps {
-				wr, err := runWorkload(ctx, opts, tmp, nginx, f, atRate(w, rps), rps)
+				wr, err := runPoint(ctx, opts, tmp, nginx, f, w.Name, rps)
 				if err != nil {
 					return nil, fmt.Errorf("live: %s: %s at %g req/s: %w", name, w.Name, rps, err)
 				}
@@ -420,7 +441,13 @@ type config struct {
 	engines int
 }
 
-func runWorkload(ctx context.Context, o Options, tmp, nginx string, f fleet, w *workload.Workload, rps float64) (*WorkloadResult, error) {
+// direct is the one-engine reference row (no router).
+func (c config) direct() bool { return c.policy == "" && !c.nginx }
+
+// runPoint runs every configuration on workload name at rate rps,
+// RoutingRounds times (fresh seed per round, configurations interleaved,
+// order rotated), and pools each configuration's rounds into one row.
+func runPoint(ctx context.Context, o Options, tmp, nginx string, f fleet, name string, rps float64) (*WorkloadResult, error) {
 	var cfgs []config
 	for _, p := range o.Policies {
 		cfgs = append(cfgs, config{name: "warmpath " + p, policy: p, engines: f.engines})
@@ -429,17 +456,53 @@ func runWorkload(ctx context.Context, o Options, tmp, nginx string, f fleet, w *
 		cfgs = append(cfgs, config{name: "nginx round-robin", nginx: true, engines: f.engines})
 	}
 	cfgs = append(cfgs, config{name: "direct (1 engine, 1/" + strconv.Itoa(f.engines) + " of the load)", engines: 1})
-	wr := &WorkloadResult{Fleet: f.name, Name: w.Name, Params: w.Params, Requests: len(w.Requests), RPS: rps}
-	for _, c := range cfgs {
-		row, err := runConfig(ctx, o, tmp, nginx, f, c, w)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.name, err)
+	wr := &WorkloadResult{Fleet: f.name, Name: name, RPS: rps, Rounds: o.RoutingRounds}
+	per := make([][]*RoutingRow, len(cfgs))
+	for round := range o.RoutingRounds {
+		ro := o
+		ro.Seed = o.Seed + uint64(round)
+		i := slices.IndexFunc(fleetWorkloads(ro, f), func(w *workload.Workload) bool { return w.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("workload %s not generated for seed %d", name, ro.Seed)
 		}
-		progress(o, "%s: %s at %g req/s / %s: ok %d/%d failed %d, TTFT p50 %.3fs p99 %.3fs, hit %.1f%%",
-			f.name, w.Name, rps, c.name, row.OK, row.Sent, row.Failed, row.TTFT.P50, row.TTFT.P99, 100*row.HitRate)
-		wr.Rows = append(wr.Rows, *row)
+		w := atRate(fleetWorkloads(ro, f)[i], rps)
+		if round == 0 {
+			wr.Params, wr.Requests = w.Params, len(w.Requests)
+		}
+		for k := range cfgs {
+			ci := (k + round) % len(cfgs)
+			c := cfgs[ci]
+			if c.direct() && round > 0 {
+				continue
+			}
+			row, err := runConfig(ctx, ro, tmp, nginx, f, c, w)
+			if err != nil {
+				return nil, fmt.Errorf("%s (round %d): %w", c.name, round+1, err)
+			}
+			progress(o, "%s: %s at %g req/s / %s, round %d/%d: ok %d/%d failed %d, TTFT mean %.3fs p99 %.3fs, hit %.1f%%",
+				f.name, name, rps, c.name, round+1, o.RoutingRounds, row.OK, row.Sent, row.Failed, row.TTFT.Mean, row.TTFT.P99, 100*row.HitRate)
+			per[ci] = append(per[ci], row)
+		}
+	}
+	for i, c := range cfgs {
+		wr.Rows = append(wr.Rows, poolRounds(c, per[i], o.Seed))
 	}
 	return wr, nil
+}
+
+// poolRounds folds one configuration's rounds into one row.
+func poolRounds(c config, rounds []*RoutingRow, seed uint64) RoutingRow {
+	results := make([]*loadgen.Result, len(rounds))
+	row := RoutingRow{Config: c.name, Engines: c.engines}
+	for i, r := range rounds {
+		results[i] = &r.Result
+		row.TTFTModel = row.TTFTModel.merge(r.TTFTModel)
+		row.Rounds = append(row.Rounds, RoundFigures{Seed: seed + uint64(i), OK: r.OK, Sent: r.Sent,
+			Mean: r.TTFT.Mean, P99: r.TTFT.P99, HitRate: r.HitRate})
+	}
+	row.Result = *loadgen.Merge(results...)
+	row.HitRate = row.Result.HitRate()
+	return row
 }
 
 // runConfig starts fresh engines (cold caches) and the router, sends the

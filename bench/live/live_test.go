@@ -3,6 +3,7 @@ package live
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,6 +176,64 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestRoutingRounds: each point runs every configuration once per round,
+// each round on its own workload seed; a row pools its rounds' requests and
+// keeps each round's figures, the direct row runs once.
+func TestRoutingRounds(t *testing.T) {
+	trackChildren(t)
+	opts := Options{Smoke: true, SkipNginx: true, Fleets: []string{FleetEnginesim}, Policies: []string{"cost", "round-robin"},
+		RoutingRounds: 2, Progress: testWriter{t}, skipOverhead: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Workloads) != 2 {
+		t.Fatalf("%d points, want shared-prefix and one-company", len(res.Workloads))
+	}
+	for _, wl := range res.Workloads {
+		if wl.Rounds != 2 || len(wl.Rows) != 3 {
+			t.Fatalf("%s: %d rounds, %d rows", wl.Name, wl.Rounds, len(wl.Rows))
+		}
+		for _, row := range wl.Rows {
+			rounds := 2
+			if strings.HasPrefix(row.Config, "direct") {
+				rounds = 1
+			}
+			if len(row.Rounds) != rounds {
+				t.Fatalf("%s %s: %d rounds, want %d", wl.Name, row.Config, len(row.Rounds), rounds)
+			}
+			sent, lo, hi := 0, row.Rounds[0].Mean, row.Rounds[0].Mean
+			for i, rd := range row.Rounds {
+				if rd.Seed != o1(opts)+uint64(i) || rd.OK != rd.Sent || rd.Mean <= 0 || rd.P99 < rd.Mean/2 {
+					t.Fatalf("%s %s round %d: %+v", wl.Name, row.Config, i, rd)
+				}
+				sent += rd.Sent
+				lo, hi = min(lo, rd.Mean), max(hi, rd.Mean)
+			}
+			if row.Sent != sent || row.OK != sent || row.TTFT.Mean < lo*0.999 || row.TTFT.Mean > hi*1.001 {
+				t.Fatalf("%s %s: pooled sent %d ok %d mean %g, rounds %+v", wl.Name, row.Config, row.Sent, row.OK, row.TTFT.Mean, row.Rounds)
+			}
+		}
+	}
+	// Rounds draw different workloads: the first round's prompts differ
+	// from the second's for the same configuration.
+	var a, b strings.Builder
+	for i, seed := range []uint64{1, 2} {
+		o := opts.withDefaults()
+		o.Seed = seed
+		w := fleetWorkloads(o, fleet{requests: 1 << 20})[0]
+		fmt.Fprint([]*strings.Builder{&a, &b}[i], w.Requests[0].Messages)
+	}
+	if a.String() == b.String() {
+		t.Fatal("seeds 1 and 2 give the same first request")
+	}
+}
+
+// o1 is the first round's seed under opts' defaults.
+func o1(opts Options) uint64 { return opts.withDefaults().Seed }
+
 // TestFailureStopsEverything: a router that dies at start-up (after leaving
 // a grandchild behind) fails the run with its output in the error, and
 // every process the run started, grandchild included, is gone.
@@ -291,6 +350,7 @@ func TestWriteMarkdownHeadline(t *testing.T) {
 			{Config: "nginx round-robin", HitRate: 0.1}, {Config: "warmpath prefix"}, {Config: "direct (1 engine, 1/2 of the load)"}}
 		for i, m := range []float64{cost, lr, rr, ngx, prefix, direct} {
 			out[i].OK, out[i].TTFT.Mean, out[i].TTFT.P99 = 1, m, 2*m
+			out[i].Rounds = []RoundFigures{{OK: 1, Mean: m / 2, P99: m}, {OK: 1, Mean: 1.5 * m, P99: 3 * m}}
 		}
 		return out
 	}
@@ -302,14 +362,18 @@ func TestWriteMarkdownHeadline(t *testing.T) {
 			{Fleet: "enginesim", Name: "v", RPS: 6, Requests: 2, Rows: rows(0.3, 0.25, 0.5, 0.4, 0.1, 0.01)},
 		},
 		KeepAlive: []KeepAliveRow{{Target: "warmpath cost", Sent: 3, Failed: 2, StatusCounts: map[int]int{503: 2, 200: 1}}}}
+	// On v, each round's best baseline differs: least-request's rounds are
+	// 0.125s and 0.375s, nginx's 0.2s and 0.6s, cost's 0.2s and 0.4s: cost /
+	// best per round 1.60x and 1.07x, against each round's own best.
+	r.Workloads[1].Rows[0].Rounds = []RoundFigures{{OK: 1, Mean: 0.2, P99: 0.25}, {OK: 1, Mean: 0.4, P99: 1.5}}
 	var b strings.Builder
 	if err := r.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"| enginesim | w | 6 | 0.200s / 0.400s, 50.0% | nginx round-robin: 0.300s / 0.600s, 10.0% | 0.67x | 0.67x |",
-		"| enginesim | v | 6 | 0.300s / 0.600s, 50.0% | warmpath least-request: 0.250s / 0.500s, 0.0% | 1.20x | 1.20x |",
-		"- enginesim / v at 6 req/s: mean 1.20x, p99 1.20x against warmpath least-request",
+		"| enginesim | w | 6 | 0.200s / 0.400s, 50.0% | nginx round-robin: 0.300s / 0.600s, 10.0% | 0.67x | 0.67x | 0.67x, 0.67x | 0.67x, 0.67x |",
+		"| enginesim | v | 6 | 0.300s / 0.600s, 50.0% | warmpath least-request: 0.250s / 0.500s, 0.0% | 1.20x | 1.20x | 1.07x, 1.60x | 1.00x, 2.00x |",
+		"- enginesim / v at 6 req/s: mean 1.20x, p99 1.20x against warmpath least-request (cost ahead on mean in 0 of 2 rounds)",
 		"- fleet llamacpp left out: needs root",
 		"### Fleet enginesim\n\ntwo engines. Latencies in model seconds.",
 		"| warmpath cost | 2 / 3 | 200 × 1, 503 × 2 |",

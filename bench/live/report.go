@@ -107,14 +107,18 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 			if wl.Fleet != f.Name {
 				continue
 			}
-			fmt.Fprintf(b, "\n#### %s: %s at %g req/s (%g per engine)\n\n%d requests, arrivals rescaled to the rate: `%s`\n\n",
-				f.Name, wl.Name, wl.RPS, wl.RPS/float64(f.Engines), wl.Requests, wl.Params)
-			fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate |\n")
-			fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			fmt.Fprintf(b, "\n#### %s: %s at %g req/s (%g per engine)\n\n%d requests per round, %d round(s) pooled (seeds %d..), arrivals rescaled to the rate: `%s`\n\n",
+				f.Name, wl.Name, wl.RPS, wl.RPS/float64(f.Engines), wl.Requests, max(wl.Rounds, 1), o.Seed, wl.Params)
+			fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate | TTFT mean per round |\n")
+			fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 			for _, row := range wl.Rows {
-				fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% |\n",
+				means := make([]string, len(row.Rounds))
+				for i, rd := range row.Rounds {
+					means[i] = sec(rd.Mean)
+				}
+				fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% | %s |\n",
 					row.Config, row.OK, row.Sent, row.Failed, sec(row.TTFT.P50), sec(row.TTFT.P90), sec(row.TTFT.P99), sec(row.TTFT.Mean),
-					sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate)
+					sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate, strings.Join(means, ", "))
 			}
 			for _, row := range wl.Rows {
 				if len(row.Errors) > 0 {
@@ -211,6 +215,47 @@ type headlinePoint struct {
 	fleet, workload string
 	rps             float64
 	cost, best      *RoutingRow
+	// roundMean and roundP99 are cost / the round's best baseline, per round.
+	roundMean, roundP99 []float64
+}
+
+// roundRatios are cost / best baseline of the same round, per round, for
+// mean and p99 TTFT: each round's best is the lowest of that round's
+// baseline figures (nil when a row lacks rounds).
+func (r *Results) roundRatios(wl *WorkloadResult) (mean, p99 []float64) {
+	var cost *RoutingRow
+	var base []*RoutingRow
+	for i := range wl.Rows {
+		row := &wl.Rows[i]
+		switch {
+		case row.Config == "warmpath cost":
+			cost = row
+		case slices.Contains(baselines, row.Config):
+			base = append(base, row)
+		}
+	}
+	if cost == nil || len(base) == 0 {
+		return nil, nil
+	}
+	for i, c := range cost.Rounds {
+		bm, bp := 0.0, 0.0
+		for _, b := range base {
+			if i >= len(b.Rounds) || b.Rounds[i].OK == 0 {
+				continue
+			}
+			if bm == 0 || b.Rounds[i].Mean < bm {
+				bm = b.Rounds[i].Mean
+			}
+			if bp == 0 || b.Rounds[i].P99 < bp {
+				bp = b.Rounds[i].P99
+			}
+		}
+		if bm <= 0 || bp <= 0 || c.OK == 0 {
+			continue
+		}
+		mean, p99 = append(mean, c.Mean/bm), append(p99, c.P99/bp)
+	}
+	return mean, p99
 }
 
 // ratios are cost / best for mean and p99 TTFT (0 when either is missing).
@@ -226,6 +271,7 @@ func (r *Results) headline() []headlinePoint {
 	var out []headlinePoint
 	for _, wl := range r.Workloads {
 		h := headlinePoint{fleet: wl.Fleet, workload: wl.Name, rps: wl.RPS}
+		h.roundMean, h.roundP99 = r.roundRatios(&wl)
 		for i := range wl.Rows {
 			row := &wl.Rows[i]
 			if row.OK == 0 {
@@ -250,9 +296,11 @@ func (r *Results) writeHeadline(b *bufio.Writer) {
 		return
 	}
 	fmt.Fprintf(b, "\n## Headline\n\nwarmpath's default policy (`cost`) against the best baseline at each point: the lowest mean TTFT of %s. "+
-		"TTFT mean / p99 and prompt-cache hit rate; ratio = cost / best (below 1: cost is faster). "+
-		"enginesim fleets in model seconds, llamacpp in wall seconds.\n\n", strings.Join(baselines, ", "))
-	fmt.Fprintf(b, "| fleet | workload | req/s | warmpath cost | best baseline | mean ratio | p99 ratio |\n|---|---|---:|---|---|---:|---:|\n")
+		"TTFT mean / p99 and prompt-cache hit rate over every round's requests pooled (%d round(s), a fresh workload seed each); "+
+		"ratio = cost / best (below 1: cost is faster). Per round: cost / the best baseline of that round, "+
+		"which shares the round's seed and, configurations interleaved, its stretch of machine noise. "+
+		"enginesim fleets in model seconds, llamacpp in wall seconds.\n\n", strings.Join(baselines, ", "), r.Options.RoutingRounds)
+	fmt.Fprintf(b, "| fleet | workload | req/s | warmpath cost | best baseline | mean ratio | p99 ratio | mean ratio per round | p99 ratio per round |\n|---|---|---:|---|---|---:|---:|---|---|\n")
 	cell := func(row *RoutingRow) string {
 		if row == nil {
 			return "—"
@@ -272,7 +320,8 @@ func (r *Results) writeHeadline(b *bufio.Writer) {
 			best = h.best.Config + ": " + cell(h.best)
 		}
 		m, p := h.ratios()
-		fmt.Fprintf(b, "| %s | %s | %g | %s | %s | %s | %s |\n", h.fleet, h.workload, h.rps, cell(h.cost), best, ratio(m), ratio(p))
+		fmt.Fprintf(b, "| %s | %s | %g | %s | %s | %s | %s | %s | %s |\n", h.fleet, h.workload, h.rps, cell(h.cost), best, ratio(m), ratio(p),
+			ratioList(h.roundMean, ratio), ratioList(h.roundP99, ratio))
 		var what []string
 		if m > 1 {
 			what = append(what, "mean "+ratio(m))
@@ -281,7 +330,8 @@ func (r *Results) writeHeadline(b *bufio.Writer) {
 			what = append(what, "p99 "+ratio(p))
 		}
 		if len(what) > 0 {
-			losses = append(losses, fmt.Sprintf("- %s / %s at %g req/s: %s against %s", h.fleet, h.workload, h.rps, strings.Join(what, ", "), h.best.Config))
+			losses = append(losses, fmt.Sprintf("- %s / %s at %g req/s: %s against %s (cost ahead on mean in %d of %d rounds)",
+				h.fleet, h.workload, h.rps, strings.Join(what, ", "), h.best.Config, atMost1(h.roundMean), len(h.roundMean)))
 		}
 	}
 	if len(losses) == 0 {
@@ -291,6 +341,30 @@ func (r *Results) writeHeadline(b *bufio.Writer) {
 	}
 	fmt.Fprintf(b, "\nWhere cost loses (ratio above 1):\n\n%s\n", strings.Join(losses, "\n"))
 	r.writeTTFTModel(b)
+}
+
+// ratioList prints per-round ratios, lowest first ("—" when none).
+func ratioList(xs []float64, f func(float64) string) string {
+	if len(xs) == 0 {
+		return "—"
+	}
+	s := slices.Sorted(slices.Values(xs))
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = f(x)
+	}
+	return strings.Join(out, ", ")
+}
+
+// atMost1 counts the ratios at or below 1 (rounds cost did not lose).
+func atMost1(xs []float64) int {
+	n := 0
+	for _, x := range xs {
+		if x <= 1 {
+			n++
+		}
+	}
+	return n
 }
 
 // writeTTFTModel writes, per fleet, how far warmpath cost's TTFT model was

@@ -20,6 +20,26 @@ import (
 type TTFTModelError struct {
 	Checked  uint64
 	P50, P90 float64
+
+	cum map[float64]float64 // cumulative count per bucket bound, for merge
+}
+
+// merge pools two histograms' buckets (rows of several rounds).
+func (e TTFTModelError) merge(o TTFTModelError) TTFTModelError {
+	if len(o.cum) == 0 {
+		return e
+	}
+	if len(e.cum) == 0 {
+		return o
+	}
+	cum := make(map[float64]float64, len(e.cum))
+	for b, n := range e.cum {
+		cum[b] = n
+	}
+	for b, n := range o.cum {
+		cum[b] += n
+	}
+	return summarizeRatio(cum)
 }
 
 const ttftRatioMetric = "warmpath_affinity_ttft_prediction_ratio_bucket"
@@ -68,13 +88,18 @@ func parseTTFTModel(text string) (TTFTModelError, error) {
 	if len(cum) == 0 {
 		return TTFTModelError{}, fmt.Errorf("no %s in the metrics", ttftRatioMetric)
 	}
+	return summarizeRatio(cum), nil
+}
+
+// summarizeRatio reads the count and quantiles off cumulative buckets.
+func summarizeRatio(cum map[float64]float64) TTFTModelError {
 	bounds := make([]float64, 0, len(cum))
 	for b := range cum {
 		bounds = append(bounds, b)
 	}
 	slices.Sort(bounds)
 	total := cum[bounds[len(bounds)-1]]
-	out := TTFTModelError{Checked: uint64(total)}
+	out := TTFTModelError{Checked: uint64(total), cum: cum}
 	q := func(p float64) float64 {
 		for _, b := range bounds {
 			if cum[b] >= p*total {
@@ -89,7 +114,7 @@ func parseTTFTModel(text string) (TTFTModelError, error) {
 	if total > 0 {
 		out.P50, out.P90 = q(0.5), q(0.9)
 	}
-	return out, nil
+	return out
 }
 
 // fmtRatio prints a TTFTModelError quantile.

@@ -1,6 +1,9 @@
 package live
 
-import "testing"
+import (
+	"strconv"
+	"testing"
+)
 
 func TestParseTTFTModel(t *testing.T) {
 	text := `# HELP warmpath_affinity_ttft_prediction_ratio x
@@ -27,3 +30,30 @@ warmpath_affinity_ttft_prediction_ratio_sum{replica="b"} 12
 		t.Fatal("no histogram: want an error")
 	}
 }
+
+// Rounds' histograms pool bucket by bucket: two rounds whose medians sit
+// in different buckets have a pooled median set by the larger round.
+func TestTTFTModelMerge(t *testing.T) {
+	hist := func(lo, hi int) string {
+		return "warmpath_affinity_ttft_prediction_ratio_bucket{le=\"0.8\"} " + itoa(lo) + "\n" +
+			"warmpath_affinity_ttft_prediction_ratio_bucket{le=\"2\"} " + itoa(lo+hi) + "\n" +
+			"warmpath_affinity_ttft_prediction_ratio_bucket{le=\"+Inf\"} " + itoa(lo+hi) + "\n"
+	}
+	a, err := parseTTFTModel(hist(9, 1)) // median 0.8
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseTTFTModel(hist(2, 28)) // median 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := a.merge(b)
+	if a.P50 != 0.8 || b.P50 != 2 || m.Checked != 40 || m.P50 != 2 || m.P90 != 2 {
+		t.Fatalf("a %+v b %+v merged %+v", a, b, m)
+	}
+	if got := (TTFTModelError{}).merge(a); got.Checked != 10 || got.P50 != 0.8 {
+		t.Fatalf("empty merged with a: %+v", got)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -59,6 +59,44 @@ type Result struct {
 	Wall                      time.Duration
 	RPS                       float64  // completed requests per wall second
 	Errors                    []string // the first few distinct errors
+
+	// ttft and e2e are the successful requests' samples behind TTFT and
+	// E2E, sorted, so Merge can pool runs.
+	ttft, e2e []float64
+}
+
+// Merge pools runs of the same configuration into one Result: counts and
+// token totals summed, latency summaries over every run's samples, RPS
+// over the summed wall time, the first few distinct errors of all.
+func Merge(rs ...*Result) *Result {
+	out := &Result{StatusCounts: map[int]int{}}
+	seen := map[string]bool{}
+	for _, r := range rs {
+		out.Sent += r.Sent
+		out.OK += r.OK
+		out.Failed += r.Failed
+		out.Delayed += r.Delayed
+		for k, v := range r.StatusCounts {
+			out.StatusCounts[k] += v
+		}
+		out.PromptTokens += r.PromptTokens
+		out.Cached += r.Cached
+		out.OutputTokens += r.OutputTokens
+		out.Wall += r.Wall
+		out.ttft = append(out.ttft, r.ttft...)
+		out.e2e = append(out.e2e, r.e2e...)
+		for _, e := range r.Errors {
+			if !seen[e] && len(out.Errors) < 8 {
+				seen[e] = true
+				out.Errors = append(out.Errors, e)
+			}
+		}
+	}
+	out.TTFT, out.E2E = dist(out.ttft), dist(out.e2e)
+	if out.Wall > 0 {
+		out.RPS = float64(out.OK) / out.Wall.Seconds()
+	}
+	return out
 }
 
 // Dist is a latency summary in seconds.
@@ -205,6 +243,7 @@ func summarize(outs []outcome, wall time.Duration, timeScale float64) *Result {
 		res.OutputTokens += o.out
 	}
 	res.TTFT, res.E2E = dist(ttft), dist(e2e)
+	res.ttft, res.e2e = ttft, e2e
 	if res.Wall > 0 {
 		res.RPS = float64(res.OK) / res.Wall.Seconds()
 	}

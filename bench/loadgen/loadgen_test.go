@@ -180,3 +180,33 @@ func readAll(r *http.Request) string {
 	b, _ := io.ReadAll(r.Body)
 	return string(b)
 }
+
+// Merge pools the runs' samples: the pooled median and tail are those of
+// every request together, not an average of the runs' summaries.
+func TestMergePoolsSamples(t *testing.T) {
+	run := func(ttfts ...float64) *Result {
+		outs := make([]outcome, len(ttfts))
+		for i, s := range ttfts {
+			d := time.Duration(s * float64(time.Second))
+			outs[i] = outcome{status: http.StatusOK, ttft: d, e2e: 2 * d, prompt: 100, hit: 50}
+		}
+		return summarize(outs, time.Second, 1)
+	}
+	a, b := run(1, 2, 3), run(10, 20)
+	b.Failed, b.Sent, b.Errors = 1, 3, []string{"status 503"}
+	b.StatusCounts[503]++
+	m := Merge(a, b)
+	if m.Sent != 6 || m.OK != 5 || m.Failed != 1 || m.StatusCounts[200] != 5 || m.StatusCounts[503] != 1 {
+		t.Fatalf("counts: %+v", m)
+	}
+	if m.TTFT.Mean != 36.0/5 || m.TTFT.P50 != 3 || m.TTFT.Max != 20 || m.E2E.Max != 40 {
+		t.Fatalf("pooled TTFT %+v E2E %+v", m.TTFT, m.E2E)
+	}
+	if m.PromptTokens != 500 || m.Cached != 250 || m.RPS != 2.5 || len(m.Errors) != 1 {
+		t.Fatalf("totals: prompt %d cached %d rps %g errors %v", m.PromptTokens, m.Cached, m.RPS, m.Errors)
+	}
+	// The runs' own summaries are untouched.
+	if a.TTFT.Max != 3 || b.TTFT.P50 != 20 {
+		t.Fatalf("inputs changed: %+v %+v", a.TTFT, b.TTFT)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/bench/analyze"
 	"github.com/warmpath/warmpath/bench/live"
 	"github.com/warmpath/warmpath/bench/suite"
@@ -101,11 +102,20 @@ func runLive(ctx context.Context, args []string, e env) error {
 	warmpathBin := fs.String("warmpath", "", "warmpath `binary` to measure (default: warmpath beside this binary, as make build puts it; else built with the go tool)")
 	enginesimBin := fs.String("enginesim", "", "enginesim `binary` (default: enginesim beside this binary; else built with the go tool)")
 	scenario := fs.String("scenario", "", "run one scenario alone: \""+live.ScenarioTenants+"\" (a flooding tenant vs a quiet one, with and without the fair queue; writes tenants.md)")
+	routingRounds := fs.Int("routing-rounds", 0, "rounds of every routing point, a fresh workload seed each, configurations interleaved (0 = 3; --smoke: 1)")
+	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("live: unexpected argument %q", fs.Arg(0))
+	}
+	if *routingRounds < 0 {
+		return fmt.Errorf("live: --routing-rounds: must be >= 0, got %d", *routingRounds)
+	}
+	pol, err := parsePolicies(*policies)
+	if err != nil {
+		return fmt.Errorf("live: --policies: %w", err)
 	}
 	fl, err := parseFleets(*fleets)
 	if err != nil {
@@ -118,7 +128,8 @@ func runLive(ctx context.Context, args []string, e env) error {
 	// Progress lines are plain (one per finished configuration), fit for a
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
-		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario})
+		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario,
+		RoutingRounds: *routingRounds, Policies: pol})
 	if err != nil {
 		return err
 	}
@@ -239,17 +250,26 @@ func parseInts(s string) ([]int, error) {
 
 // parseFleets reads "enginesim,llamacpp": known fleet names, no repeats;
 // "" is nil (the default list).
-func parseFleets(s string) ([]string, error) {
+func parseFleets(s string) ([]string, error) { return parseNames(s, "fleet", live.Fleets()) }
+
+// parsePolicies reads "cost,least-request": affinity's policy names, no
+// repeats; "" is nil (the default list).
+func parsePolicies(s string) ([]string, error) {
+	return parseNames(s, "policy", affinity.PolicyNames())
+}
+
+// parseNames reads a comma-separated list of names out of known, each once.
+func parseNames(s, what string, known []string) ([]string, error) {
 	var out []string
 	for f := range strings.SplitSeq(s, ",") {
 		if f = strings.TrimSpace(f); f == "" {
 			continue
 		}
-		if !slices.Contains(live.Fleets(), f) {
-			return nil, fmt.Errorf("unknown fleet %q (have %s)", f, strings.Join(live.Fleets(), ", "))
+		if !slices.Contains(known, f) {
+			return nil, fmt.Errorf("unknown %s %q (have %s)", what, f, strings.Join(known, ", "))
 		}
 		if slices.Contains(out, f) {
-			return nil, fmt.Errorf("fleet %q twice", f)
+			return nil, fmt.Errorf("%s %q twice", what, f)
 		}
 		out = append(out, f)
 	}

@@ -86,6 +86,20 @@ func TestParseFleets(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `--fleets: unknown fleet "nope"`) {
 		t.Fatalf("err = %v", err)
 	}
+	// So do a bad --policies and --routing-rounds.
+	for _, tc := range []struct{ args, want string }{
+		{"--policies cost,nope", `--policies: unknown policy "nope" (have cost,`},
+		{"--policies cost,cost", `--policies: policy "cost" twice`},
+		{"--routing-rounds -1", `--routing-rounds: must be >= 0, got -1`},
+	} {
+		err := run(context.Background(), append(append([]string{"live"}, strings.Fields(tc.args)...), "--out", t.TempDir()), env{stdout: &out, stderr: &errb})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	if got, err := parsePolicies(" least-request, cost "); err != nil || strings.Join(got, ",") != "least-request,cost" {
+		t.Errorf("parsePolicies = %v, %v", got, err)
+	}
 }
 
 func TestAnalyze(t *testing.T) {
