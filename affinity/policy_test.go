@@ -301,6 +301,44 @@ func TestSessionPolicy(t *testing.T) {
 	}
 }
 
+// A scrape's waiting requests that were this router's own are not someone
+// else's traffic once they have had their first token: an engine that
+// reported this router's three queued requests, all since served, is as
+// idle as its neighbour until the next scrape, not three prefills dearer.
+// Waiting requests the router did not have pending at the scrape still
+// count (TestSignals).
+func TestServedWaitingIsNotQueued(t *testing.T) {
+	cfg := Config{SignalMaxAge: 2 * time.Second}
+	r, ids := buildRouter(t, cfg, state{n: 2})
+	at := int64(10 * time.Second)
+	for i, id := range ids {
+		w := promptReq(t, strings.Repeat(string(rune('q'+i)), 4096), "u")
+		w.Now = at
+		warm(r, id, w)
+	}
+	var fs [3]Flight
+	for i := range fs {
+		q := promptReq(t, fmt.Sprintf("burst %d %s", i, strings.Repeat("z", 4096)), "u")
+		q.Now = at
+		r.Begin(ids[0], q, nil, &fs[i])
+	}
+	r.SetSignals(ids[0], EngineSignals{Waiting: 3, Running: 0, At: at})
+	r.SetSignals(ids[1], EngineSignals{Waiting: 0, Running: 0, At: at})
+	for i := range fs {
+		r.FirstToken(&fs[i], at+int64(50*time.Millisecond))
+		r.End(&fs[i], at+int64(60*time.Millisecond), -1, true)
+	}
+	req := promptReq(t, "cold", "u")
+	req.Now = at + int64(100*time.Millisecond)
+	seen := map[ReplicaID]int{}
+	for range 60 {
+		seen[decide(t, r, req).Ranked[0]]++
+	}
+	if seen[ids[0]] == 0 || seen[ids[1]] == 0 {
+		t.Fatalf("two idle replicas, picks %v: the served requests still count as queued", seen)
+	}
+}
+
 func TestSignals(t *testing.T) {
 	cfg := Config{SignalMaxAge: time.Second}
 	r, ids := buildRouter(t, cfg, state{n: 2})

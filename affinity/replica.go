@@ -26,6 +26,7 @@ type replica struct {
 	sigRunning  atomic.Int64
 	sigKV       atomic.Uint64 // float64 bits
 	sigOwnBusy  atomic.Int64  // this router's and peers' in flight when the signals were set
+	sigOwnPend  atomic.Int64  // their requests without a first token then
 	overhead    atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
 
 	id       ReplicaID

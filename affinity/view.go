@@ -52,6 +52,7 @@ type Load struct {
 	KVUsage              float64 // engine signal, 0..1; 0 when stale
 	Fresh                bool    // engine signals younger than Config.SignalMaxAge
 	SignalBaseline       int     // InFlight when the signals were scraped
+	SignalPending        int     // PendingRequests when the signals were scraped
 	PrefillTokensPerSec  float64 // measured (seeded by spec / config)
 	OverheadSeconds      float64 // measured time to first token besides prefill
 	UncachedAvg          float64 // EWMA of uncached prompt tokens per routed request
@@ -63,29 +64,36 @@ type Load struct {
 }
 
 // QueuedTokens is Q_r, the prefill tokens queued ahead of a new request:
-// PendingPrefillTokens, plus, when fresh engine signals show more waiting
-// requests than PendingRequests (other routers' traffic), the excess times
-// the mean uncached size.
+// PendingPrefillTokens, plus, when fresh engine signals showed more waiting
+// requests than this router and its peers had pending at that scrape
+// (SignalPending: other routers' traffic), the excess times the mean
+// uncached size. The excess is the scrape's, not the scrape's waiting less
+// today's pending: a request that waited at the scrape and has since had
+// its first token would otherwise count as someone else's until the signal
+// ages out (an idle replica priced 0.37 s of phantom prefill for a second).
 func (l *Load) QueuedTokens() float64 {
-	q := float64(l.PendingPrefillTokens)
-	if l.Fresh && l.Waiting > l.PendingRequests {
-		q += float64(l.Waiting-l.PendingRequests) * l.UncachedAvg
+	return float64(l.PendingPrefillTokens) + float64(l.otherWaiting())*l.UncachedAvg
+}
+
+// otherWaiting is the fresh scrape's waiting count beyond the requests this
+// router and its peers had pending at it; 0 when stale.
+func (l *Load) otherWaiting() int {
+	if !l.Fresh {
+		return 0
 	}
-	return q
+	return max(l.Waiting-l.SignalPending, 0)
 }
 
 // QueuedRequests is N_r, the number of requests waiting for prefill ahead
 // of a new one, not counting those waiting for a batch slot: with known
 // slots, PendingRequests less the busy requests beyond the slots; without,
-// PendingRequests, or the engine's waiting count when fresh and larger.
+// PendingRequests plus the fresh scrape's waiting requests of other routers
+// (otherWaiting).
 func (l *Load) QueuedRequests() int {
 	if l.BatchSlots > 0 {
 		return max(l.PendingRequests-max(l.Busy()-l.BatchSlots, 0), 0)
 	}
-	if l.Fresh {
-		return max(l.PendingRequests, l.Waiting)
-	}
-	return l.PendingRequests
+	return l.PendingRequests + l.otherWaiting()
 }
 
 // Busy is B_r, the number of requests occupying the replica: InFlight
@@ -194,13 +202,14 @@ func (p *replica) queueLoad(l *Load, now, maxAge int64) {
 	l.PendingRequests = int(max(p.totalPendingReqs(), 0))
 	l.UncachedAvg = loadF(&p.uncachedAvg)
 	l.BatchSlots = int(p.slots())
-	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.SignalBaseline = false, 0, 0, 0, 0
+	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.SignalBaseline, l.SignalPending = false, 0, 0, 0, 0, 0
 	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
 		l.Fresh = true
 		l.Waiting = int(p.sigWaiting.Load())
 		l.Running = int(p.sigRunning.Load())
 		l.KVUsage = loadF(&p.sigKV)
 		l.SignalBaseline = int(p.sigOwnBusy.Load())
+		l.SignalPending = int(p.sigOwnPend.Load())
 	}
 }
 
