@@ -258,6 +258,9 @@ type RoutingRow struct {
 	// measured (its ttft_prediction_ratio histogram over every replica);
 	// zero for other routers.
 	TTFTModel TTFTModelError `json:",omitempty"`
+	// Imbalance is the busiest replica's request count over the mean
+	// (warmpath rows; 1 = even); pooled rows keep the largest round's.
+	Imbalance float64 `json:",omitempty"`
 	// Rounds are each round's own figures, in round order; the row's
 	// Result pools them.
 	Rounds []RoundFigures `json:",omitempty"`
@@ -269,6 +272,7 @@ type RoundFigures struct {
 	OK, Sent  int
 	Mean, P99 float64 // TTFT
 	HitRate   float64
+	Imbalance float64 // RoutingRow.Imbalance of this round
 }
 
 // OverheadRow is one target of the router-overhead bench in one mode;
@@ -497,8 +501,9 @@ func poolRounds(c config, rounds []*RoutingRow, seed uint64) RoutingRow {
 	for i, r := range rounds {
 		results[i] = &r.Result
 		row.TTFTModel = row.TTFTModel.merge(r.TTFTModel)
+		row.Imbalance = max(row.Imbalance, r.Imbalance)
 		row.Rounds = append(row.Rounds, RoundFigures{Seed: seed + uint64(i), OK: r.OK, Sent: r.Sent,
-			Mean: r.TTFT.Mean, P99: r.TTFT.P99, HitRate: r.HitRate})
+			Mean: r.TTFT.Mean, P99: r.TTFT.P99, HitRate: r.HitRate, Imbalance: r.Imbalance})
 	}
 	row.Result = *loadgen.Merge(results...)
 	row.HitRate = row.Result.HitRate()
@@ -556,7 +561,7 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 	if adminURL != "" {
 		// The router's own record of its TTFT model; a failed scrape
 		// leaves the row without it.
-		row.TTFTModel, _ = scrapeTTFTModel(ctx, adminURL+"/metrics")
+		row.TTFTModel, row.Imbalance, _ = scrapeRouter(ctx, adminURL+"/metrics")
 	}
 	return row, nil
 }

@@ -212,6 +212,11 @@ func TestRoutingRounds(t *testing.T) {
 				sent += rd.Sent
 				lo, hi = min(lo, rd.Mean), max(hi, rd.Mean)
 			}
+			// warmpath rows say how evenly they spread the requests (two
+			// engines: between 1 and 2).
+			if w := strings.HasPrefix(row.Config, "warmpath"); w != (row.Imbalance >= 1 && row.Imbalance <= 2) {
+				t.Fatalf("%s %s: imbalance %g", wl.Name, row.Config, row.Imbalance)
+			}
 			if row.Sent != sent || row.OK != sent || row.TTFT.Mean < lo*0.999 || row.TTFT.Mean > hi*1.001 {
 				t.Fatalf("%s %s: pooled sent %d ok %d mean %g, rounds %+v", wl.Name, row.Config, row.Sent, row.OK, row.TTFT.Mean, row.Rounds)
 			}

@@ -109,16 +109,23 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 			}
 			fmt.Fprintf(b, "\n#### %s: %s at %g req/s (%g per engine)\n\n%d requests per round, %d round(s) pooled (seeds %d..), arrivals rescaled to the rate: `%s`\n\n",
 				f.Name, wl.Name, wl.RPS, wl.RPS/float64(f.Engines), wl.Requests, max(wl.Rounds, 1), o.Seed, wl.Params)
-			fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate | TTFT mean per round |\n")
-			fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+			fmt.Fprintf(b, "| configuration | ok / sent | failed | TTFT p50 | p90 | p99 | mean | E2E p50 | E2E p99 | hit rate | TTFT mean per round | busiest replica / mean, per round |\n")
+			fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 			for _, row := range wl.Rows {
 				means := make([]string, len(row.Rounds))
+				imb := make([]string, 0, len(row.Rounds))
 				for i, rd := range row.Rounds {
 					means[i] = sec(rd.Mean)
+					if rd.Imbalance > 0 {
+						imb = append(imb, fmt.Sprintf("%.2f", rd.Imbalance))
+					}
 				}
-				fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% | %s |\n",
+				if len(imb) == 0 {
+					imb = append(imb, "—")
+				}
+				fmt.Fprintf(b, "| %s | %d / %d | %d | %s | %s | %s | %s | %s | %s | %.1f%% | %s | %s |\n",
 					row.Config, row.OK, row.Sent, row.Failed, sec(row.TTFT.P50), sec(row.TTFT.P90), sec(row.TTFT.P99), sec(row.TTFT.Mean),
-					sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate, strings.Join(means, ", "))
+					sec(row.E2E.P50), sec(row.E2E.P99), 100*row.HitRate, strings.Join(means, ", "), strings.Join(imb, ", "))
 			}
 			for _, row := range wl.Rows {
 				if len(row.Errors) > 0 {

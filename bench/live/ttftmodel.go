@@ -44,24 +44,61 @@ func (e TTFTModelError) merge(o TTFTModelError) TTFTModelError {
 
 const ttftRatioMetric = "warmpath_affinity_ttft_prediction_ratio_bucket"
 
-// scrapeTTFTModel reads the histogram from warmpath's admin /metrics.
-func scrapeTTFTModel(ctx context.Context, url string) (TTFTModelError, error) {
+// scrapeRouter reads warmpath's admin /metrics: the TTFT model's error and
+// how evenly it spread the row's requests (replicaImbalance).
+func scrapeRouter(ctx context.Context, url string) (TTFTModelError, float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return TTFTModelError{}, err
+		return TTFTModelError{}, 0, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return TTFTModelError{}, err
+		return TTFTModelError{}, 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return TTFTModelError{}, err
+		return TTFTModelError{}, 0, err
 	}
-	return parseTTFTModel(string(body))
+	text := string(body)
+	m, err := parseTTFTModel(text)
+	return m, replicaImbalance(text), err
+}
+
+// replicaImbalance is the busiest replica's share of the routed requests
+// over the mean share (warmpath_slowpath_requests_total summed per replica over
+// models and codes): 1 is an even spread, N all on one of N replicas; 0
+// when nothing was routed.
+func replicaImbalance(text string) float64 {
+	per := map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "warmpath_slowpath_requests_total{") {
+			continue
+		}
+		i := strings.Index(line, `replica="`)
+		j := strings.LastIndexByte(line, ' ')
+		if i < 0 || j < i {
+			continue
+		}
+		name := line[i+len(`replica="`):]
+		name = name[:strings.IndexByte(name, '"')]
+		n, err := strconv.ParseFloat(strings.TrimSpace(line[j+1:]), 64)
+		if err != nil || name == "none" {
+			continue
+		}
+		per[name] += n
+	}
+	total, most := 0.0, 0.0
+	for _, n := range per {
+		total += n
+		most = max(most, n)
+	}
+	if total == 0 {
+		return 0
+	}
+	return most / (total / float64(len(per)))
 }
 
 // parseTTFTModel sums the histogram's cumulative buckets over replicas.
