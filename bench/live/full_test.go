@@ -46,7 +46,7 @@ func TestFull(t *testing.T) {
 	if *fullFl != "" {
 		fleets = strings.Split(*fullFl, ",")
 	}
-	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, RoutingOnly: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
 		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds, RoutingRounds: *fullRR,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}

@@ -115,7 +115,9 @@ type Options struct {
 	// commit), labelled BaselineLabel ("baseline" when empty).
 	BaselineWarmpathBin, BaselineLabel string
 
-	skipOverhead bool // calibration runs
+	// RoutingOnly leaves out the router-overhead, keep-alive and proxy-cost
+	// parts: only the routing points run.
+	RoutingOnly bool
 }
 
 func (o Options) withDefaults() Options {
@@ -379,7 +381,7 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 			}
 		}
 	}
-	if !opts.skipOverhead {
+	if !opts.RoutingOnly {
 		if res.Overhead, err = runOverhead(ctx, opts, tmp, nginx); err != nil {
 			return nil, fmt.Errorf("live: overhead: %w", err)
 		}
@@ -387,7 +389,7 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 			return nil, fmt.Errorf("live: keep-alive check: %w", err)
 		}
 	}
-	if !opts.skipOverhead && !opts.Smoke {
+	if !opts.RoutingOnly && !opts.Smoke {
 		if res.Perf, res.PerfShapes, err = runPerf(ctx, opts, tmp, nginx); err != nil {
 			return nil, fmt.Errorf("live: perf: %w", err)
 		}

@@ -182,7 +182,7 @@ func TestSmoke(t *testing.T) {
 func TestRoutingRounds(t *testing.T) {
 	trackChildren(t)
 	opts := Options{Smoke: true, SkipNginx: true, Fleets: []string{FleetEnginesim}, Policies: []string{"cost", "round-robin"},
-		RoutingRounds: 2, Progress: testWriter{t}, skipOverhead: true}
+		RoutingRounds: 2, Progress: testWriter{t}, RoutingOnly: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts)
@@ -400,7 +400,7 @@ func TestSmokeLlamacpp(t *testing.T) {
 		t.Skip("needs root: the llama.cpp chroot (CI runs as root)")
 	}
 	pids := trackChildren(t)
-	opts := Options{Smoke: true, Fleets: []string{FleetLlamacpp}, Progress: testWriter{t}, skipOverhead: true}
+	opts := Options{Smoke: true, Fleets: []string{FleetLlamacpp}, Progress: testWriter{t}, RoutingOnly: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts)

@@ -103,6 +103,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	enginesimBin := fs.String("enginesim", "", "enginesim `binary` (default: enginesim beside this binary; else built with the go tool)")
 	scenario := fs.String("scenario", "", "run one scenario alone: \""+live.ScenarioTenants+"\" (a flooding tenant vs a quiet one, with and without the fair queue; writes tenants.md)")
 	routingRounds := fs.Int("routing-rounds", 0, "rounds of every routing point, a fresh workload seed each, configurations interleaved (0 = 3; --smoke: 1)")
+	routingOnly := fs.Bool("routing-only", false, "run only the routing points (no router-overhead, keep-alive or proxy-cost parts)")
 	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -129,7 +130,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
 		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario,
-		RoutingRounds: *routingRounds, Policies: pol})
+		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly})
 	if err != nil {
 		return err
 	}
