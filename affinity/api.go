@@ -102,6 +102,7 @@ type Flight struct {
 	busy       int32   // requests on the replica at Begin (this one not counted)
 	buffered   bool    // Request.Buffered: no rate sample at FirstToken
 	cont       bool    // the replica's held prefix ended at a finished request's tail
+	decoding   bool    // counted in the replica's decoding sums (FirstToken) until End
 }
 
 // PredictedTTFT is the TTFT, in seconds, the replica's model predicted for

@@ -41,7 +41,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	// by how much of its predicted hits come true there (an engine without
 	// prefix caching computes the whole prompt however warm the index is).
 	unc := max(req.PromptTokens-int(p.confidence()*float64(cached)), 0)
-	wait := p.slotWait(p.totalInFlight())
+	wait := p.slotWait(p.totalInFlight(), req.Now)
 	*f = Flight{
 		Replica:        id,
 		UncachedTokens: unc,
@@ -52,7 +52,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		queued:         p.totalPending(),
 		newBlocks:      int32(len(hs) - held),
 		buffered:       req.Buffered,
-		predTTFT:       p.predictTTFT(float64(unc)),
+		predTTFT:       p.predictTTFT(float64(unc), req.Now),
 		slotWait:       wait,
 		busy:           int32(min(p.totalInFlight(), 1<<30)),
 	}
@@ -107,6 +107,9 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
 	p.unpend(f)
+	p.model.decStart.Add(f.FirstTokenAt - p.model.pendBase.Load())
+	p.model.decN.Add(1)
+	f.decoding = true
 	if r.sink != nil {
 		r.sink.PeerLoad(f.Replica, p.localLoad())
 	}
@@ -161,6 +164,11 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		return
 	}
 	p.inFlight.Add(-1)
+	if f.decoding {
+		p.model.decStart.Add(-(f.FirstTokenAt - p.model.pendBase.Load()))
+		p.model.decN.Add(-1)
+		f.decoding = false
+	}
 	if f.FirstTokenAt == 0 {
 		p.pending.Add(-int64(f.UncachedTokens))
 		p.pendingReqs.Add(-1)

@@ -90,10 +90,10 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		e := &cs[i]
 		e.cached = c
 		e.queuedReqs = int64(l.QueuedRequests())
-		e.full = rp.full(busy, backlog)
+		e.full = rp.full(busy, backlog, now)
 		e.unc = max(t-rp.confidence()*c, 0)
 		e.inv = inv
-		e.pre = over + max(rp.slotWait(busy), backlog) + l.QueuedTokens()*inv
+		e.pre = over + max(rp.slotWait(busy, now), backlog) + l.QueuedTokens()*inv
 		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
 		e.kv = l.KVUsage > cfg.KVHighWater
 		if e.kv {
@@ -137,11 +137,11 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 // their predictions (backlog, replica.backlog at the decision's time) by
 // more than the TTFT the model predicts for a new one (queueing the model
 // has not learned yet, such as a batch limit before any scrape showed it).
-func (p *replica) full(busy int64, backlog float64) bool {
+func (p *replica) full(busy int64, backlog float64, now int64) bool {
 	if s := p.slots(); s > 0 && busy >= s {
 		return true
 	}
-	return backlog > 0 && backlog > p.predictTTFT(0)
+	return backlog > 0 && backlog > p.predictTTFT(0, now)
 }
 
 // costCand is one candidate's part of a CostPolicy decision.

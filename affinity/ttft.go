@@ -87,6 +87,10 @@ type ttftModel struct {
 	// TTFTs, in nanoseconds, for backlog.
 	pendStart, pendPred, pendBase atomic.Int64
 	pendBaseSet                   bool
+	// decStart, decN: the sum of FirstTokenAt (after pendBase) and the
+	// count of this router's requests decoding on the replica (first token
+	// seen, not ended), for the age of its running batch (slotWait).
+	decStart, decN atomic.Int64
 
 	// maxRunningSeen is maxRunning for readers outside learnMu: a replica
 	// that ran more than its pool's slot limit does not take it.
@@ -135,15 +139,32 @@ func (p *replica) slotSeconds() float64 {
 	return defaultSlotSeconds
 }
 
-// slotWait is the expected wait for a batch slot of a request joining a
-// replica with busy requests already on it: slots free at S/D per second
-// while all are taken, and the request needs busy-S+1 of them.
-func (p *replica) slotWait(busy int64) float64 {
+// slotWait is the expected wait at now for a batch slot of a request
+// joining a replica with busy requests already on it: it needs busy-S+1
+// slots to free; without a decoding request of this router to date the
+// batch by, slots free at S/D per second.
+func (p *replica) slotWait(busy, now int64) float64 {
 	s := p.slots()
 	if s <= 0 || busy < s {
 		return 0
 	}
-	return float64(busy-s+1) * p.slotSeconds() / float64(s)
+	d := p.slotSeconds()
+	k := float64(busy - s + 1)
+	n := p.model.decN.Load()
+	if n <= 0 {
+		return k * d / float64(s)
+	}
+	// The running requests free their slots over the time they have left:
+	// on average the slot time less how long they have decoded, so the
+	// k-th of S slots to free does so after about k of S+1 spans of twice
+	// that (order statistics of uniform leftovers); those a slot frees for
+	// later take whole slot times. A replica whose batch is about to finish
+	// is nearer a free slot than one whose batch just started, however
+	// many requests each holds.
+	age := float64(now-p.model.pendBase.Load())/1e9 - float64(p.model.decStart.Load())/float64(n)/1e9
+	left := min(max(d-age, d/8), d)
+	first := min(k, float64(s))
+	return first*2*left/float64(s+1) + (k-first)*d/float64(s)
 }
 
 // confidence is how far the cost policy trusts p's predicted cache hits:
@@ -326,14 +347,14 @@ func (p *replica) prefill() (rate, over float64) {
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
-func (p *replica) predictTTFT(unc float64) float64 {
+func (p *replica) predictTTFT(unc float64, now int64) float64 {
 	rate, over := p.prefill()
-	return p.predictWith(rate, over, unc)
+	return p.predictWith(rate, over, unc, now)
 }
 
 // predictWith is predictTTFT with the given prefill rate and overhead.
-func (p *replica) predictWith(rate, over, unc float64) float64 {
-	return over + p.slotWait(p.totalInFlight()) +
+func (p *replica) predictWith(rate, over, unc float64, now int64) float64 {
+	return over + p.slotWait(p.totalInFlight(), now) +
 		(float64(max(p.totalPending(), 0))+unc)/rate
 }
 

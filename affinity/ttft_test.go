@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSlotsLearnedFromFullBatchScrapes(t *testing.T) {
@@ -555,5 +556,43 @@ func TestConfidenceStartsFromThePool(t *testing.T) {
 	r.Begin(ids[1], req, nil, &f)
 	if f.UncachedTokens < req.PromptTokens/2 {
 		t.Fatalf("replica 1 with no finished request of its own counts %d of %d tokens uncached, want the pool's distrust (most of them)", f.UncachedTokens, req.PromptTokens)
+	}
+}
+
+// TestOlderBatchFreesFirst: two replicas of 4 slots, both full with this
+// router's decoding requests; replica 0's batch began decoding 0.9 s ago,
+// replica 1's 50 ms ago (slot time 1 s). A new request waits for a slot
+// either way, and replica 0's is the nearer: its batch is almost done. A
+// count of requests (and the uniform slot-wait rate) sees a tie.
+func TestOlderBatchFreesFirst(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+	ms := int64(time.Millisecond)
+	fill := func(id ReplicaID, begin, first int64, tag string) []*Flight {
+		var fs []*Flight
+		for i := range 4 {
+			req := promptReq(t, fmt.Sprintf("%s %d", tag, i), "u")
+			req.Now = begin
+			f := new(Flight)
+			r.Begin(id, req, nil, f)
+			r.FirstToken(f, first)
+			fs = append(fs, f)
+		}
+		return fs
+	}
+	fill(ids[0], 0, 100*ms, "old batch")
+	late := fill(ids[1], 900*ms, 950*ms, "new batch")
+	req := promptReq(t, "a new conversation", "u")
+	req.Now = 1000 * ms
+	for range 40 {
+		if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+			t.Fatalf("ranked %v: the batch that started 50 ms ago looked as near a free slot as the one 0.9 s in", d.Ranked)
+		}
+	}
+	// Once replica 1's requests end, its slots are free: it wins.
+	for _, f := range late {
+		r.End(f, 1000*ms, -1, true)
+	}
+	if d := decide(t, r, req); d.Ranked[0] != ids[1] {
+		t.Fatalf("ranked %v: replica 1 has free slots", d.Ranked)
 	}
 }

@@ -188,7 +188,7 @@ func (v *View) Load(id ReplicaID) Load {
 	l.Weight = p.weight
 	l.MaxInFlight = int(p.maxInFlight)
 	l.Confidence = p.confidence()
-	l.SlotWaitSeconds = p.slotWait(int64(l.Busy()))
+	l.SlotWaitSeconds = p.slotWait(int64(l.Busy()), v.req.Now)
 	return l
 }
 
