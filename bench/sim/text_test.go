@@ -1,0 +1,94 @@
+package sim
+
+import (
+	"bytes"
+	"reflect"
+	"testing"
+
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// withTextStore runs the test with sharedText replaced by an empty store of
+// the given limit.
+func withTextStore(t *testing.T, limit int) *textStore {
+	t.Helper()
+	old := sharedText
+	sharedText = newTextStore(limit)
+	t.Cleanup(func() { sharedText = old })
+	return sharedText
+}
+
+// TestTextCacheIsTheGenerator: the text a run gets from the cross-run store
+// is workload.AppendSegment's, byte for byte, on a cold store, a warm one
+// and one that fills up and is dropped mid-run.
+func TestTextCacheIsTheGenerator(t *testing.T) {
+	mt := workload.DefaultMultiTurn()
+	mt.Conversations, mt.Seed = 6, 3
+	multi, err := workload.MultiTurn(mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		limit int
+	}{{"roomy", 64 << 20}, {"drops", 6000}} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := withTextStore(t, tc.limit)
+			var total int
+			for pass := range 2 { // cold, then warm
+				c := newTextCache()
+				for _, w := range []*workload.Workload{smallShared(t, 30), multi} {
+					for i := range w.Requests {
+						for mi := range w.Requests[i].Messages {
+							m := &w.Requests[i].Messages[mi]
+							got := c.appendMessage([]byte("x"), m)
+							want := workload.AppendMessageText([]byte("x"), m)
+							if !bytes.Equal(got, want) {
+								t.Fatalf("pass %d, %s request %d message %d: cached text differs from the generator", pass, w.Name, i, mi)
+							}
+							if pass == 0 {
+								total += len(want) - 1
+							}
+						}
+					}
+				}
+			}
+			if tc.limit < total && st.bytes > tc.limit {
+				t.Fatalf("store holds %d bytes, limit %d", st.bytes, tc.limit)
+			}
+			if len(st.m) == 0 {
+				t.Fatal("store kept nothing")
+			}
+		})
+	}
+}
+
+// TestWarmTextSameResults: a run on a cold text store, a run on the store
+// it left warm, and a run on a store too small to keep anything give the
+// same Result, outcome by outcome.
+func TestWarmTextSameResults(t *testing.T) {
+	mt := workload.DefaultMultiTurn()
+	mt.Conversations, mt.Seed = 8, 5
+	multi, err := workload.MultiTurn(mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []*workload.Workload{smallShared(t, 60), multi} {
+		cfg := Config{Replicas: 4, Policy: "cost", Seed: 2, KeepOutcomes: true}
+		var res []*Result
+		for _, limit := range []int{64 << 20, -1, 1} { // -1: keep the warm store
+			if limit > 0 {
+				withTextStore(t, limit)
+			}
+			r, err := Run(cfg, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.DecideNanos = 0
+			res = append(res, r)
+		}
+		if !reflect.DeepEqual(res[0], res[1]) || !reflect.DeepEqual(res[0], res[2]) {
+			t.Fatalf("%s: cold, warm and uncached text give different results", w.Name)
+		}
+	}
+}
