@@ -42,17 +42,29 @@ func (e *Engine) checkInvariants() error {
 	if free != p.nfree {
 		return fmt.Errorf("free queue has %d blocks, nfree %d", free, p.nfree)
 	}
+	entries, hashed := 0, 0
+	for _, sl := range p.cached.slots {
+		if sl.val != 0 {
+			entries++
+		}
+	}
 	for b := range p.total() {
 		k := p.blk[b]
+		if k.hash != 0 {
+			hashed++
+		}
 		if k.ref != refs[b] {
 			return fmt.Errorf("block %d ref %d, block tables hold %d", b, k.ref, refs[b])
 		}
 		if (k.ref == 0) != k.inFree {
 			return fmt.Errorf("block %d ref %d but inFree %v", b, k.ref, k.inFree)
 		}
-		if h := k.hash; h != 0 && p.cached.get(h) != int32(b) {
-			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h))
+		if h := k.hash; h != 0 && p.cached.get(h, p.blk) != int32(b) {
+			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h, p.blk))
 		}
+	}
+	if entries != hashed {
+		return fmt.Errorf("index holds %d entries for %d cached blocks", entries, hashed)
 	}
 	return nil
 }

@@ -80,7 +80,7 @@ func (p *blockPool) unlink(b int32) {
 
 // lookup returns the block caching hash h, or -1.
 func (p *blockPool) lookup(h uint64) int32 {
-	return p.cached.get(h)
+	return p.cached.get(h, p.blk)
 }
 
 // touch takes a reference on a cached block, pulling it out of the free queue.
@@ -101,7 +101,7 @@ func (p *blockPool) alloc() int32 {
 	p.unlink(b)
 	k := &p.blk[b]
 	if k.hash != 0 {
-		p.cached.del(k.hash)
+		p.cached.del(k.hash, b)
 		k.hash = 0
 		p.evictions++
 	}
@@ -125,23 +125,29 @@ func (p *blockPool) commit(b int32, h uint64) {
 	if p.blk[b].hash != 0 {
 		return
 	}
-	if p.cached.insert(h, b) {
+	if p.cached.insert(h, b, p.blk) {
 		p.blk[b].hash = h
 	}
 }
 
 // hashIndex maps nonzero block hashes to block ids: open addressing with
 // linear probing and backward-shift deletion, at most half full (it holds
-// at most one entry per block). About twice as fast as a Go map here, and
-// the prefix cache is the engine's hottest path.
+// at most one entry per block). A slot is 8 bytes: the hash's high 32 bits
+// (its fingerprint; its low bits pick the home slot) and the block id. The
+// full hash is the block's own (block.hash, which a hit reads next anyway),
+// so a lookup compares fingerprints and checks the block only on a match:
+// half the table of full keys, and the prefix cache is the engine's
+// hottest path, one probe per 16-token block on a hit, a commit and an
+// eviction on a miss. An entry for h at block b exists exactly when
+// blk[b].hash == h (commit sets both, alloc clears both).
 type hashIndex struct {
-	slots []hslot // key and value side by side: one cache line per probe
-	mask  uint64
+	slots []hslot
+	mask  uint32
 }
 
 type hslot struct {
-	key uint64 // 0: empty slot
-	val int32
+	fp  uint32 // fingerprint: the hash's high 32 bits
+	val int32  // block id + 1; 0: empty slot
 }
 
 func newHashIndex(entries int) hashIndex {
@@ -149,46 +155,55 @@ func newHashIndex(entries int) hashIndex {
 	for n < 2*entries {
 		n <<= 1
 	}
-	return hashIndex{slots: make([]hslot, n), mask: uint64(n - 1)}
+	return hashIndex{slots: make([]hslot, n), mask: uint32(n - 1)}
 }
 
 func (x *hashIndex) clear() { clear(x.slots) }
 
-// get returns h's value or -1.
-func (x *hashIndex) get(h uint64) int32 {
-	for i := h & x.mask; ; i = (i + 1) & x.mask {
-		switch s := &x.slots[i]; s.key {
-		case h:
-			return s.val
-		case 0:
+// fingerprint is h's fingerprint; its probe run starts at fp & mask.
+func fingerprint(h uint64) uint32 { return uint32(h >> 32) }
+
+// get returns the block caching h, or -1; blk holds the blocks' hashes.
+func (x *hashIndex) get(h uint64, blk []block) int32 {
+	fp := fingerprint(h)
+	for i := fp & x.mask; ; i = (i + 1) & x.mask {
+		s := x.slots[i]
+		if s.val == 0 {
 			return -1
 		}
-	}
-}
-
-// insert adds h -> v unless h is present; it reports whether it added.
-func (x *hashIndex) insert(h uint64, v int32) bool {
-	for i := h & x.mask; ; i = (i + 1) & x.mask {
-		switch s := &x.slots[i]; s.key {
-		case h:
-			return false
-		case 0:
-			s.key, s.val = h, v
-			return true
+		if s.fp == fp && blk[s.val-1].hash == h {
+			return s.val - 1
 		}
 	}
 }
 
-// del removes h if present, shifting later entries of its probe run back.
-func (x *hashIndex) del(h uint64) {
-	i := h & x.mask
-	for ; x.slots[i].key != h; i = (i + 1) & x.mask {
-		if x.slots[i].key == 0 {
+// insert adds h -> b unless h is present; it reports whether it added.
+// The caller sets blk[b].hash = h when it did.
+func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
+	fp := fingerprint(h)
+	for i := fp & x.mask; ; i = (i + 1) & x.mask {
+		s := &x.slots[i]
+		if s.val == 0 {
+			s.fp, s.val = fp, b+1
+			return true
+		}
+		if s.fp == fp && blk[s.val-1].hash == h {
+			return false
+		}
+	}
+}
+
+// del removes the entry of block b, which caches h, shifting later entries
+// of its probe run back into the hole so lookups need no tombstones.
+func (x *hashIndex) del(h uint64, b int32) {
+	i := fingerprint(h) & x.mask
+	for ; x.slots[i].val != b+1; i = (i + 1) & x.mask {
+		if x.slots[i].val == 0 {
 			return
 		}
 	}
-	for j := (i + 1) & x.mask; x.slots[j].key != 0; j = (j + 1) & x.mask {
-		home := x.slots[j].key & x.mask
+	for j := (i + 1) & x.mask; x.slots[j].val != 0; j = (j + 1) & x.mask {
+		home := x.slots[j].fp & x.mask
 		// Move j into the hole at i if its home slot is not in (i, j].
 		if (j-home)&x.mask >= (j-i)&x.mask {
 			x.slots[i] = x.slots[j]

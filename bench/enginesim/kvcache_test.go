@@ -6,7 +6,8 @@ import (
 )
 
 // TestHashIndexMatchesMap drives the index and a Go map with the same random
-// operations, with keys crowded into few home slots to exercise probing and
+// operations, with keys crowded into few home slots and sharing
+// fingerprints, to exercise probing, the check of the block's own hash and
 // backward-shift deletion.
 func TestHashIndexMatchesMap(t *testing.T) {
 	tests := []struct {
@@ -14,40 +15,49 @@ func TestHashIndexMatchesMap(t *testing.T) {
 		keys func(r *rand.Rand) uint64
 	}{
 		{"random keys", func(r *rand.Rand) uint64 { return r.Uint64() | 1 }},
-		{"colliding homes", func(r *rand.Rand) uint64 { return uint64(r.IntN(40)+1)<<20 | uint64(r.IntN(4)) }},
+		{"colliding homes", func(r *rand.Rand) uint64 { return uint64(r.IntN(40)+1)<<36 | uint64(r.IntN(4)) }},
+		{"one fingerprint", func(r *rand.Rand) uint64 { return 7<<32 | uint64(r.IntN(100)+1) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
-			x := newHashIndex(64)
+			const n = 64
+			x := newHashIndex(n)
+			blk := make([]block, n) // blk[b].hash: the key block b caches, 0 none
 			ref := map[uint64]int32{}
 			for op := range 20000 {
 				k := tc.keys(r)
 				switch r.IntN(3) {
 				case 0:
-					if len(ref) < 64 {
-						_, had := ref[k]
-						if added := x.insert(k, int32(op)); added == had {
-							t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
-						}
-						if !had {
-							ref[k] = int32(op)
-						}
+					b := int32(r.IntN(n))
+					if blk[b].hash != 0 {
+						break // the pool inserts only for a block caching nothing
+					}
+					_, had := ref[k]
+					if added := x.insert(k, b, blk); added == had {
+						t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
+					}
+					if !had {
+						ref[k] = b
+						blk[b].hash = k
 					}
 				case 1:
-					x.del(k)
-					delete(ref, k)
+					if b, ok := ref[k]; ok {
+						x.del(k, b)
+						delete(ref, k)
+						blk[b].hash = 0
+					}
 				}
 				want, ok := ref[k]
 				if !ok {
 					want = -1
 				}
-				if got := x.get(k); got != want {
+				if got := x.get(k, blk); got != want {
 					t.Fatalf("op %d get(%x) = %d, want %d", op, k, got, want)
 				}
 			}
 			for k, v := range ref {
-				if got := x.get(k); got != v {
+				if got := x.get(k, blk); got != v {
 					t.Fatalf("final get(%x) = %d, want %d", k, got, v)
 				}
 			}
