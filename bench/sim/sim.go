@@ -431,6 +431,8 @@ func (c *cluster) loop(w *workload.Workload) error {
 		body   []byte
 		msgs   []enginesim.Message
 		ep     []byte   // the engine prompt
+		desc   []byte   // what it is made of (appendPromptDesc)
+		hs     []uint64 // its block hashes, when sharedHashes lacks them
 		spans  [][2]int // message -> its text in body
 		// the current request's earlier answers (a conversation's), and
 		// how many of them its messages used so far
@@ -439,6 +441,7 @@ func (c *cluster) loop(w *workload.Workload) error {
 		wr      *workload.Request
 	)
 	tc := newTextCache()
+	bs := c.engines[0].BlockSize()
 	content := func(dst []byte, mi int) []byte {
 		m := &wr.Messages[mi]
 		if m.Role != workload.Assistant {
@@ -529,6 +532,15 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 		// the engine reads its prompt only in Submit: one buffer serves all
 		ep = enginesim.AppendChatPrompt(ep[:0], msgs, nil)
+		// a prompt of segments alone hashes the same in every run
+		var bh []uint64
+		if min(na, len(answers)) == 0 {
+			desc = appendPromptDesc(desc[:0], wr, bs)
+			if bh = sharedHashes.get(desc); bh == nil {
+				hs = enginesim.BlockHashes(hs[:0], ep, bs, "", "")
+				bh = sharedHashes.put(desc, hs)
+			}
+		}
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
@@ -545,12 +557,12 @@ func (c *cluster) loop(w *workload.Workload) error {
 			continue
 		}
 		f := &flight{replica: int(d.Ranked[0]), router: k, wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
-		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f}
+		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f, BlockHashes: bh}
 		in.router.Begin(d.Ranked[0], &req, &d, &f.fl)
 		c.post(k, a.at)
 		e := c.engines[f.replica]
 		err = e.Submit(&f.req, a.at)
-		f.req.Prompt = nil // ep is reused for the next request
+		f.req.Prompt, f.req.BlockHashes = nil, nil // ep is reused for the next request
 		if err != nil {
 			in.router.End(&f.fl, a.at, -1, false)
 			c.post(k, a.at)

@@ -3,18 +3,20 @@ package sim
 import (
 	"bytes"
 	"reflect"
+	"slices"
 	"testing"
 
+	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
-// withTextStore runs the test with sharedText replaced by an empty store of
-// the given limit.
+// withTextStore runs the test with sharedText and sharedHashes replaced by
+// empty stores of the given limit.
 func withTextStore(t *testing.T, limit int) *textStore {
 	t.Helper()
-	old := sharedText
-	sharedText = newTextStore(limit)
-	t.Cleanup(func() { sharedText = old })
+	oldText, oldHashes := sharedText, sharedHashes
+	sharedText, sharedHashes = newTextStore(limit), newHashStore(limit)
+	t.Cleanup(func() { sharedText, sharedHashes = oldText, oldHashes })
 	return sharedText
 }
 
@@ -63,9 +65,9 @@ func TestTextCacheIsTheGenerator(t *testing.T) {
 	}
 }
 
-// TestWarmTextSameResults: a run on a cold text store, a run on the store
-// it left warm, and a run on a store too small to keep anything give the
-// same Result, outcome by outcome.
+// TestWarmTextSameResults: a run on cold text and hash stores, a run on the
+// stores it left warm, and a run on stores too small to keep anything give
+// the same Result, outcome by outcome.
 func TestWarmTextSameResults(t *testing.T) {
 	mt := workload.DefaultMultiTurn()
 	mt.Conversations, mt.Seed = 8, 5
@@ -90,5 +92,57 @@ func TestWarmTextSameResults(t *testing.T) {
 		if !reflect.DeepEqual(res[0], res[1]) || !reflect.DeepEqual(res[0], res[2]) {
 			t.Fatalf("%s: cold, warm and uncached text give different results", w.Name)
 		}
+	}
+}
+
+// TestStoredHashesAreTheEngines: after a run, the block hashes the store
+// holds for each request are those of its engine prompt rendered afresh
+// (generator text, the engine's template), for single prompts and the
+// first turns of conversations; later turns, which carry the engine's
+// answers, are not stored.
+func TestStoredHashesAreTheEngines(t *testing.T) {
+	withTextStore(t, 64<<20)
+	mt := workload.DefaultMultiTurn()
+	mt.Conversations, mt.Seed = 6, 4
+	multi, err := workload.MultiTurn(mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []*workload.Workload{smallShared(t, 40), multi} {
+		if _, err := Run(Config{Replicas: 3, Policy: "cost", Seed: 1}, w); err != nil {
+			t.Fatal(err)
+		}
+		bs := enginesim.DefaultConfig().BlockSize
+		stored := 0
+		for i := range w.Requests {
+			r := &w.Requests[i]
+			got := sharedHashes.get(appendPromptDesc(nil, r, bs))
+			answered := false
+			var msgs []enginesim.Message
+			for mi := range r.Messages {
+				answered = answered || r.Messages[mi].Role == workload.Assistant
+				msgs = append(msgs, enginesim.Message{Role: r.Messages[mi].Role.String(),
+					Content: string(workload.AppendMessageText(nil, &r.Messages[mi]))})
+			}
+			if answered {
+				if got != nil {
+					t.Fatalf("%s request %d: hashes stored for a prompt with the engine's answers", w.Name, i)
+				}
+				continue
+			}
+			want := enginesim.BlockHashes(nil, enginesim.AppendChatPrompt(nil, msgs, nil), bs, "", "")
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s request %d: stored %d hashes, the prompt has %d (or they differ)", w.Name, i, len(got), len(want))
+			}
+			stored++
+		}
+		if stored == 0 {
+			t.Fatalf("%s: nothing stored", w.Name)
+		}
+	}
+	d := appendPromptDesc(nil, &multi.Requests[0], 16)
+	d[len(d)-1]++
+	if sharedHashes.get(d) != nil {
+		t.Fatal("a different description found stored hashes")
 	}
 }
