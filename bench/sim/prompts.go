@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -10,16 +11,17 @@ import (
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
-// hashStore keeps the engine prompt's chained block hashes
-// (enginesim.Request.BlockHashes) of every request whose prompt is made of
-// workload segments alone (no engine answers of earlier turns), across
-// runs: such a prompt is a pure function of the request's roles and
-// segments and the block size, and a suite replays each workload about a
-// hundred times. A request is keyed by that description (promptDesc),
-// compared in full on a hit. Safe for concurrent runs.
+// hashStore keeps, across runs, what the simulator makes of every request
+// whose prompt is made of workload segments alone (no engine answers of
+// earlier turns): its segments' text, in order, and its engine prompt's
+// chained block hashes (enginesim.Request.BlockHashes). Such a prompt is a
+// pure function of the request's roles and segments and the block size,
+// and a suite replays each workload about a hundred times; one lookup per
+// request replaces one per segment. A request is keyed by that description
+// (appendPromptDesc), compared in full on a hit. Safe for concurrent runs.
 type hashStore struct {
 	mu    sync.RWMutex
-	m     map[uint64]hashEntry
+	m     map[uint64]*hashEntry
 	bytes int
 	limit int // maxSharedHashes; tests make it small
 }
@@ -27,6 +29,9 @@ type hashStore struct {
 type hashEntry struct {
 	desc   []byte
 	hashes []uint64
+	// text is each segment's text (sharedText's), in message order; nil
+	// when the text store kept not all of them
+	text [][]byte
 }
 
 // maxSharedHashes bounds the store; a full store is dropped and refilled,
@@ -36,7 +41,7 @@ const maxSharedHashes = 256 << 20
 var sharedHashes = newHashStore(maxSharedHashes)
 
 func newHashStore(limit int) *hashStore {
-	return &hashStore{m: map[uint64]hashEntry{}, limit: limit}
+	return &hashStore{m: map[uint64]*hashEntry{}, limit: limit}
 }
 
 // appendPromptDesc appends what r's engine prompt is made of: the block
@@ -55,21 +60,23 @@ func appendPromptDesc(dst []byte, r *workload.Request, blockSize int) []byte {
 	return dst
 }
 
-// get returns the hashes stored for desc, nil if none.
-func (s *hashStore) get(desc []byte) []uint64 {
+// get returns the entry stored for desc, nil if none. It never changes.
+func (s *hashStore) get(desc []byte) *hashEntry {
 	k := xxh3.Hash(desc)
 	s.mu.RLock()
-	e, ok := s.m[k]
+	e := s.m[k]
 	s.mu.RUnlock()
-	if !ok || !bytes.Equal(e.desc, desc) {
+	if e == nil || !bytes.Equal(e.desc, desc) {
 		return nil
 	}
-	return e.hashes
+	return e
 }
 
-// put stores a copy of desc's hashes and returns it (never changed), or
-// nil when there are none or another description holds the key.
-func (s *hashStore) put(desc []byte, hashes []uint64) []uint64 {
+// put stores desc's hashes and segment texts (copies of the slices; text
+// is left out if any is nil) and returns the entry, or nil when there are
+// no hashes or another description holds the key. The texts' bytes are
+// the text store's and count there.
+func (s *hashStore) put(desc []byte, hashes []uint64, text [][]byte) *hashEntry {
 	if len(hashes) == 0 {
 		return nil
 	}
@@ -78,16 +85,19 @@ func (s *hashStore) put(desc []byte, hashes []uint64) []uint64 {
 	defer s.mu.Unlock()
 	if e, ok := s.m[k]; ok {
 		if bytes.Equal(e.desc, desc) {
-			return e.hashes
+			return e
 		}
 		return nil
 	}
-	size := len(desc) + 8*len(hashes)
+	size := len(desc) + 8*len(hashes) + 24*len(text)
 	if s.bytes+size > s.limit {
-		s.m, s.bytes = map[uint64]hashEntry{}, 0
+		s.m, s.bytes = map[uint64]*hashEntry{}, 0
 	}
-	e := hashEntry{desc: append([]byte(nil), desc...), hashes: append([]uint64(nil), hashes...)}
+	e := &hashEntry{desc: append([]byte(nil), desc...), hashes: append([]uint64(nil), hashes...)}
+	if !slices.ContainsFunc(text, func(t []byte) bool { return t == nil }) {
+		e.text = slices.Clone(text)
+	}
 	s.m[k] = e
 	s.bytes += size
-	return e.hashes
+	return e
 }

@@ -442,8 +442,19 @@ func (c *cluster) loop(w *workload.Workload) error {
 	)
 	tc := newTextCache()
 	bs := c.engines[0].BlockSize()
+	var (
+		pe *hashEntry // the current request's stored text and hashes
+		si int        // its next segment
+	)
 	content := func(dst []byte, mi int) []byte {
 		m := &wr.Messages[mi]
+		if pe != nil && pe.text != nil {
+			for range m.Segments {
+				dst = append(dst, pe.text[si]...)
+				si++
+			}
+			return dst
+		}
 		if m.Role != workload.Assistant {
 			return tc.appendMessage(dst, m)
 		}
@@ -512,10 +523,20 @@ func (c *cluster) loop(w *workload.Workload) error {
 		if wr.Conversation >= 0 {
 			answers = cv.answers[wr.Conversation]
 		}
+		// a prompt of segments alone is the same in every run: its text
+		// and block hashes are kept across runs (sharedHashes)
+		pe, si = nil, 0
+		plain := len(answers) == 0 || !hasAssistant(wr)
+		if plain {
+			desc = appendPromptDesc(desc[:0], wr, bs)
+			pe = sharedHashes.get(desc)
+		}
 		// each message's text once, into the body; the engine prompt is
 		// rendered from the body's spans
 		na = 0
+		tc.record, tc.segs = plain && pe == nil, tc.segs[:0]
 		body, spans = workload.AppendChatBodyContent(body[:0], wr, true, content, spans[:0])
+		tc.record = false
 		// router CPU: what the proxy does per request (parse, hash,
 		// decide), not the simulator's making of the prompt text
 		start := time.Now()
@@ -532,14 +553,13 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 		// the engine reads its prompt only in Submit: one buffer serves all
 		ep = enginesim.AppendChatPrompt(ep[:0], msgs, nil)
-		// a prompt of segments alone hashes the same in every run
+		if plain && pe == nil {
+			hs = enginesim.BlockHashes(hs[:0], ep, bs, "", "")
+			pe = sharedHashes.put(desc, hs, tc.segs)
+		}
 		var bh []uint64
-		if min(na, len(answers)) == 0 {
-			desc = appendPromptDesc(desc[:0], wr, bs)
-			if bh = sharedHashes.get(desc); bh == nil {
-				hs = enginesim.BlockHashes(hs[:0], ep, bs, "", "")
-				bh = sharedHashes.put(desc, hs)
-			}
+		if pe != nil {
+			bh = pe.hashes
 		}
 		k := 0
 		if c.pick != nil {
@@ -575,6 +595,17 @@ func (c *cluster) loop(w *workload.Workload) error {
 		c.perRep[f.replica]++
 		c.heap.update(f.replica, e.NextEventTime())
 	}
+}
+
+// hasAssistant reports whether r has an assistant message (an earlier
+// turn, which a closed-loop conversation fills with the engine's answer).
+func hasAssistant(r *workload.Request) bool {
+	for i := range r.Messages {
+		if r.Messages[i].Role == workload.Assistant {
+			return true
+		}
+	}
+	return false
 }
 
 // followUp records request i's answer and schedules its conversation's next

@@ -15,6 +15,10 @@ import (
 // already fetched, so a segment used again costs no lock.
 type textCache struct {
 	text map[segKey][]byte
+	// record makes appendSegment append each segment's stored text (nil
+	// if the store did not keep it) to segs
+	record bool
+	segs   [][]byte
 }
 
 type segKey struct {
@@ -29,20 +33,25 @@ func newTextCache() *textCache {
 // appendSegment appends s's text, the same bytes as workload.AppendSegment.
 func (c *textCache) appendSegment(dst []byte, s workload.Segment) []byte {
 	k := segKey{s.ID, s.Tokens}
-	if t, ok := c.text[k]; ok {
-		return append(dst, t...)
-	}
-	t := sharedText.get(k)
-	if t == nil {
-		n := len(dst)
-		dst = workload.AppendSegment(dst, s)
-		t = sharedText.put(k, dst[n:])
-		if t != nil {
-			c.text[k] = t
+	t, ok := c.text[k]
+	if !ok {
+		if t = sharedText.get(k); t == nil {
+			n := len(dst)
+			dst = workload.AppendSegment(dst, s)
+			t = sharedText.put(k, dst[n:])
+			if t != nil {
+				c.text[k] = t
+			}
+			if c.record {
+				c.segs = append(c.segs, t)
+			}
+			return dst
 		}
-		return dst
+		c.text[k] = t
 	}
-	c.text[k] = t
+	if c.record {
+		c.segs = append(c.segs, t)
+	}
 	return append(dst, t...)
 }
 

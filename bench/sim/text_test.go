@@ -116,7 +116,7 @@ func TestStoredHashesAreTheEngines(t *testing.T) {
 		stored := 0
 		for i := range w.Requests {
 			r := &w.Requests[i]
-			got := sharedHashes.get(appendPromptDesc(nil, r, bs))
+			e := sharedHashes.get(appendPromptDesc(nil, r, bs))
 			answered := false
 			var msgs []enginesim.Message
 			for mi := range r.Messages {
@@ -125,14 +125,28 @@ func TestStoredHashesAreTheEngines(t *testing.T) {
 					Content: string(workload.AppendMessageText(nil, &r.Messages[mi]))})
 			}
 			if answered {
-				if got != nil {
+				if e != nil {
 					t.Fatalf("%s request %d: hashes stored for a prompt with the engine's answers", w.Name, i)
 				}
 				continue
 			}
+			if e == nil {
+				t.Fatalf("%s request %d: nothing stored", w.Name, i)
+			}
 			want := enginesim.BlockHashes(nil, enginesim.AppendChatPrompt(nil, msgs, nil), bs, "", "")
-			if !slices.Equal(got, want) {
-				t.Fatalf("%s request %d: stored %d hashes, the prompt has %d (or they differ)", w.Name, i, len(got), len(want))
+			if !slices.Equal(e.hashes, want) {
+				t.Fatalf("%s request %d: stored %d hashes, the prompt has %d (or they differ)", w.Name, i, len(e.hashes), len(want))
+			}
+			var text []byte
+			for _, seg := range e.text {
+				text = append(text, seg...)
+			}
+			var all []byte
+			for mi := range r.Messages {
+				all = workload.AppendMessageText(all, &r.Messages[mi])
+			}
+			if e.text == nil || !bytes.Equal(text, all) {
+				t.Fatalf("%s request %d: stored text differs from the generator's", w.Name, i)
 			}
 			stored++
 		}
