@@ -485,12 +485,14 @@ func (e *Engine) plan(t int64) {
 			computed = hit * e.bs
 		} else if e.caching {
 			maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
+			prev := int32(-1)
 			for k := range maxHit {
-				b := e.pool.lookup(s.hashes[k])
+				b := e.pool.lookupAfter(prev, s.hashes[k])
 				if b < 0 {
 					break
 				}
 				e.hits = append(e.hits, b)
+				prev = b
 			}
 			computed = len(e.hits) * e.bs
 		}
@@ -597,6 +599,9 @@ func (e *Engine) complete(obs Observer) {
 			k := s.committed
 			for ; k < s.computed/e.bs && k < len(s.hashes); k++ {
 				e.pool.commit(s.blocks[k], s.hashes[k])
+				if k > 0 {
+					e.pool.link(s.blocks[k-1], s.blocks[k])
+				}
 			}
 			s.committed = k
 		}

@@ -30,12 +30,13 @@ func (e *Engine) checkInvariants() error {
 			return fmt.Errorf("waiting seq state %d with %d blocks, %d computed", s.state, len(s.blocks), s.computed)
 		}
 	}
-	free := 0
+	free, inFree := 0, make([]bool, p.total())
 	for b := p.head; b >= 0; b = p.blk[b].next {
 		if free++; free > p.total() {
 			return fmt.Errorf("free queue cycles")
 		}
-		if !p.blk[b].inFree || p.blk[b].ref != 0 {
+		inFree[b] = true
+		if p.blk[b].ref != 0 {
 			return fmt.Errorf("block %d in free queue with ref %d", b, p.blk[b].ref)
 		}
 	}
@@ -56,8 +57,8 @@ func (e *Engine) checkInvariants() error {
 		if k.ref != refs[b] {
 			return fmt.Errorf("block %d ref %d, block tables hold %d", b, k.ref, refs[b])
 		}
-		if (k.ref == 0) != k.inFree {
-			return fmt.Errorf("block %d ref %d but inFree %v", b, k.ref, k.inFree)
+		if (k.ref == 0) != inFree[b] {
+			return fmt.Errorf("block %d ref %d but in the free queue: %v", b, k.ref, inFree[b])
 		}
 		if h := k.hash; h != 0 && p.cached.get(h, p.blk) != int32(b) {
 			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h, p.blk))

@@ -18,9 +18,12 @@ type blockPool struct {
 
 type block struct {
 	hash       uint64 // 0: no cached content
-	ref        int32
-	prev, next int32 // free-queue links; -1 terminates
-	inFree     bool
+	ref        int32  // requests holding it; 0: in the free queue
+	prev, next int32  // free-queue links; -1 terminates
+	// succ is the block that followed this one in the last chain
+	// committed through it, -1 none: a hint that lets a prefix hit follow
+	// a cached chain block to block without probing the index (lookupAfter)
+	succ int32
 }
 
 func newBlockPool(n int) *blockPool {
@@ -34,7 +37,7 @@ func (p *blockPool) reset() {
 	p.cached.clear()
 	n := int32(len(p.blk))
 	for i := range n { // the free queue in block order
-		p.blk[i] = block{prev: i - 1, next: i + 1, inFree: true}
+		p.blk[i] = block{prev: i - 1, next: i + 1, succ: -1}
 	}
 	p.blk[n-1].next = -1
 	p.head, p.tail, p.nfree = 0, n-1, int(n)
@@ -46,7 +49,7 @@ func (p *blockPool) total() int { return len(p.blk) }
 func (p *blockPool) used() int { return len(p.blk) - p.nfree }
 
 // free reports whether block b is in the free queue (no request holds it).
-func (p *blockPool) free(b int32) bool { return p.blk[b].inFree }
+func (p *blockPool) free(b int32) bool { return p.blk[b].ref == 0 }
 
 func (p *blockPool) pushTail(b int32) {
 	k := &p.blk[b]
@@ -57,7 +60,6 @@ func (p *blockPool) pushTail(b int32) {
 		p.head = b
 	}
 	p.tail = b
-	k.inFree = true
 	p.nfree++
 }
 
@@ -74,7 +76,6 @@ func (p *blockPool) unlink(b int32) {
 	} else {
 		p.tail = pr
 	}
-	k.inFree = false
 	p.nfree--
 }
 
@@ -83,9 +84,25 @@ func (p *blockPool) lookup(h uint64) int32 {
 	return p.cached.get(h, p.blk)
 }
 
+// lookupAfter is lookup(h) for the block following prev (a block caching
+// the chain's previous hash; -1 for a chain's first block): when prev's
+// successor hint caches h, that is the answer, as only one block caches a
+// hash; else the index says.
+func (p *blockPool) lookupAfter(prev int32, h uint64) int32 {
+	if prev >= 0 {
+		if c := p.blk[prev].succ; c >= 0 && p.blk[c].hash == h {
+			return c
+		}
+	}
+	return p.cached.get(h, p.blk)
+}
+
+// link records that block b followed block prev in a committed chain.
+func (p *blockPool) link(prev, b int32) { p.blk[prev].succ = b }
+
 // touch takes a reference on a cached block, pulling it out of the free queue.
 func (p *blockPool) touch(b int32) {
-	if p.blk[b].inFree {
+	if p.blk[b].ref == 0 {
 		p.unlink(b)
 	}
 	p.blk[b].ref++
@@ -106,6 +123,7 @@ func (p *blockPool) alloc() int32 {
 		p.evictions++
 	}
 	k.ref = 1
+	k.succ = -1
 	return b
 }
 

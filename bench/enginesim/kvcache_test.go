@@ -90,3 +90,45 @@ func TestBlockPoolLRUOrder(t *testing.T) {
 		t.Fatal("commit overwrote a cached block")
 	}
 }
+
+// TestLookupAfterIsLookup: following a block's successor hint answers what
+// the index answers, while blocks are committed in chains, linked,
+// released, evicted and reused for other content.
+func TestLookupAfterIsLookup(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := newBlockPool(32)
+	var held []int32
+	for op := range 20000 {
+		switch {
+		case r.IntN(2) == 0 && p.nfree >= 3: // a chain of 1-3 new blocks
+			var prev int32 = -1
+			for range r.IntN(3) + 1 {
+				b := p.alloc()
+				p.commit(b, uint64(r.IntN(64)+1)) // few hashes: duplicates stay anonymous
+				if prev >= 0 {
+					p.link(prev, b)
+				}
+				held, prev = append(held, b), b
+			}
+		case len(held) > 0:
+			i := r.IntN(len(held))
+			p.release(held[i])
+			held = append(held[:i], held[i+1:]...)
+		}
+		if r.IntN(4) == 0 { // a hit takes a cached block back
+			if b := p.lookup(uint64(r.IntN(64) + 1)); b >= 0 {
+				p.touch(b)
+				held = append(held, b)
+			}
+		}
+		for range 8 {
+			prev, h := int32(r.IntN(33)-1), uint64(r.IntN(64)+1)
+			if prev >= 0 && r.IntN(2) == 0 && p.blk[prev].succ >= 0 {
+				h = p.blk[p.blk[prev].succ].hash | 1 // the hinted block's hash, or a near miss
+			}
+			if got, want := p.lookupAfter(prev, h), p.lookup(h); got != want {
+				t.Fatalf("op %d: lookupAfter(%d, %d) = %d, lookup = %d", op, prev, h, got, want)
+			}
+		}
+	}
+}
