@@ -457,9 +457,7 @@ func (e *Engine) plan(t int64) {
 		if s == nil {
 			break
 		}
-		for range need {
-			s.blocks = append(s.blocks, e.pool.alloc())
-		}
+		s.blocks = e.pool.allocN(s.blocks, need)
 		if n == 1 && s.numTokens > s.promptLen && s.computed == s.numTokens-1 {
 			decodes++
 			ctx += s.computed
@@ -511,9 +509,7 @@ func (e *Engine) plan(t int64) {
 			e.pool.touch(b)
 		}
 		s.blocks = append(s.blocks, e.hits...)
-		for range need {
-			s.blocks = append(s.blocks, e.pool.alloc())
-		}
+		s.blocks = e.pool.allocN(s.blocks, need)
 		s.computed, s.committed = computed, len(e.hits)
 		if sl >= 0 {
 			s.slot = sl
@@ -597,6 +593,9 @@ func (e *Engine) complete(obs Observer) {
 		s.numNew = 0
 		if e.caching && e.slots == nil {
 			k := s.committed
+			if end := min(s.computed/e.bs, len(s.hashes)); end-k > 1 {
+				e.pool.cached.warm(s.hashes[k:end])
+			}
 			for ; k < s.computed/e.bs && k < len(s.hashes); k++ {
 				e.pool.commit(s.blocks[k], s.hashes[k])
 				if k > 0 {

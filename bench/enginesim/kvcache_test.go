@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -129,6 +130,42 @@ func TestLookupAfterIsLookup(t *testing.T) {
 			if got, want := p.lookupAfter(prev, h), p.lookup(h); got != want {
 				t.Fatalf("op %d: lookupAfter(%d, %d) = %d, lookup = %d", op, prev, h, got, want)
 			}
+		}
+	}
+}
+
+// TestAllocNIsAllocs: allocN gives the blocks n calls of alloc give, in
+// order, and leaves the pool (blocks, free queue, index, evictions) the
+// same.
+func TestAllocNIsAllocs(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	a, b := newBlockPool(48), newBlockPool(48)
+	var held []int32
+	for op := range 5000 {
+		if n := r.IntN(6); n <= a.nfree && r.IntN(3) > 0 {
+			got := a.allocN(nil, n)
+			var want []int32
+			for range n {
+				want = append(want, b.alloc())
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("op %d: allocN(%d) = %v, allocs %v", op, n, got, want)
+			}
+			for _, k := range got {
+				h := uint64(r.IntN(200) + 1)
+				a.commit(k, h)
+				b.commit(k, h)
+			}
+			held = append(held, got...)
+		} else if len(held) > 0 {
+			i := r.IntN(len(held))
+			a.release(held[i])
+			b.release(held[i])
+			held = append(held[:i], held[i+1:]...)
+		}
+		if !slices.Equal(a.blk, b.blk) || a.head != b.head || a.tail != b.tail || a.nfree != b.nfree ||
+			a.evictions != b.evictions || !slices.Equal(a.cached.slots, b.cached.slots) {
+			t.Fatalf("op %d: pools differ", op)
 		}
 	}
 }
