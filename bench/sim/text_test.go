@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"reflect"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/warmpath/warmpath/bench/enginesim"
@@ -158,5 +159,40 @@ func TestStoredHashesAreTheEngines(t *testing.T) {
 	d[len(d)-1]++
 	if sharedHashes.get(d) != nil {
 		t.Fatal("a different description found stored hashes")
+	}
+}
+
+// TestConcurrentRunsShareStores: runs at once on cold stores (a suite runs
+// several) fill and read them together and get the result of a run alone;
+// -race checks the stores' locking.
+func TestConcurrentRunsShareStores(t *testing.T) {
+	w := smallShared(t, 60)
+	cfg := Config{Replicas: 4, Policy: "cost", Seed: 3, KeepOutcomes: true}
+	withTextStore(t, 64<<20)
+	want, err := Run(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.DecideNanos = 0
+	withTextStore(t, 64<<20)
+	res := make([]*Result, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = Run(cfg, w)
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		r.DecideNanos = 0
+		if !reflect.DeepEqual(r, want) {
+			t.Fatalf("run %d of 3 at once differs from a run alone", i)
+		}
 	}
 }
