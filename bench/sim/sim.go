@@ -769,7 +769,38 @@ func (h *engineHeap) Swap(i, j int) {
 func (h *engineHeap) Push(any)   { panic("fixed size") }
 func (h *engineHeap) Pop() any   { panic("fixed size") }
 func (h *engineHeap) min() int64 { return h.at[h.items[0]] }
+
+// update sets engine e's next event time and restores the heap order: the
+// steps of container/heap's Fix, with the comparisons and swaps written out
+// (the loop calls it after every engine step and submit), so the heap, and
+// which of two engines with the same time goes first, are Fix's.
 func (h *engineHeap) update(e int, at int64) {
 	h.at[e] = at
-	heap.Fix(h, h.pos[e])
+	i0 := h.pos[e]
+	i, n := i0, len(h.items)
+	for { // down
+		j := 2*i + 1
+		if j >= n {
+			break
+		}
+		if j2 := j + 1; j2 < n && h.at[h.items[j2]] < h.at[h.items[j]] {
+			j = j2
+		}
+		if !(h.at[h.items[j]] < h.at[h.items[i]]) {
+			break
+		}
+		h.Swap(i, j)
+		i = j
+	}
+	if i > i0 {
+		return
+	}
+	for j := i0; j > 0; { // up
+		p := (j - 1) / 2
+		if !(h.at[h.items[j]] < h.at[h.items[p]]) {
+			break
+		}
+		h.Swap(p, j)
+		j = p
+	}
 }
