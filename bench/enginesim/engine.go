@@ -67,6 +67,13 @@ type Request struct {
 	MaxTokens int
 	// Data is for the caller (the HTTP server keeps its flight here).
 	Data any
+	// BlockHashes, when set, are the chained hashes of Prompt's full
+	// blocks, as BlockHashes(nil, Prompt, BlockSize, Adapter, CacheSalt)
+	// returns them: a caller that submits the same prompt many times (the
+	// cluster simulator replays a workload once per policy and load)
+	// computes them once. Submit copies them and hashes the prompt itself
+	// when their count does not match.
+	BlockHashes []uint64
 
 	// Written by the engine.
 	PromptTokens int          // ceil(len(Prompt)/4)
@@ -301,20 +308,14 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	s.arrival = now
 	s.state = stWaiting
 	s.slot = -1
-	s.root = xxh3.HashStringSeed(r.CacheSalt, xxh3.HashString(r.Adapter)^0x5eed)
+	s.root = hashRoot(r.Adapter, r.CacheSalt)
 	*r = Request{ID: r.ID, Prompt: r.Prompt, Adapter: r.Adapter, CacheSalt: r.CacheSalt,
-		MaxTokens: r.MaxTokens, Data: r.Data,
+		MaxTokens: r.MaxTokens, Data: r.Data, BlockHashes: r.BlockHashes,
 		PromptTokens: p, OutputTarget: target, Arrival: now, eos: eos, outKey: key, seq: s}
-	// the full prompt blocks' chained hashes, as hashBlock computes them
-	step := e.bs * BytesPerToken
-	parent := s.root
-	for k := range p / e.bs {
-		h := xxh3.HashSeed(r.Prompt[k*step:min((k+1)*step, len(r.Prompt))], parent)
-		if h == 0 {
-			h = 1
-		}
-		s.hashes = append(s.hashes, h)
-		parent = h
+	if len(r.BlockHashes) == p/e.bs {
+		s.hashes = append(s.hashes, r.BlockHashes...)
+	} else {
+		s.hashes = appendBlockHashes(s.hashes, r.Prompt, e.bs, s.root)
 	}
 	s.tail = append(s.tail[:0], r.Prompt[min(p/e.bs*e.bs*BytesPerToken, len(r.Prompt)):]...)
 	e.waiting.pushBack(s)
@@ -323,6 +324,34 @@ func (e *Engine) Submit(r *Request, now int64) error {
 		e.pendingAt = now
 	}
 	return nil
+}
+
+// BlockHashes appends to dst the chained hashes of the full blocks of
+// prompt (engine form) for the given LoRA adapter and cache salt, as Submit
+// computes them: Request.BlockHashes.
+func BlockHashes(dst []uint64, prompt []byte, blockSize int, adapter, salt string) []uint64 {
+	return appendBlockHashes(dst, prompt, blockSize, hashRoot(adapter, salt))
+}
+
+// hashRoot seeds a hash chain: the adapter and salt's KV namespace.
+func hashRoot(adapter, salt string) uint64 {
+	return xxh3.HashStringSeed(salt, xxh3.HashString(adapter)^0x5eed)
+}
+
+// appendBlockHashes hashes prompt's full blocks, each chained to the one
+// before (the first to root), as hashBlock does.
+func appendBlockHashes(dst []uint64, prompt []byte, bs int, root uint64) []uint64 {
+	step := bs * BytesPerToken
+	parent := root
+	for k := range tokensOf(len(prompt)) / bs {
+		h := xxh3.HashSeed(prompt[k*step:min((k+1)*step, len(prompt))], parent)
+		if h == 0 {
+			h = 1
+		}
+		dst = append(dst, h)
+		parent = h
+	}
+	return dst
 }
 
 // sampleLen draws a log-normal output length keyed by the request.
@@ -428,9 +457,7 @@ func (e *Engine) plan(t int64) {
 		if s == nil {
 			break
 		}
-		for range need {
-			s.blocks = append(s.blocks, e.pool.alloc())
-		}
+		s.blocks = e.pool.allocN(s.blocks, need)
 		if n == 1 && s.numTokens > s.promptLen && s.computed == s.numTokens-1 {
 			decodes++
 			ctx += s.computed
@@ -456,12 +483,14 @@ func (e *Engine) plan(t int64) {
 			computed = hit * e.bs
 		} else if e.caching {
 			maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
+			prev := int32(-1)
 			for k := range maxHit {
-				b := e.pool.lookup(s.hashes[k])
+				b := e.pool.lookupAfter(prev, s.hashes[k])
 				if b < 0 {
 					break
 				}
 				e.hits = append(e.hits, b)
+				prev = b
 			}
 			computed = len(e.hits) * e.bs
 		}
@@ -480,9 +509,7 @@ func (e *Engine) plan(t int64) {
 			e.pool.touch(b)
 		}
 		s.blocks = append(s.blocks, e.hits...)
-		for range need {
-			s.blocks = append(s.blocks, e.pool.alloc())
-		}
+		s.blocks = e.pool.allocN(s.blocks, need)
 		s.computed, s.committed = computed, len(e.hits)
 		if sl >= 0 {
 			s.slot = sl
@@ -566,8 +593,14 @@ func (e *Engine) complete(obs Observer) {
 		s.numNew = 0
 		if e.caching && e.slots == nil {
 			k := s.committed
+			if end := min(s.computed/e.bs, len(s.hashes)); end-k > 1 {
+				e.pool.cached.warm(s.hashes[k:end])
+			}
 			for ; k < s.computed/e.bs && k < len(s.hashes); k++ {
 				e.pool.commit(s.blocks[k], s.hashes[k])
+				if k > 0 {
+					e.pool.link(s.blocks[k-1], s.blocks[k])
+				}
 			}
 			s.committed = k
 		}

@@ -30,29 +30,42 @@ func (e *Engine) checkInvariants() error {
 			return fmt.Errorf("waiting seq state %d with %d blocks, %d computed", s.state, len(s.blocks), s.computed)
 		}
 	}
-	free := 0
+	free, inFree := 0, make([]bool, p.total())
 	for b := p.head; b >= 0; b = p.blk[b].next {
 		if free++; free > p.total() {
 			return fmt.Errorf("free queue cycles")
 		}
-		if !p.blk[b].inFree || p.blk[b].ref != 0 {
+		inFree[b] = true
+		if p.blk[b].ref != 0 {
 			return fmt.Errorf("block %d in free queue with ref %d", b, p.blk[b].ref)
 		}
 	}
 	if free != p.nfree {
 		return fmt.Errorf("free queue has %d blocks, nfree %d", free, p.nfree)
 	}
+	entries, hashed := 0, 0
+	for _, sl := range p.cached.slots {
+		if sl.val != 0 {
+			entries++
+		}
+	}
 	for b := range p.total() {
 		k := p.blk[b]
+		if k.hash != 0 {
+			hashed++
+		}
 		if k.ref != refs[b] {
 			return fmt.Errorf("block %d ref %d, block tables hold %d", b, k.ref, refs[b])
 		}
-		if (k.ref == 0) != k.inFree {
-			return fmt.Errorf("block %d ref %d but inFree %v", b, k.ref, k.inFree)
+		if (k.ref == 0) != inFree[b] {
+			return fmt.Errorf("block %d ref %d but in the free queue: %v", b, k.ref, inFree[b])
 		}
-		if h := k.hash; h != 0 && p.cached.get(h) != int32(b) {
-			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h))
+		if h := k.hash; h != 0 && p.cached.get(h, p.blk) != int32(b) {
+			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h, p.blk))
 		}
+	}
+	if entries != hashed {
+		return fmt.Errorf("index holds %d entries for %d cached blocks", entries, hashed)
 	}
 	return nil
 }

@@ -2,11 +2,13 @@ package enginesim
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
 // TestHashIndexMatchesMap drives the index and a Go map with the same random
-// operations, with keys crowded into few home slots to exercise probing and
+// operations, with keys crowded into few home slots and sharing
+// fingerprints, to exercise probing, the check of the block's own hash and
 // backward-shift deletion.
 func TestHashIndexMatchesMap(t *testing.T) {
 	tests := []struct {
@@ -14,40 +16,49 @@ func TestHashIndexMatchesMap(t *testing.T) {
 		keys func(r *rand.Rand) uint64
 	}{
 		{"random keys", func(r *rand.Rand) uint64 { return r.Uint64() | 1 }},
-		{"colliding homes", func(r *rand.Rand) uint64 { return uint64(r.IntN(40)+1)<<20 | uint64(r.IntN(4)) }},
+		{"colliding homes", func(r *rand.Rand) uint64 { return uint64(r.IntN(40)+1)<<36 | uint64(r.IntN(4)) }},
+		{"one fingerprint", func(r *rand.Rand) uint64 { return 7<<32 | uint64(r.IntN(100)+1) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
-			x := newHashIndex(64)
+			const n = 64
+			x := newHashIndex(n)
+			blk := make([]block, n) // blk[b].hash: the key block b caches, 0 none
 			ref := map[uint64]int32{}
 			for op := range 20000 {
 				k := tc.keys(r)
 				switch r.IntN(3) {
 				case 0:
-					if len(ref) < 64 {
-						_, had := ref[k]
-						if added := x.insert(k, int32(op)); added == had {
-							t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
-						}
-						if !had {
-							ref[k] = int32(op)
-						}
+					b := int32(r.IntN(n))
+					if blk[b].hash != 0 {
+						break // the pool inserts only for a block caching nothing
+					}
+					_, had := ref[k]
+					if added := x.insert(k, b, blk); added == had {
+						t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
+					}
+					if !had {
+						ref[k] = b
+						blk[b].hash = k
 					}
 				case 1:
-					x.del(k)
-					delete(ref, k)
+					if b, ok := ref[k]; ok {
+						x.del(k, b)
+						delete(ref, k)
+						blk[b].hash = 0
+					}
 				}
 				want, ok := ref[k]
 				if !ok {
 					want = -1
 				}
-				if got := x.get(k); got != want {
+				if got := x.get(k, blk); got != want {
 					t.Fatalf("op %d get(%x) = %d, want %d", op, k, got, want)
 				}
 			}
 			for k, v := range ref {
-				if got := x.get(k); got != v {
+				if got := x.get(k, blk); got != v {
 					t.Fatalf("final get(%x) = %d, want %d", k, got, v)
 				}
 			}
@@ -78,5 +89,83 @@ func TestBlockPoolLRUOrder(t *testing.T) {
 	p.commit(a, 22) // a already holds 11: unchanged
 	if p.lookup(11) != a || p.lookup(22) != -1 {
 		t.Fatal("commit overwrote a cached block")
+	}
+}
+
+// TestLookupAfterIsLookup: following a block's successor hint answers what
+// the index answers, while blocks are committed in chains, linked,
+// released, evicted and reused for other content.
+func TestLookupAfterIsLookup(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := newBlockPool(32)
+	var held []int32
+	for op := range 20000 {
+		switch {
+		case r.IntN(2) == 0 && p.nfree >= 3: // a chain of 1-3 new blocks
+			var prev int32 = -1
+			for range r.IntN(3) + 1 {
+				b := p.alloc()
+				p.commit(b, uint64(r.IntN(64)+1)) // few hashes: duplicates stay anonymous
+				if prev >= 0 {
+					p.link(prev, b)
+				}
+				held, prev = append(held, b), b
+			}
+		case len(held) > 0:
+			i := r.IntN(len(held))
+			p.release(held[i])
+			held = append(held[:i], held[i+1:]...)
+		}
+		if r.IntN(4) == 0 { // a hit takes a cached block back
+			if b := p.lookup(uint64(r.IntN(64) + 1)); b >= 0 {
+				p.touch(b)
+				held = append(held, b)
+			}
+		}
+		for range 8 {
+			prev, h := int32(r.IntN(33)-1), uint64(r.IntN(64)+1)
+			if prev >= 0 && r.IntN(2) == 0 && p.blk[prev].succ >= 0 {
+				h = p.blk[p.blk[prev].succ].hash | 1 // the hinted block's hash, or a near miss
+			}
+			if got, want := p.lookupAfter(prev, h), p.lookup(h); got != want {
+				t.Fatalf("op %d: lookupAfter(%d, %d) = %d, lookup = %d", op, prev, h, got, want)
+			}
+		}
+	}
+}
+
+// TestAllocNIsAllocs: allocN gives the blocks n calls of alloc give, in
+// order, and leaves the pool (blocks, free queue, index, evictions) the
+// same.
+func TestAllocNIsAllocs(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	a, b := newBlockPool(48), newBlockPool(48)
+	var held []int32
+	for op := range 5000 {
+		if n := r.IntN(6); n <= a.nfree && r.IntN(3) > 0 {
+			got := a.allocN(nil, n)
+			var want []int32
+			for range n {
+				want = append(want, b.alloc())
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("op %d: allocN(%d) = %v, allocs %v", op, n, got, want)
+			}
+			for _, k := range got {
+				h := uint64(r.IntN(200) + 1)
+				a.commit(k, h)
+				b.commit(k, h)
+			}
+			held = append(held, got...)
+		} else if len(held) > 0 {
+			i := r.IntN(len(held))
+			a.release(held[i])
+			b.release(held[i])
+			held = append(held[:i], held[i+1:]...)
+		}
+		if !slices.Equal(a.blk, b.blk) || a.head != b.head || a.tail != b.tail || a.nfree != b.nfree ||
+			a.evictions != b.evictions || !slices.Equal(a.cached.slots, b.cached.slots) {
+			t.Fatalf("op %d: pools differ", op)
+		}
 	}
 }

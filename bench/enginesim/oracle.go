@@ -15,7 +15,7 @@ func (e *Engine) CachedPrefixTokens(prompt []byte, adapter, salt string) int {
 	if !e.caching || p == 0 {
 		return 0
 	}
-	parent := xxh3.HashStringSeed(salt, xxh3.HashString(adapter)^0x5eed) // as Submit's seq.root
+	parent := hashRoot(adapter, salt) // as Submit's seq.root
 	step := e.bs * BytesPerToken
 	maxHit := (p - 1) / e.bs // as plan: a hit never covers the last prompt token
 	var follow *seq          // an in-flight sequence sharing the chain so far

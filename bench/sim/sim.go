@@ -431,6 +431,8 @@ func (c *cluster) loop(w *workload.Workload) error {
 		body   []byte
 		msgs   []enginesim.Message
 		ep     []byte   // the engine prompt
+		desc   []byte   // what it is made of (appendPromptDesc)
+		hs     []uint64 // its block hashes, when sharedHashes lacks them
 		spans  [][2]int // message -> its text in body
 		// the current request's earlier answers (a conversation's), and
 		// how many of them its messages used so far
@@ -439,8 +441,20 @@ func (c *cluster) loop(w *workload.Workload) error {
 		wr      *workload.Request
 	)
 	tc := newTextCache()
+	bs := c.engines[0].BlockSize()
+	var (
+		pe *hashEntry // the current request's stored text and hashes
+		si int        // its next segment
+	)
 	content := func(dst []byte, mi int) []byte {
 		m := &wr.Messages[mi]
+		if pe != nil && pe.text != nil {
+			for range m.Segments {
+				dst = append(dst, pe.text[si]...)
+				si++
+			}
+			return dst
+		}
 		if m.Role != workload.Assistant {
 			return tc.appendMessage(dst, m)
 		}
@@ -509,10 +523,20 @@ func (c *cluster) loop(w *workload.Workload) error {
 		if wr.Conversation >= 0 {
 			answers = cv.answers[wr.Conversation]
 		}
+		// a prompt of segments alone is the same in every run: its text
+		// and block hashes are kept across runs (sharedHashes)
+		pe, si = nil, 0
+		plain := len(answers) == 0 || !hasAssistant(wr)
+		if plain {
+			desc = appendPromptDesc(desc[:0], wr, bs)
+			pe = sharedHashes.get(desc)
+		}
 		// each message's text once, into the body; the engine prompt is
 		// rendered from the body's spans
 		na = 0
+		tc.record, tc.segs = plain && pe == nil, tc.segs[:0]
 		body, spans = workload.AppendChatBodyContent(body[:0], wr, true, content, spans[:0])
+		tc.record = false
 		// router CPU: what the proxy does per request (parse, hash,
 		// decide), not the simulator's making of the prompt text
 		start := time.Now()
@@ -529,6 +553,14 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 		// the engine reads its prompt only in Submit: one buffer serves all
 		ep = enginesim.AppendChatPrompt(ep[:0], msgs, nil)
+		if plain && pe == nil {
+			hs = enginesim.BlockHashes(hs[:0], ep, bs, "", "")
+			pe = sharedHashes.put(desc, hs, tc.segs)
+		}
+		var bh []uint64
+		if pe != nil {
+			bh = pe.hashes
+		}
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
@@ -545,12 +577,12 @@ func (c *cluster) loop(w *workload.Workload) error {
 			continue
 		}
 		f := &flight{replica: int(d.Ranked[0]), router: k, wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
-		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f}
+		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f, BlockHashes: bh}
 		in.router.Begin(d.Ranked[0], &req, &d, &f.fl)
 		c.post(k, a.at)
 		e := c.engines[f.replica]
 		err = e.Submit(&f.req, a.at)
-		f.req.Prompt = nil // ep is reused for the next request
+		f.req.Prompt, f.req.BlockHashes = nil, nil // ep is reused for the next request
 		if err != nil {
 			in.router.End(&f.fl, a.at, -1, false)
 			c.post(k, a.at)
@@ -563,6 +595,17 @@ func (c *cluster) loop(w *workload.Workload) error {
 		c.perRep[f.replica]++
 		c.heap.update(f.replica, e.NextEventTime())
 	}
+}
+
+// hasAssistant reports whether r has an assistant message (an earlier
+// turn, which a closed-loop conversation fills with the engine's answer).
+func hasAssistant(r *workload.Request) bool {
+	for i := range r.Messages {
+		if r.Messages[i].Role == workload.Assistant {
+			return true
+		}
+	}
+	return false
 }
 
 // followUp records request i's answer and schedules its conversation's next
@@ -726,7 +769,38 @@ func (h *engineHeap) Swap(i, j int) {
 func (h *engineHeap) Push(any)   { panic("fixed size") }
 func (h *engineHeap) Pop() any   { panic("fixed size") }
 func (h *engineHeap) min() int64 { return h.at[h.items[0]] }
+
+// update sets engine e's next event time and restores the heap order: the
+// steps of container/heap's Fix, with the comparisons and swaps written out
+// (the loop calls it after every engine step and submit), so the heap, and
+// which of two engines with the same time goes first, are Fix's.
 func (h *engineHeap) update(e int, at int64) {
 	h.at[e] = at
-	heap.Fix(h, h.pos[e])
+	i0 := h.pos[e]
+	i, n := i0, len(h.items)
+	for { // down
+		j := 2*i + 1
+		if j >= n {
+			break
+		}
+		if j2 := j + 1; j2 < n && h.at[h.items[j2]] < h.at[h.items[j]] {
+			j = j2
+		}
+		if !(h.at[h.items[j]] < h.at[h.items[i]]) {
+			break
+		}
+		h.Swap(i, j)
+		i = j
+	}
+	if i > i0 {
+		return
+	}
+	for j := i0; j > 0; { // up
+		p := (j - 1) / 2
+		if !(h.at[h.items[j]] < h.at[h.items[p]]) {
+			break
+		}
+		h.Swap(p, j)
+		j = p
+	}
 }

@@ -1,0 +1,103 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/binary"
+	"slices"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// hashStore keeps, across runs, what the simulator makes of every request
+// whose prompt is made of workload segments alone (no engine answers of
+// earlier turns): its segments' text, in order, and its engine prompt's
+// chained block hashes (enginesim.Request.BlockHashes). Such a prompt is a
+// pure function of the request's roles and segments and the block size,
+// and a suite replays each workload about a hundred times; one lookup per
+// request replaces one per segment. A request is keyed by that description
+// (appendPromptDesc), compared in full on a hit. Safe for concurrent runs.
+type hashStore struct {
+	mu    sync.RWMutex
+	m     map[uint64]*hashEntry
+	bytes int
+	limit int // maxSharedHashes; tests make it small
+}
+
+type hashEntry struct {
+	desc   []byte
+	hashes []uint64
+	// text is each segment's text (sharedText's), in message order; nil
+	// when the text store kept not all of them
+	text [][]byte
+}
+
+// maxSharedHashes bounds the store; a full store is dropped and refilled,
+// as sharedText. The benchmark's long-prompt traces need 6-32 MiB each.
+const maxSharedHashes = 256 << 20
+
+var sharedHashes = newHashStore(maxSharedHashes)
+
+func newHashStore(limit int) *hashStore {
+	return &hashStore{m: map[uint64]*hashEntry{}, limit: limit}
+}
+
+// appendPromptDesc appends what r's engine prompt is made of: the block
+// size, then each message's role and segments.
+func appendPromptDesc(dst []byte, r *workload.Request, blockSize int) []byte {
+	dst = binary.AppendUvarint(dst, uint64(blockSize))
+	for i := range r.Messages {
+		m := &r.Messages[i]
+		dst = append(dst, byte(m.Role))
+		dst = binary.AppendUvarint(dst, uint64(len(m.Segments)))
+		for _, s := range m.Segments {
+			dst = binary.LittleEndian.AppendUint64(dst, s.ID)
+			dst = binary.AppendUvarint(dst, uint64(s.Tokens))
+		}
+	}
+	return dst
+}
+
+// get returns the entry stored for desc, nil if none. It never changes.
+func (s *hashStore) get(desc []byte) *hashEntry {
+	k := xxh3.Hash(desc)
+	s.mu.RLock()
+	e := s.m[k]
+	s.mu.RUnlock()
+	if e == nil || !bytes.Equal(e.desc, desc) {
+		return nil
+	}
+	return e
+}
+
+// put stores desc's hashes and segment texts (copies of the slices; text
+// is left out if any is nil) and returns the entry, or nil when there are
+// no hashes or another description holds the key. The texts' bytes are
+// the text store's and count there.
+func (s *hashStore) put(desc []byte, hashes []uint64, text [][]byte) *hashEntry {
+	if len(hashes) == 0 {
+		return nil
+	}
+	k := xxh3.Hash(desc)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.m[k]; ok {
+		if bytes.Equal(e.desc, desc) {
+			return e
+		}
+		return nil
+	}
+	size := len(desc) + 8*len(hashes) + 24*len(text)
+	if s.bytes+size > s.limit {
+		s.m, s.bytes = map[uint64]*hashEntry{}, 0
+	}
+	e := &hashEntry{desc: append([]byte(nil), desc...), hashes: append([]uint64(nil), hashes...)}
+	if !slices.ContainsFunc(text, func(t []byte) bool { return t == nil }) {
+		e.text = slices.Clone(text)
+	}
+	s.m[k] = e
+	s.bytes += size
+	return e
+}
