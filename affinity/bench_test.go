@@ -374,3 +374,30 @@ func BenchmarkLongPrompt(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkIndexInsertLong: one new 1,600-block chain (a 100k-token prompt
+// at 64 tokens a block) inserted on a replica at capacity, so as many old
+// blocks are evicted, in an index of 8 replicas x 256k blocks (2M pairs:
+// tables far larger than the caches). The cost of Begin for a long prompt
+// nobody sent before.
+func BenchmarkIndexInsertLong(b *testing.B) {
+	const reps, capBlocks, chainLen = 8, 256 << 10, 1600
+	x := newIndex()
+	for id := range ReplicaID(reps) {
+		x.setCap(id, capBlocks)
+		for c := 0; c < capBlocks/chainLen; c++ {
+			x.insert(id, chainOf(uint64(id)<<32|uint64(c), 1, chainLen, chainLen))
+		}
+	}
+	// Enough chains that each is evicted before its turn comes again.
+	chains := make([][]uint64, 2*reps*capBlocks/chainLen)
+	for i := range chains {
+		chains[i] = chainOf(1<<60|uint64(i), 1, chainLen, chainLen)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		x.insert(ReplicaID(i%reps), chains[i%len(chains)])
+		i++
+	}
+}
