@@ -30,6 +30,7 @@ var (
 	perfBL  = flag.String("live.baseline", "", "a second warmpath binary for the proxy-cost bench")
 	perfBLN = flag.String("live.baseline-label", "", "its label in the report (\"\" = baseline)")
 	fullRds = flag.Int("live.rounds", 0, "overhead and perf rounds (0 = default)")
+	perfShp = flag.String("live.perf-shapes", "", "comma-separated proxy-cost shapes (\"\" = all)")
 )
 
 func TestFull(t *testing.T) {
@@ -45,7 +46,11 @@ func TestFull(t *testing.T) {
 	if *fullFl != "" {
 		fleets = strings.Split(*fullFl, ",")
 	}
-	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+	var shapes []string
+	if *perfShp != "" {
+		shapes = strings.Split(*perfShp, ",")
+	}
+	opts := Options{PerfShapes: shapes, Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, skipOverhead: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
 		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
