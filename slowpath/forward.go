@@ -349,11 +349,10 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	body := uresp.Body()
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
-		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		ex.cached, ex.promptRep, ex.outTok = usageBody(&ex.fjParser, body, &ex.timings)
 		if ex.ep == epResponses {
 			s.responseAnswered(ex, body)
 		}
-		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, body)
 		ex.tenantCharge()
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)

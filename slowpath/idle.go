@@ -41,17 +41,27 @@ var _ net.Error = idleError{}
 // one goroutine at a time (handed over through fasthttp's pool), the one
 // that holds and releases. No locks.
 //
-// The deadline is moved only when it would move by more than idle/16, so
-// most reads of a steady stream cost a clock read and no timer update; the
-// timeout then fires after between 15/16 and all of idle without a byte.
+// The idle deadline is moved only when it would move by more than idle/16,
+// so most reads of a steady stream cost a clock read; the timeout then
+// fires after between 15/16 and all of idle without a byte.
+//
+// A deadline that moves later is not applied at once: the one in force
+// (set) stays, earlier than the one wanted (want), and a read it times
+// out moves it to want and reads again. Each move is a runtime timer
+// update (~0.2 µs here), and every request moves the read deadline three
+// times (the client poll, the response timeout, idle), nearly always
+// later; kept lazily, a busy connection's timer moves about once per
+// clientPoll instead. A timeout still fires exactly at want: the deadline
+// in force is never later.
 type idleConn struct {
 	net.Conn
 	idle     time.Duration
 	deadline time.Time // the caller's read deadline (zero: none)
-	set      time.Time // the read deadline in force
+	want     time.Time // the read deadline wanted: the caller's, or the idle one when earlier (zero: none)
+	set      time.Time // the read deadline in force, never later than want (zero: none)
 	armed    bool      // a byte of the current response arrived
 	held     bool      // a stream before its first token: idle not applied
-	byIdle   bool      // the deadline in force is the idle one
+	byIdle   bool      // want is the idle deadline
 	laddr    idleAddr  // LocalAddr: leads the proxy back to this connection
 	wset     time.Time // the write deadline in force (zero: none)
 }
@@ -73,14 +83,30 @@ func idleOf(a net.Addr) *idleConn {
 	return nil
 }
 
+// earlierDeadline reports whether deadline a comes before b (zero: never).
+func earlierDeadline(a, b time.Time) bool {
+	return !a.IsZero() && (b.IsZero() || a.Before(b))
+}
+
+// wantDeadline makes t the wanted read deadline; the connection's moves only when
+// t is earlier than the one in force.
+func (c *idleConn) wantDeadline(t time.Time) error {
+	c.want = t
+	if !earlierDeadline(t, c.set) {
+		return nil
+	}
+	c.set = t
+	return c.Conn.SetReadDeadline(t)
+}
+
 // hold stops applying idle to the current response until release (a
-// stream whose headers arrived before its first token): the deadline in
-// force goes back to the caller's.
+// stream whose headers arrived before its first token): the deadline
+// wanted goes back to the caller's.
 func (c *idleConn) hold() error {
 	c.held, c.armed = true, false
 	if c.byIdle {
-		c.set, c.byIdle = c.deadline, false
-		return c.Conn.SetReadDeadline(c.deadline)
+		c.byIdle = false
+		return c.wantDeadline(c.deadline)
 	}
 	return nil
 }
@@ -91,13 +117,13 @@ func (c *idleConn) release() { c.held, c.armed = false, true }
 // SetReadDeadline records the caller's deadline; fasthttp calls it for every
 // request, so it also marks the start of a new response.
 func (c *idleConn) SetReadDeadline(t time.Time) error {
-	c.deadline, c.set, c.armed, c.held, c.byIdle = t, t, false, false, false
-	return c.Conn.SetReadDeadline(t)
+	c.deadline, c.armed, c.held, c.byIdle = t, false, false, false
+	return c.wantDeadline(t)
 }
 
 // SetDeadline is SetReadDeadline and the write deadline at once.
 func (c *idleConn) SetDeadline(t time.Time) error {
-	c.deadline, c.set, c.armed, c.held, c.byIdle = t, t, false, false, false
+	c.deadline, c.want, c.set, c.armed, c.held, c.byIdle = t, t, t, false, false, false
 	c.wset = t
 	return c.Conn.SetDeadline(t)
 }
@@ -111,8 +137,8 @@ func (c *idleConn) SetWriteDeadline(t time.Time) error {
 
 // setWriteDeadline bounds a request's write to an upstream connection by d
 // from now. On an idleConn the deadline moves only when it would move by
-// more than d/16 (each move is a runtime timer update, ~0.2 µs): a write
-// then has between 15/16 of d and d.
+// more than d/16 (each move is a runtime timer update): a write then has
+// between 15/16 of d and d.
 func setWriteDeadline(conn net.Conn, now time.Time, d time.Duration) error {
 	t := now.Add(d)
 	c, ok := conn.(*idleConn)
@@ -132,14 +158,27 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		if !byIdle {
 			d = c.deadline
 		}
-		if byIdle != c.byIdle || d.Sub(c.set) > c.idle>>4 {
-			if err := c.Conn.SetReadDeadline(d); err != nil {
+		if byIdle != c.byIdle || d.Sub(c.want) > c.idle>>4 {
+			c.byIdle = byIdle
+			if err := c.wantDeadline(d); err != nil {
 				return 0, err
 			}
-			c.set, c.byIdle = d, byIdle
 		}
 	}
 	n, err := c.Conn.Read(p)
+	for n == 0 && err != nil && !c.set.Equal(c.want) && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The deadline in force was an earlier one, kept to save a timer
+		// update: unless the wanted one has passed too, apply it and read
+		// again.
+		if !c.want.IsZero() && !time.Now().Before(c.want) {
+			break
+		}
+		c.set = c.want
+		if err := c.Conn.SetReadDeadline(c.want); err != nil {
+			return 0, err
+		}
+		n, err = c.Conn.Read(p)
+	}
 	if n > 0 && !c.held {
 		c.armed = true
 	}

@@ -229,6 +229,38 @@ func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
 	return cached
 }
 
+// usageBody reads a non-streamed answer's usage: the cached tokens and
+// timings usageJSON finds, and the prompt and completion tokens
+// usageTokens finds. Over usageScanFrom both read the last usage object,
+// so it is parsed once.
+func usageBody(p *fastjson.Parser, body []byte, o *affinity.Outcome) (cached, prompt, completion int) {
+	if len(body) <= usageScanFrom {
+		cached = usageJSON(p, body, o)
+		prompt, completion = usageTokens(p, body)
+		return cached, prompt, completion
+	}
+	cached, prompt, completion = -1, -1, -1
+	keys := usageKeysIn(body)
+	if obj := lastObject(body, strUsage); obj != nil {
+		if v, err := p.ParseBytes(obj); err == nil {
+			prompt, completion = usageCounts(v)
+			if c := v.Get("prompt_tokens_details", "cached_tokens"); keys&keyCached != 0 && c != nil {
+				if n, err := c.Int(); err == nil && n >= 0 {
+					cached = n
+				}
+			}
+		}
+	}
+	if keys&keyTimings != 0 {
+		if obj := lastObject(body, strTimings); obj != nil {
+			if t, err := p.ParseBytes(obj); err == nil {
+				cached = timingsInto(t, cached, o)
+			}
+		}
+	}
+	return cached, prompt, completion
+}
+
 // timingsInto reads llama.cpp's timings object t into o, and returns its
 // cache_n when cached (from usage) is unknown.
 func timingsInto(t *fastjson.Value, cached int, o *affinity.Outcome) int {
