@@ -208,6 +208,7 @@ type stallConn struct {
 	d     time.Duration
 	until time.Time // a write deadline set by the server (limits.write_timeout); zero = none
 	set   time.Time // the write deadline in force; zero = none
+	rd    lazyDeadline
 
 	l      *connListener
 	addr   netip.Addr
@@ -232,7 +233,29 @@ func (c *stallConn) SetWriteDeadline(t time.Time) error {
 
 func (c *stallConn) SetDeadline(t time.Time) error {
 	c.until, c.set = t, t
+	c.rd.force(t)
 	return c.Conn.SetDeadline(t)
+}
+
+// SetReadDeadline keeps the read deadline lazily (lazyDeadline): fasthttp
+// moves it twice per keep-alive request (idle_timeout while waiting,
+// read_timeout once the request begins), nearly always later; the
+// connection's goroutine is the only one that reads or moves it.
+func (c *stallConn) SetReadDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
+
+// Read reads, moving a lazily kept read deadline when it times out early.
+func (c *stallConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	for {
+		again, serr := c.rd.retry(c.Conn, n, err)
+		if serr != nil {
+			return 0, serr
+		}
+		if !again {
+			return n, err
+		}
+		n, err = c.Conn.Read(p)
+	}
 }
 
 func (c *stallConn) Write(p []byte) (int, error) {

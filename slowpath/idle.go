@@ -45,9 +45,9 @@ var _ net.Error = idleError{}
 // so most reads of a steady stream cost a clock read; the timeout then
 // fires after between 15/16 and all of idle without a byte.
 //
-// A deadline that moves later is not applied at once: the one in force
-// (set) stays, earlier than the one wanted (want), and a read it times
-// out moves it to want and reads again. Each move is a runtime timer
+// A deadline that moves later is not applied at once (lazyDeadline): the
+// one in force stays, earlier than the one wanted, and a read it times
+// out moves it and reads again. Each move is a runtime timer
 // update (~0.2 µs here), and every request moves the read deadline three
 // times (the client poll, the response timeout, idle), nearly always
 // later; kept lazily, a busy connection's timer moves about once per
@@ -56,14 +56,13 @@ var _ net.Error = idleError{}
 type idleConn struct {
 	net.Conn
 	idle     time.Duration
-	deadline time.Time // the caller's read deadline (zero: none)
-	want     time.Time // the read deadline wanted: the caller's, or the idle one when earlier (zero: none)
-	set      time.Time // the read deadline in force, never later than want (zero: none)
-	armed    bool      // a byte of the current response arrived
-	held     bool      // a stream before its first token: idle not applied
-	byIdle   bool      // want is the idle deadline
-	laddr    idleAddr  // LocalAddr: leads the proxy back to this connection
-	wset     time.Time // the write deadline in force (zero: none)
+	deadline time.Time    // the caller's read deadline (zero: none)
+	rd       lazyDeadline // want: the caller's deadline, or the idle one when earlier
+	armed    bool         // a byte of the current response arrived
+	held     bool         // a stream before its first token: idle not applied
+	byIdle   bool         // want is the idle deadline
+	laddr    idleAddr     // LocalAddr: leads the proxy back to this connection
+	wset     time.Time    // the write deadline in force (zero: none)
 }
 
 // idleAddr is an idleConn's local address, carrying the connection.
@@ -88,16 +87,47 @@ func earlierDeadline(a, b time.Time) bool {
 	return !a.IsZero() && (b.IsZero() || a.Before(b))
 }
 
-// wantDeadline makes t the wanted read deadline; the connection's moves only when
-// t is earlier than the one in force.
-func (c *idleConn) wantDeadline(t time.Time) error {
-	c.want = t
-	if !earlierDeadline(t, c.set) {
+// lazyDeadline keeps a connection's read deadline lazily: a deadline that
+// moves later is only recorded (want), the one in force (set) stays, and a
+// read it times out moves it (retry) before reading again. A timeout still
+// comes exactly at want: the deadline in force is never later. Used by one
+// goroutine at a time, as the connection's reads are.
+type lazyDeadline struct {
+	want time.Time // the read deadline wanted (zero: none)
+	set  time.Time // the read deadline in force, never later than want (zero: none)
+}
+
+// move makes t the wanted read deadline of c; c's moves only when t is
+// earlier than the one in force.
+func (d *lazyDeadline) move(c net.Conn, t time.Time) error {
+	d.want = t
+	if !earlierDeadline(t, d.set) {
 		return nil
 	}
-	c.set = t
-	return c.Conn.SetReadDeadline(t)
+	d.set = t
+	return c.SetReadDeadline(t)
 }
+
+// force sets t as both the wanted deadline and the one in force (c's
+// deadline was set to t by other means).
+func (d *lazyDeadline) force(t time.Time) { d.want, d.set = t, t }
+
+// retry reports whether a read of c that failed with err (and no byte)
+// timed out at a deadline earlier than the wanted one, which has not
+// passed: then the wanted one is applied and the read is to be repeated.
+func (d *lazyDeadline) retry(c net.Conn, n int, err error) (bool, error) {
+	if n != 0 || err == nil || d.set.Equal(d.want) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false, nil
+	}
+	if !d.want.IsZero() && !time.Now().Before(d.want) {
+		return false, nil
+	}
+	d.set = d.want
+	return true, c.SetReadDeadline(d.want)
+}
+
+// wantDeadline makes t the wanted read deadline (lazyDeadline.move).
+func (c *idleConn) wantDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
 
 // hold stops applying idle to the current response until release (a
 // stream whose headers arrived before its first token): the deadline
@@ -123,7 +153,8 @@ func (c *idleConn) SetReadDeadline(t time.Time) error {
 
 // SetDeadline is SetReadDeadline and the write deadline at once.
 func (c *idleConn) SetDeadline(t time.Time) error {
-	c.deadline, c.want, c.set, c.armed, c.held, c.byIdle = t, t, t, false, false, false
+	c.deadline, c.armed, c.held, c.byIdle = t, false, false, false
+	c.rd.force(t)
 	c.wset = t
 	return c.Conn.SetDeadline(t)
 }
@@ -158,7 +189,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		if !byIdle {
 			d = c.deadline
 		}
-		if byIdle != c.byIdle || d.Sub(c.want) > c.idle>>4 {
+		if byIdle != c.byIdle || d.Sub(c.rd.want) > c.idle>>4 {
 			c.byIdle = byIdle
 			if err := c.wantDeadline(d); err != nil {
 				return 0, err
@@ -166,16 +197,13 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		}
 	}
 	n, err := c.Conn.Read(p)
-	for n == 0 && err != nil && !c.set.Equal(c.want) && errors.Is(err, os.ErrDeadlineExceeded) {
-		// The deadline in force was an earlier one, kept to save a timer
-		// update: unless the wanted one has passed too, apply it and read
-		// again.
-		if !c.want.IsZero() && !time.Now().Before(c.want) {
-			break
+	for {
+		again, serr := c.rd.retry(c.Conn, n, err)
+		if serr != nil {
+			return 0, serr
 		}
-		c.set = c.want
-		if err := c.Conn.SetReadDeadline(c.want); err != nil {
-			return 0, err
+		if !again {
+			break
 		}
 		n, err = c.Conn.Read(p)
 	}

@@ -217,15 +217,15 @@ func TestIdleConnLazyDeadline(t *testing.T) {
 	if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if !c.set.Equal(early) {
-		t.Fatalf("deadline in force %v, want the earlier %v kept", c.set, early)
+	if !c.rd.set.Equal(early) {
+		t.Fatalf("deadline in force %v, want the earlier %v kept", c.rd.set, early)
 	}
 	go func() { time.Sleep(100 * time.Millisecond); step <- "a" }()
 	if n, err := c.Read(p); err != nil || string(p[:n]) != "a" {
 		t.Fatalf("byte past the earlier deadline: %q %v", p[:n], err)
 	}
-	if !c.set.Equal(c.want) {
-		t.Fatalf("after the earlier deadline fired: in force %v, wanted %v", c.set, c.want)
+	if !c.rd.set.Equal(c.rd.want) {
+		t.Fatalf("after the earlier deadline fired: in force %v, wanted %v", c.rd.set, c.rd.want)
 	}
 
 	// An earlier deadline applies at once, and a later one kept lazily
@@ -240,7 +240,7 @@ func TestIdleConnLazyDeadline(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errUpstreamIdle) {
 		t.Fatalf("read past the wanted deadline: %v, want a plain deadline error", err)
 	}
-	if time.Now().Before(c.want) {
-		t.Fatalf("read ended at the earlier deadline, before the wanted %v", c.want)
+	if time.Now().Before(c.rd.want) {
+		t.Fatalf("read ended at the earlier deadline, before the wanted %v", c.rd.want)
 	}
 }

@@ -417,12 +417,16 @@ func (ex *exchange) relayHTTP10(c net.Conn) {
 	if u, ok := c.(interface{ UnsafeConn() net.Conn }); ok {
 		raw = u.UnsafeConn() // fasthttp's wrapper does not close on Close
 	}
+	// Shutdown closes it past the drain deadline. Its own key: fasthttp
+	// reports the connection hijacked (connState deletes raw) after this
+	// goroutine may have started.
+	key := &hijackedConn{raw}
 	s.connMu.Lock()
-	s.conns[raw] = struct{}{} // Shutdown closes it past the drain deadline
+	s.conns[key] = struct{}{}
 	s.connMu.Unlock()
 	defer func() {
 		s.connMu.Lock()
-		delete(s.conns, raw)
+		delete(s.conns, key)
 		s.connMu.Unlock()
 	}()
 	_, werr := c.Write(ex.h10)
@@ -431,6 +435,9 @@ func (ex *exchange) relayHTTP10(c net.Conn) {
 	}
 	_ = ex.CloseWithError(werr)
 }
+
+// hijackedConn is a hijacked connection's entry in Server.conns.
+type hijackedConn struct{ net.Conn }
 
 // SupportsBodyWriteTo lets fasthttp consume the stream through WriteTo.
 func (ex *exchange) SupportsBodyWriteTo() bool { return true }
