@@ -78,3 +78,39 @@ func FuzzChunkedDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestSentHeaders: buildUpstream's scan of the client's raw header block
+// finds each header it must drop, in any case and with spaces around the
+// name, and nothing else; no raw block, or a chunked body (trailer fields
+// are not in the block), means drop everything.
+func TestSentHeaders(t *testing.T) {
+	bit := func(h []byte) uint16 {
+		for i, d := range dropHeaders {
+			if bytes.Equal(d, h) {
+				return 1 << i
+			}
+		}
+		t.Fatalf("%s is not a drop header", h)
+		return 0
+	}
+	cases := []struct {
+		name, raw string
+		want      uint16
+	}{
+		{"none", "Host: a\r\nContent-Type: application/json\r\nX-Keep-Alive-Ish: 1\r\n\r\n", 0},
+		{"empty", "", dropAll},
+		{"hop-by-hop", "Host: a\r\nkeep-alive: 5\r\nTE: trailers\r\nUPGRADE: h2c\r\nProxy-Connection: keep-alive\r\nConnection: close, X-Secret\r\n\r\n",
+			bit(hdrKeepAlive) | bit(hdrTE) | bit(hdrUpgrade) | bit(hdrProxyConnection) | bit(hdrConnection)},
+		{"forwarding", "x-forwarded-for: 1.2.3.4\r\nX-Real-IP : 5.6.7.8\r\nForwarded: for=x\r\nAccept-Encoding: gzip\r\nExpect: 100-continue\r\n\r\n",
+			bit(hdrXForwardedFor) | bit(hdrXRealIP) | bit(hdrForwarded) | bit(hdrAcceptEncoding) | bit(hdrExpect)},
+		{"chunked", "Host: a\r\nTransfer-Encoding: chunked\r\n\r\n", dropAll},
+		{"trailer", "Host: a\r\nTrailer: X-Forwarded-For\r\n\r\n", dropAll},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := sentHeaders([]byte(c.raw)); got != c.want {
+				t.Fatalf("sentHeaders = %012b, want %012b", got, c.want)
+			}
+		})
+	}
+}
