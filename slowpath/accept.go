@@ -200,10 +200,15 @@ func transientAccept(err error) (string, bool) {
 // stallConn gives every accepted connection a write deadline of d from
 // the start of each write (limits.stall_timeout): a client that stops
 // reading is cut after d without progress, any progress restarts the clock.
+// The deadline moves only when it would move by more than d/16, so most
+// writes of a stream cost a clock read and no timer update; a stalled
+// client is then cut after between 15/16 of d and d.
 type stallConn struct {
 	net.Conn
 	d     time.Duration
 	until time.Time // a write deadline set by the server (limits.write_timeout); zero = none
+	set   time.Time // the write deadline in force; zero = none
+	rd    lazyDeadline
 
 	l      *connListener
 	addr   netip.Addr
@@ -222,13 +227,35 @@ func (c *stallConn) Close() error {
 // SetWriteDeadline records the server's own deadline so Write keeps the
 // earlier of the two.
 func (c *stallConn) SetWriteDeadline(t time.Time) error {
-	c.until = t
+	c.until, c.set = t, t
 	return c.Conn.SetWriteDeadline(t)
 }
 
 func (c *stallConn) SetDeadline(t time.Time) error {
-	c.until = t
+	c.until, c.set = t, t
+	c.rd.force(t)
 	return c.Conn.SetDeadline(t)
+}
+
+// SetReadDeadline keeps the read deadline lazily (lazyDeadline): fasthttp
+// moves it twice per keep-alive request (idle_timeout while waiting,
+// read_timeout once the request begins), nearly always later; the
+// connection's goroutine is the only one that reads or moves it.
+func (c *stallConn) SetReadDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
+
+// Read reads, moving a lazily kept read deadline when it times out early.
+func (c *stallConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	for {
+		again, serr := c.rd.retry(c.Conn, n, err)
+		if serr != nil {
+			return 0, serr
+		}
+		if !again {
+			return n, err
+		}
+		n, err = c.Conn.Read(p)
+	}
 }
 
 func (c *stallConn) Write(p []byte) (int, error) {
@@ -236,8 +263,11 @@ func (c *stallConn) Write(p []byte) (int, error) {
 	if !c.until.IsZero() && c.until.Before(dl) {
 		dl = c.until
 	}
-	if err := c.Conn.SetWriteDeadline(dl); err != nil {
-		return 0, err
+	if c.set.IsZero() || dl.Before(c.set) || dl.Sub(c.set) > c.d>>4 {
+		if err := c.Conn.SetWriteDeadline(dl); err != nil {
+			return 0, err
+		}
+		c.set = dl
 	}
 	return c.Conn.Write(p)
 }

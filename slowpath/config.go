@@ -190,7 +190,9 @@ type LimitsConfig struct {
 	// progress for this long: a client that stops reading its stream would
 	// otherwise hold a replica slot and the engine's generation for as long
 	// as the stream lasts. Every write that moves bytes restarts the clock,
-	// so long streams read at any pace are unaffected. Default 60s; > 0.
+	// so long streams read at any pace are unaffected (the deadline moves
+	// only by more than 1/16 of it: a stalled client is cut after between
+	// 15/16 of it and all of it). Default 60s; > 0.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
 	// MaxConnections caps open client connections on the API listener; one
 	// over it is answered 503 (code too_many_connections) and closed. 0

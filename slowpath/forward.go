@@ -265,16 +265,19 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	ureq.UseHostHeader = true // each attempt's Host is its replica (SetHost), not the URI's
 	ureq.Header.DisableNormalizing()
 	h := &ureq.Header
-	delNominated(h, ctx.Request.Header.PeekAll(fasthttp.HeaderConnection))
-	h.DelBytes(hdrConnection)
-	h.DelBytes(hdrKeepAlive)
-	h.DelBytes(hdrProxyConnection)
-	h.DelBytes(hdrTE)
-	h.DelBytes(hdrTrailer)
-	h.DelBytes(hdrTransferEnc)
-	h.DelBytes(hdrUpgrade)
-	h.DelBytes(hdrAcceptEncoding)
-	h.DelBytes(hdrExpect) // the router already read the body
+	sent := sentHeaders(ctx.Request.Header.RawHeaders())
+	del := func(i int) {
+		if sent&(1<<i) != 0 {
+			h.DelBytes(dropHeaders[i])
+		}
+	}
+	if sent&(1<<dropConnection) != 0 {
+		delNominated(h, ctx.Request.Header.PeekAll(fasthttp.HeaderConnection))
+	}
+	h.DelBytes(hdrConnection) // also fasthttp's connection-close flag
+	for i := range dropForwardFirst {
+		del(i) // hop-by-hop; Accept-Encoding; Expect (the router already read the body)
+	}
 	if ex.ten.key != nil && !s.cfg.Tenants.ForwardKey {
 		h.Del(fasthttp.HeaderAuthorization) // tenants' keys stay at the router
 	}
@@ -283,10 +286,10 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 	// X-Forwarded-For line would otherwise survive the one set here).
 	trusted := ex.client.IsValid() && s.trustedPeer(ex.client.Addr())
 	if !trusted {
-		h.DelBytes(hdrXRealIP)
-		h.DelBytes(hdrForwarded)
+		del(dropXRealIP)
+		del(dropForwarded)
 	}
-	h.DelBytes(hdrXForwardedFor)
+	del(dropXForwardedFor)
 	if ex.client.IsValid() {
 		b := ex.scratch[:0]
 		if trusted {
@@ -303,6 +306,53 @@ func (s *Server) buildUpstream(ctx *fasthttp.RequestCtx, ureq *fasthttp.Request,
 		}
 	}
 	ureq.SetBodyRaw(body)
+}
+
+// dropHeaders are the request headers buildUpstream removes: the
+// hop-by-hop ones and those it replaces. Indexes below dropForwardFirst
+// always go.
+var dropHeaders = [...][]byte{hdrKeepAlive, hdrProxyConnection, hdrTE, hdrTrailer, hdrTransferEnc, hdrUpgrade,
+	hdrAcceptEncoding, hdrExpect, hdrXRealIP, hdrForwarded, hdrXForwardedFor, hdrConnection}
+
+const (
+	dropTrailer, dropTransferEnc                  = 3, 4
+	dropForwardFirst                              = 8 // X-Real-Ip, Forwarded, X-Forwarded-For: by trust
+	dropXRealIP, dropForwarded, dropXForwardedFor = 8, 9, 10
+	dropConnection                                = 11
+	dropAll                                       = 1<<len(dropHeaders) - 1
+)
+
+// sentHeaders returns which of dropHeaders (bit i for dropHeaders[i]) the
+// client's raw header block names, so buildUpstream deletes only those
+// (each DelBytes scans every header). Without a raw block, or with a
+// chunked body (whose trailer fields are not in it), all of them.
+func sentHeaders(raw []byte) uint16 {
+	if len(raw) == 0 {
+		return dropAll
+	}
+	var m uint16
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		k := bytes.IndexByte(line, ':')
+		if k <= 0 {
+			continue
+		}
+		key := bytes.TrimSpace(line[:k])
+		for i, h := range dropHeaders {
+			if len(key) == len(h) && bytes.EqualFold(key, h) {
+				m |= 1 << i
+			}
+		}
+	}
+	if m&(1<<dropTrailer|1<<dropTransferEnc) != 0 {
+		return dropAll
+	}
+	return m
 }
 
 // delNominated deletes the headers a Connection header names (RFC 9110
@@ -349,11 +399,10 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	body := uresp.Body()
 	now := s.now()
 	if ex.status == fasthttp.StatusOK {
-		ex.cached = usageJSON(&ex.fjParser, body, &ex.timings)
+		ex.cached, ex.promptRep, ex.outTok = usageBody(&ex.fjParser, body, &ex.timings)
 		if ex.ep == epResponses {
 			s.responseAnswered(ex, body)
 		}
-		ex.promptRep, ex.outTok = usageTokens(&ex.fjParser, body)
 		ex.tenantCharge()
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)

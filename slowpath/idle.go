@@ -41,18 +41,28 @@ var _ net.Error = idleError{}
 // one goroutine at a time (handed over through fasthttp's pool), the one
 // that holds and releases. No locks.
 //
-// The deadline is moved only when it would move by more than idle/16, so
-// most reads of a steady stream cost a clock read and no timer update; the
-// timeout then fires after between 15/16 and all of idle without a byte.
+// The idle deadline is moved only when it would move by more than idle/16,
+// so most reads of a steady stream cost a clock read; the timeout then
+// fires after between 15/16 and all of idle without a byte.
+//
+// A deadline that moves later is not applied at once (lazyDeadline): the
+// one in force stays, earlier than the one wanted, and a read it times
+// out moves it and reads again. Each move is a runtime timer
+// update (~0.2 µs here), and every request moves the read deadline three
+// times (the client poll, the response timeout, idle), nearly always
+// later; kept lazily, a busy connection's timer moves about once per
+// clientPoll instead. A timeout still fires exactly at want: the deadline
+// in force is never later.
 type idleConn struct {
 	net.Conn
 	idle     time.Duration
-	deadline time.Time // the caller's read deadline (zero: none)
-	set      time.Time // the read deadline in force
-	armed    bool      // a byte of the current response arrived
-	held     bool      // a stream before its first token: idle not applied
-	byIdle   bool      // the deadline in force is the idle one
-	laddr    idleAddr  // LocalAddr: leads the proxy back to this connection
+	deadline time.Time    // the caller's read deadline (zero: none)
+	rd       lazyDeadline // want: the caller's deadline, or the idle one when earlier
+	armed    bool         // a byte of the current response arrived
+	held     bool         // a stream before its first token: idle not applied
+	byIdle   bool         // want is the idle deadline
+	laddr    idleAddr     // LocalAddr: leads the proxy back to this connection
+	wset     time.Time    // the write deadline in force (zero: none)
 }
 
 // idleAddr is an idleConn's local address, carrying the connection.
@@ -72,14 +82,61 @@ func idleOf(a net.Addr) *idleConn {
 	return nil
 }
 
+// earlierDeadline reports whether deadline a comes before b (zero: never).
+func earlierDeadline(a, b time.Time) bool {
+	return !a.IsZero() && (b.IsZero() || a.Before(b))
+}
+
+// lazyDeadline keeps a connection's read deadline lazily: a deadline that
+// moves later is only recorded (want), the one in force (set) stays, and a
+// read it times out moves it (retry) before reading again. A timeout still
+// comes exactly at want: the deadline in force is never later. Used by one
+// goroutine at a time, as the connection's reads are.
+type lazyDeadline struct {
+	want time.Time // the read deadline wanted (zero: none)
+	set  time.Time // the read deadline in force, never later than want (zero: none)
+}
+
+// move makes t the wanted read deadline of c; c's moves only when t is
+// earlier than the one in force.
+func (d *lazyDeadline) move(c net.Conn, t time.Time) error {
+	d.want = t
+	if !earlierDeadline(t, d.set) {
+		return nil
+	}
+	d.set = t
+	return c.SetReadDeadline(t)
+}
+
+// force sets t as both the wanted deadline and the one in force (c's
+// deadline was set to t by other means).
+func (d *lazyDeadline) force(t time.Time) { d.want, d.set = t, t }
+
+// retry reports whether a read of c that failed with err (and no byte)
+// timed out at a deadline earlier than the wanted one, which has not
+// passed: then the wanted one is applied and the read is to be repeated.
+func (d *lazyDeadline) retry(c net.Conn, n int, err error) (bool, error) {
+	if n != 0 || err == nil || d.set.Equal(d.want) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false, nil
+	}
+	if !d.want.IsZero() && !time.Now().Before(d.want) {
+		return false, nil
+	}
+	d.set = d.want
+	return true, c.SetReadDeadline(d.want)
+}
+
+// wantDeadline makes t the wanted read deadline (lazyDeadline.move).
+func (c *idleConn) wantDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
+
 // hold stops applying idle to the current response until release (a
-// stream whose headers arrived before its first token): the deadline in
-// force goes back to the caller's.
+// stream whose headers arrived before its first token): the deadline
+// wanted goes back to the caller's.
 func (c *idleConn) hold() error {
 	c.held, c.armed = true, false
 	if c.byIdle {
-		c.set, c.byIdle = c.deadline, false
-		return c.Conn.SetReadDeadline(c.deadline)
+		c.byIdle = false
+		return c.wantDeadline(c.deadline)
 	}
 	return nil
 }
@@ -90,14 +147,39 @@ func (c *idleConn) release() { c.held, c.armed = false, true }
 // SetReadDeadline records the caller's deadline; fasthttp calls it for every
 // request, so it also marks the start of a new response.
 func (c *idleConn) SetReadDeadline(t time.Time) error {
-	c.deadline, c.set, c.armed, c.held, c.byIdle = t, t, false, false, false
-	return c.Conn.SetReadDeadline(t)
+	c.deadline, c.armed, c.held, c.byIdle = t, false, false, false
+	return c.wantDeadline(t)
 }
 
 // SetDeadline is SetReadDeadline and the write deadline at once.
 func (c *idleConn) SetDeadline(t time.Time) error {
-	c.deadline, c.set, c.armed, c.held, c.byIdle = t, t, false, false, false
+	c.deadline, c.armed, c.held, c.byIdle = t, false, false, false
+	c.rd.force(t)
+	c.wset = t
 	return c.Conn.SetDeadline(t)
+}
+
+// SetWriteDeadline sets the write deadline and records it for
+// setWriteDeadline.
+func (c *idleConn) SetWriteDeadline(t time.Time) error {
+	c.wset = t
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// setWriteDeadline bounds a request's write to an upstream connection by d
+// from now. On an idleConn the deadline moves only when it would move by
+// more than d/16 (each move is a runtime timer update): a write then has
+// between 15/16 of d and d.
+func setWriteDeadline(conn net.Conn, now time.Time, d time.Duration) error {
+	t := now.Add(d)
+	c, ok := conn.(*idleConn)
+	if !ok {
+		return conn.SetWriteDeadline(t)
+	}
+	if !c.wset.IsZero() && !t.Before(c.wset) && t.Sub(c.wset) <= d>>4 {
+		return nil
+	}
+	return c.SetWriteDeadline(t)
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
@@ -107,14 +189,24 @@ func (c *idleConn) Read(p []byte) (int, error) {
 		if !byIdle {
 			d = c.deadline
 		}
-		if byIdle != c.byIdle || d.Sub(c.set) > c.idle>>4 {
-			if err := c.Conn.SetReadDeadline(d); err != nil {
+		if byIdle != c.byIdle || d.Sub(c.rd.want) > c.idle>>4 {
+			c.byIdle = byIdle
+			if err := c.wantDeadline(d); err != nil {
 				return 0, err
 			}
-			c.set, c.byIdle = d, byIdle
 		}
 	}
 	n, err := c.Conn.Read(p)
+	for {
+		again, serr := c.rd.retry(c.Conn, n, err)
+		if serr != nil {
+			return 0, serr
+		}
+		if !again {
+			break
+		}
+		n, err = c.Conn.Read(p)
+	}
 	if n > 0 && !c.held {
 		c.armed = true
 	}

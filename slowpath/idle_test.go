@@ -177,3 +177,70 @@ func TestIdleConn(t *testing.T) {
 		t.Fatalf("outer deadline: %v, want a plain deadline error", err)
 	}
 }
+
+// TestIdleConnLazyDeadline: a read deadline that moves later is kept
+// lazily (the earlier one stays in force, no timer update) yet a read
+// waits until the later one: a byte arriving past the earlier deadline is
+// read without error; an earlier deadline applies at once; once the
+// wanted deadline passes the read fails with a plain deadline error.
+func TestIdleConnLazyDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	step := make(chan string)
+	srvDone := make(chan struct{})
+	go func() {
+		defer close(srvDone)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for s := range step {
+			io.WriteString(c, s)
+		}
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &idleConn{Conn: raw, idle: time.Hour}
+	defer func() { close(step); c.Close(); <-srvDone }()
+	p := make([]byte, 16)
+
+	early := time.Now().Add(20 * time.Millisecond)
+	if err := c.SetReadDeadline(early); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if !c.rd.set.Equal(early) {
+		t.Fatalf("deadline in force %v, want the earlier %v kept", c.rd.set, early)
+	}
+	go func() { time.Sleep(100 * time.Millisecond); step <- "a" }()
+	if n, err := c.Read(p); err != nil || string(p[:n]) != "a" {
+		t.Fatalf("byte past the earlier deadline: %q %v", p[:n], err)
+	}
+	if !c.rd.set.Equal(c.rd.want) {
+		t.Fatalf("after the earlier deadline fired: in force %v, wanted %v", c.rd.set, c.rd.want)
+	}
+
+	// An earlier deadline applies at once, and a later one kept lazily
+	// still ends the read when it passes.
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(60 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Read(p)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errUpstreamIdle) {
+		t.Fatalf("read past the wanted deadline: %v, want a plain deadline error", err)
+	}
+	if time.Now().Before(c.rd.want) {
+		t.Fatalf("read ended at the earlier deadline, before the wanted %v", c.rd.want)
+	}
+}

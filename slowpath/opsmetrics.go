@@ -135,6 +135,12 @@ func usageTokens(p *fastjson.Parser, body []byte) (prompt, completion int) {
 	if err != nil {
 		return
 	}
+	return usageCounts(v)
+}
+
+// usageCounts reads a parsed usage object's prompt and completion tokens
+// (or the Responses API's input and output tokens); -1 where absent.
+func usageCounts(v *fastjson.Value) (prompt, completion int) {
 	get := func(k string) int {
 		x := v.Get(k)
 		if x == nil {

@@ -92,6 +92,9 @@ func nextUsageKey(b []byte, off int, mask uint8) (at int, kind uint8, next int) 
 		}
 		i += off
 		off = i + 1
+		if i+1 < len(b) && b[i+1] != 't' && b[i+1] != 'n' && b[i+1] != 'm' {
+			continue // "_tokens", "_n", "_ms" only: most underscores (finish_reason) end here
+		}
 		for _, k := range usageKeys {
 			if j := i - k.at; k.kind&mask != 0 && j >= 0 && j+len(k.key) <= len(b) && string(b[j:j+len(k.key)]) == k.key {
 				return j, k.kind, off
@@ -110,7 +113,8 @@ const (
 )
 
 // usageKeys are the keys nextUsageKey looks for, with the offset of their
-// first underscore.
+// first underscore; the byte after it is 't', 'n' or 'm' (nextUsageKey
+// passes over any other underscore at once).
 var usageKeys = [...]struct {
 	key  string
 	at   int
@@ -177,8 +181,10 @@ func rolePreamble(data []byte) bool {
 
 // usageScanFrom: bodies longer than this are not parsed whole for their
 // usage: only their last "usage" and "timings" objects are (engines put
-// them last, after the generated text, which is most of a large answer).
-const usageScanFrom = 4 << 10
+// them last, after the generated text, which is most of any answer but a
+// few words long). A whole parse of a 4 KiB answer costs a few µs, several
+// percent of the proxy's work for it.
+const usageScanFrom = 1 << 10
 
 var strUsage = []byte(`"usage"`)
 
@@ -221,6 +227,38 @@ func usageJSON(p *fastjson.Parser, body []byte, o *affinity.Outcome) int {
 		cached = timingsInto(t, cached, o)
 	}
 	return cached
+}
+
+// usageBody reads a non-streamed answer's usage: the cached tokens and
+// timings usageJSON finds, and the prompt and completion tokens
+// usageTokens finds. Over usageScanFrom both read the last usage object,
+// so it is parsed once.
+func usageBody(p *fastjson.Parser, body []byte, o *affinity.Outcome) (cached, prompt, completion int) {
+	if len(body) <= usageScanFrom {
+		cached = usageJSON(p, body, o)
+		prompt, completion = usageTokens(p, body)
+		return cached, prompt, completion
+	}
+	cached, prompt, completion = -1, -1, -1
+	keys := usageKeysIn(body)
+	if obj := lastObject(body, strUsage); obj != nil {
+		if v, err := p.ParseBytes(obj); err == nil {
+			prompt, completion = usageCounts(v)
+			if c := v.Get("prompt_tokens_details", "cached_tokens"); keys&keyCached != 0 && c != nil {
+				if n, err := c.Int(); err == nil && n >= 0 {
+					cached = n
+				}
+			}
+		}
+	}
+	if keys&keyTimings != 0 {
+		if obj := lastObject(body, strTimings); obj != nil {
+			if t, err := p.ParseBytes(obj); err == nil {
+				cached = timingsInto(t, cached, o)
+			}
+		}
+	}
+	return cached, prompt, completion
 }
 
 // timingsInto reads llama.cpp's timings object t into o, and returns its

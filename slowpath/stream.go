@@ -144,6 +144,19 @@ func (rl *relay) fill(br *bufio.Reader, p []byte) (n int, err error) {
 				return n, err
 			}
 		default:
+			if br.Buffered() > 0 {
+				m, used, err := rl.chunkedBuffered(br, p[n:])
+				n += m
+				if err != nil {
+					return n, err
+				}
+				if used {
+					continue
+				}
+				if !wait {
+					return n, nil // the rest of a framing line is still on its way
+				}
+			}
 			m, err := rl.chunked(br, p[n:], wait)
 			n += m
 			if err == errNotHere {
@@ -239,6 +252,71 @@ func (rl *relay) chunked(br *bufio.Reader, p []byte, wait bool) (int, error) {
 	}
 	rl.state, rl.left = chunkData, size
 	return 0, nil
+}
+
+// chunkedBuffered decodes what br holds of a chunked body into p in one
+// pass over br's buffer, without a read: data up to p's room, framing
+// lines and CRLFs it holds whole (64 events in one upstream write are 64
+// chunks; stepping through them with chunked costs a few bufio calls
+// each). used reports whether it consumed any byte; false: br holds only
+// the start of a framing line, or p has no room.
+func (rl *relay) chunkedBuffered(br *bufio.Reader, p []byte) (n int, used bool, err error) {
+	b, _ := br.Peek(br.Buffered())
+	i := 0
+loop:
+	for n < len(p) && !rl.done && i < len(b) {
+		switch rl.state {
+		case chunkData:
+			k := int(min(rl.left, int64(len(b)-i), int64(len(p)-n)))
+			copy(p[n:], b[i:i+k])
+			n += k
+			i += k
+			if rl.left -= int64(k); rl.left == 0 {
+				rl.state = chunkCRLF
+			}
+		case chunkCRLF:
+			if len(b)-i < 2 {
+				break loop
+			}
+			if b[i] != '\r' || b[i+1] != '\n' {
+				err = errBadChunk
+				break loop
+			}
+			i += 2
+			rl.state = chunkHeader
+		default: // a chunk-size or trailer line
+			j := bytes.IndexByte(b[i:], '\n')
+			if j < 0 {
+				if len(b)-i >= maxChunkLine {
+					err = errBadChunk
+				}
+				break loop
+			}
+			line := b[i : i+j+1]
+			if len(line) < 2 || line[len(line)-2] != '\r' {
+				err = errBadChunk
+				break loop
+			}
+			i += j + 1
+			line = line[:len(line)-2]
+			if rl.state == chunkTrailer {
+				rl.done = len(line) == 0 // trailer fields are not relayed
+				continue
+			}
+			size, perr := parseChunkSize(line)
+			if perr != nil {
+				err = perr
+				break loop
+			}
+			if size == 0 {
+				rl.state = chunkTrailer
+			} else {
+				rl.state, rl.left = chunkData, size
+			}
+		}
+	}
+	_, _ = br.Discard(i)
+	return n, i > 0, err
 }
 
 // parseChunkSize parses a chunk-size line without its CRLF: hex digits,
@@ -339,12 +417,16 @@ func (ex *exchange) relayHTTP10(c net.Conn) {
 	if u, ok := c.(interface{ UnsafeConn() net.Conn }); ok {
 		raw = u.UnsafeConn() // fasthttp's wrapper does not close on Close
 	}
+	// Shutdown closes it past the drain deadline. Its own key: fasthttp
+	// reports the connection hijacked (connState deletes raw) after this
+	// goroutine may have started.
+	key := &hijackedConn{raw}
 	s.connMu.Lock()
-	s.conns[raw] = struct{}{} // Shutdown closes it past the drain deadline
+	s.conns[key] = struct{}{}
 	s.connMu.Unlock()
 	defer func() {
 		s.connMu.Lock()
-		delete(s.conns, raw)
+		delete(s.conns, key)
 		s.connMu.Unlock()
 	}()
 	_, werr := c.Write(ex.h10)
@@ -353,6 +435,9 @@ func (ex *exchange) relayHTTP10(c net.Conn) {
 	}
 	_ = ex.CloseWithError(werr)
 }
+
+// hijackedConn is a hijacked connection's entry in Server.conns.
+type hijackedConn struct{ net.Conn }
 
 // SupportsBodyWriteTo lets fasthttp consume the stream through WriteTo.
 func (ex *exchange) SupportsBodyWriteTo() bool { return true }

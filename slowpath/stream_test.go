@@ -423,6 +423,13 @@ func TestUsageTail(t *testing.T) {
 				if got := usageJSON(new(fastjson.Parser), body, &o); got != c.cached || o != c.o {
 					t.Errorf("%d-byte body: cached %d timings %+v, want %d %+v", len(body), got, o, c.cached, c.o)
 				}
+				// usageBody: the same, and usageTokens' counts, in one parse.
+				o = affinity.Outcome{}
+				got, pr, co := usageBody(new(fastjson.Parser), body, &o)
+				if wp, wc := usageTokens(new(fastjson.Parser), body); got != c.cached || o != c.o || pr != wp || co != wc || pr != 90 {
+					t.Errorf("%d-byte body, usageBody: cached %d timings %+v tokens %d/%d, want %d %+v %d/%d (prompt 90)",
+						len(body), got, o, pr, co, c.cached, c.o, wp, wc)
+				}
 			}
 		})
 	}

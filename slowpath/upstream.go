@@ -92,7 +92,7 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 	reused := !cc.LastUseTime().IsZero()
 	uresp.ParseNetConn(conn)
 	now := time.Now()
-	if err = conn.SetWriteDeadline(now.Add(hc.WriteTimeout)); err == nil {
+	if err = setWriteDeadline(conn, now, hc.WriteTimeout); err == nil {
 		bw := hc.AcquireWriter(conn)
 		if err = ureq.Write(bw); err == nil {
 			err = bw.Flush()
@@ -105,7 +105,7 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 	}
 	deadline := now.Add(s.conf().Upstream.ResponseTimeout)
 	br := hc.AcquireReader(conn)
-	if err = awaitFirstByte(ctx, conn, br, deadline); err != nil {
+	if err = awaitFirstByte(ctx, conn, br, now, deadline); err != nil {
 		hc.ReleaseReader(br)
 		hc.CloseConn(cc)
 		return false, reused && isStaleConn(err), err
@@ -141,10 +141,13 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 }
 
 // awaitFirstByte waits until br has a byte, the deadline passes
-// (fasthttp.ErrTimeout) or the client of ctx is gone (errClientGone).
-func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, deadline time.Time) error {
-	for {
-		now := time.Now()
+// (fasthttp.ErrTimeout) or the client of ctx is gone (errClientGone). now
+// is the time the request was sent (a clock read costs ~0.2 µs on a VM).
+func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, now, deadline time.Time) error {
+	for first := true; ; first = false {
+		if !first {
+			now = time.Now()
+		}
 		if !now.Before(deadline) {
 			return fasthttp.ErrTimeout
 		}

@@ -31,6 +31,7 @@ var (
 	perfBLN = flag.String("live.baseline-label", "", "its label in the report (\"\" = baseline)")
 	fullRds = flag.Int("live.rounds", 0, "overhead and perf rounds (0 = default)")
 	fullRR  = flag.Int("live.routing-rounds", 0, "rounds of every routing point (0 = default)")
+	perfShp = flag.String("live.perf-shapes", "", "comma-separated proxy-cost shapes (\"\" = all)")
 )
 
 func TestFull(t *testing.T) {
@@ -46,7 +47,11 @@ func TestFull(t *testing.T) {
 	if *fullFl != "" {
 		fleets = strings.Split(*fullFl, ",")
 	}
-	opts := Options{Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, RoutingOnly: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+	var shapes []string
+	if *perfShp != "" {
+		shapes = strings.Split(*perfShp, ",")
+	}
+	opts := Options{PerfShapes: shapes, Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, RoutingOnly: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
 		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds, RoutingRounds: *fullRR,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}

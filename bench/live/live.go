@@ -114,6 +114,9 @@ type Options struct {
 	// beside WarmpathBin in the proxy-cost bench (e.g. built from an older
 	// commit), labelled BaselineLabel ("baseline" when empty).
 	BaselineWarmpathBin, BaselineLabel string
+	// PerfShapes, when set, runs only the proxy-cost shapes named (e.g. to
+	// profile one shape's router process alone).
+	PerfShapes []string
 
 	// RoutingOnly leaves out the router-overhead, keep-alive and proxy-cost
 	// parts: only the routing points run.

@@ -263,6 +263,12 @@ type perfTarget struct {
 // turn (interleaved, so a noisy neighbour hits every target alike).
 func runPerf(ctx context.Context, o Options, tmp, nginx string) ([]PerfRow, []PerfShape, error) {
 	shapes := perfShapes(o.Smoke)
+	if len(o.PerfShapes) > 0 {
+		shapes = slices.DeleteFunc(shapes, func(s PerfShape) bool { return !slices.Contains(o.PerfShapes, s.Name) })
+		if len(shapes) == 0 {
+			return nil, nil, fmt.Errorf("perf: no shape named %q", o.PerfShapes)
+		}
+	}
 	maxRep := 1
 	for _, s := range shapes {
 		maxRep = max(maxRep, s.Replicas)
