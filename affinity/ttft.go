@@ -77,6 +77,7 @@ type ttftModel struct {
 	slotSec      atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
 	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
 	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
+	errSlack     atomic.Uint64 // float64 bits: exp(2 errEWMA), backlog's slack, kept with it
 	errN         atomic.Uint64 // predictions checked
 	hitReal      atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
 	hitN         atomic.Uint64 // requests with a predicted hit and a reported one
@@ -259,7 +260,7 @@ func (p *replica) backlog(now int64) float64 {
 	}
 	slack := 1.0
 	if p.model.errN.Load() >= fitMinSamples {
-		slack = math.Exp(2 * loadF(&p.model.errEWMA))
+		slack = loadF(&p.model.errSlack)
 	}
 	age := float64(now-p.model.pendBase.Load())/1e9 - float64(p.model.pendStart.Load())/float64(n)/1e9
 	pred := float64(p.model.pendPred.Load()) / float64(n) / 1e9
@@ -280,6 +281,7 @@ func (p *replica) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 // never chosen, and so never learns otherwise.
 type fleetPrefill struct {
 	logRate, over atomic.Uint64 // float64 bits
+	rate          atomic.Uint64 // float64 bits: exp(logRate), kept with it (a decision reads it per candidate)
 	n             atomic.Uint64
 	// slots: the batch-slot limit last learned on any replica of the pool
 	// (learnSlots), the limit of a replica that has not shown its own.
@@ -296,10 +298,11 @@ func (f *fleetPrefill) sample(rate, over float64) {
 	if f.n.Add(1) == 1 {
 		storeF(&f.logRate, math.Log(rate))
 		storeF(&f.over, over)
-		return
+	} else {
+		ewma(&f.logRate, math.Log(rate), fleetWeight)
+		ewma(&f.over, over, fleetWeight)
 	}
-	ewma(&f.logRate, math.Log(rate), fleetWeight)
-	ewma(&f.over, over, fleetWeight)
+	storeF(&f.rate, math.Exp(loadF(&f.logRate)))
 }
 
 // ownPrefill is p's own prefill rate and overhead: its configured,
@@ -321,7 +324,7 @@ func (p *replica) fleetModel() (rate, over float64, ok bool) {
 	if p.fleetPrefill == nil || p.fleetPrefill.n.Load() == 0 {
 		return 0, 0, false
 	}
-	return math.Exp(loadF(&p.fleetPrefill.logRate)), loadF(&p.fleetPrefill.over), true
+	return loadF(&p.fleetPrefill.rate), loadF(&p.fleetPrefill.over), true
 }
 
 // prefill is the prefill rate and overhead the cost policy prices p with:
@@ -378,8 +381,10 @@ func (p *replica) checkPrediction(pred, actual float64) {
 	e := math.Abs(math.Log((pred + floor) / (actual + floor)))
 	if m.errN.Add(1) == 1 {
 		storeF(&m.errEWMA, e)
+		storeF(&m.errSlack, math.Exp(2*e))
 	} else {
 		ewma(&m.errEWMA, e, errWeight)
+		storeF(&m.errSlack, math.Exp(2*loadF(&m.errEWMA)))
 	}
 	casAddF(&m.predSum, pred)
 	casAddF(&m.actSum, actual)
