@@ -160,6 +160,10 @@ type tenantState struct {
 	// predicted TTFT (0: at its first token).
 	pendOn    *replica
 	pendUntil int64
+	// held is the replica whose slot the prefill guard took for it when
+	// it placed it (its flight begun), until forward's first attempt
+	// there uses it (takeSlot) or it is given back (unhold).
+	held *replica
 }
 
 func (t *tenantState) reset() {
@@ -352,6 +356,9 @@ func (s *Server) tenantAdmit(ctx *fasthttp.RequestCtx, ex *exchange, ep endpoint
 // tenantEnd returns the exchange's charge, corrected with the engine's
 // usage when it reported one (putExchange: every path out).
 func (s *Server) tenantEnd(ex *exchange) {
+	if ex.ten.held != nil {
+		s.fq.unhold(ex) // placed, never attempted
+	}
 	if ex.ten.pendOn != nil {
 		s.fq.prefilled(ex)
 	}
