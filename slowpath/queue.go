@@ -211,15 +211,19 @@ func (q *fairQueue) dispatched(ex *exchange) {
 	if (q.cfg.Reserve <= 0 && q.cfg.Headroom <= 0) || ex.ten.dispatched {
 		return
 	}
-	ex.ten.dispatched = true
 	q.mu.Lock()
+	q.dispatchedLocked(ex)
+	q.mu.Unlock()
+}
+
+func (q *fairQueue) dispatchedLocked(ex *exchange) {
+	ex.ten.dispatched = true
 	m := q.running[string(ex.model)]
 	if m == nil {
 		m = make(map[string]int)
 		q.running[string(ex.model)] = m
 	}
 	m[ex.ten.name]++
-	q.mu.Unlock()
 }
 
 // finished undoes dispatched and lets the next eligible request go.

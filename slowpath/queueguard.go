@@ -241,7 +241,8 @@ func (q *fairQueue) place(ex *exchange) bool {
 	}
 	// The slot is taken here, under the queue's lock, in the count the
 	// guard reads (affinity's in-flight, TryBegin): the next request
-	// placed sees it taken and this one's prefill pending. Taken at the
+	// placed sees it taken, this one's prefill pending and its tenant's
+	// running count up. Taken at the
 	// attempt instead, two requests placed at once would see the same
 	// free slots and the flood fill the headroom.
 	for i, id := range d.Ranked {
@@ -251,6 +252,9 @@ func (q *fairQueue) place(ex *exchange) bool {
 		}
 		ex.ten.held = q.reps[j]
 		q.pendLocked(ex, q.reps[j], now)
+		if !ex.ten.dispatched {
+			q.dispatchedLocked(ex) // its tenant's running count, in the same step
+		}
 		if i > 0 { // forward's first attempt is the held replica
 			copy(d.Ranked[1:i+1], d.Ranked[:i])
 			d.Ranked[0] = id
