@@ -242,9 +242,9 @@ func (q *fairQueue) place(ex *exchange) bool {
 	// The slot is taken here, under the queue's lock, in the count the
 	// guard reads (affinity's in-flight, TryBegin): the next request
 	// placed sees it taken, this one's prefill pending and its tenant's
-	// running count up. Taken at the
-	// attempt instead, two requests placed at once would see the same
-	// free slots and the flood fill the headroom.
+	// running count up. Taken at the attempt instead, two requests placed
+	// at once would see the same free slots and the flood fill the
+	// headroom.
 	for i, id := range d.Ranked {
 		j := index(id)
 		if j < 0 || !ex.beginFlight(q.reps[j], false) {
