@@ -114,7 +114,7 @@ func (q *fairQueue) overLocked(model, t string, slots int, now int64, placing bo
 			others += n
 		}
 	}
-	return true, tenant.Need(q.cfg.Headroom, others)
+	return true, tenant.Need(q.cfg.Headroom, others, q.cfg.HeadroomMin)
 }
 
 // guardEligibleLocked reports whether a queued request of tenant t may be

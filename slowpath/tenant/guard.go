@@ -42,9 +42,10 @@ func Lighter(running, demand, thanRunning, thanDemand int) bool {
 // Need is the free slots a tenant over its share must leave on clean
 // replicas when other tenants hold others of the model's slots: headroom
 // counts their slots too (they are the others' share in use), but at
-// least one stays free for their next request.
-func Need(headroom, others int) int {
-	return max(headroom-others, 1)
+// least least (at least 1) stay free for their next requests, however
+// many they run (a burst of them finds a slot at once).
+func Need(headroom, others, least int) int {
+	return max(headroom-others, least, 1)
 }
 
 // MayStart reports whether a tenant over its share may start a request on
