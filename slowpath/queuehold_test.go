@@ -14,19 +14,91 @@ import (
 // quiet.
 func guardServer(t *testing.T) (*stepEngines, *Server, string) {
 	t.Helper()
-	e := startStepEngines(t, 2)
+	return guardServerWith(t, 2, 2, 1, 1)
+}
+
+// guardServerWith is guardServer with n engines of slots each and the
+// guard's headroom and headroom_min.
+func guardServerWith(t *testing.T, n, slots, headroom, least int) (*stepEngines, *Server, string) {
+	t.Helper()
+	e := startStepEngines(t, n)
 	cfg := testConfig(e.addrs...)
 	for i := range cfg.Replicas {
-		cfg.Replicas[i].MaxInFlight = 2
+		cfg.Replicas[i].MaxInFlight = slots
 	}
 	keys := filepath.Join(t.TempDir(), "keys.yaml")
 	writeKeys(t, keys, "keys:\n"+keyEntry("sk-flood", "flood", "")+keyEntry("sk-quiet", "quiet", ""))
 	cfg.Tenants.KeysFile = keys
 	cfg.Tenants.Queue.Enabled = true
-	cfg.Tenants.Queue.Headroom = 1
+	cfg.Tenants.Queue.Headroom = headroom
+	cfg.Tenants.Queue.HeadroomMin = least
 	cfg.Tenants.Queue.ActiveWindow = time.Minute
 	s, base := newTestServer(t, cfg)
+	// One request first: the router serves (its shutdown at cleanup
+	// waits for a Serve that has begun).
+	if r := tpost(t, base, "sk-quiet", "{"); r.status != 400 {
+		t.Fatalf("bad JSON: status %d", r.status)
+	}
 	return e, s, base
+}
+
+// guardPlace is decideFair's part for one exchange once its turn came:
+// active, ranked, placed (its slot held).
+func guardPlace(t *testing.T, s *Server, ex *exchange) bool {
+	t.Helper()
+	s.fq.arrived(ex)
+	if err := ex.decide(); err != nil {
+		t.Fatal(err)
+	}
+	ok := s.fq.place(ex)
+	if ok {
+		s.fq.dispatched(ex)
+	}
+	return ok
+}
+
+// TestPrefillGuardHeadroomMin: one replica of six slots, headroom 2. The
+// quiet tenant runs one request (past its first token) and the flood
+// three (its share), all past their first token: two slots are free.
+// With headroom_min 1 the guard counts the quiet request as part of the
+// headroom and the flood's fourth takes one of the two; with
+// headroom_min 2 both stay free for a burst of the quiet tenant.
+func TestPrefillGuardHeadroomMin(t *testing.T) {
+	for _, tc := range []struct {
+		least      int
+		floodPlace bool
+	}{{1, true}, {2, false}} {
+		t.Run(fmt.Sprintf("headroom_min=%d", tc.least), func(t *testing.T) {
+			_, s, _ := guardServerWith(t, 1, 6, 2, tc.least)
+			var all []*exchange
+			start := func(ten, tag string) bool {
+				ex := guardExchange(t, s, ten, tag)
+				all = append(all, ex)
+				ok := guardPlace(t, s, ex)
+				if ok {
+					s.fq.prefilled(ex) // its first token came
+				}
+				return ok
+			}
+			if !start("quiet", "tag-q1") {
+				t.Fatal("the quiet request held back")
+			}
+			for i := 1; i <= 3; i++ {
+				if !start("flood", fmt.Sprintf("tag-f%d", i)) {
+					t.Fatalf("flood %d within its share held back", i)
+				}
+			}
+			if got := start("flood", "tag-f4"); got != tc.floodPlace {
+				t.Fatalf("flood 4 over its share placed %v, want %v (in flight %d of 6)", got, tc.floodPlace, inFlightAll(s))
+			}
+			for _, ex := range all {
+				s.putExchange(ex)
+			}
+			if !guardIdle(s) {
+				t.Fatalf("slots left held: in flight %d", inFlightAll(s))
+			}
+		})
+	}
 }
 
 // guardExchange is a parsed streamed chat request of tenant ten, as
@@ -83,25 +155,9 @@ func guardIdle(s *Server) bool {
 // every slot held by a request that never made its attempt is given back
 // when the exchange ends.
 func TestPrefillGuardHoldsPlacedSlot(t *testing.T) {
-	_, s, base := guardServer(t)
-	// One request first: the router serves (its shutdown at cleanup
-	// waits for a Serve that has begun).
-	if r := tpost(t, base, "sk-quiet", "{"); r.status != 400 {
-		t.Fatalf("bad JSON: status %d", r.status)
-	}
+	_, s, _ := guardServer(t)
 	q := s.fq
-	place := func(ex *exchange) bool {
-		t.Helper()
-		q.arrived(ex)
-		if err := ex.decide(); err != nil {
-			t.Fatal(err)
-		}
-		ok := q.place(ex)
-		if ok {
-			q.dispatched(ex)
-		}
-		return ok
-	}
+	place := func(ex *exchange) bool { t.Helper(); return guardPlace(t, s, ex) }
 	quiet := guardExchange(t, s, "quiet", "tag-q1")
 	q.arrived(quiet) // the quiet tenant is active: the flood's share is 2 of 4
 
