@@ -41,6 +41,21 @@ func (ex *exchange) beginFlight(r *replica, retry bool) bool {
 	return true
 }
 
+// takeSlot starts ex's attempt on r: in the slot the prefill guard took
+// for ex when it placed it (queueguard.go), or in a new one
+// (beginFlight). A held slot elsewhere is given back first (a pinned
+// ranking, a replica gone meanwhile): an exchange has one flight.
+func (ex *exchange) takeSlot(r *replica, retry bool) bool {
+	if h := ex.ten.held; h != nil {
+		if h == r && !retry {
+			ex.ten.held = nil
+			return true
+		}
+		ex.s.fq.unhold(ex)
+	}
+	return ex.beginFlight(r, retry)
+}
+
 // firstToken marks the exchange's first token at now: the replica's
 // prefill ends and the TTFT histogram gets its sample.
 func (ex *exchange) firstToken(now int64) {

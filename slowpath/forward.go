@@ -100,7 +100,7 @@ ranked:
 			continue
 		}
 		r := table[id]
-		if r == nil || r.removed.Load() || !ex.beginFlight(r, attempts > 0) {
+		if r == nil || r.removed.Load() || !ex.takeSlot(r, attempts > 0) {
 			continue
 		}
 		s.guardStarted(ex, r) // the fair queue's prefill guard (queueguard.go)

@@ -154,16 +154,32 @@ func (q *fairQueue) kick() {
 				reserve = slots - q.cfg.Reserve
 			}
 		}
+		var it *tenant.Item[*waiter]
 		if reserve > 0 || q.cfg.Headroom > 0 {
 			now := q.s.now()
 			eligible = func(t string) bool {
 				if reserve > 0 && q.running[m][t] >= reserve {
 					return false
 				}
-				return q.cfg.Headroom <= 0 || q.guardEligibleLocked(m, t, now)
+				if q.cfg.Headroom <= 0 {
+					return true
+				}
+				may, _ := q.guardEligibleLocked(m, t, now)
+				return may
+			}
+			if q.cfg.Headroom > 0 {
+				// The prefill guard: a tenant within its share first, so
+				// a quiet tenant's queued request takes the next slot
+				// ahead of the flood's queued work.
+				it = sc.PopEligible(func(t string) bool {
+					may, over := q.guardEligibleLocked(m, t, now)
+					return may && !over && (reserve <= 0 || q.running[m][t] < reserve)
+				})
 			}
 		}
-		it := sc.PopEligible(eligible)
+		if it == nil {
+			it = sc.PopEligible(eligible)
+		}
 		if it == nil {
 			continue
 		}
@@ -195,15 +211,19 @@ func (q *fairQueue) dispatched(ex *exchange) {
 	if (q.cfg.Reserve <= 0 && q.cfg.Headroom <= 0) || ex.ten.dispatched {
 		return
 	}
-	ex.ten.dispatched = true
 	q.mu.Lock()
+	q.dispatchedLocked(ex)
+	q.mu.Unlock()
+}
+
+func (q *fairQueue) dispatchedLocked(ex *exchange) {
+	ex.ten.dispatched = true
 	m := q.running[string(ex.model)]
 	if m == nil {
 		m = make(map[string]int)
 		q.running[string(ex.model)] = m
 	}
 	m[ex.ten.name]++
-	q.mu.Unlock()
 }
 
 // finished undoes dispatched and lets the next eligible request go.
@@ -279,7 +299,7 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		q.arrived(ex)
 	}
 	for {
-		if (w != nil || !q.busy(ex.model)) && !q.atShare(ex) {
+		if (w != nil || !q.busy(ex.model) || q.ahead(ex)) && !q.atShare(ex) {
 			err := ex.decide()
 			if err == nil && len(ex.dec.Ranked) > 0 {
 				if q.place(ex) {

@@ -114,24 +114,59 @@ func (q *fairQueue) overLocked(model, t string, slots int, now int64, placing bo
 			others += n
 		}
 	}
-	return true, tenant.Need(q.cfg.Headroom, others)
+	return true, tenant.Need(q.cfg.Headroom, others, q.cfg.HeadroomMin)
 }
 
 // guardEligibleLocked reports whether a queued request of tenant t may be
-// handed a turn: a replica has a free slot, and one it may start on when
-// t is over its share.
-func (q *fairQueue) guardEligibleLocked(model, t string, now int64) bool {
+// handed a turn (may): a replica has a free slot, and one it may start on
+// when t is over its share (over).
+func (q *fairQueue) guardEligibleLocked(model, t string, now int64) (may, over bool) {
 	slots, ok := q.loadsLocked(model, t, now)
 	if !ok {
-		return true
+		return true, false
 	}
 	over, need := q.overLocked(model, t, slots, now, false)
 	for j, l := range q.loads {
 		if over && tenant.MayStart(q.loads, j, need) || !over && l.Free > 0 {
-			return true
+			return true, over
 		}
 	}
-	return false
+	return false, over
+}
+
+// ahead reports whether ex may skip the queue of its model: the prefill
+// guard is on, its tenant is within its share (not over it with ex
+// placed), has nothing queued itself, and every tenant with requests
+// queued in its class or a higher one is over its share. The flood's
+// queued work then does not delay a quiet tenant's request by a turn of
+// the queue (a wake-up per slot event); it still needs a slot where it
+// may start (place), else it queues.
+func (q *fairQueue) ahead(ex *exchange) bool {
+	if q.cfg.Headroom <= 0 {
+		return false
+	}
+	now := q.s.now()
+	m, t := string(ex.model), ex.ten.name
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	sc := q.byModel[m]
+	if sc == nil {
+		return true
+	}
+	slots, ok := q.loadsLocked(m, t, now)
+	if !ok {
+		return false
+	}
+	if over, _ := q.overLocked(m, t, slots, now, true); over {
+		return false
+	}
+	return !sc.AnyQueued(ex.ten.class, func(o string) bool {
+		if o == t {
+			return true
+		}
+		over, _ := q.overLocked(m, o, slots, now, false)
+		return !over
+	})
 }
 
 // place applies the guard to ex's ranking (after Decide): a tenant over
@@ -141,6 +176,9 @@ func (q *fairQueue) guardEligibleLocked(model, t string, now int64) bool {
 func (q *fairQueue) place(ex *exchange) bool {
 	if q.cfg.Headroom <= 0 {
 		return true
+	}
+	if ex.ten.held != nil {
+		q.unhold(ex) // placed before, its slot unused: placed anew
 	}
 	now := q.s.now()
 	q.mu.Lock()
@@ -201,7 +239,62 @@ func (q *fairQueue) place(ex *exchange) bool {
 	} else {
 		d.CachedTokens = d.CachedTokens[:0] // forward reads it only where present
 	}
-	return len(d.Ranked) > 0
+	// The slot is taken here, under the queue's lock, in the count the
+	// guard reads (affinity's in-flight, TryBegin): the next request
+	// placed sees it taken, this one's prefill pending and its tenant's
+	// running count up. Taken at the attempt instead, two requests placed
+	// at once would see the same free slots and the flood fill the
+	// headroom.
+	for i, id := range d.Ranked {
+		j := index(id)
+		if j < 0 || !ex.beginFlight(q.reps[j], false) {
+			continue
+		}
+		ex.ten.held = q.reps[j]
+		q.pendLocked(ex, q.reps[j], now)
+		if !ex.ten.dispatched {
+			q.dispatchedLocked(ex) // its tenant's running count, in the same step
+		}
+		if i > 0 { // forward's first attempt is the held replica
+			copy(d.Ranked[1:i+1], d.Ranked[:i])
+			d.Ranked[0] = id
+			if i < len(d.CachedTokens) {
+				c := d.CachedTokens[i]
+				copy(d.CachedTokens[1:i+1], d.CachedTokens[:i])
+				d.CachedTokens[0] = c
+			}
+		}
+		return true
+	}
+	return false // no slot free where it may start: it waits its turn
+}
+
+// unhold gives back the slot place took for ex, unused by an attempt:
+// its flight ends as failed before its first token (affinity rolls back
+// its speculative index entries), the replica's slot and the guard's
+// pending entry go, and the next queued request gets its turn.
+func (q *fairQueue) unhold(ex *exchange) {
+	r := ex.ten.held
+	if r == nil {
+		return
+	}
+	ex.ten.held = nil
+	ex.endFlight(q.s.now(), affinity.Outcome{CachedTokens: -1})
+	r.release()
+	q.mu.Lock()
+	q.unpendLocked(ex)
+	q.mu.Unlock()
+	q.s.freed.signal() // kicks the queue too
+}
+
+// pendLocked records ex as waiting for its first token on r.
+func (q *fairQueue) pendLocked(ex *exchange, r *replica, now int64) {
+	q.unpendLocked(ex)
+	ex.ten.pendOn, ex.ten.pendUntil = r, 0
+	if !ex.prompt.Stream {
+		ex.ten.pendUntil = now + max(int64(ex.flight.PredictedTTFT()*1e9), 1)
+	}
+	q.pending[r] = append(q.pending[r], ex)
 }
 
 // guardStarted records that ex's attempt on r waits for its first token,
@@ -214,12 +307,7 @@ func (s *Server) guardStarted(ex *exchange, r *replica) {
 	}
 	now := s.now()
 	q.mu.Lock()
-	q.unpendLocked(ex)
-	ex.ten.pendOn, ex.ten.pendUntil = r, 0
-	if !ex.prompt.Stream {
-		ex.ten.pendUntil = now + max(int64(ex.flight.PredictedTTFT()*1e9), 1)
-	}
-	q.pending[r] = append(q.pending[r], ex)
+	q.pendLocked(ex, r, now)
 	q.mu.Unlock()
 	q.kick()
 }

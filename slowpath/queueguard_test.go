@@ -23,6 +23,7 @@ type stepEngines struct {
 	order   []string       // tags, in arrival order over all engines
 	on      map[string]int // tag -> engine index
 	steps   map[string]*engineStep
+	replies map[string]int // tag -> a status to answer at once; -1: reset its first attempt
 	addrs   []string
 	servers []*fasthttp.Server
 }
@@ -93,7 +94,18 @@ func (e *stepEngines) handle(ctx *fasthttp.RequestCtx, engine int) {
 	e.order = append(e.order, tag)
 	e.on[tag] = engine
 	st := e.step(tag)
+	reply, n := e.replies[tag], e.countLocked(tag)
 	e.mu.Unlock()
+	switch {
+	case reply == -1 && n == 1:
+		ctx.Hijack(func(c net.Conn) { _ = c.Close() }) // no byte of an answer
+		return
+	case reply > 0:
+		ctx.SetStatusCode(reply)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"server_error","param":null,"code":null}}`)
+		return
+	}
 	ctx.SetContentType("text/event-stream")
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		wait := func(c chan struct{}) {
@@ -124,6 +136,34 @@ func (e *stepEngines) finish(tag string) {
 	st := e.step(tag)
 	closeOnce(st.first)
 	closeOnce(st.done)
+}
+
+// reply makes tag's requests answer status at once (-1: the first
+// attempt's connection is closed before any byte).
+func (e *stepEngines) reply(tag string, status int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.replies == nil {
+		e.replies = map[string]int{}
+	}
+	e.replies[tag] = status
+}
+
+// count is how many of tag's requests arrived.
+func (e *stepEngines) count(tag string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.countLocked(tag)
+}
+
+func (e *stepEngines) countLocked(tag string) int {
+	n := 0
+	for _, x := range e.order {
+		if x == tag {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *stepEngines) arrivals() []string {

@@ -84,6 +84,14 @@ type FairQueueConfig struct {
 	// never held back. 0 (default): off. Applies only when every replica
 	// of the model has a cap.
 	Headroom int `yaml:"headroom"`
+	// HeadroomMin is the fewest free slots the prefill guard keeps
+	// however many requests the other tenants run: headroom counts the
+	// others' running requests as part of it, down to this. 1 (default):
+	// the others' next request finds a slot, a burst of two may wait for
+	// a release; headroom_min = headroom keeps headroom free slots beside
+	// whatever the others run, at a higher cost to the flood. In [1,
+	// headroom] when headroom is set.
+	HeadroomMin int `yaml:"headroom_min"`
 	// ActiveWindow is how long a tenant counts as active on a model after
 	// its last request arrived (besides while it has requests queued or
 	// running): the tenants sharing the slots for the guard. Default 2s.
@@ -101,7 +109,7 @@ const (
 func DefaultTenants() TenantsConfig {
 	return TenantsConfig{
 		Salt: TenantSaltTenant, DefaultMaxTokens: 1024, PriorityHeader: "X-Warmpath-Priority",
-		Queue: FairQueueConfig{MaxLength: 1024, Timeout: 30 * time.Second, Quantum: 512, ActiveWindow: 2 * time.Second},
+		Queue: FairQueueConfig{MaxLength: 1024, Timeout: 30 * time.Second, Quantum: 512, HeadroomMin: 1, ActiveWindow: 2 * time.Second},
 	}
 }
 
@@ -129,6 +137,8 @@ func (t *TenantsConfig) validate(c *Config) error {
 		return fieldErrorf("tenants.queue.reserve", "must be in [0, 1048576] (0 = none), got %d", q.Reserve)
 	case q.Headroom < 0 || q.Headroom > 1<<20:
 		return fieldErrorf("tenants.queue.headroom", "must be in [0, 1048576] (0 = off), got %d", q.Headroom)
+	case q.HeadroomMin < 1 || q.HeadroomMin > max(q.Headroom, 1):
+		return fieldErrorf("tenants.queue.headroom_min", "must be in [1, headroom (%d)], got %d", max(q.Headroom, 1), q.HeadroomMin)
 	case q.ActiveWindow <= 0 || q.ActiveWindow > time.Hour:
 		return fieldErrorf("tenants.queue.active_window", "must be in (0s, 1h], got %s", q.ActiveWindow)
 	}
@@ -160,6 +170,10 @@ type tenantState struct {
 	// predicted TTFT (0: at its first token).
 	pendOn    *replica
 	pendUntil int64
+	// held is the replica whose slot the prefill guard took for it when
+	// it placed it (its flight begun), until forward's first attempt
+	// there uses it (takeSlot) or it is given back (unhold).
+	held *replica
 }
 
 func (t *tenantState) reset() {
@@ -352,6 +366,9 @@ func (s *Server) tenantAdmit(ctx *fasthttp.RequestCtx, ex *exchange, ep endpoint
 // tenantEnd returns the exchange's charge, corrected with the engine's
 // usage when it reported one (putExchange: every path out).
 func (s *Server) tenantEnd(ex *exchange) {
+	if ex.ten.held != nil {
+		s.fq.unhold(ex) // placed, never attempted
+	}
 	if ex.ten.pendOn != nil {
 		s.fq.prefilled(ex)
 	}

@@ -656,6 +656,8 @@ func TestTenantsConfig(t *testing.T) {
 		{"tenants:\n  queue:\n    quantum: 0\n", "line 3: tenants.queue.quantum: must be in [1, 16777216]"},
 		{"tenants:\n  queue:\n    reserve: -1\n", "line 3: tenants.queue.reserve: must be in [0, 1048576]"},
 		{"tenants:\n  queue:\n    headroom: -1\n", "line 3: tenants.queue.headroom: must be in [0, 1048576]"},
+		{"tenants:\n  queue:\n    headroom_min: 0\n", "line 3: tenants.queue.headroom_min: must be in [1, headroom (1)], got 0"},
+		{"tenants:\n  queue:\n    headroom: 2\n    headroom_min: 3\n", "line 4: tenants.queue.headroom_min: must be in [1, headroom (2)], got 3"},
 		{"tenants:\n  queue:\n    active_window: 0s\n", "line 3: tenants.queue.active_window: must be in (0s, 1h]"},
 		{"tenancy:\n  salt_from: header\ntenants:\n  keys_file: /x\n", "line 4: tenants.keys_file: tenancy.salt_from must be none"},
 		{"tenants:\n  bogus: 1\n", "line 2: tenants.bogus: unknown field"},

@@ -49,6 +49,17 @@ type TenantsRow struct {
 	FloodBase string  `json:",omitempty"`
 }
 
+// guardRow is one prefill guard row: tenants.queue.headroom and
+// headroom_min.
+type guardRow struct{ headroom, least int }
+
+func (g guardRow) String() string {
+	if g.least > 1 {
+		return fmt.Sprintf("headroom %d, headroom_min %d", g.headroom, g.least)
+	}
+	return fmt.Sprintf("headroom %d", g.headroom)
+}
+
 // tenantsShape is the scenario's sizes.
 type tenantsShape struct {
 	engines, seqs      int
@@ -60,14 +71,19 @@ type tenantsShape struct {
 	warmup             time.Duration // flood alone before the quiet tenant starts
 	timeScale          float64       // the engines' --time-scale
 	reserve            int           // tenants.queue.reserve of the reserve row
-	headroom           []int         // tenants.queue.headroom of the guard rows
+	guards             []guardRow    // the prefill guard rows
 	queueTimeout       time.Duration
 }
 
 func tenantsSizes(o Options) tenantsShape {
-	s := tenantsShape{engines: 2, seqs: 4, floodConc: 32, quietRequests: 120, quietRPS: 4,
+	// 240 quiet requests: their p99 is the third slowest, so neither the
+	// one request that always waits (the quiet tenant's first, which finds
+	// every slot the flood's) nor one scheduling stall of the shared
+	// machine sets it alone.
+	s := tenantsShape{engines: 2, seqs: 4, floodConc: 32, quietRequests: 240, quietRPS: 4,
 		floodTok: [2]int{512, 1024}, floodOut: [2]int{64, 64}, quietTok: [2]int{128, 256}, quietOut: [2]int{16, 16},
-		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5, reserve: 2, headroom: []int{1, 2}}
+		warmup: 4 * time.Second, queueTimeout: time.Minute, timeScale: 0.5, reserve: 2,
+		guards: []guardRow{{headroom: 2, least: 1}, {headroom: 2, least: 2}}}
 	if o.Smoke {
 		s.floodConc, s.quietRequests, s.warmup, s.timeScale = 8, 16, 500*time.Millisecond, o.TimeScale
 	}
@@ -107,7 +123,7 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 		"With it, `max_in_flight: %d` per replica (the engines' batch) and `tenants.queue.enabled`: the rest waits at the router, "+
 		"deficit round-robin between the two tenants. The reserve row also holds %d of the %d slots back from any one tenant (`tenants.queue.reserve`); "+
 		"the prefill guard rows (`tenants.queue.headroom`) hold the tenant over its equal share back, while the other is active, from starting a request where another's first token is pending "+
-		"or where it already prefills, and from taking the last free slots (headroom, less the slots the other tenant holds, at least 1) on replicas without its prefill. "+
+		"or where it already prefills, and from taking the last free slots (headroom, less the slots the other tenant holds, at least `headroom_min`) on replicas without its prefill. "+
 		"The flood-alone rows run the flood for as long as the quiet tenant's schedule lasts, without it. Latencies in model seconds.",
 		sh.engines, sh.seqs, o.TimeScale, sh.floodConc, sh.floodTok[0], sh.floodTok[1], sh.floodOut[0], sh.warmup,
 		sh.quietRequests, sh.quietTok[0], sh.quietTok[1], sh.quietOut[0], sh.quietRPS, sh.seqs, sh.seqs, sh.reserve, sh.engines*sh.seqs)}
@@ -116,23 +132,23 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 		quiet, flood bool
 		fair         bool
 		reserve      int
-		headroom     int
+		guard        guardRow
 		base         int // the row whose flood req/s this row's is compared with; -1 none
 	}
 	slots := sh.engines * sh.seqs
 	cfgs := []cfg{
-		{"quiet tenant alone", true, false, false, 0, 0, -1},
-		{"flood + quiet, no fair queue", true, true, false, 0, 0, -1},
-		{"flood + quiet, fair queue", true, true, true, 0, 0, 1},
-		{fmt.Sprintf("flood + quiet, fair queue, reserve %d of %d slots", sh.reserve, slots), true, true, true, sh.reserve, 0, 2},
+		{"quiet tenant alone", true, false, false, 0, guardRow{}, -1},
+		{"flood + quiet, no fair queue", true, true, false, 0, guardRow{}, -1},
+		{"flood + quiet, fair queue", true, true, true, 0, guardRow{}, 1},
+		{fmt.Sprintf("flood + quiet, fair queue, reserve %d of %d slots", sh.reserve, slots), true, true, true, sh.reserve, guardRow{}, 2},
 	}
-	for _, h := range sh.headroom {
-		cfgs = append(cfgs, cfg{fmt.Sprintf("flood + quiet, fair queue, prefill guard (headroom %d)", h), true, true, true, 0, h, 2})
+	for _, g := range sh.guards {
+		cfgs = append(cfgs, cfg{fmt.Sprintf("flood + quiet, fair queue, prefill guard (%s)", g), true, true, true, 0, g, 2})
 	}
 	alone := len(cfgs)
-	cfgs = append(cfgs, cfg{"flood alone, fair queue", false, true, true, 0, 0, -1})
-	for _, h := range sh.headroom {
-		cfgs = append(cfgs, cfg{fmt.Sprintf("flood alone, fair queue, prefill guard (headroom %d)", h), false, true, true, 0, h, alone})
+	cfgs = append(cfgs, cfg{"flood alone, fair queue", false, true, true, 0, guardRow{}, -1})
+	for _, g := range sh.guards {
+		cfgs = append(cfgs, cfg{fmt.Sprintf("flood alone, fair queue, prefill guard (%s)", g), false, true, true, 0, g, alone})
 	}
 	// Rounds interleave the configurations; each row is the round with
 	// the median quiet p99 (one noisy round on a shared machine does not
@@ -140,7 +156,7 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 	runs := make([][]TenantsRow, len(cfgs))
 	for round := range o.Rounds {
 		for i, c := range cfgs {
-			row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.quiet, c.flood, c.fair, c.reserve, c.headroom)
+			row, err := runTenantsConfig(ctx, o, tmp, f, sh, keys, flood, quiet, c.quiet, c.flood, c.fair, c.reserve, c.guard)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", c.name, err)
 			}
@@ -185,7 +201,7 @@ func runTenants(ctx context.Context, o Options, tmp string) (*TenantsResult, err
 }
 
 func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh tenantsShape, keys string,
-	flood, quiet *workload.Workload, withQuiet, withFlood, fair bool, reserve, headroom int) (*TenantsRow, error) {
+	flood, quiet *workload.Workload, withQuiet, withFlood, fair bool, reserve int, guard guardRow) (*TenantsRow, error) {
 	var g child.Group
 	defer g.Stop()
 	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, f.engines, &g)
@@ -198,7 +214,8 @@ func runTenantsConfig(ctx context.Context, o Options, tmp string, f fleet, sh te
 	setup.extra = "tenants:\n  keys_file: " + strconv.Quote(keys) + "\n"
 	if fair {
 		setup.maxInFlight = sh.seqs
-		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n    reserve: %d\n    headroom: %d\n", sh.queueTimeout, reserve, headroom)
+		setup.extra += fmt.Sprintf("  queue:\n    enabled: true\n    timeout: %s\n    reserve: %d\n    headroom: %d\n    headroom_min: %d\n",
+			sh.queueTimeout, reserve, guard.headroom, max(guard.least, 1))
 	}
 	setup.authKey = "sk-quiet"
 	p, listen, _, err := startWarmpath(ctx, o.WarmpathBin, tmp, setup)

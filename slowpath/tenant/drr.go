@@ -79,6 +79,19 @@ func (s *Scheduler[T]) QueuedAll(tenant string) int {
 	return n
 }
 
+// AnyQueued reports whether a tenant with requests queued in class upTo
+// or a higher one (a lower number) satisfies pred.
+func (s *Scheduler[T]) AnyQueued(upTo int, pred func(tenant string) bool) bool {
+	for c := 0; c <= upTo && c < len(s.classes); c++ {
+		for _, f := range s.classes[c].ring {
+			if pred(f.tenant) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Push queues it. When its class is full, the tenant with the most queued
 // requests gives up its newest one (evicted, to be shed) if it has at
 // least two more than it's tenant; otherwise it is refused (ok false):

@@ -41,10 +41,12 @@ func Lighter(running, demand, thanRunning, thanDemand int) bool {
 
 // Need is the free slots a tenant over its share must leave on clean
 // replicas when other tenants hold others of the model's slots: headroom
-// counts their slots too (they are the others' share in use), but at
-// least one stays free for their next request.
-func Need(headroom, others int) int {
-	return max(headroom-others, 1)
+// counts their slots too (they are the others' share in use), down to
+// least free slots (and never fewer than one) for their next requests,
+// however many they run: least > 1 lets a burst of theirs find slots at
+// once (tenants.queue.headroom_min).
+func Need(headroom, others, least int) int {
+	return max(headroom-others, least, 1)
 }
 
 // MayStart reports whether a tenant over its share may start a request on

@@ -38,11 +38,13 @@ func TestLighter(t *testing.T) {
 }
 
 func TestNeed(t *testing.T) {
-	for _, tc := range []struct{ headroom, others, want int }{
-		{1, 0, 1}, {2, 0, 2}, {2, 1, 1}, {2, 5, 1}, {3, 1, 2},
+	for _, tc := range []struct{ headroom, others, least, want int }{
+		{1, 0, 1, 1}, {2, 0, 1, 2}, {2, 1, 1, 1}, {2, 5, 1, 1}, {3, 1, 1, 2},
+		{2, 0, 0, 2}, {2, 5, 0, 1}, // at least one
+		{2, 1, 2, 2}, {2, 5, 2, 2}, {3, 1, 2, 2}, {3, 2, 2, 2}, {3, 0, 2, 3}, // headroom_min
 	} {
-		if got := Need(tc.headroom, tc.others); got != tc.want {
-			t.Errorf("Need(%d, %d) = %d, want %d", tc.headroom, tc.others, got, tc.want)
+		if got := Need(tc.headroom, tc.others, tc.least); got != tc.want {
+			t.Errorf("Need(%d, %d, %d) = %d, want %d", tc.headroom, tc.others, tc.least, got, tc.want)
 		}
 	}
 }

@@ -263,3 +263,38 @@ func TestSchedulerEligible(t *testing.T) {
 		t.Fatalf("uncapped: %v", it)
 	}
 }
+
+// TestSchedulerAnyQueued: the predicate sees the tenants with requests
+// queued in the class asked for and the higher ones, not the lower ones
+// nor tenants whose requests were all popped.
+func TestSchedulerAnyQueued(t *testing.T) {
+	s := NewScheduler[string](3, 100, 100)
+	s.Push(&Item[string]{V: "h", Tenant: "a", Class: 0, Cost: 10})
+	s.Push(&Item[string]{V: "n", Tenant: "b", Class: 1, Cost: 10})
+	s.Push(&Item[string]{V: "l", Tenant: "c", Class: 2, Cost: 10})
+	is := func(name string) func(string) bool { return func(t string) bool { return t == name } }
+	for _, tc := range []struct {
+		name   string
+		upTo   int
+		tenant string
+		want   bool
+	}{
+		{"higher class seen", 1, "a", true},
+		{"own class seen", 1, "b", true},
+		{"lower class not seen", 1, "c", false},
+		{"lowest class sees all", 2, "c", true},
+		{"unknown tenant", 2, "z", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := s.AnyQueued(tc.upTo, is(tc.tenant)); got != tc.want {
+				t.Fatalf("AnyQueued(%d, %s) = %v, want %v", tc.upTo, tc.tenant, got, tc.want)
+			}
+		})
+	}
+	if it := s.Pop(); it == nil || it.V != "h" {
+		t.Fatalf("pop: %v", it)
+	}
+	if s.AnyQueued(2, is("a")) {
+		t.Fatal("a tenant with nothing left queued is seen")
+	}
+}
