@@ -244,19 +244,7 @@ func (c *stallConn) SetDeadline(t time.Time) error {
 func (c *stallConn) SetReadDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
 
 // Read reads, moving a lazily kept read deadline when it times out early.
-func (c *stallConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	for {
-		again, serr := c.rd.retry(c.Conn, n, err)
-		if serr != nil {
-			return 0, serr
-		}
-		if !again {
-			return n, err
-		}
-		n, err = c.Conn.Read(p)
-	}
-}
+func (c *stallConn) Read(p []byte) (int, error) { return c.rd.read(c.Conn, p) }
 
 func (c *stallConn) Write(p []byte) (int, error) {
 	dl := time.Now().Add(c.d)

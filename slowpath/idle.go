@@ -126,6 +126,22 @@ func (d *lazyDeadline) retry(c net.Conn, n int, err error) (bool, error) {
 	return true, c.SetReadDeadline(d.want)
 }
 
+// read reads c into p, re-arming a deadline that timed out before the one
+// wanted (retry) and reading again, until a read returns what it should.
+func (d *lazyDeadline) read(c net.Conn, p []byte) (int, error) {
+	n, err := c.Read(p)
+	for {
+		again, serr := d.retry(c, n, err)
+		if serr != nil {
+			return 0, serr
+		}
+		if !again {
+			return n, err
+		}
+		n, err = c.Read(p)
+	}
+}
+
 // wantDeadline makes t the wanted read deadline (lazyDeadline.move).
 func (c *idleConn) wantDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
 
@@ -196,17 +212,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 			}
 		}
 	}
-	n, err := c.Conn.Read(p)
-	for {
-		again, serr := c.rd.retry(c.Conn, n, err)
-		if serr != nil {
-			return 0, serr
-		}
-		if !again {
-			break
-		}
-		n, err = c.Conn.Read(p)
-	}
+	n, err := c.rd.read(c.Conn, p)
 	if n > 0 && !c.held {
 		c.armed = true
 	}

@@ -103,30 +103,9 @@ func BenchmarkIdleConnRead(b *testing.B) {
 // wins when it is earlier.
 func TestIdleConn(t *testing.T) {
 	const idle = 50 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	step := make(chan string)
-	srvDone := make(chan struct{})
-	go func() {
-		defer close(srvDone)
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		for s := range step {
-			io.WriteString(c, s)
-		}
-	}()
-	raw, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw, step := steppedConn(t)
 	c := &idleConn{Conn: raw, idle: idle}
-	defer func() { close(step); c.Close(); <-srvDone }()
+	var err error
 	p := make([]byte, 16)
 
 	// Request 1: the first byte comes after 4 x idle: no idle error.
@@ -178,17 +157,15 @@ func TestIdleConn(t *testing.T) {
 	}
 }
 
-// TestIdleConnLazyDeadline: a read deadline that moves later is kept
-// lazily (the earlier one stays in force, no timer update) yet a read
-// waits until the later one: a byte arriving past the earlier deadline is
-// read without error; an earlier deadline applies at once; once the
-// wanted deadline passes the read fails with a plain deadline error.
-func TestIdleConnLazyDeadline(t *testing.T) {
+// steppedConn dials a loopback server that writes each string sent on
+// step; closing the client and the server goroutine's exit are the test's
+// cleanup.
+func steppedConn(t *testing.T) (net.Conn, chan<- string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
 	step := make(chan string)
 	srvDone := make(chan struct{})
 	go func() {
@@ -204,10 +181,22 @@ func TestIdleConnLazyDeadline(t *testing.T) {
 	}()
 	raw, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
+		ln.Close()
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { close(step); raw.Close(); <-srvDone; ln.Close() })
+	return raw, step
+}
+
+// TestIdleConnLazyDeadline: a read deadline that moves later is kept
+// lazily (the earlier one stays in force, no timer update) yet a read
+// waits until the later one: a byte arriving past the earlier deadline is
+// read without error; an earlier deadline applies at once; once the
+// wanted deadline passes the read fails with a plain deadline error.
+func TestIdleConnLazyDeadline(t *testing.T) {
+	raw, step := steppedConn(t)
 	c := &idleConn{Conn: raw, idle: time.Hour}
-	defer func() { close(step); c.Close(); <-srvDone }()
+	var err error
 	p := make([]byte, 16)
 
 	early := time.Now().Add(20 * time.Millisecond)
