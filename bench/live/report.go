@@ -304,7 +304,7 @@ func (r *Results) writeHeadline(b *bufio.Writer) {
 	}
 	fmt.Fprintf(b, "\n## Headline\n\nwarmpath's default policy (`cost`) against the best baseline at each point: the lowest mean TTFT of %s. "+
 		"TTFT mean / p99 and prompt-cache hit rate over every round's requests pooled (%d round(s), a fresh workload seed each); "+
-		"ratio = cost / best (below 1: cost is faster). Per round: cost / the best baseline of that round, "+
+		"ratio = cost / best (below 1: cost is faster). Per round (lowest first): cost / the best baseline of that round, "+
 		"which shares the round's seed and, configurations interleaved, its stretch of machine noise. "+
 		"enginesim fleets in model seconds, llamacpp in wall seconds.\n\n", strings.Join(baselines, ", "), r.Options.RoutingRounds)
 	fmt.Fprintf(b, "| fleet | workload | req/s | warmpath cost | best baseline | mean ratio | p99 ratio | mean ratio per round | p99 ratio per round |\n|---|---|---:|---|---|---:|---:|---|---|\n")
