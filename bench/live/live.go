@@ -571,7 +571,15 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 	return row, nil
 }
 
-func startEngine(ctx context.Context, o Options, i uint64, extra []string) (*child.Proc, string, error) {
+func startEngine(ctx context.Context, o Options, i uint64, extra []string) (p *child.Proc, addr string, err error) {
+	err = child.RetryBind(func() (err error) {
+		p, addr, err = startEngineOnce(ctx, o, i, extra)
+		return err
+	})
+	return p, addr, err
+}
+
+func startEngineOnce(ctx context.Context, o Options, i uint64, extra []string) (*child.Proc, string, error) {
 	addr, err := child.FreeAddr()
 	if err != nil {
 		return nil, "", err

@@ -53,7 +53,15 @@ func nginxConf(dir, listen string, upstreams []string, workers int) string {
 // startNginx writes the config into a fresh directory under tmp and runs
 // nginx in the foreground (daemon off) as a child process group; the
 // returned proc's pid is the master (its workers are its children).
-func startNginx(ctx context.Context, bin, tmp string, upstreams []string) (*child.Proc, string, error) {
+func startNginx(ctx context.Context, bin, tmp string, upstreams []string) (p *child.Proc, listen string, err error) {
+	err = child.RetryBind(func() (err error) {
+		p, listen, err = startNginxOnce(ctx, bin, tmp, upstreams)
+		return err
+	})
+	return p, listen, err
+}
+
+func startNginxOnce(ctx context.Context, bin, tmp string, upstreams []string) (*child.Proc, string, error) {
 	dir, err := os.MkdirTemp(tmp, "nginx-")
 	if err != nil {
 		return nil, "", err

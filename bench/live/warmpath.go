@@ -77,6 +77,14 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 // first, so a bad knob fails here with the field's name) and runs
 // `warmpath serve`; it returns when the API answers through to a replica.
 func startWarmpath(ctx context.Context, bin, tmp string, s routerSetup) (p *child.Proc, listen, admin string, err error) {
+	err = child.RetryBind(func() (err error) {
+		p, listen, admin, err = startWarmpathOnce(ctx, bin, tmp, s)
+		return err
+	})
+	return p, listen, admin, err
+}
+
+func startWarmpathOnce(ctx context.Context, bin, tmp string, s routerSetup) (p *child.Proc, listen, admin string, err error) {
 	listen, err = child.FreeAddr()
 	if err != nil {
 		return nil, "", "", err

@@ -125,6 +125,20 @@ func FreeAddr() (string, error) {
 	return addr, nil
 }
 
+// RetryBind runs start, which picks its ports with FreeAddr, up to three
+// times while it fails because a port was taken: between FreeAddr closing
+// its listener and the child binding the port, any other process on the
+// machine (a parallel test, a client's ephemeral port) can take it.
+func RetryBind(start func() error) error {
+	var err error
+	for range 3 {
+		if err = start(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "address already in use") {
+			return err
+		}
+	}
+	return err
+}
+
 // WaitReady polls GET url until it answers 200, the process dies, ctx ends
 // or timeout passes.
 func WaitReady(ctx context.Context, p *Proc, url string, timeout time.Duration) error {
