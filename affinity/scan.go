@@ -77,16 +77,11 @@ func (p *Parser) scanChat(body []byte, out *Prompt) bool {
 		return false // no model
 	}
 	for {
-		klo, khi, ok := s.key(i)
+		key, j, ok := s.member(i)
 		if !ok {
 			return false
 		}
-		key := body[klo:khi]
-		i = s.ws(khi + 1)
-		if i >= len(body) || body[i] != ':' {
-			return false
-		}
-		i = s.ws(i + 1)
+		i = j
 		field := -1
 		if len(key) >= len("user") && len(key) <= 3*len("max_completion_tokens") {
 			for f, name := range routingFields {
@@ -228,6 +223,20 @@ func (s *chatScan) key(i int) (klo, khi int, ok bool) {
 		return 0, 0, false
 	}
 	return i + 1, end - 1, true
+}
+
+// member reads an object member's key at i and the colon after it; j is
+// where its value starts.
+func (s *chatScan) member(i int) (key []byte, j int, ok bool) {
+	klo, khi, ok := s.key(i)
+	if !ok {
+		return nil, 0, false
+	}
+	j = s.ws(khi + 1)
+	if j >= len(s.b) || s.b[j] != ':' {
+		return nil, 0, false
+	}
+	return s.b[klo:khi], s.ws(j + 1), true
 }
 
 // str scans the string starting at b[i] == '"'; end is the index after its
@@ -497,16 +506,11 @@ func (s *chatScan) streamOptions(i int) (int, bool, bool) {
 		return i + 1, false, true
 	}
 	for {
-		klo, khi, ok := s.key(i)
+		key, j, ok := s.member(i)
 		if !ok {
 			return 0, false, false
 		}
-		key := b[klo:khi]
-		i = s.ws(khi + 1)
-		if i >= len(b) || b[i] != ':' {
-			return 0, false, false
-		}
-		i = s.ws(i + 1)
+		i = j
 		if foldEqual(key, "include_usage") {
 			if n++; n > 1 || string(key) != "include_usage" {
 				return 0, false, false
@@ -583,16 +587,11 @@ func (s *chatScan) message(i int) (int, bool) {
 		return 0, false // no role
 	}
 	for {
-		klo, khi, ok := s.key(i)
+		key, j, ok := s.member(i)
 		if !ok {
 			return 0, false
 		}
-		key := b[klo:khi]
-		i = s.ws(khi + 1)
-		if i >= len(b) || b[i] != ':' {
-			return 0, false
-		}
-		i = s.ws(i + 1)
+		i = j
 		switch {
 		case !roleSeen && string(key) == "role":
 			roleSeen = true
@@ -755,16 +754,11 @@ func (s *chatScan) part(i int) (int, bool) {
 		return 0, false
 	}
 	for {
-		klo, khi, ok := s.key(i)
+		key, j, ok := s.member(i)
 		if !ok {
 			return 0, false
 		}
-		key := b[klo:khi]
-		i = s.ws(khi + 1)
-		if i >= len(b) || b[i] != ':' {
-			return 0, false
-		}
-		i = s.ws(i + 1)
+		i = j
 		switch {
 		case !typSeen && string(key) == "type":
 			typSeen = true
