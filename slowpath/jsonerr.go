@@ -67,6 +67,12 @@ func jsonKind(v []byte) string {
 
 // tooDeep returns the offset of the bracket that opens level limit+1, or -1.
 func tooDeep(b []byte, limit int) int {
+	return walkBrackets(b, func(depth int) bool { return depth > limit })
+}
+
+// walkBrackets walks b's brackets outside strings and returns the offset
+// of the first after which at(depth) holds (depth counted after it), or -1.
+func walkBrackets(b []byte, at func(depth int) bool) int {
 	depth, inStr := 0, false
 	for i := 0; i < len(b); i++ {
 		switch c := b[i]; {
@@ -75,12 +81,15 @@ func tooDeep(b []byte, limit int) int {
 		case c == '"':
 			inStr = !inStr
 		case inStr:
-		case c == '{' || c == '[':
-			if depth++; depth > limit {
+		case c == '{' || c == '[' || c == '}' || c == ']':
+			if c == '{' || c == '[' {
+				depth++
+			} else {
+				depth--
+			}
+			if at(depth) {
 				return i
 			}
-		case c == '}' || c == ']':
-			depth--
 		}
 	}
 	return -1

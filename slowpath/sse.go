@@ -330,21 +330,5 @@ func objectEnd(b []byte) int {
 	if len(b) == 0 || b[0] != '{' {
 		return -1
 	}
-	depth, inStr := 0, false
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case inStr && c == '\\':
-			i++
-		case c == '"':
-			inStr = !inStr
-		case inStr:
-		case c == '{' || c == '[':
-			depth++
-		case c == '}' || c == ']':
-			if depth--; depth == 0 {
-				return i
-			}
-		}
-	}
-	return -1
+	return walkBrackets(b, func(depth int) bool { return depth == 0 })
 }
