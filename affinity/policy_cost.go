@@ -93,7 +93,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 		e.full = rp.full(busy, backlog, now)
 		e.unc = max(t-rp.confidence()*c, 0)
 		e.inv = inv
-		e.pre = over + max(rp.slotWait(busy, now), backlog) + l.QueuedTokens()*inv
+		e.pre = over + max(rp.slotRisk(busy, now), backlog) + l.QueuedTokens()*inv
 		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
 		e.kv = l.KVUsage > cfg.KVHighWater
 		if e.kv {

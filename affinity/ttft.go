@@ -48,6 +48,15 @@ import (
 const (
 	// defaultSlotSeconds is D_r before a replica's first measured slot time.
 	defaultSlotSeconds = 1.0
+	// unknownSlotShare weighs the slot wait slotRisk prices past the most
+	// requests seen running where no limit is known: even odds that the
+	// next request finds one.
+	unknownSlotShare = 0.5
+	// slotRiskSeen, slotRiskShare: how many scrapes at a replica's largest
+	// running count, and what share of them, must show a request waiting
+	// before slotRisk prices a possible limit there.
+	slotRiskSeen  = 2
+	slotRiskShare = 0.1
 	// slotWeight is the EWMA weight of a slot-time sample.
 	slotWeight = 0.1
 	// slotLearnRepeat: scrapes showing requests waiting at the largest
@@ -74,6 +83,7 @@ var ttftErrBuckets = [...]float64{0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8}
 type ttftModel struct {
 	slotsSig     atomic.Int64  // engine-reported batch slots; 0 = none
 	slotsLearned atomic.Int64  // learned from full-batch scrapes; 0 = none
+	slotsHint    atomic.Int64  // maxRunning while scrapes there often show requests waiting (slotRisk); 0 = none
 	slotSec      atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
 	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
 	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
@@ -101,6 +111,8 @@ type ttftModel struct {
 	maxRunning  int64 // the most requests any scrape saw running
 	prevRunning int64 // the previous scrape's running count
 	fullAtMax   int   // scrapes with requests waiting at maxRunning
+	atMax       int   // scrapes running maxRunning, KV not full
+	waitAtMax   int   // of those, scrapes with a request waiting
 
 	// Prediction accounting for metrics: sums in seconds (float64 bits,
 	// CAS-added) and the ratio histogram.
@@ -145,7 +157,38 @@ func (p *replica) slotSeconds() float64 {
 // slots to free; without a decoding request of this router to date the
 // batch by, slots free at S/D per second.
 func (p *replica) slotWait(busy, now int64) float64 {
-	s := p.slots()
+	return p.slotWaitAt(p.slots(), busy, now)
+}
+
+// slotRisk is the slot wait the cost policy prices: slotWait where the
+// limit is known; where it is not, but scrapes at the most requests the
+// replica ever ran show requests waiting often (at least slotRiskSeen
+// times and slotRiskShare of those scrapes), unknownSlotShare of the wait
+// a limit there would cause. A small-batch engine whose full batch scrapes
+// catch with requests waiting too seldom to learn a limit (learnSlots wants
+// two or more waiting, twice) otherwise takes a fifth request onto four
+// that decode for seconds while other replicas sit idle. An engine without
+// a limit shows a request waiting at its largest batch only now and then
+// (an arrival between two steps) and is priced no wait. A replica with no
+// evidence of its own takes the last replica's of its pool that had some,
+// unless it has run more.
+func (p *replica) slotRisk(busy, now int64) float64 {
+	if s := p.slots(); s > 0 {
+		return p.slotWaitAt(s, busy, now)
+	}
+	h := p.model.slotsHint.Load()
+	if f := p.fleetPrefill; h <= 0 && f != nil {
+		if fh := f.slotsHint.Load(); fh >= p.model.maxRunningSeen.Load() {
+			h = fh
+		}
+	}
+	if h <= 0 || busy < h {
+		return 0
+	}
+	return unknownSlotShare * p.slotWaitAt(h, busy, now)
+}
+
+func (p *replica) slotWaitAt(s, busy, now int64) float64 {
 	if s <= 0 || busy < s {
 		return 0
 	}
@@ -234,6 +277,22 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 		m.maxRunning, m.fullAtMax = int64(running), 0
 		m.maxRunningSeen.Store(m.maxRunning)
 		m.slotsLearned.Store(0)
+		m.atMax, m.waitAtMax = 0, 0
+		m.slotsHint.Store(0)
+	}
+	if kvFree && int64(running) == m.maxRunning {
+		m.atMax++
+		if waiting > 0 {
+			m.waitAtMax++
+		}
+		if m.waitAtMax >= slotRiskSeen && float64(m.waitAtMax) >= slotRiskShare*float64(m.atMax) {
+			m.slotsHint.Store(m.maxRunning)
+			if p.fleetPrefill != nil {
+				p.fleetPrefill.slotsHint.Store(m.maxRunning)
+			}
+		} else {
+			m.slotsHint.Store(0)
+		}
 	}
 	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
 		// A plateau (the scrape before ran as many) counts as a repeat.
@@ -286,6 +345,9 @@ type fleetPrefill struct {
 	// slots: the batch-slot limit last learned on any replica of the pool
 	// (learnSlots), the limit of a replica that has not shown its own.
 	slots atomic.Int64
+	// slotsHint: the last slotsHint set on any replica of the pool
+	// (slotRisk).
+	slotsHint atomic.Int64
 	// hitReal, hitN: the realised share of predicted hits over every
 	// replica of the pool (replica.confidence before a replica's own).
 	hitReal, hitN atomic.Uint64

@@ -596,3 +596,59 @@ func TestOlderBatchFreesFirst(t *testing.T) {
 		t.Fatalf("ranked %v: replica 1 has free slots", d.Ranked)
 	}
 }
+
+// TestUnknownLimitPricedPastMostRun: engines that never ran more than 4
+// requests and, when running 4, at times had one waiting: too little for
+// learnSlots to learn a limit (it wants two or more waiting, twice). The
+// home of a hot prefix holds 4 of this router's requests, each decoding for
+// seconds; a fifth there would likely wait for one to finish, so it goes to
+// an idle replica and computes the prefix there. Once a scrape shows the
+// home running 5, the engine has shown room for a fifth: the home is
+// preferred again.
+func TestUnknownLimitPricedPastMostRun(t *testing.T) {
+	t.Run("queue at the largest batch", func(t *testing.T) { unknownLimit(t, 1) })
+	// An engine without a limit: nobody waits at 4 running, so the home
+	// keeps its prefix's traffic.
+	t.Run("no queue", func(t *testing.T) { unknownLimit(t, 0) })
+}
+
+func unknownLimit(t *testing.T, waiting int) {
+	r, ids := buildRouter(t, Config{}, state{n: 3})
+	ms := int64(time.Millisecond)
+	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
+	// The home's first request: a long decode (8 s in its slot).
+	first := hotRequest(t, system, 0)
+	var f0 Flight
+	r.Begin(ids[0], first, nil, &f0)
+	r.FirstToken(&f0, 50*ms)
+	r.End(&f0, 8000*ms, -1, true)
+	for _, id := range ids {
+		for i := range 3 { // a request waiting at 4 running, at times
+			r.SetSignals(id, EngineSignals{Running: 4, Waiting: waiting, At: int64(7000+300*i) * ms})
+			r.SetSignals(id, EngineSignals{Running: 2, At: int64(7100+300*i) * ms})
+		}
+	}
+	if st := r.Replicas(); st[0].BatchSlots != 0 {
+		t.Fatalf("a limit was learned (%d): the case needs none", st[0].BatchSlots)
+	}
+	for u := 1; u <= 4; u++ {
+		req := hotRequest(t, system, u)
+		req.Now = 9000 * ms
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		r.FirstToken(&f, 9050*ms)
+	}
+	req := hotRequest(t, system, 5)
+	req.Now = 9100 * ms
+	switch d := decide(t, r, req); {
+	case waiting > 0 && d.Ranked[0] == ids[0]:
+		t.Fatalf("ranked %v: a fifth request joined four decoding ones on an engine seen queueing at 4", d.Ranked)
+	case waiting == 0 && d.Ranked[0] != ids[0]:
+		t.Fatalf("ranked %v: the home holds the prefix and nothing says its engine queues", d.Ranked)
+	}
+	r.SetSignals(ids[0], EngineSignals{Running: 5, At: 9060 * ms})
+	r.SetSignals(ids[0], EngineSignals{Running: 4, At: 9100 * ms})
+	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
+		t.Fatalf("ranked %v: the home has shown it runs 5 at once, and holds the prefix", d.Ranked)
+	}
+}
