@@ -110,6 +110,7 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	p.model.decStart.Add(f.FirstTokenAt - p.model.pendBase.Load())
 	p.model.decN.Add(1)
 	f.decoding = true
+	p.sampleEarlyHit(f)
 	if r.sink != nil {
 		r.sink.PeerLoad(f.Replica, p.localLoad())
 	}

@@ -57,6 +57,9 @@ const (
 	// before slotRisk prices a possible limit there.
 	slotRiskSeen  = 2
 	slotRiskShare = 0.1
+	// earlyHitMin: first-token judgements of predicted hits before they
+	// give a pool's confidence (sampleEarlyHit).
+	earlyHitMin = 4
 	// slotWeight is the EWMA weight of a slot-time sample.
 	slotWeight = 0.1
 	// slotLearnRepeat: scrapes showing requests waiting at the largest
@@ -226,12 +229,49 @@ func (p *replica) slotWaitAt(s, busy, now int64) float64 {
 // looked cheapest, and took the rest of the burst too.
 func (p *replica) confidence() float64 {
 	if p.model.hitN.Load() < fitMinSamples {
-		if f := p.fleetPrefill; f != nil && f.hitN.Load() >= fitMinSamples {
-			return min(max(loadF(&f.hitReal), 0), 1)
+		if f := p.fleetPrefill; f != nil {
+			if f.hitN.Load() >= fitMinSamples {
+				return min(max(loadF(&f.hitReal), 0), 1)
+			}
+			if f.earlyN.Load() >= earlyHitMin {
+				return min(max(loadF(&f.earlyReal), 0), 1)
+			}
 		}
 		return 1
 	}
 	return min(max(loadF(&p.model.hitReal), 0), 1)
+}
+
+// sampleEarlyHit judges, at its first token, whether a streamed request's
+// predicted hit came true, while its pool has too few finished requests to
+// say (the engine reports cached tokens only with the last chunk, seconds
+// later): a first token nearer (in ratio) the TTFT the model predicts
+// without the hit than the one it predicted with it counts as a miss.
+// Until the pool's own hit record starts, these judgements give the
+// confidence once earlyHitMin of them are in: an engine without prefix
+// caching otherwise had every request of a start-up burst trust hits that
+// never came and pile onto the replicas that had seen the prefix.
+func (p *replica) sampleEarlyHit(f *Flight) {
+	fp := p.fleetPrefill
+	if fp == nil || f.buffered || f.queued != 0 || fp.hitN.Load() >= fitMinSamples {
+		return
+	}
+	hit := float64(f.PromptTokens - f.UncachedTokens)
+	if hit <= 0 || !(f.predTTFT > 0) {
+		return
+	}
+	rate, _ := p.prefill()
+	withHit, without := f.predTTFT, f.predTTFT+hit/rate
+	dt := float64(f.FirstTokenAt-f.Start) / 1e9
+	x := 1.0
+	if dt*dt > withHit*without {
+		x = 0
+	}
+	if fp.earlyN.Add(1) == 1 {
+		storeF(&fp.earlyReal, x)
+		return
+	}
+	ewma(&fp.earlyReal, x, 0.25)
 }
 
 // sampleHit folds one request's realised share of its predicted hit.
@@ -351,6 +391,9 @@ type fleetPrefill struct {
 	// hitReal, hitN: the realised share of predicted hits over every
 	// replica of the pool (replica.confidence before a replica's own).
 	hitReal, hitN atomic.Uint64
+	// earlyReal, earlyN: the same judged at first tokens, before hitN
+	// has fitMinSamples (sampleEarlyHit).
+	earlyReal, earlyN atomic.Uint64
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {

@@ -636,7 +636,7 @@ func unknownLimit(t *testing.T, waiting int) {
 		req.Now = 9000 * ms
 		var f Flight
 		r.Begin(ids[0], req, nil, &f)
-		r.FirstToken(&f, 9050*ms)
+		r.FirstToken(&f, 9001*ms) // as fast as a hit
 	}
 	req := hotRequest(t, system, 5)
 	req.Now = 9100 * ms
@@ -650,5 +650,50 @@ func unknownLimit(t *testing.T, waiting int) {
 	r.SetSignals(ids[0], EngineSignals{Running: 4, At: 9100 * ms})
 	if d := decide(t, r, req); d.Ranked[0] != ids[0] {
 		t.Fatalf("ranked %v: the home has shown it runs 5 at once, and holds the prefix", d.Ranked)
+	}
+}
+
+// TestEarlyHitJudgedAtFirstToken: a start-up burst of one shared prompt on
+// engines whose caching is unknown to the router. No request has finished,
+// so the engines have reported no cached tokens yet; what the router has is
+// each first token. Where they come as late as a full prefill (no prefix
+// cache), the predicted hits are discounted after a few, and the burst
+// stops piling onto the replica that saw the prompt first; where they come
+// as fast as a hit, the home keeps the burst.
+func TestEarlyHitJudgedAtFirstToken(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		caching bool
+	}{{"no prefix cache", false}, {"prefix cache", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const rate = 10000.0
+			r, ids := buildRouter(t, Config{}, state{n: 3, rates: []float64{rate, rate, rate}})
+			system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
+			warm(r, ids[0], hotRequest(t, system, 0))
+			now := int64(time.Second)
+			home := 0
+			for u := 1; u <= 10; u++ {
+				req := hotRequest(t, system, u)
+				req.Now = now
+				d := decide(t, r, req)
+				var f Flight
+				r.Begin(d.Ranked[0], req, &d, &f)
+				unc := req.PromptTokens
+				if tc.caching && d.CachedTokens[0] > 0 {
+					unc -= d.CachedTokens[0]
+				}
+				now += int64(float64(unc) / rate * 1e9)
+				r.FirstToken(&f, now) // decodes on; nothing ends
+				if d.Ranked[0] == ids[0] {
+					home++
+				}
+			}
+			switch {
+			case !tc.caching && home > 7:
+				t.Fatalf("%d of 10 went to the home: first tokens as late as full prefills did not discount its predicted hits", home)
+			case tc.caching && home < 10:
+				t.Fatalf("%d of 10 went to the home: hits that came true were discounted", home)
+			}
+		})
 	}
 }
