@@ -1,5 +1,7 @@
 package affinity
 
+import "math"
+
 // CostPolicy (the default) ranks by estimated time to first token plus the
 // delay the request's own prefill imposes on the requests queued behind it:
 //
@@ -46,6 +48,18 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
 		v.Sample(p.cfg.MaxScan)
 	}
+	cs := p.score(v, req)
+	v.rankPruned(cs, d)
+}
+
+// score prepares every candidate's estimate: cs[i] holds candidate i's
+// terms, and its estimate is cs[i].est(now, homesFull) (est). The
+// estimate is the same float64 the formula above gives, summed in the
+// order written; only the term max(slotWait_r, backlog_r) is left to est,
+// the one term that needs divisions of the replica's pending sums, so a
+// candidate whose estimate without it (lower) cannot rank is never
+// computed in full (rankPruned).
+func (p *CostPolicy) score(v *View, req *Request) []costCand {
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)
 	v.match()
@@ -62,16 +76,15 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
 	// One pass reads each candidate's state once: its cached tokens, N_r,
-	// whether it is full, and every term of its estimate but X_r, which
-	// needs N and whether the prefix's homes are all full (both known only
-	// after the pass). The estimate is then summed in the order written
-	// above, so it is the same float64.
+	// and every term of its estimate but X_r, which needs N and whether
+	// the prefix's homes are all full (both known only after the pass),
+	// and max(slotWait_r, backlog_r) (est).
 	cs := v.costScratch(len(cands))
 	best := 0.0
 	var l Load
 	for i, id := range cands {
-		rp := v.r.reps[id]
-		c := 0.0
+		h := v.r.hotOf(id)
+		c := 0.0 // C_r
 		switch {
 		case otok != nil:
 			c = min(float64(otok[id]), t)
@@ -82,20 +95,23 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 			}
 		}
 		best = max(best, c)
-		rp.queueLoad(&l, now, maxAge)
+		s := h.slots()
+		h.queueLoadSlots(&l, s, now, maxAge)
 		busy := int64(l.Busy())
-		backlog := rp.backlog(now)
-		rate, over := rp.prefill()
+		rate, over := h.prefill()
 		inv := 1 / rate
 		e := &cs[i]
 		e.cached = c
 		e.queuedReqs = int64(l.QueuedRequests())
-		e.full = rp.full(busy, backlog, now)
-		e.unc = max(t-rp.confidence()*c, 0)
+		e.busy = busy
+		e.slots = s
+		e.rate, e.over = rate, over
+		e.unc = max(t-h.confidence()*c, 0)
 		e.inv = inv
-		e.pre = over + max(rp.slotWait(busy, now), backlog) + l.QueuedTokens()*inv
-		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
+		e.qinv = l.QueuedTokens() * inv
+		e.pen = cfg.LoadPenaltySeconds * float64(busy) * h.invWeight
 		e.kv = l.KVUsage > cfg.KVHighWater
+		e.full, e.fullSet, e.backlogSet, e.offered = false, false, false, false
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
@@ -103,41 +119,160 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	// The typical prefill queue a recompute joins: the mean over the
 	// candidates not holding the prefix (less than half the best hit).
 	var coldQueued, cold int64
-	homesFull := best > 0
 	for i := range cs {
 		if cs[i].cached < best/2 || best == 0 {
 			coldQueued += cs[i].queuedReqs
 			cold++
-		} else if !cs[i].full {
-			homesFull = false
 		}
 	}
 	typical := 0.0
 	if cold > 0 {
 		typical = float64(coldQueued) / float64(cold)
 	}
-	sc := v.Scores()
+	// Whether every home is full: the first home that is not decides it,
+	// so usually one home is looked at.
+	homesFull := best > 0
+	for i := range cs {
+		if e := &cs[i]; homesFull && !(e.cached < best/2 || best == 0) && !e.isFull(v.r.hotOf(cands[i]), now) {
+			homesFull = false
+		}
+	}
 	for i := range cs {
 		e := &cs[i]
-		x := 1 + max(float64(e.queuedReqs), typical)
-		if homesFull && !e.full {
-			x = 1
+		e.x = 1 + max(float64(e.queuedReqs), typical)
+		if homesFull && !e.isFull(v.r.hotOf(cands[i]), now) {
+			e.x = 1
 		}
-		est := e.pre + x*e.unc*e.inv + e.pen
-		if e.kv {
-			est += e.kvPen
-		}
-		sc[i] = est
+		// The estimate with max(slotWait_r, backlog_r) as 0 and without
+		// the KV penalty: every term is at least 0 and rounding is
+		// monotonic, so est is at least the same sum; lowered by 1e-12 of
+		// itself, far more than the few roundings a compiler fusing a
+		// multiply-add differently in the two sums could move either.
+		e.low = (e.over + e.qinv + e.x*e.unc*e.inv + e.pen) * lowMargin
 	}
-	v.RankLowest(d)
+	return cs
 }
+
+// lowMargin scales costCand.low below the estimate's rounding.
+const lowMargin = 1 - 1e-12
+
+// isFull is replica.full for the candidate, its backlog computed once.
+func (e *costCand) isFull(h *repHot, now int64) bool {
+	if e.fullSet {
+		return e.full
+	}
+	e.fullSet = true
+	if e.slots > 0 && e.busy >= e.slots {
+		e.full = true
+		return true
+	}
+	b := e.backlogAt(h, now)
+	e.full = b > 0 && b > h.predictWithSlots(e.rate, e.over, 0, e.slots, now)
+	return e.full
+}
+
+// backlogAt is the candidate's replica.backlog at now, computed once.
+func (e *costCand) backlogAt(h *repHot, now int64) float64 {
+	if !e.backlogSet {
+		e.backlogSet = true
+		e.backlog = h.backlog(now)
+	}
+	return e.backlog
+}
+
+// est is the candidate's estimate (the formula above).
+func (e *costCand) est(h *repHot, now int64) float64 {
+	pre := e.over + max(h.slotWaitSlots(e.slots, e.busy, now), e.backlogAt(h, now)) + e.qinv
+	est := pre + e.x*e.unc*e.inv + e.pen
+	if e.kv {
+		est += e.kvPen
+	}
+	return est
+}
+
+// rankPruned is View.RankLowest over the cost policy's candidates, each
+// estimate computed only when its lower bound (costCand.low) could still
+// rank: a candidate whose bound is above the k-th best score so far would
+// be skipped by RankLowest's first test anyway, so the ranking, ties
+// included, is RankLowest's over every estimate. The candidates with the
+// lowest bounds go first so that the k-th best score is low early; the
+// result does not depend on the order (scores and tie values give a total
+// order: mixID is a bijection).
+func (v *View) rankPruned(cs []costCand, d *Decision) {
+	k := min(v.r.cfg.MaxRanked, len(v.cands))
+	top := v.top[:0]
+	salt := v.Random()
+	now := v.req.Now
+	// The k lowest bounds, by index into cs.
+	var first [maxFirst]int32
+	nf := 0
+	if k <= maxFirst {
+		for i := range cs {
+			lo := cs[i].low
+			if nf == k && !(lo < cs[first[k-1]].low) {
+				continue
+			}
+			if nf < k {
+				nf++
+			}
+			j := nf - 1
+			for ; j > 0 && lo < cs[first[j-1]].low; j-- {
+				first[j] = first[j-1]
+			}
+			first[j] = int32(i)
+		}
+	}
+	offer := func(i int) {
+		e := &cs[i]
+		if len(top) == k && e.low > top[k-1].score {
+			return
+		}
+		id := v.cands[i]
+		s := e.est(v.r.hotOf(id), now)
+		if math.IsNaN(s) {
+			s = math.Inf(1)
+		}
+		if len(top) == k && s > top[k-1].score {
+			return
+		}
+		it := rankItem{score: s, tie: mixID(id, salt), id: id}
+		if len(top) == k && !it.less(&top[k-1]) {
+			return
+		}
+		if len(top) < k {
+			top = append(top, it)
+		} else {
+			top[k-1] = it
+		}
+		for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
+			top[j], top[j-1] = top[j-1], top[j]
+		}
+	}
+	for _, i := range first[:nf] {
+		offer(int(i))
+		cs[i].offered = true
+	}
+	for i := range cs {
+		if !cs[i].offered {
+			offer(i)
+		}
+	}
+	v.top = top
+	for _, it := range top {
+		d.Ranked = append(d.Ranked, it.id)
+	}
+}
+
+// maxFirst bounds the candidates offered first by rankPruned (MaxRanked
+// is at most 64).
+const maxFirst = 64
 
 // full reports whether a new request on the replica would wait for others
 // to finish: every batch slot is taken, or its pending requests are behind
 // their predictions (backlog, replica.backlog at the decision's time) by
 // more than the TTFT the model predicts for a new one (queueing the model
 // has not learned yet, such as a batch limit before any scrape showed it).
-func (p *replica) full(busy int64, backlog float64, now int64) bool {
+func (p *repHot) full(busy int64, backlog float64, now int64) bool {
 	if s := p.slots(); s > 0 && busy >= s {
 		return true
 	}
@@ -148,13 +283,22 @@ func (p *replica) full(busy int64, backlog float64, now int64) bool {
 type costCand struct {
 	cached     float64 // predicted cached tokens
 	queuedReqs int64   // N_r
+	busy       int64   // B_r
+	slots      int64   // S_r
+	rate, over float64 // P_r, O_r
 	unc        float64 // T - c_r C_r, at least 0
 	inv        float64 // 1 / P_r
-	pre        float64 // O_r + max(slotWait_r, backlog_r) + Q_r / P_r
+	qinv       float64 // Q_r / P_r
 	pen        float64 // the load penalty
 	kvPen      float64 // the KV penalty, when kv
+	x          float64 // X_r
+	low        float64 // the estimate without max(slotWait_r, backlog_r) and the KV penalty
+	backlog    float64 // backlog_r, when backlogSet
 	kv         bool    // U_r is past KVHighWater
-	full       bool
+	full       bool    // when fullSet
+	fullSet    bool
+	backlogSet bool
+	offered    bool // rankPruned took it among the first
 }
 
 // Interface guards.

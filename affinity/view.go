@@ -196,12 +196,17 @@ func (v *View) Load(id ReplicaID) Load {
 // derive from: p's counters, its batch slots and, when younger than maxAge
 // at now, its engine signals (zero when stale). It leaves the other fields
 // as they are: the cost policy reuses one Load for every candidate.
-func (p *replica) queueLoad(l *Load, now, maxAge int64) {
+func (p *repHot) queueLoad(l *Load, now, maxAge int64) {
+	p.queueLoadSlots(l, p.slots(), now, maxAge)
+}
+
+// queueLoadSlots is queueLoad with S_r given (s = p.slots()).
+func (p *repHot) queueLoadSlots(l *Load, s, now, maxAge int64) {
 	l.InFlight = int(p.totalInFlight())
 	l.PendingPrefillTokens = int(max(p.totalPending(), 0))
 	l.PendingRequests = int(max(p.totalPendingReqs(), 0))
 	l.UncachedAvg = loadF(&p.uncachedAvg)
-	l.BatchSlots = int(p.slots())
+	l.BatchSlots = int(s)
 	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.SignalBaseline, l.SignalPending = false, 0, 0, 0, 0, 0
 	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
 		l.Fresh = true
