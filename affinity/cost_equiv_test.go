@@ -155,7 +155,7 @@ func TestCostPrunedMatchesReference(t *testing.T) {
 			v := &want.view
 			ref := v.score
 			w.r.mu.RLock()
-			cs := pol.score(v, req)
+			cs, _ := pol.score(v, req)
 			kth := math.Inf(-1)
 			for _, id := range want.Ranked {
 				kth = max(kth, ref[slices.Index(v.cands, id)])

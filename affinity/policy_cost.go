@@ -48,8 +48,8 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
 		v.Sample(p.cfg.MaxScan)
 	}
-	cs := p.score(v, req)
-	v.rankPruned(cs, d)
+	cs, lowest := p.score(v, req)
+	v.rankPruned(cs, lowest, d)
 }
 
 // score prepares every candidate's estimate: cs[i] holds candidate i's
@@ -59,7 +59,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 // the one term that needs divisions of the replica's pending sums, so a
 // candidate whose estimate without it (lower) cannot rank is never
 // computed in full (rankPruned).
-func (p *CostPolicy) score(v *View, req *Request) []costCand {
+func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)
 	v.match()
@@ -79,7 +79,7 @@ func (p *CostPolicy) score(v *View, req *Request) []costCand {
 	// and every term of its estimate but X_r, which needs N and whether
 	// the prefix's homes are all full (both known only after the pass),
 	// and max(slotWait_r, backlog_r) (est).
-	cs := v.costScratch(len(cands))
+	cs = v.costScratch(len(cands))
 	best := 0.0
 	var l Load
 	for i, id := range cands {
@@ -106,12 +106,15 @@ func (p *CostPolicy) score(v *View, req *Request) []costCand {
 		e.busy = busy
 		e.slots = s
 		e.rate, e.over = rate, over
-		e.unc = max(t-h.confidence()*c, 0)
+		e.unc = max(t, 0) // c_r 0 = 0: c_r is in [0, 1]
+		if c != 0 {
+			e.unc = max(t-h.confidence()*c, 0)
+		}
 		e.inv = inv
 		e.qinv = l.QueuedTokens() * inv
 		e.pen = cfg.LoadPenaltySeconds * float64(busy) * h.invWeight
 		e.kv = l.KVUsage > cfg.KVHighWater
-		e.full, e.fullSet, e.backlogSet, e.offered = false, false, false, false
+		e.full, e.fullSet, e.backlogSet = false, false, false
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
@@ -149,8 +152,11 @@ func (p *CostPolicy) score(v *View, req *Request) []costCand {
 		// itself, far more than the few roundings a compiler fusing a
 		// multiply-add differently in the two sums could move either.
 		e.low = (e.over + e.qinv + e.x*e.unc*e.inv + e.pen) * lowMargin
+		if e.low < cs[lowest].low {
+			lowest = i
+		}
 	}
-	return cs
+	return cs, lowest
 }
 
 // lowMargin scales costCand.low below the estimate's rounding.
@@ -194,78 +200,51 @@ func (e *costCand) est(h *repHot, now int64) float64 {
 // estimate computed only when its lower bound (costCand.low) could still
 // rank: a candidate whose bound is above the k-th best score so far would
 // be skipped by RankLowest's first test anyway, so the ranking, ties
-// included, is RankLowest's over every estimate. The candidates with the
-// lowest bounds go first so that the k-th best score is low early; the
+// included, is RankLowest's over every estimate. The candidate with the
+// lowest bound goes first so that the k-th best score is low early; the
 // result does not depend on the order (scores and tie values give a total
 // order: mixID is a bijection).
-func (v *View) rankPruned(cs []costCand, d *Decision) {
+func (v *View) rankPruned(cs []costCand, lowest int, d *Decision) {
 	k := min(v.r.cfg.MaxRanked, len(v.cands))
-	top := v.top[:0]
+	v.top = v.top[:0]
 	salt := v.Random()
 	now := v.req.Now
-	// The k lowest bounds, by index into cs.
-	var first [maxFirst]int32
-	nf := 0
-	if k <= maxFirst {
-		for i := range cs {
-			lo := cs[i].low
-			if nf == k && !(lo < cs[first[k-1]].low) {
-				continue
-			}
-			if nf < k {
-				nf++
-			}
-			j := nf - 1
-			for ; j > 0 && lo < cs[first[j-1]].low; j-- {
-				first[j] = first[j-1]
-			}
-			first[j] = int32(i)
-		}
-	}
-	offer := func(i int) {
-		e := &cs[i]
-		if len(top) == k && e.low > top[k-1].score {
-			return
-		}
-		id := v.cands[i]
-		s := e.est(v.r.hotOf(id), now)
-		if math.IsNaN(s) {
-			s = math.Inf(1)
-		}
-		if len(top) == k && s > top[k-1].score {
-			return
-		}
-		it := rankItem{score: s, tie: mixID(id, salt), id: id}
-		if len(top) == k && !it.less(&top[k-1]) {
-			return
-		}
-		if len(top) < k {
-			top = append(top, it)
-		} else {
-			top[k-1] = it
-		}
-		for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
-			top[j], top[j-1] = top[j-1], top[j]
-		}
-	}
-	for _, i := range first[:nf] {
-		offer(int(i))
-		cs[i].offered = true
-	}
+	v.offer(cs, lowest, k, salt, now)
 	for i := range cs {
-		if !cs[i].offered {
-			offer(i)
+		if i != lowest && (len(v.top) < k || !(cs[i].low > v.top[k-1].score)) {
+			v.offer(cs, i, k, salt, now)
 		}
 	}
-	v.top = top
-	for _, it := range top {
+	for _, it := range v.top {
 		d.Ranked = append(d.Ranked, it.id)
 	}
 }
 
-// maxFirst bounds the candidates offered first by rankPruned (MaxRanked
-// is at most 64).
-const maxFirst = 64
+// offer is RankLowest's step for candidate i of cs, its estimate computed.
+func (v *View) offer(cs []costCand, i, k int, salt uint64, now int64) {
+	id := v.cands[i]
+	s := cs[i].est(v.r.hotOf(id), now)
+	if math.IsNaN(s) {
+		s = math.Inf(1)
+	}
+	top := v.top
+	if len(top) == k && s > top[k-1].score {
+		return
+	}
+	it := rankItem{score: s, tie: mixID(id, salt), id: id}
+	if len(top) == k && !it.less(&top[k-1]) {
+		return
+	}
+	if len(top) < k {
+		top = append(top, it)
+	} else {
+		top[k-1] = it
+	}
+	for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
+		top[j], top[j-1] = top[j-1], top[j]
+	}
+	v.top = top
+}
 
 // full reports whether a new request on the replica would wait for others
 // to finish: every batch slot is taken, or its pending requests are behind
@@ -298,7 +277,6 @@ type costCand struct {
 	full       bool    // when fullSet
 	fullSet    bool
 	backlogSet bool
-	offered    bool // rankPruned took it among the first
 }
 
 // Interface guards.

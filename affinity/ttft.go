@@ -321,14 +321,16 @@ func (p *repHot) fleetModel() (rate, over float64, ok bool) {
 // The pooled model averages every replica's fit; differences in speed
 // between replicas still show in their backlog (pending requests later
 // than predicted), their slot times and their load.
+//
+// Written out (ownPrefill takes the pool's model only before its own fit,
+// and prefers it otherwise too unless the rate is a measurement) so that
+// it inlines into the cost policy's loop.
 func (p *repHot) prefill() (rate, over float64) {
-	if p.specRate || loadF(&p.engRate) > 0 {
-		return p.ownPrefill()
+	if f := p.fleetPrefill; f != nil && f.n.Load() != 0 &&
+		!((p.specRate || loadF(&p.engRate) > 0) && p.fitted.Load()) {
+		return loadF(&f.rate), loadF(&f.over)
 	}
-	if r, o, ok := p.fleetModel(); ok {
-		return r, o
-	}
-	return p.ownPrefill()
+	return loadF(&p.rate), loadF(&p.overhead)
 }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens

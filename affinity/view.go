@@ -288,10 +288,9 @@ func (v *View) Sample(k int) {
 	}
 	v.match()
 	start := int(v.Random() % uint64(n))
-	sub := v.sub[:0]
-	for i := range k {
-		sub = append(sub, c[(start+i)%n])
-	}
+	// c[(start+i)%n] for i < k: the window, wrapping once at most.
+	sub := append(v.sub[:0], c[start:min(start+k, n)]...)
+	sub = append(sub, c[:k-len(sub)]...)
 	for _, id := range v.ms.touched {
 		var j int
 		ok := false
@@ -303,7 +302,10 @@ func (v *View) Sample(k int) {
 			// Candidates are sorted by ID (groups list members in ID order).
 			j, ok = slices.BinarySearch(c, id)
 		}
-		if ok && (j-start+n)%n >= k {
+		if j -= start; j < 0 {
+			j += n
+		}
+		if ok && j >= k { // outside the window
 			sub = append(sub, id)
 		}
 	}
