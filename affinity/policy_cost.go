@@ -94,7 +94,9 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 				c = min(c+credit, t)
 			}
 		}
-		best = max(best, c)
+		if c > best { // max(best, c): c is never NaN or -0
+			best = c
+		}
 		s := h.slots()
 		h.queueLoadSlots(&l, s, now, maxAge)
 		busy := int64(l.Busy())
@@ -105,7 +107,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		e.queuedReqs = int64(l.QueuedRequests())
 		e.busy = busy
 		e.slots = s
-		e.rate, e.over = rate, over
+		e.over = over
 		e.unc = max(t, 0) // c_r 0 = 0: c_r is in [0, 1]
 		if c != 0 {
 			e.unc = max(t-h.confidence()*c, 0)
@@ -173,7 +175,10 @@ func (e *costCand) isFull(h *repHot, now int64) bool {
 		return true
 	}
 	b := e.backlogAt(h, now)
-	e.full = b > 0 && b > h.predictWithSlots(e.rate, e.over, 0, e.slots, now)
+	if b > 0 {
+		rate, over := h.prefill()
+		e.full = b > h.predictWithSlots(rate, over, 0, e.slots, now)
+	}
 	return e.full
 }
 
@@ -264,7 +269,7 @@ type costCand struct {
 	queuedReqs int64   // N_r
 	busy       int64   // B_r
 	slots      int64   // S_r
-	rate, over float64 // P_r, O_r
+	over       float64 // O_r
 	unc        float64 // T - c_r C_r, at least 0
 	inv        float64 // 1 / P_r
 	qinv       float64 // Q_r / P_r
