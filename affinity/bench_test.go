@@ -118,7 +118,7 @@ func benchReq(b *testing.B, size int) (*Request, []byte) {
 
 // BenchmarkDecide: Decide alone (lookup + policy) for the cost policy
 // (default MaxScan, and scoring every replica) and its round-robin twin,
-// over replicas x prompt size.
+// over replicas x prompt size; cpu-ns/op and min-ns/op as cpuPerOp.
 func BenchmarkDecide(b *testing.B) {
 	for _, pol := range []string{"cost", "cost-exact", "round-robin"} {
 		for _, n := range []int{4, 64, 1024} {
@@ -128,11 +128,11 @@ func BenchmarkDecide(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/replicas=%d/%s", pol, n, sz.name), func(b *testing.B) {
 					b.ReportAllocs()
 					var d Decision
-					for b.Loop() {
+					cpuPerOp(b, func() {
 						if err := r.Decide(req, &d); err != nil {
 							b.Fatal(err)
 						}
-					}
+					})
 				})
 			}
 		}
