@@ -82,8 +82,10 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	cs = v.costScratch(len(cands))
 	best := 0.0
 	var l Load
+	hot := v.r.hot
 	for i, id := range cands {
-		h := v.r.hotOf(id)
+		// Router.hotOf, the array hoisted
+		h := &hot[uint32(id)/hotChunk][uint32(id)%hotChunk]
 		c := 0.0 // C_r
 		switch {
 		case otok != nil:
@@ -98,14 +100,22 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 			best = c
 		}
 		s := h.slots()
-		h.queueLoadSlots(&l, s, now, maxAge)
-		busy := int64(l.Busy())
+		// queueLoad's figures, read straight into locals: while the
+		// engine signals are stale they add nothing (Load.Busy,
+		// otherWaiting and KVUsage are the router's counts and 0).
+		inFlight := int(h.totalInFlight())
+		pendReqs := int(max(h.totalPendingReqs(), 0))
+		busy, other, kvUsage := inFlight, 0, 0.0
+		if at := h.sigAt.Load(); at != 0 && now-at <= maxAge {
+			h.queueLoadSlots(&l, s, now, maxAge)
+			busy, other, kvUsage = l.Busy(), l.otherWaiting(), l.KVUsage
+		}
 		rate, over := h.prefill()
 		inv := 1 / rate
 		e := &cs[i]
 		e.cached = c
-		e.queuedReqs = int64(l.QueuedRequests())
-		e.busy = busy
+		e.queuedReqs = int64(queuedRequests(int(s), pendReqs, busy, other))
+		e.busy = int64(busy)
 		e.slots = s
 		e.over = over
 		e.unc = max(t, 0) // c_r 0 = 0: c_r is in [0, 1]
@@ -113,13 +123,13 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 			e.unc = max(t-h.confidence()*c, 0)
 		}
 		e.inv = inv
-		e.qinv = l.QueuedTokens() * inv
+		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
 		e.pen = cfg.LoadPenaltySeconds * float64(busy) * h.invWeight
-		e.kv = l.KVUsage > cfg.KVHighWater
-		e.full, e.fullSet, e.backlogSet = false, false, false
+		e.kv = kvUsage > cfg.KVHighWater
 		if e.kv {
-			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+			e.kvPen = cfg.KVPenaltySeconds * (kvUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
+		e.full, e.fullSet, e.backlogSet = false, false, false
 	}
 	// The typical prefill queue a recompute joins: the mean over the
 	// candidates not holding the prefix (less than half the best hit).

@@ -103,7 +103,9 @@ type repHot struct {
 const hotChunk = 64
 
 // hotOf returns replica id's hot state. Callers hold mu.
-func (r *Router) hotOf(id ReplicaID) *repHot { return &r.hot[id/hotChunk][id%hotChunk] }
+func (r *Router) hotOf(id ReplicaID) *repHot {
+	return &r.hot[uint32(id)/hotChunk][uint32(id)%hotChunk]
+}
 
 // newHot returns a zeroed hot slot for replica id, growing the array.
 // Callers hold mu for writing.

@@ -72,7 +72,12 @@ type Load struct {
 // its first token would otherwise count as someone else's until the signal
 // ages out (an idle replica priced 0.37 s of phantom prefill for a second).
 func (l *Load) QueuedTokens() float64 {
-	return float64(l.PendingPrefillTokens) + float64(l.otherWaiting())*l.UncachedAvg
+	return queuedTokens(l.PendingPrefillTokens, l.otherWaiting(), l.UncachedAvg)
+}
+
+// queuedTokens is QueuedTokens of its inputs.
+func queuedTokens(pendingTokens, otherWaiting int, uncachedAvg float64) float64 {
+	return float64(pendingTokens) + float64(otherWaiting)*uncachedAvg
 }
 
 // otherWaiting is the fresh scrape's waiting count beyond the requests this
@@ -90,10 +95,15 @@ func (l *Load) otherWaiting() int {
 // PendingRequests plus the fresh scrape's waiting requests of other routers
 // (otherWaiting).
 func (l *Load) QueuedRequests() int {
-	if l.BatchSlots > 0 {
-		return max(l.PendingRequests-max(l.Busy()-l.BatchSlots, 0), 0)
+	return queuedRequests(l.BatchSlots, l.PendingRequests, l.Busy(), l.otherWaiting())
+}
+
+// queuedRequests is QueuedRequests of its inputs.
+func queuedRequests(slots, pending, busy, otherWaiting int) int {
+	if slots > 0 {
+		return max(pending-max(busy-slots, 0), 0)
 	}
-	return l.PendingRequests + l.otherWaiting()
+	return pending + otherWaiting
 }
 
 // Busy is B_r, the number of requests occupying the replica: InFlight
