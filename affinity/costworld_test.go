@@ -70,6 +70,9 @@ func newCostWorld(seed uint64, n int) (*costWorld, error) {
 		}
 		w.ids = append(w.ids, id)
 	}
+	if rnd.IntN(6) == 0 {
+		r.SetCacheOracle(worldOracle{})
+	}
 	for c := range 4 {
 		w.chains = append(w.chains, chainOf(seed, uint64(c+1), 8*c, 64)) // chain c shares 8c blocks
 	}
@@ -128,4 +131,21 @@ func (w *costWorld) step() {
 	case k < 93:
 		w.r.SetDraining(id, w.rnd.IntN(3) == 0)
 	}
+}
+
+// worldOracle answers a made-up but deterministic cached prefix: some
+// replicas hold some of the prompt, a few claim more than it or less than 0.
+type worldOracle struct{}
+
+func (worldOracle) CachedTokens(id ReplicaID, req *Request) int {
+	h := uint64(id)*0x9E3779B97F4A7C15 ^ uint64(len(req.Hashes))
+	switch h % 5 {
+	case 0:
+		return 0
+	case 1:
+		return -3
+	case 2:
+		return req.PromptTokens + 7
+	}
+	return int(h>>40) % (req.PromptTokens + 1)
 }
