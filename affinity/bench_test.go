@@ -139,6 +139,27 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
+// BenchmarkDecideCold: Decide over eight routers of 1024 replicas in
+// turn (32 KiB prompt, the cost policy), so that each decision finds the
+// caches holding the other routers' state, as a proxy's decisions find them
+// after the request bodies and the network between two of them.
+func BenchmarkDecideCold(b *testing.B) {
+	req, _ := benchReq(b, 32<<10)
+	var rs []*Router
+	for range 8 {
+		rs = append(rs, benchRouter(b, "cost", 1024, req))
+	}
+	b.ReportAllocs()
+	var d Decision
+	i := 0
+	cpuPerOp(b, func() {
+		if err := rs[i%len(rs)].Decide(req, &d); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	})
+}
+
 // parseDecide is the proxy's decision from a raw chat body: ParseChat into
 // pr, the Request q from it, Decide into d.
 func parseDecide(b *testing.B, p *Parser, r *Router, body []byte, pr *Prompt, q *Request, d *Decision) {
