@@ -57,7 +57,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		e := &cs[i]
 		e.cached = c
 		e.queuedReqs = int64(l.QueuedRequests())
-		e.full = rp.full(busy, backlog, now)
+		e.full = refFull(rp.repHot, busy, backlog, now)
 		e.unc = max(t-rp.confidence()*c, 0)
 		e.inv = inv
 		e.pre = over + max(rp.slotWait(busy, now), backlog) + l.QueuedTokens()*inv
@@ -95,6 +95,14 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		sc[i] = est
 	}
 	v.RankLowest(d)
+}
+
+// refFull is costCand.isFull as the formula writes it.
+func refFull(p *repHot, busy int64, backlog float64, now int64) bool {
+	if s := p.slots(); s > 0 && busy >= s {
+		return true
+	}
+	return backlog > 0 && backlog > p.predictTTFT(0, now)
 }
 
 // refDecide is Router.Decide with refCostRank.

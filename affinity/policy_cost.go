@@ -29,7 +29,7 @@ import "math"
 // replica look (1 + N) times dearer than it was and the burst piled onto
 // them (one-company mean TTFT 3.4x round-robin's in the simulator). On a
 // replica that is not full when every replica holding at least half of the
-// best predicted hit is (replica.full: no free batch slot, or a backlog),
+// best predicted hit is (costCand.isFull: no free batch slot, or a backlog),
 // X_r = 1, so a prefix too hot for its homes' batches is computed once
 // more where a slot is free instead of waiting for
 // decodes to finish. Ties break at random.
@@ -174,7 +174,12 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 // lowMargin scales costCand.low below the estimate's rounding.
 const lowMargin = 1 - 1e-12
 
-// isFull is replica.full for the candidate, its backlog computed once.
+// isFull reports whether a new request on the replica would wait for others
+// to finish: every batch slot is taken, or its pending requests are behind
+// their predictions (backlog, replica.backlog at the decision's time) by
+// more than the TTFT the model predicts for a new one (queueing the model
+// has not learned yet, such as a batch limit before any scrape showed it).
+// Computed once, with the candidate's backlog.
 func (e *costCand) isFull(h *repHot, now int64) bool {
 	if e.fullSet {
 		return e.full
@@ -259,18 +264,6 @@ func (v *View) offer(cs []costCand, i, k int, salt uint64, now int64) {
 		top[j], top[j-1] = top[j-1], top[j]
 	}
 	v.top = top
-}
-
-// full reports whether a new request on the replica would wait for others
-// to finish: every batch slot is taken, or its pending requests are behind
-// their predictions (backlog, replica.backlog at the decision's time) by
-// more than the TTFT the model predicts for a new one (queueing the model
-// has not learned yet, such as a batch limit before any scrape showed it).
-func (p *repHot) full(busy int64, backlog float64, now int64) bool {
-	if s := p.slots(); s > 0 && busy >= s {
-		return true
-	}
-	return backlog > 0 && backlog > p.predictTTFT(0, now)
 }
 
 // costCand is one candidate's part of a CostPolicy decision.

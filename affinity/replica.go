@@ -40,8 +40,8 @@ type replica struct {
 // the first three all it reads while engine signals are stale, the fourth
 // the signals and the batch clock. The Router keeps them side by side in
 // ID order (Router.hot), so a decision's window of consecutive candidates
-// and its prefix holders are read from contiguous memory instead of
-// nine lines spread over each replica's struct. The fields are the state
+// and its prefix holders are read from contiguous memory, three lines a
+// candidate while signals are stale. The fields are the state
 // itself, not a copy: writers update them as they would a replica's own
 // fields (atomics, or under the Router's write lock where noted).
 type repHot struct {
