@@ -53,7 +53,7 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 }
 
 // score prepares every candidate's estimate: cs[i] holds candidate i's
-// terms, and its estimate is cs[i].est(now, homesFull) (est). The
+// terms, and its estimate is cs[i].est(h, now), h its hot record. The
 // estimate is the same float64 the formula above gives, summed in the
 // order written; only the term max(slotWait_r, backlog_r) is left to est,
 // the one term that needs divisions of the replica's pending sums, so a
