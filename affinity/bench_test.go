@@ -118,7 +118,7 @@ func benchReq(b *testing.B, size int) (*Request, []byte) {
 
 // BenchmarkDecide: Decide alone (lookup + policy) for the cost policy
 // (default MaxScan, and scoring every replica) and its round-robin twin,
-// over replicas x prompt size.
+// over replicas x prompt size; cpu-ns/op and min-ns/op as cpuPerOp.
 func BenchmarkDecide(b *testing.B) {
 	for _, pol := range []string{"cost", "cost-exact", "round-robin"} {
 		for _, n := range []int{4, 64, 1024} {
@@ -128,15 +128,36 @@ func BenchmarkDecide(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/replicas=%d/%s", pol, n, sz.name), func(b *testing.B) {
 					b.ReportAllocs()
 					var d Decision
-					for b.Loop() {
+					cpuPerOp(b, func() {
 						if err := r.Decide(req, &d); err != nil {
 							b.Fatal(err)
 						}
-					}
+					})
 				})
 			}
 		}
 	}
+}
+
+// BenchmarkDecideCold: Decide over eight routers of 1024 replicas in
+// turn (32 KiB prompt, the cost policy), so that each decision finds the
+// caches holding the other routers' state, as a proxy's decisions find them
+// after the request bodies and the network between two of them.
+func BenchmarkDecideCold(b *testing.B) {
+	req, _ := benchReq(b, 32<<10)
+	var rs []*Router
+	for range 8 {
+		rs = append(rs, benchRouter(b, "cost", 1024, req))
+	}
+	b.ReportAllocs()
+	var d Decision
+	i := 0
+	cpuPerOp(b, func() {
+		if err := rs[i%len(rs)].Decide(req, &d); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	})
 }
 
 // parseDecide is the proxy's decision from a raw chat body: ParseChat into

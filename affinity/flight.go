@@ -107,8 +107,8 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
 	p.unpend(f)
-	p.model.decStart.Add(f.FirstTokenAt - p.model.pendBase.Load())
-	p.model.decN.Add(1)
+	p.decStart.Add(f.FirstTokenAt - p.pendBase.Load())
+	p.decN.Add(1)
 	f.decoding = true
 	p.sampleEarlyHit(f)
 	if r.sink != nil {
@@ -166,8 +166,8 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	}
 	p.inFlight.Add(-1)
 	if f.decoding {
-		p.model.decStart.Add(-(f.FirstTokenAt - p.model.pendBase.Load()))
-		p.model.decN.Add(-1)
+		p.decStart.Add(-(f.FirstTokenAt - p.pendBase.Load()))
+		p.decN.Add(-1)
 		f.decoding = false
 	}
 	if f.FirstTokenAt == 0 {
@@ -238,16 +238,16 @@ func (r *Router) ContinuationCredit() float64 { return loadF(&r.contCredit) }
 // write lock held.
 func (p *replica) pend(f *Flight) {
 	if !p.model.pendBaseSet { // Begin holds the Router's write lock
-		p.model.pendBase.Store(f.Start)
+		p.pendBase.Store(f.Start)
 		p.model.pendBaseSet = true
 	}
-	p.model.pendStart.Add(f.Start - p.model.pendBase.Load())
-	p.model.pendPred.Add(int64(f.predTTFT * 1e9))
+	p.pendStart.Add(f.Start - p.pendBase.Load())
+	p.pendPred.Add(int64(f.predTTFT * 1e9))
 }
 
 // unpend removes f from the pending sums (its first token came, or it
 // ended without one).
 func (p *replica) unpend(f *Flight) {
-	p.model.pendStart.Add(-(f.Start - p.model.pendBase.Load()))
-	p.model.pendPred.Add(-int64(f.predTTFT * 1e9))
+	p.pendStart.Add(-(f.Start - p.pendBase.Load()))
+	p.pendPred.Add(-int64(f.predTTFT * 1e9))
 }

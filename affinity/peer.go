@@ -225,9 +225,9 @@ func (r *Router) LocalLoads(fn func(id ReplicaID, name string, l PeerLoad)) {
 }
 
 // Totals over this router and its peers, as policies see them.
-func (p *replica) totalInFlight() int64    { return p.inFlight.Load() + p.peerInFlight.Load() }
-func (p *replica) totalPending() int64     { return p.pending.Load() + p.peerPending.Load() }
-func (p *replica) totalPendingReqs() int64 { return p.pendingReqs.Load() + p.peerPendingReqs.Load() }
+func (p *repHot) totalInFlight() int64    { return p.inFlight.Load() + p.peerInFlight.Load() }
+func (p *repHot) totalPending() int64     { return p.pending.Load() + p.peerPending.Load() }
+func (p *repHot) totalPendingReqs() int64 { return p.pendingReqs.Load() + p.peerPendingReqs.Load() }
 
 // ExportIndex walks the index for a snapshot (a peer warming up): for each
 // replica, up to maxBlocks of its most recently used blocks, least recent

@@ -1,5 +1,7 @@
 package affinity
 
+import "math"
+
 // CostPolicy (the default) ranks by estimated time to first token plus the
 // delay the request's own prefill imposes on the requests queued behind it:
 //
@@ -27,7 +29,7 @@ package affinity
 // replica look (1 + N) times dearer than it was and the burst piled onto
 // them (one-company mean TTFT 3.4x round-robin's in the simulator). On a
 // replica that is not full when every replica holding at least half of the
-// best predicted hit is (replica.full: no free batch slot, or a backlog),
+// best predicted hit is (costCand.isFull: no free batch slot, or a backlog),
 // X_r = 1, so a prefix too hot for its homes' batches is computed once
 // more where a slot is free instead of waiting for
 // decodes to finish. Ties break at random.
@@ -46,6 +48,18 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	if p.cfg.MaxScan > 0 {
 		v.Sample(p.cfg.MaxScan)
 	}
+	cs, lowest := p.score(v, req)
+	v.rankPruned(cs, lowest, d)
+}
+
+// score prepares every candidate's estimate: cs[i] holds candidate i's
+// terms, and its estimate is cs[i].est(h, now), h its hot record. The
+// estimate is the same float64 the formula above gives, summed in the
+// order written; only the term max(slotWait_r, backlog_r) is left to est,
+// the one term that needs divisions of the replica's pending sums, so a
+// candidate whose estimate without it (lower) cannot rank is never
+// computed in full (rankPruned).
+func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)
 	v.match()
@@ -62,16 +76,17 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
 	// One pass reads each candidate's state once: its cached tokens, N_r,
-	// whether it is full, and every term of its estimate but X_r, which
-	// needs N and whether the prefix's homes are all full (both known only
-	// after the pass). The estimate is then summed in the order written
-	// above, so it is the same float64.
-	cs := v.costScratch(len(cands))
+	// and every term of its estimate but X_r, which needs N and whether
+	// the prefix's homes are all full (both known only after the pass),
+	// and max(slotWait_r, backlog_r) (est).
+	cs = v.costScratch(len(cands))
 	best := 0.0
 	var l Load
+	hot := v.r.hot
 	for i, id := range cands {
-		rp := v.r.reps[id]
-		c := 0.0
+		// Router.hotOf, the array hoisted
+		h := &hot[uint32(id)/hotChunk][uint32(id)%hotChunk]
+		c := 0.0 // C_r
 		switch {
 		case otok != nil:
 			c = min(float64(otok[id]), t)
@@ -81,80 +96,195 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 				c = min(c+credit, t)
 			}
 		}
-		best = max(best, c)
-		rp.queueLoad(&l, now, maxAge)
-		busy := int64(l.Busy())
-		backlog := rp.backlog(now)
-		rate, over := rp.prefill()
+		if c > best { // max(best, c): c is never NaN or -0
+			best = c
+		}
+		s := h.slots()
+		// queueLoad's figures, read straight into locals: while the
+		// engine signals are stale they add nothing (Load.Busy,
+		// otherWaiting and KVUsage are the router's counts and 0).
+		inFlight := int(h.totalInFlight())
+		pendReqs := int(max(h.totalPendingReqs(), 0))
+		busy, other, kvUsage := inFlight, 0, 0.0
+		if at := h.sigAt.Load(); at != 0 && now-at <= maxAge {
+			h.queueLoadSlots(&l, s, now, maxAge)
+			busy, other, kvUsage = l.Busy(), l.otherWaiting(), l.KVUsage
+		}
+		rate, over := h.prefill()
 		inv := 1 / rate
 		e := &cs[i]
 		e.cached = c
-		e.queuedReqs = int64(l.QueuedRequests())
-		e.full = rp.full(busy, backlog, now)
-		e.unc = max(t-rp.confidence()*c, 0)
-		e.inv = inv
-		e.pre = over + max(rp.slotRisk(busy, now), backlog) + l.QueuedTokens()*inv
-		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
-		e.kv = l.KVUsage > cfg.KVHighWater
-		if e.kv {
-			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		e.queuedReqs = int64(queuedRequests(int(s), pendReqs, busy, other))
+		e.busy = int64(busy)
+		e.slots = s
+		e.over = over
+		e.unc = max(t, 0) // c_r 0 = 0: c_r is in [0, 1]
+		if c != 0 {
+			e.unc = max(t-h.confidence()*c, 0)
 		}
+		e.inv = inv
+		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
+		e.pen = cfg.LoadPenaltySeconds * float64(busy) * h.invWeight
+		e.kv = kvUsage > cfg.KVHighWater
+		if e.kv {
+			e.kvPen = cfg.KVPenaltySeconds * (kvUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		}
+		e.full, e.fullSet, e.backlogSet = false, false, false
 	}
 	// The typical prefill queue a recompute joins: the mean over the
 	// candidates not holding the prefix (less than half the best hit).
 	var coldQueued, cold int64
-	homesFull := best > 0
 	for i := range cs {
 		if cs[i].cached < best/2 || best == 0 {
 			coldQueued += cs[i].queuedReqs
 			cold++
-		} else if !cs[i].full {
-			homesFull = false
 		}
 	}
 	typical := 0.0
 	if cold > 0 {
 		typical = float64(coldQueued) / float64(cold)
 	}
-	sc := v.Scores()
+	// Whether every home is full: the first home that is not decides it,
+	// so usually one home is looked at.
+	homesFull := best > 0
+	for i := range cs {
+		if e := &cs[i]; homesFull && !(e.cached < best/2 || best == 0) && !e.isFull(v.r.hotOf(cands[i]), now) {
+			homesFull = false
+		}
+	}
 	for i := range cs {
 		e := &cs[i]
-		x := 1 + max(float64(e.queuedReqs), typical)
-		if homesFull && !e.full {
-			x = 1
+		e.x = 1 + max(float64(e.queuedReqs), typical)
+		if homesFull && !e.isFull(v.r.hotOf(cands[i]), now) {
+			e.x = 1
 		}
-		est := e.pre + x*e.unc*e.inv + e.pen
-		if e.kv {
-			est += e.kvPen
+		// The estimate with max(slotWait_r, backlog_r) as 0 and without
+		// the KV penalty: every term is at least 0 and rounding is
+		// monotonic, so est is at least the same sum; lowered by 1e-12 of
+		// itself, far more than the few roundings a compiler fusing a
+		// multiply-add differently in the two sums could move either.
+		e.low = (e.over + e.qinv + e.x*e.unc*e.inv + e.pen) * lowMargin
+		if e.low < cs[lowest].low {
+			lowest = i
 		}
-		sc[i] = est
 	}
-	v.RankLowest(d)
+	return cs, lowest
 }
 
-// full reports whether a new request on the replica would wait for others
+// lowMargin scales costCand.low below the estimate's rounding.
+const lowMargin = 1 - 1e-12
+
+// isFull reports whether a new request on the replica would wait for others
 // to finish: every batch slot is taken, or its pending requests are behind
 // their predictions (backlog, replica.backlog at the decision's time) by
 // more than the TTFT the model predicts for a new one (queueing the model
 // has not learned yet, such as a batch limit before any scrape showed it).
-func (p *replica) full(busy int64, backlog float64, now int64) bool {
-	if s := p.slots(); s > 0 && busy >= s {
+// Computed once, with the candidate's backlog.
+func (e *costCand) isFull(h *repHot, now int64) bool {
+	if e.fullSet {
+		return e.full
+	}
+	e.fullSet = true
+	if e.slots > 0 && e.busy >= e.slots {
+		e.full = true
 		return true
 	}
-	return backlog > 0 && backlog > p.predictTTFT(0, now)
+	b := e.backlogAt(h, now)
+	if b > 0 {
+		rate, over := h.prefill()
+		e.full = b > h.predictWithSlots(rate, over, 0, e.slots, now)
+	}
+	return e.full
+}
+
+// backlogAt is the candidate's replica.backlog at now, computed once.
+func (e *costCand) backlogAt(h *repHot, now int64) float64 {
+	if !e.backlogSet {
+		e.backlogSet = true
+		e.backlog = h.backlog(now)
+	}
+	return e.backlog
+}
+
+// est is the candidate's estimate (the formula above).
+func (e *costCand) est(h *repHot, now int64) float64 {
+	pre := e.over + max(h.slotRisk(e.slots, e.busy, now), e.backlogAt(h, now)) + e.qinv
+	est := pre + e.x*e.unc*e.inv + e.pen
+	if e.kv {
+		est += e.kvPen
+	}
+	return est
+}
+
+// rankPruned is View.RankLowest over the cost policy's candidates, each
+// estimate computed only when its lower bound (costCand.low) could still
+// rank: a candidate whose bound is above the k-th best score so far would
+// be skipped by RankLowest's first test anyway, so the ranking, ties
+// included, is RankLowest's over every estimate. The candidate with the
+// lowest bound goes first so that the k-th best score is low early; the
+// result does not depend on the order (scores and tie values give a total
+// order: mixID is a bijection).
+func (v *View) rankPruned(cs []costCand, lowest int, d *Decision) {
+	k := min(v.r.cfg.MaxRanked, len(v.cands))
+	v.top = v.top[:0]
+	salt := v.Random()
+	now := v.req.Now
+	v.offer(cs, lowest, k, salt, now)
+	for i := range cs {
+		if i != lowest && (len(v.top) < k || !(cs[i].low > v.top[k-1].score)) {
+			v.offer(cs, i, k, salt, now)
+		}
+	}
+	for _, it := range v.top {
+		d.Ranked = append(d.Ranked, it.id)
+	}
+}
+
+// offer is RankLowest's step for candidate i of cs, its estimate computed.
+func (v *View) offer(cs []costCand, i, k int, salt uint64, now int64) {
+	id := v.cands[i]
+	s := cs[i].est(v.r.hotOf(id), now)
+	if math.IsNaN(s) {
+		s = math.Inf(1)
+	}
+	top := v.top
+	if len(top) == k && s > top[k-1].score {
+		return
+	}
+	it := rankItem{score: s, tie: mixID(id, salt), id: id}
+	if len(top) == k && !it.less(&top[k-1]) {
+		return
+	}
+	if len(top) < k {
+		top = append(top, it)
+	} else {
+		top[k-1] = it
+	}
+	for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
+		top[j], top[j-1] = top[j-1], top[j]
+	}
+	v.top = top
 }
 
 // costCand is one candidate's part of a CostPolicy decision.
 type costCand struct {
 	cached     float64 // predicted cached tokens
 	queuedReqs int64   // N_r
+	busy       int64   // B_r
+	slots      int64   // S_r
+	over       float64 // O_r
 	unc        float64 // T - c_r C_r, at least 0
 	inv        float64 // 1 / P_r
-	pre        float64 // O_r + max(slotWait_r, backlog_r) + Q_r / P_r
+	qinv       float64 // Q_r / P_r
 	pen        float64 // the load penalty
 	kvPen      float64 // the KV penalty, when kv
+	x          float64 // X_r
+	low        float64 // the estimate without max(slotWait_r, backlog_r) and the KV penalty
+	backlog    float64 // backlog_r, when backlogSet
 	kv         bool    // U_r is past KVHighWater
-	full       bool
+	full       bool    // when fullSet
+	fullSet    bool
+	backlogSet bool
 }
 
 // Interface guards.

@@ -40,7 +40,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	y := max(dt-f.slotWait, dt/4)
 	rate, over0 := p.ownPrefill()
 	p.fitMu.Lock()
-	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, loadF(&p.model.engRate))
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, loadF(&p.engRate))
 	if !p.fitted.Load() {
 		storeF(&p.overhead, over0)
 		p.fitted.Store(true)

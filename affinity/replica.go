@@ -10,24 +10,14 @@ import (
 // decision, the learned models, and peers' load.
 
 type replica struct {
-	// Hot: read for every candidate of every decision. The first cache line
-	// holds what the cost policy reads when engine signals are stale.
-	inFlight    atomic.Int64
-	pending     atomic.Int64  // uncached prefill tokens routed, first token not seen
-	rate        atomic.Uint64 // float64 bits: prefill tokens/s estimate
-	sigAt       atomic.Int64  // 0 = never
-	invWeight   float64       // 1 / weight
-	maxInFlight int64         // 0 = unlimited
+	// The state every decision reads for each candidate lives in the
+	// Router's hot array (Router.hot), one repHot per ReplicaID; its
+	// fields and methods are promoted here.
+	*repHot
+
 	healthy     atomic.Bool
 	draining    atomic.Bool
-	pendingReqs atomic.Int64  // requests routed, first token not seen
-	uncachedAvg atomic.Uint64 // float64 bits: EWMA of uncached tokens per request
-	sigWaiting  atomic.Int64
-	sigRunning  atomic.Int64
-	sigKV       atomic.Uint64 // float64 bits
-	sigOwnBusy  atomic.Int64  // this router's and peers' in flight when the signals were set
-	sigOwnPend  atomic.Int64  // their requests without a first token then
-	overhead    atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
+	maxInFlight int64 // 0 = unlimited
 
 	id       ReplicaID
 	gen      uint32
@@ -41,22 +31,92 @@ type replica struct {
 
 	fitMu sync.Mutex // End's rate fit
 	fit   rateFit
-	model ttftModel // batch slots, slot time, prediction error (ttft.go)
+	model ttftModel // the TTFT model's colder state (ttft.go)
+
+	peers []PeerLoad // by peer slot; written under Router.mu (peer.go)
+}
+
+// repHot is what the cost policy reads of a candidate: four cache lines,
+// the first three all it reads while engine signals are stale, the fourth
+// the signals and the batch clock. The Router keeps them side by side in
+// ID order (Router.hot), so a decision's window of consecutive candidates
+// and its prefix holders are read from contiguous memory, three lines a
+// candidate while signals are stale. The fields are the state
+// itself, not a copy: writers update them as they would a replica's own
+// fields (atomics, or under the Router's write lock where noted).
+type repHot struct {
+	// line 0: load
+	inFlight        atomic.Int64
+	pending         atomic.Int64  // uncached prefill tokens routed, first token not seen
+	pendingReqs     atomic.Int64  // requests routed, first token not seen
+	peerInFlight    atomic.Int64  // peers' load (peer.go): sums over peer slots of replica.peers,
+	peerPending     atomic.Int64  // kept apart from this router's own counters, which stay
+	peerPendingReqs atomic.Int64  // authoritative
+	uncachedAvg     atomic.Uint64 // float64 bits: EWMA of uncached tokens per request
+	sigAt           atomic.Int64  // 0 = never
+
+	// line 1: the backlog's sums and the prefill line
+	// Over this router's requests awaiting their first token (as many as
+	// pendingReqs): the sums of their Begin times (after pendBase, the
+	// first Begin's, so the sum cannot overflow) and of their predicted
+	// TTFTs, in nanoseconds, for backlog.
+	pendBase, pendStart, pendPred atomic.Int64
+	errN                          atomic.Uint64 // TTFT predictions checked
+	errSlack                      atomic.Uint64 // float64 bits: exp(2 errEWMA), backlog's slack
+	overhead                      atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
+	rate                          atomic.Uint64 // float64 bits: prefill tokens/s estimate
+	invWeight                     float64       // 1 / weight (Router write lock)
+
+	// line 2: the pool, confidence and batch slots
 	// fleetSlot is the Router's slotSec: every replica's slot-time samples,
 	// the prior of a replica without its own.
 	fleetSlot *atomic.Uint64
 	// fleetPrefill is the pooled prefill model of the replicas serving
 	// this one's first model (Router.pool): what its prefill is priced
 	// with unless the engine reports its own rate (replica.prefill).
-	fleetPrefill *fleetPrefill
-	fitted       atomic.Bool // a configured, engine-reported or fitted rate
+	fleetPrefill   *fleetPrefill
+	hitReal        atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
+	hitN           atomic.Uint64 // requests with a predicted hit and a reported one
+	engRate        atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
+	slotsSig       atomic.Int32  // engine-reported batch slots; 0 = none
+	slotsLearned   atomic.Int32  // learned from full-batch scrapes; 0 = none
+	maxRunningSeen atomic.Int32  // ttftModel.maxRunning for readers outside learnMu
+	slotsHint      atomic.Int32  // maxRunning while scrapes there often show requests waiting (slotRisk); 0 = none
+	specSlots      int32         // ReplicaSpec.BatchSlots (Router write lock)
+	fitted         atomic.Bool   // a configured, engine-reported or fitted rate
+	specRate       bool          // ReplicaSpec.PrefillTokensPerSec > 0 (Router write lock)
 
-	// Peers' load (peer.go): the sums over peer slots of peers[i], kept
-	// apart from this router's own counters, which stay authoritative.
-	peerInFlight    atomic.Int64
-	peerPending     atomic.Int64
-	peerPendingReqs atomic.Int64
-	peers           []PeerLoad // by peer slot; written under Router.mu
+	// line 3: the batch clock and engine signals
+	slotSec atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
+	// decStart, decN: the sum of FirstTokenAt (after pendBase) and the
+	// count of this router's requests decoding on the replica (first token
+	// seen, not ended), for the age of its running batch (slotWait).
+	decStart, decN atomic.Int64
+	sigWaiting     atomic.Int64
+	sigRunning     atomic.Int64
+	sigKV          atomic.Uint64 // float64 bits
+	sigOwnBusy     atomic.Int64  // this router's and peers' in flight when the signals were set
+	sigOwnPend     atomic.Int64  // their requests without a first token then
+}
+
+// hotChunk is how many repHot the Router allocates at a time: chunks never
+// move, so a replica's pointer into one stays valid as the set grows.
+const hotChunk = 64
+
+// hotOf returns replica id's hot state. Callers hold mu.
+func (r *Router) hotOf(id ReplicaID) *repHot {
+	return &r.hot[uint32(id)/hotChunk][uint32(id)%hotChunk]
+}
+
+// newHot returns a zeroed hot slot for replica id, growing the array.
+// Callers hold mu for writing.
+func (r *Router) newHot(id ReplicaID) *repHot {
+	for int(id)/hotChunk >= len(r.hot) {
+		r.hot = append(r.hot, new([hotChunk]repHot))
+	}
+	h := r.hotOf(id)
+	*h = repHot{}
+	return h
 }
 
 func (p *replica) eligible() bool {

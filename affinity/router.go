@@ -27,7 +27,8 @@ type Router struct {
 	tailSink PeerTailSink // sink, when it also takes finished tails
 
 	mu     sync.RWMutex
-	reps   []*replica // by ReplicaID; nil = free slot
+	reps   []*replica          // by ReplicaID; nil = free slot
+	hot    []*[hotChunk]repHot // by ReplicaID in chunks: each replica's repHot
 	free   []ReplicaID
 	byName map[string]ReplicaID
 	groups map[string]*group
@@ -249,7 +250,8 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 		r.reps = append(r.reps, nil)
 	}
 	r.gen++
-	p := &replica{id: id, gen: r.gen, fleetSlot: &r.slotSec}
+	p := &replica{repHot: r.newHot(id), id: id, gen: r.gen}
+	p.fleetSlot = &r.slotSec
 	r.applySpec(p, spec)
 	p.healthy.Store(true)
 	r.reps[id] = p
@@ -260,6 +262,8 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 
 func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 	p.spec = spec
+	p.specSlots = clamp32(int64(spec.BatchSlots))
+	p.specRate = spec.PrefillTokensPerSec > 0
 	p.fleetPrefill = r.pool(spec)
 	p.weight = spec.Weight
 	if p.weight == 0 {
@@ -317,6 +321,7 @@ func (r *Router) RemoveReplica(id ReplicaID) {
 	r.idx.dropReplica(id)
 	delete(r.byName, p.spec.Name)
 	r.reps[id] = nil
+	p.repHot = new(repHot) // the slot goes to the ID's next replica
 	r.free = append(r.free, id)
 	r.rebuildGroups()
 	if r.onRemove != nil {
@@ -408,7 +413,7 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigOwnBusy.Store(p.totalInFlight())
 	p.sigOwnPend.Store(pending)
 	p.sigAt.Store(s.At)
-	p.model.slotsSig.Store(int64(max(s.BatchSlots, 0)))
+	p.slotsSig.Store(clamp32(int64(max(s.BatchSlots, 0))))
 	p.learnSlots(s.Running, s.Waiting, s.KVUsage < r.cfg.KVHighWater)
 	resize := s.KVCapacityTokens > 0 && p.spec.KVCapacityTokens == 0 &&
 		int64(s.KVCapacityTokens) != p.sigKVCap.Load()

@@ -48,9 +48,8 @@ import (
 const (
 	// defaultSlotSeconds is D_r before a replica's first measured slot time.
 	defaultSlotSeconds = 1.0
-	// unknownSlotShare weighs the slot wait slotRisk prices past the most
-	// requests seen running where no limit is known: even odds that the
-	// next request finds one.
+	// unknownSlotShare weighs the slot wait slotRisk prices where no limit
+	// is known: even odds that the next request finds one.
 	unknownSlotShare = 0.5
 	// slotRiskSeen, slotRiskShare: how many scrapes at a replica's largest
 	// running count, and what share of them, must show a request waiting
@@ -82,33 +81,11 @@ const (
 var ttftErrBuckets = [...]float64{0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8}
 
 // ttftModel is one replica's learned state besides the prefill fit (which
-// lives in replica.fit under fitMu).
+// lives in replica.fit under fitMu) and what decisions read (repHot).
 type ttftModel struct {
-	slotsSig     atomic.Int64  // engine-reported batch slots; 0 = none
-	slotsLearned atomic.Int64  // learned from full-batch scrapes; 0 = none
-	slotsHint    atomic.Int64  // maxRunning while scrapes there often show requests waiting (slotRisk); 0 = none
-	slotSec      atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
-	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
-	errEWMA      atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions
-	errSlack     atomic.Uint64 // float64 bits: exp(2 errEWMA), backlog's slack, kept with it
-	errN         atomic.Uint64 // predictions checked
-	hitReal      atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
-	hitN         atomic.Uint64 // requests with a predicted hit and a reported one
-	cleanN       int           // intercept samples without queueing (under replica.fitMu)
-	// Over this router's requests awaiting their first token (as many as
-	// replica.pendingReqs): the sums of their Begin times (after pendBase,
-	// the first Begin's, so the sum cannot overflow) and of their predicted
-	// TTFTs, in nanoseconds, for backlog.
-	pendStart, pendPred, pendBase atomic.Int64
-	pendBaseSet                   bool
-	// decStart, decN: the sum of FirstTokenAt (after pendBase) and the
-	// count of this router's requests decoding on the replica (first token
-	// seen, not ended), for the age of its running batch (slotWait).
-	decStart, decN atomic.Int64
-
-	// maxRunningSeen is maxRunning for readers outside learnMu: a replica
-	// that ran more than its pool's slot limit does not take it.
-	maxRunningSeen atomic.Int64
+	errEWMA     atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions (errSlack is hot)
+	cleanN      int           // intercept samples without queueing (under replica.fitMu)
+	pendBaseSet bool          // repHot.pendBase is set (Router write lock)
 
 	learnMu     sync.Mutex
 	maxRunning  int64 // the most requests any scrape saw running
@@ -124,18 +101,18 @@ type ttftModel struct {
 }
 
 // slots is S_r: the spec's, else the engine's, else the learned count.
-func (p *replica) slots() int64 {
-	if p.spec.BatchSlots > 0 {
-		return int64(p.spec.BatchSlots)
+func (p *repHot) slots() int64 {
+	if p.specSlots > 0 {
+		return int64(p.specSlots)
 	}
-	if s := p.model.slotsSig.Load(); s > 0 {
-		return s
+	if s := p.slotsSig.Load(); s > 0 {
+		return int64(s)
 	}
-	if s := p.model.slotsLearned.Load(); s > 0 || p.fleetPrefill == nil {
-		return s
+	if s := p.slotsLearned.Load(); s > 0 || p.fleetPrefill == nil {
+		return int64(s)
 	}
 	// The pool's limit, unless this replica has run more than it.
-	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= p.model.maxRunningSeen.Load() {
+	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= int64(p.maxRunningSeen.Load()) {
 		return s
 	}
 	return 0
@@ -143,8 +120,8 @@ func (p *replica) slots() int64 {
 
 // slotSeconds is D_r; before its first sample, the fleet's (the mean slot
 // time measured on any replica of this router), else defaultSlotSeconds.
-func (p *replica) slotSeconds() float64 {
-	if d := loadF(&p.model.slotSec); d > 0 {
+func (p *repHot) slotSeconds() float64 {
+	if d := loadF(&p.slotSec); d > 0 {
 		return d
 	}
 	if p.fleetSlot != nil {
@@ -159,45 +136,46 @@ func (p *replica) slotSeconds() float64 {
 // joining a replica with busy requests already on it: it needs busy-S+1
 // slots to free; without a decoding request of this router to date the
 // batch by, slots free at S/D per second.
-func (p *replica) slotWait(busy, now int64) float64 {
-	return p.slotWaitAt(p.slots(), busy, now)
+func (p *repHot) slotWait(busy, now int64) float64 {
+	return p.slotWaitSlots(p.slots(), busy, now)
 }
 
-// slotRisk is the slot wait the cost policy prices: slotWait where the
-// limit is known; where it is not, but scrapes at the most requests the
-// replica ever ran show requests waiting often (at least slotRiskSeen
-// times and slotRiskShare of those scrapes), unknownSlotShare of the wait
-// a limit there would cause. A small-batch engine whose full batch scrapes
-// catch with requests waiting too seldom to learn a limit (learnSlots wants
-// two or more waiting, twice) otherwise takes a fifth request onto four
-// that decode for seconds while other replicas sit idle. An engine without
-// a limit shows a request waiting at its largest batch only now and then
-// (an arrival between two steps) and is priced no wait. A replica with no
-// evidence of its own takes the last replica's of its pool that had some,
-// unless it has run more.
-func (p *replica) slotRisk(busy, now int64) float64 {
-	if s := p.slots(); s > 0 {
-		return p.slotWaitAt(s, busy, now)
+// slotRisk is the slot wait the cost policy prices, s = p.slots():
+// slotWait where the limit is known; where it is not, but scrapes at the
+// most requests the replica ever ran show requests waiting often (at least
+// slotRiskSeen times and slotRiskShare of those scrapes), unknownSlotShare
+// of the wait a limit there would cause. A small-batch engine whose full
+// batch scrapes catch with requests waiting too seldom to learn a limit
+// (learnSlots wants two or more waiting, twice) otherwise takes a fifth
+// request onto four that decode for seconds while other replicas sit
+// idle. An engine without a limit shows a request waiting at its largest
+// batch only now and then (an arrival between two steps) and is priced no
+// wait. A replica with no evidence of its own takes the last replica's of
+// its pool that had some, unless it has run more.
+func (p *repHot) slotRisk(s, busy, now int64) float64 {
+	if s > 0 {
+		return p.slotWaitSlots(s, busy, now)
 	}
-	h := p.model.slotsHint.Load()
+	h := int64(p.slotsHint.Load())
 	if f := p.fleetPrefill; h <= 0 && f != nil {
-		if fh := f.slotsHint.Load(); fh >= p.model.maxRunningSeen.Load() {
+		if fh := f.slotsHint.Load(); fh >= int64(p.maxRunningSeen.Load()) {
 			h = fh
 		}
 	}
 	if h <= 0 || busy < h {
 		return 0
 	}
-	return unknownSlotShare * p.slotWaitAt(h, busy, now)
+	return unknownSlotShare * p.slotWaitSlots(h, busy, now)
 }
 
-func (p *replica) slotWaitAt(s, busy, now int64) float64 {
+// slotWaitSlots is slotWait with S_r given (s = p.slots()).
+func (p *repHot) slotWaitSlots(s, busy, now int64) float64 {
 	if s <= 0 || busy < s {
 		return 0
 	}
 	d := p.slotSeconds()
 	k := float64(busy - s + 1)
-	n := p.model.decN.Load()
+	n := p.decN.Load()
 	if n <= 0 {
 		return k * d / float64(s)
 	}
@@ -208,7 +186,7 @@ func (p *replica) slotWaitAt(s, busy, now int64) float64 {
 	// later take whole slot times. A replica whose batch is about to finish
 	// is nearer a free slot than one whose batch just started, however
 	// many requests each holds.
-	age := float64(now-p.model.pendBase.Load())/1e9 - float64(p.model.decStart.Load())/float64(n)/1e9
+	age := float64(now-p.pendBase.Load())/1e9 - float64(p.decStart.Load())/float64(n)/1e9
 	left := min(max(d-age, d/8), d)
 	first := min(k, float64(s))
 	return first*2*left/float64(s+1) + (k-first)*d/float64(s)
@@ -227,8 +205,8 @@ func (p *replica) slotWaitAt(s, busy, now int64) float64 {
 // configuration, and a replica whose first requests have not finished (a
 // burst still queued there) otherwise counted on hits that never come,
 // looked cheapest, and took the rest of the burst too.
-func (p *replica) confidence() float64 {
-	if p.model.hitN.Load() < fitMinSamples {
+func (p *repHot) confidence() float64 {
+	if p.hitN.Load() < fitMinSamples {
 		if f := p.fleetPrefill; f != nil {
 			if f.hitN.Load() >= fitMinSamples {
 				return min(max(loadF(&f.hitReal), 0), 1)
@@ -239,18 +217,20 @@ func (p *replica) confidence() float64 {
 		}
 		return 1
 	}
-	return min(max(loadF(&p.model.hitReal), 0), 1)
+	return min(max(loadF(&p.hitReal), 0), 1)
 }
 
 // sampleEarlyHit judges, at its first token, whether a streamed request's
 // predicted hit came true, while its pool has too few finished requests to
 // say (the engine reports cached tokens only with the last chunk, seconds
 // later): a first token nearer (in ratio) the TTFT the model predicts
-// without the hit than the one it predicted with it counts as a miss.
-// Until the pool's own hit record starts, these judgements give the
-// confidence once earlyHitMin of them are in: an engine without prefix
-// caching otherwise had every request of a start-up burst trust hits that
-// never came and pile onto the replicas that had seen the prefix.
+// without the hit than the one it predicted with it counts as a miss. Only
+// requests with no prefill queued ahead are judged, so queueing the model
+// did not predict does not read as a miss. Until the pool's own hit record
+// starts, these judgements give the confidence once earlyHitMin of them
+// are in: an engine without prefix caching otherwise had every request of
+// a start-up burst trust hits that never came and pile onto the replicas
+// that had seen the prefix.
 func (p *replica) sampleEarlyHit(f *Flight) {
 	fp := p.fleetPrefill
 	if fp == nil || f.buffered || f.queued != 0 || fp.hitN.Load() >= fitMinSamples {
@@ -287,11 +267,11 @@ func (p *replica) sampleHit(predicted, actual int) {
 			ewma(&f.hitReal, x, errWeight)
 		}
 	}
-	if p.model.hitN.Add(1) == 1 {
-		storeF(&p.model.hitReal, x)
+	if p.hitN.Add(1) == 1 {
+		storeF(&p.hitReal, x)
 		return
 	}
-	ewma(&p.model.hitReal, x, errWeight)
+	ewma(&p.hitReal, x, errWeight)
 }
 
 // learnSlots takes one scrape's running and waiting counts. A batch-slot
@@ -315,29 +295,30 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	m.prevRunning = int64(running)
 	if int64(running) > m.maxRunning {
 		m.maxRunning, m.fullAtMax = int64(running), 0
-		m.maxRunningSeen.Store(m.maxRunning)
-		m.slotsLearned.Store(0)
+		p.maxRunningSeen.Store(clamp32(m.maxRunning))
+		p.slotsLearned.Store(0)
 		m.atMax, m.waitAtMax = 0, 0
-		m.slotsHint.Store(0)
+		p.slotsHint.Store(0)
 	}
 	if kvFree && int64(running) == m.maxRunning {
+		// slotRisk's evidence: how often a request waits at this count.
 		m.atMax++
 		if waiting > 0 {
 			m.waitAtMax++
 		}
 		if m.waitAtMax >= slotRiskSeen && float64(m.waitAtMax) >= slotRiskShare*float64(m.atMax) {
-			m.slotsHint.Store(m.maxRunning)
+			p.slotsHint.Store(clamp32(m.maxRunning))
 			if p.fleetPrefill != nil {
 				p.fleetPrefill.slotsHint.Store(m.maxRunning)
 			}
 		} else {
-			m.slotsHint.Store(0)
+			p.slotsHint.Store(0)
 		}
 	}
 	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
 		// A plateau (the scrape before ran as many) counts as a repeat.
 		if m.fullAtMax++; m.fullAtMax >= slotLearnRepeat || prev == m.maxRunning {
-			m.slotsLearned.Store(m.maxRunning)
+			p.slotsLearned.Store(clamp32(m.maxRunning))
 			if p.fleetPrefill != nil {
 				p.fleetPrefill.slots.Store(m.maxRunning)
 			}
@@ -352,23 +333,23 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 // finishes. A request counts as late past exp(2e) times its prediction, e
 // the replica's mean |ln(actual/predicted)| (its predictions' usual spread),
 // plus the error floor. 0 when they are on time.
-func (p *replica) backlog(now int64) float64 {
+func (p *repHot) backlog(now int64) float64 {
 	n := p.pendingReqs.Load()
 	if n <= 0 {
 		return 0
 	}
 	slack := 1.0
-	if p.model.errN.Load() >= fitMinSamples {
-		slack = loadF(&p.model.errSlack)
+	if p.errN.Load() >= fitMinSamples {
+		slack = loadF(&p.errSlack)
 	}
-	age := float64(now-p.model.pendBase.Load())/1e9 - float64(p.model.pendStart.Load())/float64(n)/1e9
-	pred := float64(p.model.pendPred.Load()) / float64(n) / 1e9
+	age := float64(now-p.pendBase.Load())/1e9 - float64(p.pendStart.Load())/float64(n)/1e9
+	pred := float64(p.pendPred.Load()) / float64(n) / 1e9
 	return max(age-slack*pred-p.errFloor(), 0)
 }
 
 // errFloor is the absolute slack in comparing predicted and measured TTFTs:
 // 2 ms plus a tenth of the fitted overhead.
-func (p *replica) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
+func (p *repHot) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 
 // fleetPrefill is the router's view of a typical replica's prefill model:
 // the geometric mean of fitted prefill rates (rates span orders of
@@ -414,7 +395,7 @@ func (f *fleetPrefill) sample(rate, over float64) {
 // engine-reported or fitted ones once it has them, else the fleet's
 // (fleetPrefill), else the configured default rate. The fit starts from
 // and updates these.
-func (p *replica) ownPrefill() (rate, over float64) {
+func (p *repHot) ownPrefill() (rate, over float64) {
 	if !p.fitted.Load() {
 		if r, o, ok := p.fleetModel(); ok {
 			return r, o
@@ -425,7 +406,7 @@ func (p *replica) ownPrefill() (rate, over float64) {
 
 // fleetModel is the pooled prefill rate and overhead of the replicas that
 // serve p's model, when any of them has been fitted.
-func (p *replica) fleetModel() (rate, over float64, ok bool) {
+func (p *repHot) fleetModel() (rate, over float64, ok bool) {
 	if p.fleetPrefill == nil || p.fleetPrefill.n.Load() == 0 {
 		return 0, 0, false
 	}
@@ -443,28 +424,38 @@ func (p *replica) fleetModel() (rate, over float64, ok bool) {
 // The pooled model averages every replica's fit; differences in speed
 // between replicas still show in their backlog (pending requests later
 // than predicted), their slot times and their load.
-func (p *replica) prefill() (rate, over float64) {
-	if p.spec.PrefillTokensPerSec > 0 || loadF(&p.model.engRate) > 0 {
-		return p.ownPrefill()
+//
+// Written out (ownPrefill takes the pool's model only before its own fit,
+// and prefers it otherwise too unless the rate is a measurement) so that
+// it inlines into the cost policy's loop.
+func (p *repHot) prefill() (rate, over float64) {
+	if f := p.fleetPrefill; f != nil && f.n.Load() != 0 &&
+		!((p.specRate || loadF(&p.engRate) > 0) && p.fitted.Load()) {
+		return loadF(&f.rate), loadF(&f.over)
 	}
-	if r, o, ok := p.fleetModel(); ok {
-		return r, o
-	}
-	return p.ownPrefill()
+	return loadF(&p.rate), loadF(&p.overhead)
 }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
 // joining p now (without the cost policy's externality and penalties).
-func (p *replica) predictTTFT(unc float64, now int64) float64 {
+func (p *repHot) predictTTFT(unc float64, now int64) float64 {
 	rate, over := p.prefill()
 	return p.predictWith(rate, over, unc, now)
 }
 
 // predictWith is predictTTFT with the given prefill rate and overhead.
-func (p *replica) predictWith(rate, over, unc float64, now int64) float64 {
-	return over + p.slotWait(p.totalInFlight(), now) +
+func (p *repHot) predictWith(rate, over, unc float64, now int64) float64 {
+	return p.predictWithSlots(rate, over, unc, p.slots(), now)
+}
+
+// predictWithSlots is predictWith with S_r given (s = p.slots()).
+func (p *repHot) predictWithSlots(rate, over, unc float64, s, now int64) float64 {
+	return over + p.slotWaitSlots(s, p.totalInFlight(), now) +
 		(float64(max(p.totalPending(), 0))+unc)/rate
 }
+
+// clamp32 is n as an int32, saturated.
+func clamp32(n int64) int32 { return int32(min(max(n, -1<<31), 1<<31-1)) }
 
 // casAddF adds d to the float64 in a.
 func casAddF(a *atomic.Uint64, d float64) {
@@ -484,12 +475,12 @@ func (p *replica) checkPrediction(pred, actual float64) {
 	m := &p.model
 	floor := p.errFloor()
 	e := math.Abs(math.Log((pred + floor) / (actual + floor)))
-	if m.errN.Add(1) == 1 {
+	if p.errN.Add(1) == 1 {
 		storeF(&m.errEWMA, e)
-		storeF(&m.errSlack, math.Exp(2*e))
+		storeF(&p.errSlack, math.Exp(2*e))
 	} else {
 		ewma(&m.errEWMA, e, errWeight)
-		storeF(&m.errSlack, math.Exp(2*loadF(&m.errEWMA)))
+		storeF(&p.errSlack, math.Exp(2*loadF(&m.errEWMA)))
 	}
 	casAddF(&m.predSum, pred)
 	casAddF(&m.actSum, actual)
@@ -508,10 +499,10 @@ func (p *replica) sampleSlot(sec float64) {
 	if !(sec > 0) || math.IsInf(sec, 0) {
 		return
 	}
-	if d := loadF(&p.model.slotSec); d > 0 {
+	if d := loadF(&p.slotSec); d > 0 {
 		sec = min(max(sec, d/8), d*8)
 	}
-	ewma(&p.model.slotSec, sec, slotWeight)
+	ewma(&p.slotSec, sec, slotWeight)
 	if p.fleetSlot != nil {
 		ewma(p.fleetSlot, sec, slotWeight)
 	}
@@ -524,10 +515,10 @@ func (p *replica) sampleEngineRate(tokens int, sec float64) {
 		return
 	}
 	r := float64(tokens) / sec
-	if cur := loadF(&p.model.engRate); cur > 0 {
+	if cur := loadF(&p.engRate); cur > 0 {
 		r = min(max(r, cur/4), cur*4)
 	}
-	ewma(&p.model.engRate, r, 0.1)
+	ewma(&p.engRate, r, 0.1)
 }
 
 // TTFTStats is one replica's prediction record for metrics.
@@ -547,7 +538,7 @@ func TTFTRatioBuckets() []float64 { return ttftErrBuckets[:] }
 func (p *replica) ttftStats() TTFTStats {
 	m := &p.model
 	st := TTFTStats{
-		Checked:          m.errN.Load(),
+		Checked:          p.errN.Load(),
 		PredictedSeconds: loadF(&m.predSum),
 		ActualSeconds:    loadF(&m.actSum),
 		MeanLogError:     loadF(&m.errEWMA),

@@ -72,7 +72,12 @@ type Load struct {
 // its first token would otherwise count as someone else's until the signal
 // ages out (an idle replica priced 0.37 s of phantom prefill for a second).
 func (l *Load) QueuedTokens() float64 {
-	return float64(l.PendingPrefillTokens) + float64(l.otherWaiting())*l.UncachedAvg
+	return queuedTokens(l.PendingPrefillTokens, l.otherWaiting(), l.UncachedAvg)
+}
+
+// queuedTokens is QueuedTokens of its inputs.
+func queuedTokens(pendingTokens, otherWaiting int, uncachedAvg float64) float64 {
+	return float64(pendingTokens) + float64(otherWaiting)*uncachedAvg
 }
 
 // otherWaiting is the fresh scrape's waiting count beyond the requests this
@@ -90,10 +95,15 @@ func (l *Load) otherWaiting() int {
 // PendingRequests plus the fresh scrape's waiting requests of other routers
 // (otherWaiting).
 func (l *Load) QueuedRequests() int {
-	if l.BatchSlots > 0 {
-		return max(l.PendingRequests-max(l.Busy()-l.BatchSlots, 0), 0)
+	return queuedRequests(l.BatchSlots, l.PendingRequests, l.Busy(), l.otherWaiting())
+}
+
+// queuedRequests is QueuedRequests of its inputs.
+func queuedRequests(slots, pending, busy, otherWaiting int) int {
+	if slots > 0 {
+		return max(pending-max(busy-slots, 0), 0)
 	}
-	return l.PendingRequests + l.otherWaiting()
+	return pending + otherWaiting
 }
 
 // Busy is B_r, the number of requests occupying the replica: InFlight
@@ -196,12 +206,17 @@ func (v *View) Load(id ReplicaID) Load {
 // derive from: p's counters, its batch slots and, when younger than maxAge
 // at now, its engine signals (zero when stale). It leaves the other fields
 // as they are: the cost policy reuses one Load for every candidate.
-func (p *replica) queueLoad(l *Load, now, maxAge int64) {
+func (p *repHot) queueLoad(l *Load, now, maxAge int64) {
+	p.queueLoadSlots(l, p.slots(), now, maxAge)
+}
+
+// queueLoadSlots is queueLoad with S_r given (s = p.slots()).
+func (p *repHot) queueLoadSlots(l *Load, s, now, maxAge int64) {
 	l.InFlight = int(p.totalInFlight())
 	l.PendingPrefillTokens = int(max(p.totalPending(), 0))
 	l.PendingRequests = int(max(p.totalPendingReqs(), 0))
 	l.UncachedAvg = loadF(&p.uncachedAvg)
-	l.BatchSlots = int(p.slots())
+	l.BatchSlots = int(s)
 	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.SignalBaseline, l.SignalPending = false, 0, 0, 0, 0, 0
 	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
 		l.Fresh = true
@@ -283,10 +298,9 @@ func (v *View) Sample(k int) {
 	}
 	v.match()
 	start := int(v.Random() % uint64(n))
-	sub := v.sub[:0]
-	for i := range k {
-		sub = append(sub, c[(start+i)%n])
-	}
+	// c[(start+i)%n] for i < k: the window, wrapping once at most.
+	sub := append(v.sub[:0], c[start:min(start+k, n)]...)
+	sub = append(sub, c[:k-len(sub)]...)
 	for _, id := range v.ms.touched {
 		var j int
 		ok := false
@@ -298,7 +312,10 @@ func (v *View) Sample(k int) {
 			// Candidates are sorted by ID (groups list members in ID order).
 			j, ok = slices.BinarySearch(c, id)
 		}
-		if ok && (j-start+n)%n >= k {
+		if j -= start; j < 0 {
+			j += n
+		}
+		if ok && j >= k { // outside the window
 			sub = append(sub, id)
 		}
 	}
