@@ -717,6 +717,16 @@ func (e *Engine) Reset() {
 	e.pendingAt = NoEvent
 }
 
+// Release gives the engine's KV cache to a later NewEngine of the same
+// size (the cluster simulator's next run). The engine must not be used
+// afterwards.
+func (e *Engine) Release() {
+	if e.pool != nil {
+		spare.give(e.pool)
+		e.pool = nil
+	}
+}
+
 // pickSlot is llama.cpp's slot choice for s (server get_available_slot):
 // among idle slots, the one whose cached prompt shares the largest fraction
 // of s's blocks, if above 0.1 (--slot-prompt-similarity default); else the

@@ -1,33 +1,61 @@
 package enginesim
 
+import "sync"
+
 // blockPool is the paged KV cache: NumGPUBlocks blocks, a map from chained
 // block hash to the block holding it, and an LRU queue of free blocks. Like
 // vLLM V1's KVCacheManager: a block whose reference count drops to zero keeps
 // its hash (it stays a cache hit) and joins the tail of the free queue; new
 // allocations pop the head, evicting the hash it held. Hit blocks sitting in
 // the free queue are taken back out ("touched").
+//
+// The free queue is a ring of block ids in the order they were freed (vLLM
+// keeps the same order in a doubly linked list). A touched block is not
+// unlinked: its entry goes stale, and popping the head skips stale
+// entries. An entry is live when its block is free and carries the entry's
+// stamp (block.ref). So freeing a block writes the ring's tail, not the
+// links of the tail block, touching one rewrites no neighbour, and a run
+// of allocations reads the ring in order and can load the blocks it will
+// pop all at once: their loads are independent, where a list walk waits for
+// each link before it can load the next block.
 type blockPool struct {
-	blk    []block // a block's fields together: one cache line per block
-	head   int32
-	tail   int32
-	nfree  int
-	cached hashIndex
+	blk        []block // 16 bytes a block: four to a cache line
+	fq         []int32 // the free queue's ring; entry s is fq[s&fqMask]
+	fqMask     uint32
+	head, tail uint32 // the oldest entry's sequence number, and the next one's
+	nfree      int
+	cached     hashIndex
 
 	evictions uint64
 }
 
 type block struct {
-	hash       uint64 // 0: no cached content
-	ref        int32  // requests holding it; 0: in the free queue
-	prev, next int32  // free-queue links; -1 terminates
+	hash uint64 // 0: no cached content
+	// ref > 0 is the number of requests holding the block. ref <= 0: the
+	// block is free, and -ref is the stamp of its live free-queue entry.
+	ref int32
 	// succ is the block that followed this one in the last chain
 	// committed through it, -1 none: a hint that lets a prefix hit follow
 	// a cached chain block to block without probing the index (lookupAfter)
 	succ int32
 }
 
+// stamp is the ref a free block holds while free-queue entry s is its
+// live one. Sequence numbers of entries in the ring span less than its
+// length (far below 2^31), so two of them never share a stamp.
+func stamp(s uint32) int32 { return -int32(s & (1<<31 - 1)) }
+
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blk: make([]block, n), cached: newHashIndex(n)}
+	if p := spare.take(n); p != nil {
+		p.reset()
+		p.evictions = 0
+		return p
+	}
+	m := 16
+	for m < 2*n {
+		m <<= 1
+	}
+	p := &blockPool{blk: make([]block, n), fq: make([]int32, m), fqMask: uint32(m - 1), cached: newHashIndex(n)}
 	p.reset()
 	return p
 }
@@ -35,48 +63,92 @@ func newBlockPool(n int) *blockPool {
 // reset frees every block and forgets every cached hash (engine restart).
 func (p *blockPool) reset() {
 	p.cached.clear()
-	n := int32(len(p.blk))
+	n := uint32(len(p.blk))
 	for i := range n { // the free queue in block order
-		p.blk[i] = block{prev: i - 1, next: i + 1, succ: -1}
+		p.fq[i] = int32(i)
+		p.blk[i] = block{ref: stamp(i), succ: -1}
 	}
-	p.blk[n-1].next = -1
-	p.head, p.tail, p.nfree = 0, n-1, int(n)
+	p.head, p.tail, p.nfree = 0, n, int(n)
 }
 
 func (p *blockPool) total() int { return len(p.blk) }
+
+// size is the pool's memory in bytes.
+func (p *blockPool) size() int { return 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots) }
+
+// spare holds the KV caches of released engines (Engine.Release) for the
+// next engines of the same size: the cluster simulator builds 4-1024
+// engines a run, each cache about 1 MiB, and a suite makes thousands of
+// runs, so reusing them saves allocating, zeroing and faulting in tens of
+// MiB a run. At most maxSpare bytes are kept.
+var spare = &poolCache{m: map[int][]*blockPool{}}
+
+const maxSpare = 256 << 20
+
+type poolCache struct {
+	mu    sync.Mutex
+	m     map[int][]*blockPool // by block count
+	bytes int
+}
+
+func (c *poolCache) take(n int) *blockPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ps := c.m[n]
+	if len(ps) == 0 {
+		return nil
+	}
+	p := ps[len(ps)-1]
+	ps[len(ps)-1] = nil
+	c.m[n] = ps[:len(ps)-1]
+	c.bytes -= p.size()
+	return p
+}
+
+func (c *poolCache) give(p *blockPool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bytes+p.size() > maxSpare {
+		return
+	}
+	c.m[len(p.blk)] = append(c.m[len(p.blk)], p)
+	c.bytes += p.size()
+}
 
 // used is the number of blocks referenced by a request.
 func (p *blockPool) used() int { return len(p.blk) - p.nfree }
 
 // free reports whether block b is in the free queue (no request holds it).
-func (p *blockPool) free(b int32) bool { return p.blk[b].ref == 0 }
+func (p *blockPool) free(b int32) bool { return p.blk[b].ref <= 0 }
 
+// live reports whether free-queue entry s is its block's live entry.
+func (p *blockPool) live(s uint32) bool { return p.blk[p.fq[s&p.fqMask]].ref == stamp(s) }
+
+// pushTail appends free block b to the free queue.
 func (p *blockPool) pushTail(b int32) {
-	k := &p.blk[b]
-	k.prev, k.next = p.tail, -1
-	if p.tail >= 0 {
-		p.blk[p.tail].next = b
-	} else {
-		p.head = b
+	if p.tail-p.head == uint32(len(p.fq)) {
+		p.compact()
 	}
-	p.tail = b
+	p.fq[p.tail&p.fqMask] = b
+	p.blk[b].ref = stamp(p.tail)
+	p.tail++
 	p.nfree++
 }
 
-func (p *blockPool) unlink(b int32) {
-	k := &p.blk[b]
-	pr, nx := k.prev, k.next
-	if pr >= 0 {
-		p.blk[pr].next = nx
-	} else {
-		p.head = nx
+// compact drops the stale entries of a full ring, keeping the live ones in
+// order (renumbered from the head). The ring has twice as many entries as
+// there are blocks, so at least half of a full ring is stale.
+func (p *blockPool) compact() {
+	w := p.head
+	for s := p.head; s != p.tail; s++ {
+		if p.live(s) {
+			b := p.fq[s&p.fqMask]
+			p.fq[w&p.fqMask] = b
+			p.blk[b].ref = stamp(w)
+			w++
+		}
 	}
-	if nx >= 0 {
-		p.blk[nx].prev = pr
-	} else {
-		p.tail = pr
-	}
-	p.nfree--
+	p.tail = w
 }
 
 // lookup returns the block caching hash h, or -1.
@@ -100,22 +172,29 @@ func (p *blockPool) lookupAfter(prev int32, h uint64) int32 {
 // link records that block b followed block prev in a committed chain.
 func (p *blockPool) link(prev, b int32) { p.blk[prev].succ = b }
 
-// touch takes a reference on a cached block, pulling it out of the free queue.
+// touch takes a reference on a cached block, taking it out of the free
+// queue (its entry goes stale).
 func (p *blockPool) touch(b int32) {
-	if p.blk[b].ref == 0 {
-		p.unlink(b)
+	k := &p.blk[b]
+	if k.ref <= 0 {
+		k.ref = 0
+		p.nfree--
 	}
-	p.blk[b].ref++
+	k.ref++
 }
 
 // alloc pops the least recently freed block, evicting its cached hash.
 // The caller checks nfree first; alloc returns -1 when nothing is free.
 func (p *blockPool) alloc() int32 {
-	b := p.head
-	if b < 0 {
+	if p.nfree == 0 {
 		return -1
 	}
-	p.unlink(b)
+	for !p.live(p.head) {
+		p.head++
+	}
+	b := p.fq[p.head&p.fqMask]
+	p.head++
+	p.nfree--
 	k := &p.blk[b]
 	if k.hash != 0 {
 		p.cached.del(k.hash, b)
@@ -128,14 +207,17 @@ func (p *blockPool) alloc() int32 {
 }
 
 // allocN appends n blocks to dst, as n calls of alloc would (the caller
-// checks nfree >= n), with the index slots of the hashes they evict warmed
-// first so their misses overlap.
+// checks nfree >= n), with the blocks it pops and the index slots of the
+// hashes they evict loaded first, so their misses overlap.
 func (p *blockPool) allocN(dst []int32, n int) []int32 {
 	if n > 1 {
 		var acc uint32
-		for b, i := p.head, 0; b >= 0 && i < n; b, i = p.blk[b].next, i+1 {
-			if h := p.blk[b].hash; h != 0 {
-				acc += p.cached.slots[fingerprint(h)&p.cached.mask].fp
+		for s, i := p.head, 0; i < n; s++ {
+			k := p.blk[p.fq[s&p.fqMask]]
+			if k.ref == stamp(s) {
+				// a block caching nothing loads slot 0: no branch
+				acc += p.cached.slots[fingerprint(k.hash)&p.cached.mask].fp
+				i++
 			}
 		}
 		p.cached.sink += acc

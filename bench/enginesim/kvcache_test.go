@@ -163,9 +163,69 @@ func TestAllocNIsAllocs(t *testing.T) {
 			b.release(held[i])
 			held = append(held[:i], held[i+1:]...)
 		}
-		if !slices.Equal(a.blk, b.blk) || a.head != b.head || a.tail != b.tail || a.nfree != b.nfree ||
+		if !slices.Equal(a.blk, b.blk) || a.head != b.head || a.tail != b.tail || !slices.Equal(a.fq, b.fq) || a.nfree != b.nfree ||
 			a.evictions != b.evictions || !slices.Equal(a.cached.slots, b.cached.slots) {
 			t.Fatalf("op %d: pools differ", op)
 		}
+	}
+}
+
+// TestFreeQueueIsLRU drives the pool and a plain ordered list of free
+// blocks (vLLM's free queue: release appends, a hit removes the block
+// wherever it is, alloc pops the front) with the same random operations;
+// the pool must allocate the blocks the list gives, in order, through
+// many compactions of its ring.
+func TestFreeQueueIsLRU(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const n = 8
+	p := newBlockPool(n)
+	list := []int32{}
+	for b := range int32(n) {
+		list = append(list, b)
+	}
+	refs := make([]int, n)
+	var held []int32
+	for op := range 50000 {
+		switch k := r.IntN(4); {
+		case k == 0 && len(list) > 0: // alloc, one or a run
+			m := r.IntN(min(len(list), 3)) + 1
+			got := p.allocN(nil, m)
+			if !slices.Equal(got, list[:m]) {
+				t.Fatalf("op %d: allocN(%d) = %v, LRU list front %v", op, m, got, list[:m])
+			}
+			for _, b := range got {
+				refs[b] = 1
+				p.commit(b, uint64(r.IntN(1000)+1))
+			}
+			list = list[m:]
+			held = append(held, got...)
+		case k == 1: // a hit on any block (free or held)
+			b := int32(r.IntN(n))
+			p.touch(b)
+			if refs[b] == 0 {
+				list = slices.DeleteFunc(list, func(x int32) bool { return x == b })
+			}
+			refs[b]++
+			held = append(held, b)
+		case len(held) > 0:
+			i := r.IntN(len(held))
+			b := held[i]
+			held = append(held[:i], held[i+1:]...)
+			p.release(b)
+			if refs[b]--; refs[b] == 0 {
+				list = append(list, b)
+			}
+		}
+		if p.nfree != len(list) {
+			t.Fatalf("op %d: nfree %d, LRU list has %d", op, p.nfree, len(list))
+		}
+		for b := range int32(n) {
+			if p.free(b) != (refs[b] == 0) {
+				t.Fatalf("op %d: block %d free %v, refs %d", op, b, p.free(b), refs[b])
+			}
+		}
+	}
+	if p.tail-p.head > uint32(len(p.fq)) {
+		t.Fatalf("ring overflowed: %d entries in %d", p.tail-p.head, len(p.fq))
 	}
 }

@@ -225,6 +225,12 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// the engines' KV caches serve the next run once this one is done
+	defer func() {
+		for _, e := range c.engines {
+			e.Release()
+		}
+	}()
 	if err := c.loop(w); err != nil {
 		return nil, err
 	}
