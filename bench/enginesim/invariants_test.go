@@ -69,8 +69,8 @@ func (e *Engine) checkInvariants() error {
 			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h, p.blk))
 		}
 	}
-	if entries != hashed {
-		return fmt.Errorf("index holds %d entries for %d cached blocks", entries, hashed)
+	if entries != p.cached.used || entries < hashed || 2*entries > len(p.cached.slots) {
+		return fmt.Errorf("index holds %d entries (%d counted) in %d slots for %d cached blocks", entries, p.cached.used, len(p.cached.slots), hashed)
 	}
 	return nil
 }

@@ -196,8 +196,7 @@ func (p *blockPool) alloc() int32 {
 	p.head++
 	p.nfree--
 	k := &p.blk[b]
-	if k.hash != 0 {
-		p.cached.del(k.hash, b)
+	if k.hash != 0 { // its index entry goes stale (hashIndex)
 		k.hash = 0
 		p.evictions++
 	}
@@ -207,20 +206,18 @@ func (p *blockPool) alloc() int32 {
 }
 
 // allocN appends n blocks to dst, as n calls of alloc would (the caller
-// checks nfree >= n), with the blocks it pops and the index slots of the
-// hashes they evict loaded first, so their misses overlap.
+// checks nfree >= n), with the blocks it pops loaded first, so their
+// misses overlap.
 func (p *blockPool) allocN(dst []int32, n int) []int32 {
 	if n > 1 {
-		var acc uint32
+		var acc int32
 		for s, i := p.head, 0; i < n; s++ {
-			k := p.blk[p.fq[s&p.fqMask]]
-			if k.ref == stamp(s) {
-				// a block caching nothing loads slot 0: no branch
-				acc += p.cached.slots[fingerprint(k.hash)&p.cached.mask].fp
+			if r := p.blk[p.fq[s&p.fqMask]].ref; r == stamp(s) {
+				acc += r
 				i++
 			}
 		}
-		p.cached.sink += acc
+		p.cached.sink += uint32(acc)
 	}
 	for range n {
 		dst = append(dst, p.alloc())
@@ -250,18 +247,27 @@ func (p *blockPool) commit(b int32, h uint64) {
 }
 
 // hashIndex maps nonzero block hashes to block ids: open addressing with
-// linear probing and backward-shift deletion, at most half full (it holds
-// at most one entry per block). A slot is 8 bytes: the hash's high 32 bits
-// (its fingerprint; its low bits pick the home slot) and the block id. The
-// full hash is the block's own (block.hash, which a hit reads next anyway),
-// so a lookup compares fingerprints and checks the block only on a match:
-// half the table of full keys, and the prefix cache is the engine's
-// hottest path, one probe per 16-token block on a hit, a commit and an
-// eviction on a miss. An entry for h at block b exists exactly when
-// blk[b].hash == h (commit sets both, alloc clears both).
+// linear probing. A slot is 8 bytes: the hash's high 32 bits (its
+// fingerprint; its low bits pick the home slot) and the block id. The full
+// hash is the block's own (block.hash, which a hit reads next anyway), so a
+// lookup compares fingerprints and checks the block only on a match: half
+// the table of full keys, and the prefix cache is the engine's hottest
+// path, one probe per 16-token block on a hit, a commit on a miss.
+//
+// An evicted block's entry is not deleted: the block's hash is cleared,
+// and an entry whose block no longer holds its hash is stale, which the
+// block check every match makes already skips. So an eviction writes only
+// the block, not a slot somewhere in the table (a cache miss and a probe
+// run to shift back); stale entries take slots until the table is rebuilt
+// from the blocks, when used slots pass half of it (it has 4 slots a
+// block, so a rebuild comes after at least a block count of evictions).
+// Every block holding a hash h has a live entry (commit inserts one, a
+// rebuild keeps it), and commit keeps one block per hash, so get's answer
+// is the one block holding h.
 type hashIndex struct {
 	slots []hslot
 	mask  uint32
+	used  int    // nonempty slots, live or stale
 	sink  uint32 // warm's loads land here, so the compiler keeps them
 }
 
@@ -272,13 +278,16 @@ type hslot struct {
 
 func newHashIndex(entries int) hashIndex {
 	n := 16
-	for n < 2*entries {
+	for n < 4*entries {
 		n <<= 1
 	}
 	return hashIndex{slots: make([]hslot, n), mask: uint32(n - 1)}
 }
 
-func (x *hashIndex) clear() { clear(x.slots) }
+func (x *hashIndex) clear() {
+	clear(x.slots)
+	x.used = 0
+}
 
 // fingerprint is h's fingerprint; its probe run starts at fp & mask.
 func fingerprint(h uint64) uint32 { return uint32(h >> 32) }
@@ -309,14 +318,18 @@ func (x *hashIndex) get(h uint64, blk []block) int32 {
 	}
 }
 
-// insert adds h -> b unless h is present; it reports whether it added.
-// The caller sets blk[b].hash = h when it did.
+// insert adds h -> b unless a block holds h already; it reports whether it
+// added. The caller sets blk[b].hash = h when it did.
 func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
+	if 2*(x.used+1) > len(x.slots) {
+		x.rebuild(blk)
+	}
 	fp := fingerprint(h)
 	for i := fp & x.mask; ; i = (i + 1) & x.mask {
 		s := &x.slots[i]
 		if s.val == 0 {
 			s.fp, s.val = fp, b+1
+			x.used++
 			return true
 		}
 		if s.fp == fp && blk[s.val-1].hash == h {
@@ -325,22 +338,20 @@ func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
 	}
 }
 
-// del removes the entry of block b, which caches h, shifting later entries
-// of its probe run back into the hole so lookups need no tombstones.
-func (x *hashIndex) del(h uint64, b int32) {
-	i := fingerprint(h) & x.mask
-	for ; x.slots[i].val != b+1; i = (i + 1) & x.mask {
-		if x.slots[i].val == 0 {
-			return
+// rebuild drops the stale entries: the table is refilled with the live
+// ones, one per block holding a hash.
+func (x *hashIndex) rebuild(blk []block) {
+	x.clear()
+	for b := range blk {
+		h := blk[b].hash
+		if h == 0 {
+			continue
 		}
-	}
-	for j := (i + 1) & x.mask; x.slots[j].val != 0; j = (j + 1) & x.mask {
-		home := x.slots[j].fp & x.mask
-		// Move j into the hole at i if its home slot is not in (i, j].
-		if (j-home)&x.mask >= (j-i)&x.mask {
-			x.slots[i] = x.slots[j]
-			i = j
+		i := fingerprint(h) & x.mask
+		for x.slots[i].val != 0 {
+			i = (i + 1) & x.mask
 		}
+		x.slots[i] = hslot{fp: fingerprint(h), val: int32(b) + 1}
+		x.used++
 	}
-	x.slots[i] = hslot{}
 }

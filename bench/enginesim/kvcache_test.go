@@ -8,8 +8,8 @@ import (
 
 // TestHashIndexMatchesMap drives the index and a Go map with the same random
 // operations, with keys crowded into few home slots and sharing
-// fingerprints, to exercise probing, the check of the block's own hash and
-// backward-shift deletion.
+// fingerprints, to exercise probing, the check of the block's own hash,
+// stale entries of evicted blocks and the rebuilds that drop them.
 func TestHashIndexMatchesMap(t *testing.T) {
 	tests := []struct {
 		name string
@@ -26,6 +26,7 @@ func TestHashIndexMatchesMap(t *testing.T) {
 			x := newHashIndex(n)
 			blk := make([]block, n) // blk[b].hash: the key block b caches, 0 none
 			ref := map[uint64]int32{}
+			rebuilds := 0
 			for op := range 20000 {
 				k := tc.keys(r)
 				switch r.IntN(3) {
@@ -35,7 +36,12 @@ func TestHashIndexMatchesMap(t *testing.T) {
 						break // the pool inserts only for a block caching nothing
 					}
 					_, had := ref[k]
-					if added := x.insert(k, b, blk); added == had {
+					used := x.used
+					added := x.insert(k, b, blk)
+					if x.used < used {
+						rebuilds++
+					}
+					if added == had {
 						t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
 					}
 					if !had {
@@ -43,9 +49,9 @@ func TestHashIndexMatchesMap(t *testing.T) {
 						blk[b].hash = k
 					}
 				case 1:
-					if b, ok := ref[k]; ok {
-						x.del(k, b)
-						delete(ref, k)
+					// evict a block: its entry goes stale
+					if b := int32(r.IntN(n)); blk[b].hash != 0 {
+						delete(ref, blk[b].hash)
 						blk[b].hash = 0
 					}
 				}
@@ -56,6 +62,12 @@ func TestHashIndexMatchesMap(t *testing.T) {
 				if got := x.get(k, blk); got != want {
 					t.Fatalf("op %d get(%x) = %d, want %d", op, k, got, want)
 				}
+				if 2*x.used > len(x.slots) {
+					t.Fatalf("op %d: %d of %d slots used", op, x.used, len(x.slots))
+				}
+			}
+			if rebuilds == 0 {
+				t.Fatal("no rebuild: stale entries never dropped")
 			}
 			for k, v := range ref {
 				if got := x.get(k, blk); got != v {
