@@ -22,6 +22,7 @@ var (
 	ErrPromptTooLong = errors.New("prompt plus output tokens exceed max_model_len")
 	ErrKVCapacity    = errors.New("request needs more KV blocks than the cache has")
 	ErrInFlight      = errors.New("request already submitted")
+	ErrPromptTail    = errors.New("PromptBytes set but BlockHashes or the prompt tail do not match it")
 )
 
 // FinishReason says why a request stopped generating.
@@ -74,6 +75,13 @@ type Request struct {
 	// computes them once. Submit copies them and hashes the prompt itself
 	// when their count does not match.
 	BlockHashes []uint64
+	// PromptBytes > 0 says Prompt holds only the prompt's bytes after its
+	// last full block, and the whole prompt is PromptBytes long: with
+	// BlockHashes, that is all the engine reads of a prompt (the tail
+	// starts the first block of generated tokens). Submit fails with
+	// ErrPromptTail unless BlockHashes covers every full block and Prompt
+	// is exactly the tail.
+	PromptBytes int
 
 	// Written by the engine.
 	PromptTokens int          // ceil(len(Prompt)/4)
@@ -284,9 +292,17 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	if r.seq != nil {
 		return ErrInFlight
 	}
-	p := tokensOf(len(r.Prompt))
+	n := len(r.Prompt)
+	if r.PromptBytes > 0 {
+		n = r.PromptBytes
+	}
+	p := tokensOf(n)
 	if p == 0 {
 		return ErrEmptyPrompt
+	}
+	tailFrom := min(p/e.bs*e.bs*BytesPerToken, n) // the prompt's bytes after its last full block
+	if r.PromptBytes > 0 && (len(r.BlockHashes) != p/e.bs || len(r.Prompt) != n-tailFrom) {
+		return ErrPromptTail
 	}
 	key := splitmix64(e.seed*0x9e3779b97f4a7c15 ^ splitmix64(r.ID))
 	target, eos := r.MaxTokens, false
@@ -310,14 +326,18 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	s.slot = -1
 	s.root = hashRoot(r.Adapter, r.CacheSalt)
 	*r = Request{ID: r.ID, Prompt: r.Prompt, Adapter: r.Adapter, CacheSalt: r.CacheSalt,
-		MaxTokens: r.MaxTokens, Data: r.Data, BlockHashes: r.BlockHashes,
+		MaxTokens: r.MaxTokens, Data: r.Data, BlockHashes: r.BlockHashes, PromptBytes: r.PromptBytes,
 		PromptTokens: p, OutputTarget: target, Arrival: now, eos: eos, outKey: key, seq: s}
 	if len(r.BlockHashes) == p/e.bs {
 		s.hashes = append(s.hashes, r.BlockHashes...)
 	} else {
 		s.hashes = appendBlockHashes(s.hashes, r.Prompt, e.bs, s.root)
 	}
-	s.tail = append(s.tail[:0], r.Prompt[min(p/e.bs*e.bs*BytesPerToken, len(r.Prompt)):]...)
+	if r.PromptBytes > 0 {
+		s.tail = append(s.tail[:0], r.Prompt...)
+	} else {
+		s.tail = append(s.tail[:0], r.Prompt[tailFrom:]...)
+	}
 	e.waiting.pushBack(s)
 	e.st.Submitted++
 	if !e.stepActive && now < e.pendingAt {
@@ -331,6 +351,12 @@ func (e *Engine) Submit(r *Request, now int64) error {
 // computes them: Request.BlockHashes.
 func BlockHashes(dst []uint64, prompt []byte, blockSize int, adapter, salt string) []uint64 {
 	return appendBlockHashes(dst, prompt, blockSize, hashRoot(adapter, salt))
+}
+
+// PromptTail is the part of prompt (engine form) after its last full
+// block: what Request.Prompt holds when Request.PromptBytes is set.
+func PromptTail(prompt []byte, blockSize int) []byte {
+	return prompt[min(tokensOf(len(prompt))/blockSize*blockSize*BytesPerToken, len(prompt)):]
 }
 
 // hashRoot seeds a hash chain: the adapter and salt's KV namespace.
