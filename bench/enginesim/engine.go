@@ -7,6 +7,7 @@ package enginesim
 import (
 	"errors"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -260,6 +261,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		scratch:   make([]byte, 0, cfg.BlockSize*BytesPerToken),
 		pendingAt: NoEvent,
 	}
+	e.spare, e.pool.seqs = e.pool.seqs, nil // a released engine's, if the pool was
 	if cfg.Slots > 0 {
 		// llama.cpp: n_ctx split evenly across the slots, whole blocks
 		e.slots = make([]slot, cfg.Slots)
@@ -319,6 +321,8 @@ func (e *Engine) Submit(r *Request, now int64) error {
 		return ErrKVCapacity
 	}
 	s := e.newSeq()
+	nb := e.blocksFor(p + target) // room for the whole token stream
+	s.hashes, s.blocks = slices.Grow(s.hashes, nb), slices.Grow(s.blocks, nb)
 	s.req = r
 	s.promptLen, s.numTokens, s.target = p, p, target
 	s.arrival = now
@@ -743,11 +747,12 @@ func (e *Engine) Reset() {
 	e.pendingAt = NoEvent
 }
 
-// Release gives the engine's KV cache to a later NewEngine of the same
-// size (the cluster simulator's next run). The engine must not be used
-// afterwards.
+// Release gives the engine's KV cache and its pooled request state to a
+// later NewEngine of the same size (the cluster simulator's next run).
+// The engine must not be used afterwards.
 func (e *Engine) Release() {
 	if e.pool != nil {
+		e.pool.seqs, e.spare = e.spare, nil
 		spare.give(e.pool)
 		e.pool = nil
 	}
