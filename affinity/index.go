@@ -176,11 +176,29 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 			x.touch(id, hashes[i], parent)
 		}
 	}
+	x.warmTail(id, int(l.n-l.cap))
 	for l.n > l.cap {
 		x.remove(l.tail)
 		x.evictions++
 	}
 	return held
+}
+
+// warmTail reads, for the k least recent nodes of replica id (the ones an
+// insert is about to evict), their block records and the home slots of
+// their pair and block table entries, ahead of removing them one by one:
+// as warm does for a new chain, so the removals' misses overlap.
+func (x *index) warmTail(id ReplicaID, k int) {
+	if k < warmMin {
+		return
+	}
+	var acc int32
+	for ni := x.lru[id].tail; ni >= 0 && k > 0; k-- {
+		n := &x.nodes[ni]
+		acc += x.pairTab.home(x.pairTab.fp(pairKey(n.hash, id))) + x.blockTab.home(x.blockTab.fp(n.hash)) + x.recs[n.blk].count
+		ni = n.prev
+	}
+	x.warmed += acc
 }
 
 // chainRun returns how many leading hashes are, in order, consecutive

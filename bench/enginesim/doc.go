@@ -26,6 +26,8 @@
 //   - Engine is not safe for concurrent use; a Request's Prompt must not
 //     change while it is in flight, and a Request must not be resubmitted
 //     before it finished or was aborted (ErrInFlight).
+//   - Engine.Release hands the engine's KV cache to a later NewEngine of the
+//     same size: call it only when the engine is done for good.
 //   - NewServer starts a scheduler goroutine: always Close the Server (Close
 //     also fails in-flight requests and waits for handlers).
 //   - Each Server has a private Prometheus registry, so many can run in one

@@ -7,6 +7,7 @@ package enginesim
 import (
 	"errors"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -22,6 +23,7 @@ var (
 	ErrPromptTooLong = errors.New("prompt plus output tokens exceed max_model_len")
 	ErrKVCapacity    = errors.New("request needs more KV blocks than the cache has")
 	ErrInFlight      = errors.New("request already submitted")
+	ErrPromptTail    = errors.New("PromptBytes set but BlockHashes or the prompt tail do not match it")
 )
 
 // FinishReason says why a request stopped generating.
@@ -74,6 +76,13 @@ type Request struct {
 	// computes them once. Submit copies them and hashes the prompt itself
 	// when their count does not match.
 	BlockHashes []uint64
+	// PromptBytes > 0 says Prompt holds only the prompt's bytes after its
+	// last full block, and the whole prompt is PromptBytes long: with
+	// BlockHashes, that is all the engine reads of a prompt (the tail
+	// starts the first block of generated tokens). Submit fails with
+	// ErrPromptTail unless BlockHashes covers every full block and Prompt
+	// is exactly the tail.
+	PromptBytes int
 
 	// Written by the engine.
 	PromptTokens int          // ceil(len(Prompt)/4)
@@ -252,6 +261,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		scratch:   make([]byte, 0, cfg.BlockSize*BytesPerToken),
 		pendingAt: NoEvent,
 	}
+	e.spare, e.pool.seqs = e.pool.seqs, nil // a released engine's, if the pool was
 	if cfg.Slots > 0 {
 		// llama.cpp: n_ctx split evenly across the slots, whole blocks
 		e.slots = make([]slot, cfg.Slots)
@@ -284,9 +294,17 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	if r.seq != nil {
 		return ErrInFlight
 	}
-	p := tokensOf(len(r.Prompt))
+	n := len(r.Prompt)
+	if r.PromptBytes > 0 {
+		n = r.PromptBytes
+	}
+	p := tokensOf(n)
 	if p == 0 {
 		return ErrEmptyPrompt
+	}
+	tailFrom := min(p/e.bs*e.bs*BytesPerToken, n) // the prompt's bytes after its last full block
+	if r.PromptBytes > 0 && (len(r.BlockHashes) != p/e.bs || len(r.Prompt) != n-tailFrom) {
+		return ErrPromptTail
 	}
 	key := splitmix64(e.seed*0x9e3779b97f4a7c15 ^ splitmix64(r.ID))
 	target, eos := r.MaxTokens, false
@@ -303,6 +321,8 @@ func (e *Engine) Submit(r *Request, now int64) error {
 		return ErrKVCapacity
 	}
 	s := e.newSeq()
+	nb := e.blocksFor(p + target) // room for the whole token stream
+	s.hashes, s.blocks = slices.Grow(s.hashes, nb), slices.Grow(s.blocks, nb)
 	s.req = r
 	s.promptLen, s.numTokens, s.target = p, p, target
 	s.arrival = now
@@ -310,14 +330,18 @@ func (e *Engine) Submit(r *Request, now int64) error {
 	s.slot = -1
 	s.root = hashRoot(r.Adapter, r.CacheSalt)
 	*r = Request{ID: r.ID, Prompt: r.Prompt, Adapter: r.Adapter, CacheSalt: r.CacheSalt,
-		MaxTokens: r.MaxTokens, Data: r.Data, BlockHashes: r.BlockHashes,
+		MaxTokens: r.MaxTokens, Data: r.Data, BlockHashes: r.BlockHashes, PromptBytes: r.PromptBytes,
 		PromptTokens: p, OutputTarget: target, Arrival: now, eos: eos, outKey: key, seq: s}
 	if len(r.BlockHashes) == p/e.bs {
 		s.hashes = append(s.hashes, r.BlockHashes...)
 	} else {
 		s.hashes = appendBlockHashes(s.hashes, r.Prompt, e.bs, s.root)
 	}
-	s.tail = append(s.tail[:0], r.Prompt[min(p/e.bs*e.bs*BytesPerToken, len(r.Prompt)):]...)
+	if r.PromptBytes > 0 {
+		s.tail = append(s.tail[:0], r.Prompt...)
+	} else {
+		s.tail = append(s.tail[:0], r.Prompt[tailFrom:]...)
+	}
 	e.waiting.pushBack(s)
 	e.st.Submitted++
 	if !e.stepActive && now < e.pendingAt {
@@ -331,6 +355,12 @@ func (e *Engine) Submit(r *Request, now int64) error {
 // computes them: Request.BlockHashes.
 func BlockHashes(dst []uint64, prompt []byte, blockSize int, adapter, salt string) []uint64 {
 	return appendBlockHashes(dst, prompt, blockSize, hashRoot(adapter, salt))
+}
+
+// PromptTail is the part of prompt (engine form) after its last full
+// block: what Request.Prompt holds when Request.PromptBytes is set.
+func PromptTail(prompt []byte, blockSize int) []byte {
+	return prompt[min(tokensOf(len(prompt))/blockSize*blockSize*BytesPerToken, len(prompt)):]
 }
 
 // hashRoot seeds a hash chain: the adapter and salt's KV namespace.
@@ -715,6 +745,17 @@ func (e *Engine) Reset() {
 	}
 	e.stepActive = false
 	e.pendingAt = NoEvent
+}
+
+// Release gives the engine's KV cache and its pooled request state to a
+// later NewEngine of the same size (the cluster simulator's next run).
+// The engine must not be used afterwards.
+func (e *Engine) Release() {
+	if e.pool != nil {
+		e.pool.seqs, e.spare = e.spare, nil
+		spare.give(e.pool)
+		e.pool = nil
+	}
 }
 
 // pickSlot is llama.cpp's slot choice for s (server get_available_slot):

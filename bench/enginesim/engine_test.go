@@ -579,3 +579,41 @@ func TestPromptReusableAfterSubmit(t *testing.T) {
 		t.Fatalf("next turn cached %d tokens: the first turn's last partial block and answer did not hit", c0)
 	}
 }
+
+// TestReleasedCacheIsFresh: an engine built on the KV cache a released
+// engine gave back (Release) runs exactly as one built on a new cache,
+// though the cache it inherits is full of the first engine's blocks.
+func TestReleasedCacheIsFresh(t *testing.T) {
+	mutate := func(c *Config) { c.NumGPUBlocks = 97; c.MaxNumSeqs = 8; c.OutputLen.Max = 64 }
+	run := func(e *Engine) string {
+		var b bytes.Buffer
+		rec := newRecorder(t)
+		var rs []*Request
+		for i := range 40 {
+			r := &Request{ID: uint64(i), Prompt: prompt(fmt.Sprint("s", i%5), 50+i*7)}
+			e.Advance(int64(i)*int64(3*time.Millisecond), rec)
+			submit(t, e, r, int64(i)*int64(3*time.Millisecond))
+			rs = append(rs, r)
+		}
+		drain(t, e, rec)
+		for _, r := range rs {
+			fmt.Fprintf(&b, "%d %d %d %d %d %v\n", r.ID, r.CachedTokens, r.FirstTokenAt, r.FinishedAt, r.Preemptions, r.Finish)
+		}
+		fmt.Fprintf(&b, "%+v\n", e.Stats())
+		return b.String()
+	}
+	first := newTestEngine(t, mutate)
+	want := run(first)
+	if first.Stats().Evictions == 0 || first.Stats().Preemptions == 0 {
+		t.Fatalf("the first engine should evict and preempt: %+v", first.Stats())
+	}
+	pool := first.pool
+	first.Release()
+	second := newTestEngine(t, mutate)
+	if second.pool != pool {
+		t.Fatal("the second engine did not take the released cache")
+	}
+	if got := run(second); got != want {
+		t.Errorf("engine on a released cache:\n%s\nfresh engine:\n%s", got, want)
+	}
+}

@@ -31,14 +31,19 @@ func (e *Engine) checkInvariants() error {
 		}
 	}
 	free, inFree := 0, make([]bool, p.total())
-	for b := p.head; b >= 0; b = p.blk[b].next {
-		if free++; free > p.total() {
-			return fmt.Errorf("free queue cycles")
+	if p.tail-p.head > uint32(len(p.fq)) {
+		return fmt.Errorf("free queue holds %d entries, ring of %d", p.tail-p.head, len(p.fq))
+	}
+	for s := p.head; s != p.tail; s++ {
+		if !p.live(s) {
+			continue
 		}
+		b := p.fq[s&p.fqMask]
+		if inFree[b] {
+			return fmt.Errorf("block %d twice in the free queue", b)
+		}
+		free++
 		inFree[b] = true
-		if p.blk[b].ref != 0 {
-			return fmt.Errorf("block %d in free queue with ref %d", b, p.blk[b].ref)
-		}
 	}
 	if free != p.nfree {
 		return fmt.Errorf("free queue has %d blocks, nfree %d", free, p.nfree)
@@ -54,18 +59,18 @@ func (e *Engine) checkInvariants() error {
 		if k.hash != 0 {
 			hashed++
 		}
-		if k.ref != refs[b] {
+		if max(k.ref, 0) != refs[b] {
 			return fmt.Errorf("block %d ref %d, block tables hold %d", b, k.ref, refs[b])
 		}
-		if (k.ref == 0) != inFree[b] {
+		if (k.ref <= 0) != inFree[b] {
 			return fmt.Errorf("block %d ref %d but in the free queue: %v", b, k.ref, inFree[b])
 		}
 		if h := k.hash; h != 0 && p.cached.get(h, p.blk) != int32(b) {
 			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h, p.blk))
 		}
 	}
-	if entries != hashed {
-		return fmt.Errorf("index holds %d entries for %d cached blocks", entries, hashed)
+	if entries != p.cached.used || entries < hashed || 2*entries > len(p.cached.slots) {
+		return fmt.Errorf("index holds %d entries (%d counted) in %d slots for %d cached blocks", entries, p.cached.used, len(p.cached.slots), hashed)
 	}
 	return nil
 }

@@ -1,33 +1,62 @@
 package enginesim
 
+import "sync"
+
 // blockPool is the paged KV cache: NumGPUBlocks blocks, a map from chained
 // block hash to the block holding it, and an LRU queue of free blocks. Like
 // vLLM V1's KVCacheManager: a block whose reference count drops to zero keeps
 // its hash (it stays a cache hit) and joins the tail of the free queue; new
 // allocations pop the head, evicting the hash it held. Hit blocks sitting in
 // the free queue are taken back out ("touched").
+//
+// The free queue is a ring of block ids in the order they were freed (vLLM
+// keeps the same order in a doubly linked list). A touched block is not
+// unlinked: its entry goes stale, and popping the head skips stale
+// entries. An entry is live when its block is free and carries the entry's
+// stamp (block.ref). So freeing a block writes the ring's tail, not the
+// links of the tail block, touching one rewrites no neighbour, and a run
+// of allocations reads the ring in order and can load the blocks it will
+// pop all at once: their loads are independent, where a list walk waits for
+// each link before it can load the next block.
 type blockPool struct {
-	blk    []block // a block's fields together: one cache line per block
-	head   int32
-	tail   int32
-	nfree  int
-	cached hashIndex
+	blk        []block // 16 bytes a block: four to a cache line
+	fq         []int32 // the free queue's ring; entry s is fq[s&fqMask]
+	fqMask     uint32
+	head, tail uint32 // the oldest entry's sequence number, and the next one's
+	nfree      int
+	cached     hashIndex
+	seqs       []*seq // a released engine's pooled sequences, for the next engine on this pool
 
 	evictions uint64
 }
 
 type block struct {
-	hash       uint64 // 0: no cached content
-	ref        int32  // requests holding it; 0: in the free queue
-	prev, next int32  // free-queue links; -1 terminates
+	hash uint64 // 0: no cached content
+	// ref > 0 is the number of requests holding the block. ref <= 0: the
+	// block is free, and -ref is the stamp of its live free-queue entry.
+	ref int32
 	// succ is the block that followed this one in the last chain
 	// committed through it, -1 none: a hint that lets a prefix hit follow
 	// a cached chain block to block without probing the index (lookupAfter)
 	succ int32
 }
 
+// stamp is the ref a free block holds while free-queue entry s is its
+// live one. Sequence numbers of entries in the ring span less than its
+// length (far below 2^31), so two of them never share a stamp.
+func stamp(s uint32) int32 { return -int32(s & (1<<31 - 1)) }
+
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blk: make([]block, n), cached: newHashIndex(n)}
+	if p := spare.take(n); p != nil {
+		p.reset()
+		p.evictions = 0
+		return p
+	}
+	m := 16
+	for m < 2*n {
+		m <<= 1
+	}
+	p := &blockPool{blk: make([]block, n), fq: make([]int32, m), fqMask: uint32(m - 1), cached: newHashIndex(n)}
 	p.reset()
 	return p
 }
@@ -35,48 +64,98 @@ func newBlockPool(n int) *blockPool {
 // reset frees every block and forgets every cached hash (engine restart).
 func (p *blockPool) reset() {
 	p.cached.clear()
-	n := int32(len(p.blk))
+	n := uint32(len(p.blk))
 	for i := range n { // the free queue in block order
-		p.blk[i] = block{prev: i - 1, next: i + 1, succ: -1}
+		p.fq[i] = int32(i)
+		p.blk[i] = block{ref: stamp(i), succ: -1}
 	}
-	p.blk[n-1].next = -1
-	p.head, p.tail, p.nfree = 0, n-1, int(n)
+	p.head, p.tail, p.nfree = 0, n, int(n)
 }
 
 func (p *blockPool) total() int { return len(p.blk) }
+
+// size is the pool's memory in bytes.
+func (p *blockPool) size() int {
+	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots)
+	for _, s := range p.seqs {
+		n += 256 + 8*cap(s.hashes) + 4*cap(s.blocks) + cap(s.tail)
+	}
+	return n
+}
+
+// spare holds the KV caches of released engines (Engine.Release) for the
+// next engines of the same size: the cluster simulator builds 4-1024
+// engines a run, each cache about 1 MiB, and a suite makes thousands of
+// runs, so reusing them saves allocating, zeroing and faulting in tens of
+// MiB a run. At most maxSpare bytes are kept.
+var spare = &poolCache{m: map[int][]*blockPool{}}
+
+const maxSpare = 256 << 20
+
+type poolCache struct {
+	mu    sync.Mutex
+	m     map[int][]*blockPool // by block count
+	bytes int
+}
+
+func (c *poolCache) take(n int) *blockPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ps := c.m[n]
+	if len(ps) == 0 {
+		return nil
+	}
+	p := ps[len(ps)-1]
+	ps[len(ps)-1] = nil
+	c.m[n] = ps[:len(ps)-1]
+	c.bytes -= p.size()
+	return p
+}
+
+func (c *poolCache) give(p *blockPool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bytes+p.size() > maxSpare {
+		return
+	}
+	c.m[len(p.blk)] = append(c.m[len(p.blk)], p)
+	c.bytes += p.size()
+}
 
 // used is the number of blocks referenced by a request.
 func (p *blockPool) used() int { return len(p.blk) - p.nfree }
 
 // free reports whether block b is in the free queue (no request holds it).
-func (p *blockPool) free(b int32) bool { return p.blk[b].ref == 0 }
+func (p *blockPool) free(b int32) bool { return p.blk[b].ref <= 0 }
 
+// live reports whether free-queue entry s is its block's live entry.
+func (p *blockPool) live(s uint32) bool { return p.blk[p.fq[s&p.fqMask]].ref == stamp(s) }
+
+// pushTail appends free block b to the free queue.
 func (p *blockPool) pushTail(b int32) {
-	k := &p.blk[b]
-	k.prev, k.next = p.tail, -1
-	if p.tail >= 0 {
-		p.blk[p.tail].next = b
-	} else {
-		p.head = b
+	if p.tail-p.head == uint32(len(p.fq)) {
+		p.compact()
 	}
-	p.tail = b
+	p.fq[p.tail&p.fqMask] = b
+	p.blk[b].ref = stamp(p.tail)
+	p.tail++
 	p.nfree++
 }
 
-func (p *blockPool) unlink(b int32) {
-	k := &p.blk[b]
-	pr, nx := k.prev, k.next
-	if pr >= 0 {
-		p.blk[pr].next = nx
-	} else {
-		p.head = nx
+// compact drops the stale entries of a full ring, keeping the live ones in
+// order (renumbered from the head). The ring has twice as many entries as
+// there are blocks, so at least half of a full ring is stale.
+func (p *blockPool) compact() {
+	w := p.head
+	for s := p.head; s != p.tail; s++ {
+		if p.live(s) {
+			b := p.fq[s&p.fqMask]
+			p.fq[w&p.fqMask] = b
+			p.blk[b].ref = stamp(w)
+			w++
+		}
 	}
-	if nx >= 0 {
-		p.blk[nx].prev = pr
-	} else {
-		p.tail = pr
-	}
-	p.nfree--
+	p.tail = w
 }
 
 // lookup returns the block caching hash h, or -1.
@@ -100,25 +179,31 @@ func (p *blockPool) lookupAfter(prev int32, h uint64) int32 {
 // link records that block b followed block prev in a committed chain.
 func (p *blockPool) link(prev, b int32) { p.blk[prev].succ = b }
 
-// touch takes a reference on a cached block, pulling it out of the free queue.
+// touch takes a reference on a cached block, taking it out of the free
+// queue (its entry goes stale).
 func (p *blockPool) touch(b int32) {
-	if p.blk[b].ref == 0 {
-		p.unlink(b)
+	k := &p.blk[b]
+	if k.ref <= 0 {
+		k.ref = 0
+		p.nfree--
 	}
-	p.blk[b].ref++
+	k.ref++
 }
 
 // alloc pops the least recently freed block, evicting its cached hash.
 // The caller checks nfree first; alloc returns -1 when nothing is free.
 func (p *blockPool) alloc() int32 {
-	b := p.head
-	if b < 0 {
+	if p.nfree == 0 {
 		return -1
 	}
-	p.unlink(b)
+	for !p.live(p.head) {
+		p.head++
+	}
+	b := p.fq[p.head&p.fqMask]
+	p.head++
+	p.nfree--
 	k := &p.blk[b]
-	if k.hash != 0 {
-		p.cached.del(k.hash, b)
+	if k.hash != 0 { // its index entry goes stale (hashIndex)
 		k.hash = 0
 		p.evictions++
 	}
@@ -128,22 +213,39 @@ func (p *blockPool) alloc() int32 {
 }
 
 // allocN appends n blocks to dst, as n calls of alloc would (the caller
-// checks nfree >= n), with the index slots of the hashes they evict warmed
-// first so their misses overlap.
+// checks nfree >= n), with the blocks it pops loaded first, so their
+// misses overlap.
 func (p *blockPool) allocN(dst []int32, n int) []int32 {
 	if n > 1 {
-		var acc uint32
-		for b, i := p.head, 0; b >= 0 && i < n; b, i = p.blk[b].next, i+1 {
-			if h := p.blk[b].hash; h != 0 {
-				acc += p.cached.slots[fingerprint(h)&p.cached.mask].fp
+		var acc int32
+		for s, i := p.head, 0; i < n; s++ {
+			if r := p.blk[p.fq[s&p.fqMask]].ref; r == stamp(s) {
+				acc += r
+				i++
 			}
 		}
-		p.cached.sink += acc
+		p.cached.sink += uint32(acc)
 	}
 	for range n {
 		dst = append(dst, p.alloc())
 	}
 	return dst
+}
+
+// warmBlocks loads blocks bs, with no branch on what it reads, ahead of
+// releasing them one by one: release branches on each block's count, and a
+// mispredicted branch would hold back the next block's load, where these
+// loads overlap (a long request's blocks are far apart in a pool larger
+// than the CPU's caches).
+func (p *blockPool) warmBlocks(bs []int32) {
+	if len(bs) < 2 {
+		return
+	}
+	var acc int32
+	for _, b := range bs {
+		acc += p.blk[b].ref
+	}
+	p.cached.sink += uint32(acc)
 }
 
 // release drops one reference; a block nobody references joins the free
@@ -168,18 +270,27 @@ func (p *blockPool) commit(b int32, h uint64) {
 }
 
 // hashIndex maps nonzero block hashes to block ids: open addressing with
-// linear probing and backward-shift deletion, at most half full (it holds
-// at most one entry per block). A slot is 8 bytes: the hash's high 32 bits
-// (its fingerprint; its low bits pick the home slot) and the block id. The
-// full hash is the block's own (block.hash, which a hit reads next anyway),
-// so a lookup compares fingerprints and checks the block only on a match:
-// half the table of full keys, and the prefix cache is the engine's
-// hottest path, one probe per 16-token block on a hit, a commit and an
-// eviction on a miss. An entry for h at block b exists exactly when
-// blk[b].hash == h (commit sets both, alloc clears both).
+// linear probing. A slot is 8 bytes: the hash's high 32 bits (its
+// fingerprint; its low bits pick the home slot) and the block id. The full
+// hash is the block's own (block.hash, which a hit reads next anyway), so a
+// lookup compares fingerprints and checks the block only on a match: half
+// the table of full keys, and the prefix cache is the engine's hottest
+// path, one probe per 16-token block on a hit, a commit on a miss.
+//
+// An evicted block's entry is not deleted: the block's hash is cleared,
+// and an entry whose block no longer holds its hash is stale, which the
+// block check every match makes already skips. So an eviction writes only
+// the block, not a slot somewhere in the table (a cache miss and a probe
+// run to shift back); stale entries take slots until the table is rebuilt
+// from the blocks, when used slots pass half of it (it has 4 slots a
+// block, so a rebuild comes after at least a block count of evictions).
+// Every block holding a hash h has a live entry (commit inserts one, a
+// rebuild keeps it), and commit keeps one block per hash, so get's answer
+// is the one block holding h.
 type hashIndex struct {
 	slots []hslot
 	mask  uint32
+	used  int    // nonempty slots, live or stale
 	sink  uint32 // warm's loads land here, so the compiler keeps them
 }
 
@@ -190,13 +301,16 @@ type hslot struct {
 
 func newHashIndex(entries int) hashIndex {
 	n := 16
-	for n < 2*entries {
+	for n < 4*entries {
 		n <<= 1
 	}
 	return hashIndex{slots: make([]hslot, n), mask: uint32(n - 1)}
 }
 
-func (x *hashIndex) clear() { clear(x.slots) }
+func (x *hashIndex) clear() {
+	clear(x.slots)
+	x.used = 0
+}
 
 // fingerprint is h's fingerprint; its probe run starts at fp & mask.
 func fingerprint(h uint64) uint32 { return uint32(h >> 32) }
@@ -227,14 +341,18 @@ func (x *hashIndex) get(h uint64, blk []block) int32 {
 	}
 }
 
-// insert adds h -> b unless h is present; it reports whether it added.
-// The caller sets blk[b].hash = h when it did.
+// insert adds h -> b unless a block holds h already; it reports whether it
+// added. The caller sets blk[b].hash = h when it did.
 func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
+	if 2*(x.used+1) > len(x.slots) {
+		x.rebuild(blk)
+	}
 	fp := fingerprint(h)
 	for i := fp & x.mask; ; i = (i + 1) & x.mask {
 		s := &x.slots[i]
 		if s.val == 0 {
 			s.fp, s.val = fp, b+1
+			x.used++
 			return true
 		}
 		if s.fp == fp && blk[s.val-1].hash == h {
@@ -243,22 +361,20 @@ func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
 	}
 }
 
-// del removes the entry of block b, which caches h, shifting later entries
-// of its probe run back into the hole so lookups need no tombstones.
-func (x *hashIndex) del(h uint64, b int32) {
-	i := fingerprint(h) & x.mask
-	for ; x.slots[i].val != b+1; i = (i + 1) & x.mask {
-		if x.slots[i].val == 0 {
-			return
+// rebuild drops the stale entries: the table is refilled with the live
+// ones, one per block holding a hash.
+func (x *hashIndex) rebuild(blk []block) {
+	x.clear()
+	for b := range blk {
+		h := blk[b].hash
+		if h == 0 {
+			continue
 		}
-	}
-	for j := (i + 1) & x.mask; x.slots[j].val != 0; j = (j + 1) & x.mask {
-		home := x.slots[j].fp & x.mask
-		// Move j into the hole at i if its home slot is not in (i, j].
-		if (j-home)&x.mask >= (j-i)&x.mask {
-			x.slots[i] = x.slots[j]
-			i = j
+		i := fingerprint(h) & x.mask
+		for x.slots[i].val != 0 {
+			i = (i + 1) & x.mask
 		}
+		x.slots[i] = hslot{fp: fingerprint(h), val: int32(b) + 1}
+		x.used++
 	}
-	x.slots[i] = hslot{}
 }

@@ -8,8 +8,8 @@ import (
 
 // TestHashIndexMatchesMap drives the index and a Go map with the same random
 // operations, with keys crowded into few home slots and sharing
-// fingerprints, to exercise probing, the check of the block's own hash and
-// backward-shift deletion.
+// fingerprints, to exercise probing, the check of the block's own hash,
+// stale entries of evicted blocks and the rebuilds that drop them.
 func TestHashIndexMatchesMap(t *testing.T) {
 	tests := []struct {
 		name string
@@ -26,6 +26,7 @@ func TestHashIndexMatchesMap(t *testing.T) {
 			x := newHashIndex(n)
 			blk := make([]block, n) // blk[b].hash: the key block b caches, 0 none
 			ref := map[uint64]int32{}
+			rebuilds := 0
 			for op := range 20000 {
 				k := tc.keys(r)
 				switch r.IntN(3) {
@@ -35,7 +36,12 @@ func TestHashIndexMatchesMap(t *testing.T) {
 						break // the pool inserts only for a block caching nothing
 					}
 					_, had := ref[k]
-					if added := x.insert(k, b, blk); added == had {
+					used := x.used
+					added := x.insert(k, b, blk)
+					if x.used < used {
+						rebuilds++
+					}
+					if added == had {
 						t.Fatalf("op %d insert(%x) = %v, map had it: %v", op, k, added, had)
 					}
 					if !had {
@@ -43,9 +49,9 @@ func TestHashIndexMatchesMap(t *testing.T) {
 						blk[b].hash = k
 					}
 				case 1:
-					if b, ok := ref[k]; ok {
-						x.del(k, b)
-						delete(ref, k)
+					// evict a block: its entry goes stale
+					if b := int32(r.IntN(n)); blk[b].hash != 0 {
+						delete(ref, blk[b].hash)
 						blk[b].hash = 0
 					}
 				}
@@ -56,6 +62,12 @@ func TestHashIndexMatchesMap(t *testing.T) {
 				if got := x.get(k, blk); got != want {
 					t.Fatalf("op %d get(%x) = %d, want %d", op, k, got, want)
 				}
+				if 2*x.used > len(x.slots) {
+					t.Fatalf("op %d: %d of %d slots used", op, x.used, len(x.slots))
+				}
+			}
+			if rebuilds == 0 {
+				t.Fatal("no rebuild: stale entries never dropped")
 			}
 			for k, v := range ref {
 				if got := x.get(k, blk); got != v {
@@ -163,9 +175,69 @@ func TestAllocNIsAllocs(t *testing.T) {
 			b.release(held[i])
 			held = append(held[:i], held[i+1:]...)
 		}
-		if !slices.Equal(a.blk, b.blk) || a.head != b.head || a.tail != b.tail || a.nfree != b.nfree ||
+		if !slices.Equal(a.blk, b.blk) || a.head != b.head || a.tail != b.tail || !slices.Equal(a.fq, b.fq) || a.nfree != b.nfree ||
 			a.evictions != b.evictions || !slices.Equal(a.cached.slots, b.cached.slots) {
 			t.Fatalf("op %d: pools differ", op)
 		}
+	}
+}
+
+// TestFreeQueueIsLRU drives the pool and a plain ordered list of free
+// blocks (vLLM's free queue: release appends, a hit removes the block
+// wherever it is, alloc pops the front) with the same random operations;
+// the pool must allocate the blocks the list gives, in order, through
+// many compactions of its ring.
+func TestFreeQueueIsLRU(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const n = 8
+	p := newBlockPool(n)
+	list := []int32{}
+	for b := range int32(n) {
+		list = append(list, b)
+	}
+	refs := make([]int, n)
+	var held []int32
+	for op := range 50000 {
+		switch k := r.IntN(4); {
+		case k == 0 && len(list) > 0: // alloc, one or a run
+			m := r.IntN(min(len(list), 3)) + 1
+			got := p.allocN(nil, m)
+			if !slices.Equal(got, list[:m]) {
+				t.Fatalf("op %d: allocN(%d) = %v, LRU list front %v", op, m, got, list[:m])
+			}
+			for _, b := range got {
+				refs[b] = 1
+				p.commit(b, uint64(r.IntN(1000)+1))
+			}
+			list = list[m:]
+			held = append(held, got...)
+		case k == 1: // a hit on any block (free or held)
+			b := int32(r.IntN(n))
+			p.touch(b)
+			if refs[b] == 0 {
+				list = slices.DeleteFunc(list, func(x int32) bool { return x == b })
+			}
+			refs[b]++
+			held = append(held, b)
+		case len(held) > 0:
+			i := r.IntN(len(held))
+			b := held[i]
+			held = append(held[:i], held[i+1:]...)
+			p.release(b)
+			if refs[b]--; refs[b] == 0 {
+				list = append(list, b)
+			}
+		}
+		if p.nfree != len(list) {
+			t.Fatalf("op %d: nfree %d, LRU list has %d", op, p.nfree, len(list))
+		}
+		for b := range int32(n) {
+			if p.free(b) != (refs[b] == 0) {
+				t.Fatalf("op %d: block %d free %v, refs %d", op, b, p.free(b), refs[b])
+			}
+		}
+	}
+	if p.tail-p.head > uint32(len(p.fq)) {
+		t.Fatalf("ring overflowed: %d entries in %d", p.tail-p.head, len(p.fq))
 	}
 }

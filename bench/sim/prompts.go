@@ -29,6 +29,10 @@ type hashStore struct {
 type hashEntry struct {
 	desc   []byte
 	hashes []uint64
+	// the engine prompt's length and its bytes after its last full block:
+	// with hashes, all the engine reads of it (enginesim.Request.PromptBytes)
+	promptBytes int
+	tail        []byte
 	// text is each segment's text (sharedText's), in message order; nil
 	// when the text store kept not all of them
 	text [][]byte
@@ -72,11 +76,11 @@ func (s *hashStore) get(desc []byte) *hashEntry {
 	return e
 }
 
-// put stores desc's hashes and segment texts (copies of the slices; text
-// is left out if any is nil) and returns the entry, or nil when there are
-// no hashes or another description holds the key. The texts' bytes are
-// the text store's and count there.
-func (s *hashStore) put(desc []byte, hashes []uint64, text [][]byte) *hashEntry {
+// put stores desc's hashes, segment texts and engine prompt's length and
+// tail (copies of the slices; text is left out if any is nil) and returns
+// the entry, or nil when there are no hashes or another description holds
+// the key. The texts' bytes are the text store's and count there.
+func (s *hashStore) put(desc []byte, hashes []uint64, text [][]byte, promptBytes int, tail []byte) *hashEntry {
 	if len(hashes) == 0 {
 		return nil
 	}
@@ -89,11 +93,12 @@ func (s *hashStore) put(desc []byte, hashes []uint64, text [][]byte) *hashEntry 
 		}
 		return nil
 	}
-	size := len(desc) + 8*len(hashes) + 24*len(text)
+	size := len(desc) + 8*len(hashes) + 24*len(text) + len(tail)
 	if s.bytes+size > s.limit {
 		s.m, s.bytes = map[uint64]*hashEntry{}, 0
 	}
-	e := &hashEntry{desc: append([]byte(nil), desc...), hashes: append([]uint64(nil), hashes...)}
+	e := &hashEntry{desc: append([]byte(nil), desc...), hashes: append([]uint64(nil), hashes...),
+		promptBytes: promptBytes, tail: append([]byte(nil), tail...)}
 	if !slices.ContainsFunc(text, func(t []byte) bool { return t == nil }) {
 		e.text = slices.Clone(text)
 	}

@@ -225,6 +225,12 @@ func Run(cfg Config, w *workload.Workload) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// the engines' KV caches serve the next run once this one is done
+	defer func() {
+		for _, e := range c.engines {
+			e.Release()
+		}
+	}()
 	if err := c.loop(w); err != nil {
 		return nil, err
 	}
@@ -442,6 +448,7 @@ func (c *cluster) loop(w *workload.Workload) error {
 	)
 	tc := newTextCache()
 	bs := c.engines[0].BlockSize()
+	oracle := c.cfg.Policy == "oracle" // reads each request's engine prompt
 	var (
 		pe *hashEntry // the current request's stored text and hashes
 		si int        // its next segment
@@ -546,27 +553,35 @@ func (c *cluster) loop(w *workload.Workload) error {
 		req = affinity.Request{Model: prompt.Model, Hashes: prompt.Hashes, PromptTokens: prompt.Tokens,
 			SessionKey: uint64(wr.Client) + 1, Now: a.at}
 		c.res.DecideNanos += time.Since(start).Nanoseconds()
-		// what the engines will see: their own chat template
-		msgs = msgs[:0]
-		for mi, sp := range spans {
-			msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: transient(body[sp[0]:sp[1]])})
-		}
-		// the engine reads its prompt only in Submit: one buffer serves all
-		ep = enginesim.AppendChatPrompt(ep[:0], msgs, nil)
-		if plain && pe == nil {
-			hs = enginesim.BlockHashes(hs[:0], ep, bs, "", "")
-			pe = sharedHashes.put(desc, hs, tc.segs)
-		}
+		// what the engines will see: their own chat template, rendered from
+		// the body, unless the stored hashes stand for all of it but its
+		// tail and no policy reads it (the oracle does)
+		prompt, promptBytes := ep[:0], 0
 		var bh []uint64
-		if pe != nil {
-			bh = pe.hashes
+		if pe != nil && !oracle {
+			prompt, promptBytes, bh = pe.tail, pe.promptBytes, pe.hashes
+		} else {
+			msgs = msgs[:0]
+			for mi, sp := range spans {
+				msgs = append(msgs, enginesim.Message{Role: wr.Messages[mi].Role.String(), Content: transient(body[sp[0]:sp[1]])})
+			}
+			// the engine reads its prompt only in Submit: one buffer serves all
+			ep = enginesim.AppendChatPrompt(ep[:0], msgs, nil)
+			if plain && pe == nil {
+				hs = enginesim.BlockHashes(hs[:0], ep, bs, "", "")
+				pe = sharedHashes.put(desc, hs, tc.segs, len(ep), enginesim.PromptTail(ep, bs))
+			}
+			if pe != nil {
+				bh = pe.hashes
+			}
+			prompt = ep
 		}
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
 		}
 		in := &c.routers[k]
-		in.st.enginePrompt = ep
+		in.st.enginePrompt = prompt
 		start = time.Now()
 		err := in.router.Decide(&req, &d)
 		c.res.DecideNanos += time.Since(start).Nanoseconds()
@@ -577,12 +592,12 @@ func (c *cluster) loop(w *workload.Workload) error {
 			continue
 		}
 		f := &flight{replica: int(d.Ranked[0]), router: k, wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
-		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: ep, MaxTokens: wr.OutputTokens, Data: f, BlockHashes: bh}
+		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: prompt, PromptBytes: promptBytes, MaxTokens: wr.OutputTokens, Data: f, BlockHashes: bh}
 		in.router.Begin(d.Ranked[0], &req, &d, &f.fl)
 		c.post(k, a.at)
 		e := c.engines[f.replica]
 		err = e.Submit(&f.req, a.at)
-		f.req.Prompt, f.req.BlockHashes = nil, nil // ep is reused for the next request
+		f.req.Prompt, f.req.BlockHashes = nil, nil // ep is reused for the next request, pe's are shared
 		if err != nil {
 			in.router.End(&f.fl, a.at, -1, false)
 			c.post(k, a.at)

@@ -96,8 +96,9 @@ func TestWarmTextSameResults(t *testing.T) {
 	}
 }
 
-// TestStoredHashesAreTheEngines: after a run, the block hashes the store
-// holds for each request are those of its engine prompt rendered afresh
+// TestStoredHashesAreTheEngines: after a run, the block hashes, length and
+// tail the store holds for each request are those of its engine prompt
+// rendered afresh
 // (generator text, the engine's template), for single prompts and the
 // first turns of conversations; later turns, which carry the engine's
 // answers, are not stored.
@@ -134,9 +135,13 @@ func TestStoredHashesAreTheEngines(t *testing.T) {
 			if e == nil {
 				t.Fatalf("%s request %d: nothing stored", w.Name, i)
 			}
-			want := enginesim.BlockHashes(nil, enginesim.AppendChatPrompt(nil, msgs, nil), bs, "", "")
+			ep := enginesim.AppendChatPrompt(nil, msgs, nil)
+			want := enginesim.BlockHashes(nil, ep, bs, "", "")
 			if !slices.Equal(e.hashes, want) {
 				t.Fatalf("%s request %d: stored %d hashes, the prompt has %d (or they differ)", w.Name, i, len(e.hashes), len(want))
+			}
+			if tail := ep[min(len(want)*bs*enginesim.BytesPerToken, len(ep)):]; e.promptBytes != len(ep) || !bytes.Equal(e.tail, tail) {
+				t.Fatalf("%s request %d: stored a %d-byte prompt ending %q, it is %d bytes ending %q", w.Name, i, e.promptBytes, e.tail, len(ep), tail)
 			}
 			var text []byte
 			for _, seg := range e.text {
