@@ -134,14 +134,39 @@ struct config {
  * for at most FLOW_CACHE_TICKS (a flow is re-decided only by its SYN, which
  * cannot follow non-SYN packets of the same 4-tuple that quickly: TCP's
  * TIME_WAIT, or tcp_tw_reuse's one second).
+ *
+ * The rest is the ready encapsulation of a steered flow (see steer_fast):
+ * the outer source, the checksum base, the egress MTU, the Ethernet
+ * addresses and the egress interface, copied from the backend's next-hop
+ * cache slot when a packet of the flow was steered with it (the outer
+ * destination is addr). Valid in the tick hdr_tick only (the tick that
+ * next-hop slot was checked in), so it never outlives the next-hop cache's
+ * own expiry check by more than a tick; 0 (no tick is 0: jiffies start far
+ * from it) when the slot holds none. Every change of key or decision
+ * clears it. 64 bytes: one cache line.
  */
 struct flow_cache_slot {
 	struct flow_key key;
+	__u32 epoch;
+	/* src then addr: the outer header's last eight bytes, in one load. */
+	__be32 src;
 	__be32 addr;
 	__u32 backend;
-	__u32 epoch;
+	/* csum_base folded to 16 bits. */
+	__u16 csum;
+	__u16 mtu;
 	__u64 filled;
+	__u64 hdr_tick;
+	/* Ethernet header bytes 0-7 (destination MAC, source MAC bytes 0-1)
+	 * and 8-11 (source MAC bytes 2-5), as they are stored in the frame. */
+	__u64 eth_lo;
+	__u32 eth_hi;
+	__u32 ifindex;
 };
+_Static_assert(sizeof(struct flow_cache_slot) == 64, "flow_cache_slot is one cache line");
+_Static_assert(__builtin_offsetof(struct flow_cache_slot, addr) ==
+		       __builtin_offsetof(struct flow_cache_slot, src) + 4,
+	       "addr follows src, as daddr follows saddr");
 
 /*
  * Per-CPU next-hop cache slot, indexed by backend id: the result of a
@@ -621,6 +646,79 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
 	return rc;
 }
 
+/* flow_slot returns this CPU's cache slot for fk: a multiplicative hash
+ * of the 4-tuple, masked into range (so never NULL in practice). */
+static __always_inline struct flow_cache_slot *flow_slot(const struct flow_key *fk)
+{
+	__u32 h = (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
+	__u32 idx = h >> 20 & (FLOW_CACHE_SLOTS - 1);
+
+	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
+	return bpf_map_lookup_elem(&flow_cache, &idx);
+}
+
+/* flow_slot_fill copies a flows entry into this CPU's cache slot, without
+ * ready headers. */
+static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const struct flow_key *fk,
+					   const struct flow_val *fv, __u32 epoch, __u64 jiffies)
+{
+	slot->key = *fk;
+	slot->addr = fv->addr;
+	slot->backend = fv->backend;
+	slot->epoch = epoch;
+	slot->filled = jiffies;
+	slot->hdr_tick = 0;
+}
+
+/* flow_slot_headers stores in slot the ready encapsulation from next-hop
+ * cache slot nh (checked in tick jiffies; nh->dst is slot->addr). No return
+ * value. */
+static __always_inline void flow_slot_headers(struct flow_cache_slot *slot, const struct nexthop *nh,
+					      __u64 jiffies)
+{
+	union {
+		__u8 b[16];
+		__u64 q[2];
+	} eth = {};
+
+	__builtin_memcpy(eth.b, nh->dmac, ETH_ALEN);
+	__builtin_memcpy(eth.b + ETH_ALEN, nh->smac, ETH_ALEN);
+	__u32 sum = (nh->csum_base & 0xffff) + (nh->csum_base >> 16);
+
+	slot->eth_lo = eth.q[0];
+	slot->eth_hi = (__u32)eth.q[1];
+	slot->ifindex = nh->ifindex;
+	slot->src = nh->src;
+	/* Folding keeps a one's complement sum's value. */
+	slot->csum = (sum & 0xffff) + (sum >> 16);
+	slot->mtu = nh->mtu;
+	slot->hdr_tick = jiffies;
+}
+
+/* record_flow writes dec for fk to the flow table and to this CPU's cache
+ * slot, and returns that slot (NULL when it does not hold dec).
+ * bpf_map_update_elem: 0 or < 0; on failure the packet still follows dec,
+ * only the memory of it is lost (the slot is cleared then). */
+static __always_inline struct flow_cache_slot *record_flow(const struct flow_key *fk,
+							   const struct flow_val *dec,
+							   const struct config *cfg, __u64 jiffies)
+{
+	struct flow_cache_slot *slot = flow_slot(fk);
+	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
+
+	if (!slot)
+		return 0;
+	if (rc == 0) {
+		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
+		return slot;
+	}
+	/* Not recorded: this CPU's copy must not outlive the table's. */
+	slot->key.saddr = 0;
+	slot->epoch = ~0u;
+	slot->hdr_tick = 0;
+	return 0;
+}
+
 /*
  * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
  * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
@@ -633,10 +731,13 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
  *
  * With the next-hop cache on, a packet whose backend's slot is valid goes
  * straight to the encapsulation: no route lookup, no clock read within a
- * tick (see struct nexthop), the MACs written from the slot.
+ * tick (see struct nexthop), the MACs written from the slot. A packet
+ * redirected that way also leaves the ready headers in fslot (this CPU's
+ * flow cache slot holding the packet's flow, or NULL), for steer_fast.
  */
 static __always_inline int steer(struct xdp_md *ctx, const struct config *cfg, __u64 jiffies,
-				 __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+				 __be32 dst, __u32 id, __u64 len, __u16 *mtu,
+				 struct flow_cache_slot *fslot)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -731,50 +832,112 @@ encap:
 	}
 	if (hop->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
+	if (fslot && hop == nh)
+		flow_slot_headers(fslot, nh, jiffies);
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
 	return bpf_redirect(hop->ifindex, 0);
 }
 
-/* flow_slot returns this CPU's cache slot for fk: a multiplicative hash
- * of the 4-tuple, masked into range (so never NULL in practice). */
-static __always_inline struct flow_cache_slot *flow_slot(const struct flow_key *fk)
+/* Unaligned-safe views of packet bytes: one load or store each (the
+ * verifier allows unaligned packet access where the CPU does). */
+typedef __u64 __attribute__((may_alias)) pkt64;
+typedef __u32 __attribute__((may_alias)) pkt32;
+typedef __u16 __attribute__((may_alias)) pkt16;
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "steer_fast assembles header words in little-endian order"
+#endif
+
+/*
+ * steer_fast is the path of a steered established packet whose flow has
+ * ready headers in this CPU's flow cache slot (struct flow_cache_slot):
+ * one array lookup, then the encapsulation from the slot, the backend's
+ * counter and the redirect. It returns XDP_REDIRECT (or XDP_DROP, counted,
+ * for a packet it modified and cannot complete), or RC_FAIL with the packet
+ * untouched for anything else, which steer_main then decides in full:
+ * a SYN, IP options, a truncated or fragmented packet, a slot of another
+ * flow, another epoch, headers from an earlier tick, a packet over the MTU,
+ * no headroom. For the packets it takes the result is byte for byte and
+ * counter for counter what steer_main does: the same checks of the
+ * headers, the outer header built from the same fields (TOS, identification,
+ * DF and length from the inner header), the same counter. It skips the
+ * service-port filter, as steer_main's flow cache hit does.
+ */
+static __always_inline int steer_fast(struct xdp_md *ctx)
 {
-	__u32 h = (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
-	__u32 idx = h >> 20 & (FLOW_CACHE_SLOTS - 1);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct tcphdr *tcp = (void *)(ip + 1);
+	struct flow_cache_slot *slot;
+	struct flow_key fk;
+	struct config *cfg;
+	__u64 len = end - data, w, o, sum;
+	__u32 tot, doff, key = 0;
 
-	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
-	return bpf_map_lookup_elem(&flow_cache, &idx);
-}
+	if ((void *)(tcp + 1) > end)
+		return RC_FAIL;
+	if (*(pkt16 *)(data + 12) != bpf_htons(ETH_P_IP))
+		return RC_FAIL;
+	/* Version and IHL, TOS, total length, identification, flags and
+	 * fragment offset: the first eight bytes, in one load. */
+	w = *(pkt64 *)ip;
+	if ((__u8)w != 0x45 || ip->protocol != IPPROTO_TCP)
+		return RC_FAIL;
+	if ((__u16)(w >> 48) & bpf_htons(IP_MF | IP_OFFSET))
+		return RC_FAIL;
+	tot = bpf_ntohs((__u16)(w >> 16));
+	doff = (tcp->doff_res >> 4) * 4;
+	if ((void *)ip + tot > end || doff < sizeof(*tcp) || sizeof(*ip) + doff > tot)
+		return RC_FAIL;
+	if ((tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+		return RC_FAIL;
 
-/* flow_slot_fill copies a flows entry into this CPU's cache slot. */
-static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const struct flow_key *fk,
-					   const struct flow_val *fv, __u32 epoch, __u64 jiffies)
-{
-	slot->key = *fk;
-	slot->addr = fv->addr;
-	slot->backend = fv->backend;
-	slot->epoch = epoch;
-	slot->filled = jiffies;
-}
-
-/* record_flow writes dec for fk to the flow table and to this CPU's cache
- * slot. bpf_map_update_elem: 0 or < 0; on failure the packet still follows
- * dec, only the memory of it is lost (the slot is cleared then). */
-static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec,
-					const struct config *cfg, __u64 jiffies)
-{
-	struct flow_cache_slot *slot = flow_slot(fk);
-	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
-
+	fk.saddr = ip->saddr;
+	fk.daddr = ip->daddr;
+	fk.sport = tcp->source;
+	fk.dport = tcp->dest;
+	slot = flow_slot(&fk);
 	if (!slot)
-		return;
-	if (rc == 0) {
-		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
-		return;
+		return RC_FAIL;
+	if (*(pkt64 *)&slot->key != *(pkt64 *)&ip->saddr || *(pkt32 *)&slot->key.sport != *(pkt32 *)tcp)
+		return RC_FAIL;
+	/* bpf_map_lookup_elem (array, index 0): never NULL. bpf_jiffies64:
+	 * the tick counter (a load), never fails. */
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (!cfg || slot->epoch != cfg->flow_epoch || slot->hdr_tick != bpf_jiffies64())
+		return RC_FAIL;
+	if (tot + sizeof(struct iphdr) > slot->mtu)
+		return RC_FAIL;
+
+	/* The outer header's first eight bytes: the inner's with the length
+	 * grown by 20 and of the flags only DF kept. */
+	o = (w & 0x0040ffff0000ffffull) | (__u64)bpf_htons(tot + sizeof(struct iphdr)) << 16;
+	sum = slot->csum + (o & 0xffff) + (o >> 16 & 0xffff) + (o >> 32 & 0xffff) + (o >> 48);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+
+	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
+	 * headroom is too small. Invalidates every packet pointer. */
+	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr)))
+		return RC_FAIL;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + ETH_HLEN + sizeof(struct iphdr) > end) {
+		count(C_DROPPED, len);
+		return XDP_DROP;
 	}
-	/* Not recorded: this CPU's copy must not outlive the table's. */
-	slot->key.saddr = 0;
-	slot->epoch = ~0u;
+	*(pkt64 *)data = slot->eth_lo;
+	*(pkt32 *)(data + 8) = slot->eth_hi;
+	*(pkt16 *)(data + 12) = bpf_htons(ETH_P_IP);
+	*(pkt64 *)(data + ETH_HLEN) = o;
+	/* TTL, protocol, checksum. */
+	*(pkt32 *)(data + ETH_HLEN + 8) = OUTER_TTL | IPPROTO_IPIP << 8 | (__u32)(__u16)~sum << 16;
+	*(pkt64 *)(data + ETH_HLEN + 12) = *(pkt64 *)&slot->src;
+
+	count_backend(slot->backend, BE_STEERED, len);
+	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
+	return bpf_redirect(slot->ifindex, 0);
 }
 
 /* service_port reports whether some service listens on TCP port (network
@@ -810,6 +973,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	struct svc_key sk = {};
 	struct flow_key fk = {};
 	struct flow_val dec = {}, *fv;
+	struct flow_cache_slot *slot = 0;
 	struct backend *be;
 	struct config *cfg;
 	__u32 ihl, doff, tot, id = 0, key = 0;
@@ -856,8 +1020,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	fk.dport = tcp->dest;
 
 	if (!syn) {
-		struct flow_cache_slot *slot = flow_slot(&fk);
-
+		slot = flow_slot(&fk);
 		if (slot && slot->key.saddr == fk.saddr && slot->key.daddr == fk.daddr &&
 		    slot->key.sport == fk.sport && slot->key.dport == fk.dport &&
 		    slot->epoch == cfg->flow_epoch && jiffies - slot->filled < FLOW_CACHE_TICKS) {
@@ -873,6 +1036,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 				flow_slot_fill(slot, &fk, &dec, cfg->flow_epoch, jiffies);
 			goto follow;
 		}
+		slot = 0;
 	}
 
 	sk.vip = ip->daddr;
@@ -921,7 +1085,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 			dec.addr = 0;
 			dec.backend = BACKEND_LOCAL;
 		}
-		record_flow(&fk, &dec, cfg, jiffies);
+		slot = record_flow(&fk, &dec, cfg, jiffies);
 		fresh = 1;
 		if (!syn && !be) {
 			count(C_PASS_NO_STATE, len);
@@ -935,7 +1099,7 @@ follow:
 		return XDP_PASS;
 	}
 
-	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu);
+	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu, slot);
 	if (act >= 0)
 		return act;
 	if ((act == RC_FAIL || act == RC_FRAG) && fresh && syn) {
@@ -973,6 +1137,10 @@ malformed:
 SEC("xdp")
 int xdp_steer(struct xdp_md *ctx)
 {
+	int act = steer_fast(ctx);
+
+	if (act >= 0)
+		return act;
 	return steer_main(ctx);
 }
 

@@ -92,10 +92,17 @@ const (
 type WarmpathFlowCacheSlot struct {
 	_       structs.HostLayout
 	Key     WarmpathFlowKey
+	Epoch   uint32
+	Src     uint32
 	Addr    uint32
 	Backend uint32
-	Epoch   uint32
+	Csum    uint16
+	Mtu     uint16
 	Filled  uint64
+	HdrTick uint64
+	EthLo   uint64
+	EthHi   uint32
+	Ifindex uint32
 }
 
 type WarmpathFlowKey struct {

@@ -75,7 +75,7 @@ func kernelTestRun(prog *ebpf.Program, data []byte, ctx xdpMd, repeat uint32) (u
 }
 
 // barePass loads the floor: a program that only returns XDP_PASS.
-func barePass(b *testing.B) *ebpf.Program {
+func barePass(b testing.TB) *ebpf.Program {
 	b.Helper()
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "Dual MIT/GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
@@ -91,7 +91,7 @@ func barePass(b *testing.B) *ebpf.Program {
 // 4, so benchHarness undoes it) and return XDP_REDIRECT. Under the harness
 // it is the floor of any encapsulation, the reference for xdp_steer's own
 // cost.
-func bareEncap(b *testing.B) *ebpf.Program {
+func bareEncap(b testing.TB) *ebpf.Program {
 	b.Helper()
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "Dual MIT/GPL",
 		Instructions: asm.Instructions{
@@ -126,7 +126,7 @@ func bareEncap(b *testing.B) *ebpf.Program {
 // SYN is a new connection. The harness is plain bytecode, independent of
 // bpf/warmpath.c, so the same benchmark measures any version of xdp_steer;
 // its own cost is the "harness" case (it tail-calls the bare program).
-func benchHarness(b *testing.B, target *ebpf.Program, nextPort bool) *ebpf.Program {
+func benchHarness(b testing.TB, target *ebpf.Program, nextPort bool) *ebpf.Program {
 	b.Helper()
 	progs, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {
