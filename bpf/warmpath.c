@@ -849,6 +849,25 @@ typedef __u16 __attribute__((may_alias)) pkt16;
 #endif
 
 /*
+ * Profiling builds only: BenchmarkXDPStages compiles this file with
+ * -DWARMPATH_BENCH_STOP=n so that steer_fast returns XDP_REDIRECT right
+ * after stage n (1 parse, 2 flow cache slot, 3 epoch/tick/MTU checks,
+ * 4 adjust_head, with the packet marked IPIP for the benchmark's undo,
+ * 5 headers, 6 counter) and times each stage. make generate never sets it.
+ */
+#ifdef WARMPATH_BENCH_STOP
+#define BENCH_STOP(n)                                    \
+	do {                                             \
+		if (WARMPATH_BENCH_STOP == (n))          \
+			return XDP_REDIRECT;             \
+	} while (0)
+#else
+#define BENCH_STOP(n) \
+	do {          \
+	} while (0)
+#endif
+
+/*
  * steer_fast is the path of a steered established packet whose flow has
  * ready headers in this CPU's flow cache slot (struct flow_cache_slot):
  * one array lookup, then the encapsulation from the slot, the backend's
@@ -892,6 +911,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 		return RC_FAIL;
 	if ((tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
 		return RC_FAIL;
+	BENCH_STOP(1);
 
 	fk.saddr = ip->saddr;
 	fk.daddr = ip->daddr;
@@ -902,6 +922,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 		return RC_FAIL;
 	if (*(pkt64 *)&slot->key != *(pkt64 *)&ip->saddr || *(pkt32 *)&slot->key.sport != *(pkt32 *)tcp)
 		return RC_FAIL;
+	BENCH_STOP(2);
 	/* bpf_map_lookup_elem (array, index 0): never NULL. bpf_jiffies64:
 	 * the tick counter (a load), never fails. */
 	cfg = bpf_map_lookup_elem(&settings, &key);
@@ -909,6 +930,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 		return RC_FAIL;
 	if (tot + sizeof(struct iphdr) > slot->mtu)
 		return RC_FAIL;
+	BENCH_STOP(3);
 
 	/* The outer header's first eight bytes: the inner's with the length
 	 * grown by 20 and of the flags only DF kept. */
@@ -927,6 +949,12 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 		count(C_DROPPED, len);
 		return XDP_DROP;
 	}
+#ifdef WARMPATH_BENCH_STOP
+	if (WARMPATH_BENCH_STOP == 4) {
+		*(__u8 *)(data + ETH_HLEN + 9) = IPPROTO_IPIP;
+		return XDP_REDIRECT;
+	}
+#endif
 	*(pkt64 *)data = slot->eth_lo;
 	*(pkt32 *)(data + 8) = slot->eth_hi;
 	*(pkt16 *)(data + 12) = bpf_htons(ETH_P_IP);
@@ -934,8 +962,10 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	/* TTL, protocol, checksum. */
 	*(pkt32 *)(data + ETH_HLEN + 8) = OUTER_TTL | IPPROTO_IPIP << 8 | (__u32)(__u16)~sum << 16;
 	*(pkt64 *)(data + ETH_HLEN + 12) = *(pkt64 *)&slot->src;
+	BENCH_STOP(5);
 
 	count_backend(slot->backend, BE_STEERED, len);
+	BENCH_STOP(6);
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
 	return bpf_redirect(slot->ifindex, 0);
 }
