@@ -891,9 +891,12 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	struct flow_cache_slot *slot;
 	struct flow_key fk;
 	struct config *cfg;
-	__u64 len = end - data, w, o, sum;
-	__u32 tot, doff, key = 0;
+	__u64 w, o, sum, now;
+	__u32 tot, doff, word2, key = 0;
 
+	/* bpf_jiffies64: the tick counter (a load), never fails. Read first:
+	 * to the compiler it is a call, which would spill what is live. */
+	now = bpf_jiffies64();
 	if ((void *)(tcp + 1) > end)
 		return RC_FAIL;
 	if (*(pkt16 *)(data + 12) != bpf_htons(ETH_P_IP))
@@ -923,10 +926,9 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	if (*(pkt64 *)&slot->key != *(pkt64 *)&ip->saddr || *(pkt32 *)&slot->key.sport != *(pkt32 *)tcp)
 		return RC_FAIL;
 	BENCH_STOP(2);
-	/* bpf_map_lookup_elem (array, index 0): never NULL. bpf_jiffies64:
-	 * the tick counter (a load), never fails. */
+	/* bpf_map_lookup_elem (array, index 0): never NULL. */
 	cfg = bpf_map_lookup_elem(&settings, &key);
-	if (!cfg || slot->epoch != cfg->flow_epoch || slot->hdr_tick != bpf_jiffies64())
+	if (!cfg || slot->epoch != cfg->flow_epoch || slot->hdr_tick != now)
 		return RC_FAIL;
 	if (tot + sizeof(struct iphdr) > slot->mtu)
 		return RC_FAIL;
@@ -938,6 +940,8 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	sum = slot->csum + (o & 0xffff) + (o >> 16 & 0xffff) + (o >> 32 & 0xffff) + (o >> 48);
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
+	/* TTL, protocol, checksum: the outer header's bytes 8-11. */
+	word2 = OUTER_TTL | IPPROTO_IPIP << 8 | (__u32)(__u16)~sum << 16;
 
 	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
 	 * headroom is too small. Invalidates every packet pointer. */
@@ -946,7 +950,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
 	if (data + ETH_HLEN + sizeof(struct iphdr) > end) {
-		count(C_DROPPED, len);
+		count(C_DROPPED, end - data - sizeof(struct iphdr));
 		return XDP_DROP;
 	}
 #ifdef WARMPATH_BENCH_STOP
@@ -959,12 +963,12 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	*(pkt32 *)(data + 8) = slot->eth_hi;
 	*(pkt16 *)(data + 12) = bpf_htons(ETH_P_IP);
 	*(pkt64 *)(data + ETH_HLEN) = o;
-	/* TTL, protocol, checksum. */
-	*(pkt32 *)(data + ETH_HLEN + 8) = OUTER_TTL | IPPROTO_IPIP << 8 | (__u32)(__u16)~sum << 16;
+	*(pkt32 *)(data + ETH_HLEN + 8) = word2;
 	*(pkt64 *)(data + ETH_HLEN + 12) = *(pkt64 *)&slot->src;
 	BENCH_STOP(5);
 
-	count_backend(slot->backend, BE_STEERED, len);
+	/* Counted as received: the frame before the outer header. */
+	count_backend(slot->backend, BE_STEERED, end - data - sizeof(struct iphdr));
 	BENCH_STOP(6);
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
 	return bpf_redirect(slot->ifindex, 0);
