@@ -8,7 +8,10 @@
  * (VIP:port/TCP) are either passed to the local slowpath (LOCAL) or
  * encapsulated in IPIP and forwarded to the GPU host that holds the client's
  * warm KV cache. A SYN is decided once and the decision is remembered in an
- * LRU flow table, so no connection ever changes host mid-stream.
+ * LRU flow table, so no connection ever changes host mid-stream. An
+ * established steered packet whose flow was steered in the current tick
+ * takes steer_fast (ready headers in the per-CPU flow cache); everything
+ * else takes steer_main.
  *
  * xdp_decap (GPU hosts): strips the outer IPv4 header of IPIP packets whose
  * inner packet is for a service and passes the inner packet to the stack.
@@ -989,12 +992,14 @@ static __always_inline int service_port(__be16 port)
  * steer_main is the whole edge decision. Returns an XDP action. Every path
  * that does not steer leaves the packet untouched.
  *
- * Order: parse, then the service-port filter (an array lookup). A non-SYN
- * packet looks up this CPU's flow cache (an array lookup), then the flow
- * table, and on a hit follows it without the services or affinity maps: a
- * flow entry exists only for a service (Go deletes a removed service's
- * flows and voids the caches). Everything else (SYNs, flow misses) checks
- * the services map and decides.
+ * Runs for what steer_fast did not take. Order: parse, then the
+ * service-port filter (an array lookup). A non-SYN packet looks up this
+ * CPU's flow cache (an array lookup), then the flow table, and on a hit
+ * follows it without the services or affinity maps: a flow entry exists
+ * only for a service (Go deletes a removed service's flows and voids the
+ * caches). Everything else (SYNs, flow misses) checks the services map and
+ * decides. A packet steered with a valid next-hop cache slot leaves its
+ * flow's ready headers in the flow cache slot for steer_fast.
  */
 static __always_inline int steer_main(struct xdp_md *ctx)
 {
