@@ -27,7 +27,10 @@
 // Conventions in warmpath.c, written at its top: every helper states its
 // return contract above it; helpers return an XDP verdict (>= 0), or a
 // success value >= 0 or a negative enum rc; packets are parsed by one
-// helper (parse_ipv4_tcp) and checksummed by one (csum16). Counter indices
+// helper (parse_ipv4_tcp) and checksummed by one (csum16), except in
+// steer_fast, the established steered packet's path, which checks the same
+// fields with wider loads and sums the outer header's four varying words in
+// registers (FuzzSteerReady holds it to the full path's bytes). Counter indices
 // are the C enums counter_idx and backend_counter_slot, generated into Go
 // by bpf2go (-type, WarmpathCounterIdx, WarmpathBackendCounterSlot).
 //

@@ -100,8 +100,10 @@ type WarmpathFlowCacheSlot struct {
 	Mtu     uint16
 	Filled  uint64
 	HdrTick uint64
-	EthLo   uint64
-	EthHi   uint32
+	Eth1    uint32
+	Eth2    uint32
+	Eth0    uint16
+	Eth3    uint16
 	Ifindex uint32
 }
 

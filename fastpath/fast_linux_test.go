@@ -123,9 +123,6 @@ func TestSteerFastPath(t *testing.T) {
 	t.Run("poisoned slot", func(t *testing.T) {
 		p := ack(client, clientPort)
 		fake := mac("02:00:00:00:02:99")
-		var lo [8]byte
-		copy(lo[:], fake)
-		copy(lo[6:], mac(macBE)[:2])
 		// A poisoned copy is used only within the tick the slot was
 		// checked in: try until one attempt lands inside one tick.
 		const attempts = 50
@@ -143,7 +140,8 @@ func TestSteerFastPath(t *testing.T) {
 			}
 			poison := func(mod func(s *bpf.WarmpathFlowCacheSlot)) []byte {
 				s := good
-				s.EthLo = binary.NativeEndian.Uint64(lo[:])
+				s.Eth0 = binary.NativeEndian.Uint16(fake[0:])
+				s.Eth1 = binary.NativeEndian.Uint32(fake[2:])
 				mod(&s)
 				per[0] = s
 				if err := k.objs.FlowCache.Put(idx, per); err != nil {
