@@ -10,8 +10,8 @@
  * warm KV cache. A SYN is decided once and the decision is remembered in an
  * LRU flow table, so no connection ever changes host mid-stream. An
  * established steered packet whose flow was steered in the current tick
- * takes steer_fast (ready headers in the per-CPU flow cache); everything
- * else takes steer_main.
+ * takes steer_fast (its ready headers, per CPU); everything else takes
+ * steer_main.
  *
  * xdp_decap (GPU hosts): strips the outer IPv4 header of IPIP packets whose
  * inner packet is for a service and passes the inner packet to the stack.
@@ -46,6 +46,7 @@
 #define MAX_FLOWS 131072
 #define FLOW_CACHE_SLOTS 4096 /* per CPU; a power of two */
 #define FLOW_CACHE_TICKS 64   /* 64 ms at HZ=1000, 640 ms at HZ=100 */
+#define READY_SLOTS 1024      /* per CPU, 64 KiB; a power of two */
 #define BACKEND_LOCAL 0xffffffffu
 #define OUTER_TTL 64
 #define IPPROTO_ICMP 1
@@ -138,28 +139,40 @@ struct config {
  * for at most FLOW_CACHE_TICKS (a flow is re-decided only by its SYN, which
  * cannot follow non-SYN packets of the same 4-tuple that quickly: TCP's
  * TIME_WAIT, or tcp_tw_reuse's one second).
- *
- * The rest is the ready encapsulation of a steered flow (see steer_fast):
- * the outer source, the checksum base, the egress MTU, the Ethernet
- * addresses and the egress interface, copied from the backend's next-hop
- * cache slot when a packet of the flow was steered with it (the outer
- * destination is addr). Valid in the tick hdr_tick only (the tick that
- * next-hop slot was checked in), so it never outlives the next-hop cache's
- * own expiry check by more than a tick; 0 (no tick is 0: jiffies start far
- * from it) when the slot holds none. Every change of key or decision
- * clears it. 64 bytes: one cache line.
  */
 struct flow_cache_slot {
+	struct flow_key key;
+	__be32 addr;
+	__u32 backend;
+	__u32 epoch;
+	__u64 filled;
+};
+
+/*
+ * Per-CPU ready-headers slot (see steer_fast), direct-mapped by the same
+ * hash of the 4-tuple as flow_cache into fewer slots, so that the lookup
+ * steer_fast makes for every established packet stays in the CPU's cache
+ * even when the flows in turn outnumber the flow cache: the encapsulation
+ * of one steered flow, from the backend's next-hop cache slot when a packet
+ * of the flow was steered with it: outer source and destination (the
+ * flow's host), checksum base, egress MTU, Ethernet addresses, egress
+ * interface and the backend for its counter. Valid for key in the tick
+ * tick only (the tick that next-hop slot was checked in), so it never
+ * outlives the next-hop cache's own expiry check by more than a tick, and
+ * while epoch equals config.flow_epoch; tick 0 (no tick is 0: jiffies
+ * start far from it) when the slot holds none. Every write of the flow's
+ * flow_cache copy on this CPU clears it. 64 bytes: one cache line.
+ */
+struct ready_slot {
 	struct flow_key key;
 	__u32 epoch;
 	__be32 src;
 	__be32 addr;
 	__u32 backend;
-	/* csum_base folded to 16 bits. */
+	/* The next-hop checksum base folded to 16 bits. */
 	__u16 csum;
 	__u16 mtu;
-	__u64 filled;
-	__u64 hdr_tick;
+	__u64 tick;
 	/* The MACs as stored in the frame, in the pieces steer_fast writes:
 	 * bytes 2-5 and 6-9, then 0-1 and 10-11. */
 	__u32 eth1;
@@ -167,8 +180,9 @@ struct flow_cache_slot {
 	__u16 eth0;
 	__u16 eth3;
 	__u32 ifindex;
+	__u64 pad;
 };
-_Static_assert(sizeof(struct flow_cache_slot) == 64, "flow_cache_slot is one cache line");
+_Static_assert(sizeof(struct ready_slot) == 64, "ready_slot is one cache line");
 
 /*
  * Per-CPU next-hop cache slot, indexed by backend id: the result of a
@@ -325,6 +339,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct flow_cache_slot);
 } flow_cache SEC(".maps");
+
+/* Not pinned: ready headers, rebuilt by each loaded program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, READY_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ready_slot);
+} ready SEC(".maps");
 
 /* Not pinned: a cache, rebuilt by each loaded program. */
 struct {
@@ -648,19 +670,46 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
 	return rc;
 }
 
-/* flow_slot returns this CPU's cache slot for fk: a multiplicative hash
- * of the 4-tuple, masked into range (so never NULL in practice). */
+/* flow_hash is the multiplicative hash of fk's 4-tuple both per-CPU
+ * direct-mapped caches index with (their top bits). */
+static __always_inline __u32 flow_hash(const struct flow_key *fk)
+{
+	return (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
+}
+
+/* flow_slot returns this CPU's cache slot for fk, masked into range (so
+ * never NULL in practice). */
 static __always_inline struct flow_cache_slot *flow_slot(const struct flow_key *fk)
 {
-	__u32 h = (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
-	__u32 idx = h >> 20 & (FLOW_CACHE_SLOTS - 1);
+	__u32 idx = flow_hash(fk) >> 20 & (FLOW_CACHE_SLOTS - 1);
 
 	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
 	return bpf_map_lookup_elem(&flow_cache, &idx);
 }
 
-/* flow_slot_fill copies a flows entry into this CPU's cache slot, without
- * ready headers. */
+/* ready_slot_of returns this CPU's ready-headers slot for fk (never NULL
+ * in practice: masked into range). */
+static __always_inline struct ready_slot *ready_slot_of(const struct flow_key *fk)
+{
+	__u32 idx = flow_hash(fk) >> 22 & (READY_SLOTS - 1);
+
+	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
+	return bpf_map_lookup_elem(&ready, &idx);
+}
+
+/* ready_clear voids this CPU's ready headers for fk, if its slot holds
+ * them: called whenever fk's flow cache copy is written, so no headers
+ * outlive the decision they were built from. No return value. */
+static __always_inline void ready_clear(const struct flow_key *fk)
+{
+	struct ready_slot *r = ready_slot_of(fk);
+
+	if (r && r->key.saddr == fk->saddr && r->key.daddr == fk->daddr &&
+	    r->key.sport == fk->sport && r->key.dport == fk->dport)
+		r->tick = 0;
+}
+
+/* flow_slot_fill copies a flows entry into this CPU's cache slot. */
 static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const struct flow_key *fk,
 					   const struct flow_val *fv, __u32 epoch, __u64 jiffies)
 {
@@ -669,51 +718,55 @@ static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const s
 	slot->backend = fv->backend;
 	slot->epoch = epoch;
 	slot->filled = jiffies;
-	slot->hdr_tick = 0;
+	ready_clear(fk);
 }
 
-/* flow_slot_headers stores in slot the ready encapsulation from next-hop
- * cache slot nh (checked in tick jiffies; nh->dst is slot->addr). No return
- * value. */
-static __always_inline void flow_slot_headers(struct flow_cache_slot *slot, const struct nexthop *nh,
-					      __u64 jiffies)
+/* ready_fill stores in fk's ready slot the encapsulation of the flow (cache
+ * copy slot) from next-hop cache slot nh (checked in tick jiffies; nh->dst
+ * is slot->addr). No return value. */
+static __always_inline void ready_fill(const struct flow_key *fk, const struct flow_cache_slot *slot,
+				       const struct nexthop *nh, __u64 jiffies)
 {
+	struct ready_slot *r = ready_slot_of(fk);
 	__u32 sum = (nh->csum_base & 0xffff) + (nh->csum_base >> 16);
 
-	__builtin_memcpy(&slot->eth0, nh->dmac, 2);
-	__builtin_memcpy(&slot->eth1, nh->dmac + 2, 4);
-	__builtin_memcpy(&slot->eth2, nh->smac, 4);
-	__builtin_memcpy(&slot->eth3, nh->smac + 4, 2);
-	slot->ifindex = nh->ifindex;
-	slot->src = nh->src;
+	if (!r)
+		return;
+	r->key = *fk;
+	r->epoch = slot->epoch;
+	r->backend = slot->backend;
+	r->addr = slot->addr;
+	__builtin_memcpy(&r->eth0, nh->dmac, 2);
+	__builtin_memcpy(&r->eth1, nh->dmac + 2, 4);
+	__builtin_memcpy(&r->eth2, nh->smac, 4);
+	__builtin_memcpy(&r->eth3, nh->smac + 4, 2);
+	r->ifindex = nh->ifindex;
+	r->src = nh->src;
 	/* Folding keeps a one's complement sum's value. */
-	slot->csum = (sum & 0xffff) + (sum >> 16);
-	slot->mtu = nh->mtu;
-	slot->hdr_tick = jiffies;
+	r->csum = (sum & 0xffff) + (sum >> 16);
+	r->mtu = nh->mtu;
+	r->tick = jiffies;
 }
 
 /* record_flow writes dec for fk to the flow table and to this CPU's cache
- * slot, and returns that slot (NULL when it does not hold dec).
- * bpf_map_update_elem: 0 or < 0; on failure the packet still follows dec,
- * only the memory of it is lost (the slot is cleared then). */
-static __always_inline struct flow_cache_slot *record_flow(const struct flow_key *fk,
-							   const struct flow_val *dec,
-							   const struct config *cfg, __u64 jiffies)
+ * slot. bpf_map_update_elem: 0 or < 0; on failure the packet still follows
+ * dec, only the memory of it is lost (the slot is cleared then). */
+static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec,
+					const struct config *cfg, __u64 jiffies)
 {
 	struct flow_cache_slot *slot = flow_slot(fk);
 	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
 
 	if (!slot)
-		return 0;
+		return;
 	if (rc == 0) {
 		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
-		return slot;
+		return;
 	}
 	/* Not recorded: this CPU's copy must not outlive the table's. */
 	slot->key.saddr = 0;
 	slot->epoch = ~0u;
-	slot->hdr_tick = 0;
-	return 0;
+	ready_clear(fk);
 }
 
 /*
@@ -729,12 +782,16 @@ static __always_inline struct flow_cache_slot *record_flow(const struct flow_key
  * With the next-hop cache on, a packet whose backend's slot is valid goes
  * straight to the encapsulation: no route lookup, no clock read within a
  * tick (see struct nexthop), the MACs written from the slot. A packet
- * redirected that way also leaves the ready headers in fslot (this CPU's
- * flow cache slot holding the packet's flow, or NULL), for steer_fast.
+ * redirected that way also leaves its flow's ready headers for steer_fast,
+ * when fslot (this CPU's flow cache slot) holds the flow fk (else NULL).
+ * steer_main passes it for a flow cache hit only: a flow whose copy was
+ * just filled gets its headers from its next packet, so packets of flows
+ * that miss the flow cache every time (more flows in turn than slots) do
+ * not pay for headers nobody would use.
  */
 static __always_inline int steer(struct xdp_md *ctx, const struct config *cfg, __u64 jiffies,
 				 __be32 dst, __u32 id, __u64 len, __u16 *mtu,
-				 struct flow_cache_slot *fslot)
+				 const struct flow_key *fk, struct flow_cache_slot *fslot)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -830,7 +887,7 @@ encap:
 	if (hop->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
 	if (fslot && hop == nh)
-		flow_slot_headers(fslot, nh, jiffies);
+		ready_fill(fk, fslot, nh, jiffies);
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
 	return bpf_redirect(hop->ifindex, 0);
 }
@@ -851,7 +908,7 @@ typedef __u16 __attribute__((may_alias)) pkt16;
 /*
  * Profiling builds only: BenchmarkXDPStages compiles this file with
  * -DWARMPATH_BENCH_STOP=n so that steer_fast returns XDP_REDIRECT right
- * after stage n (1 parse, 2 flow cache slot, 3 epoch/tick/MTU checks,
+ * after stage n (1 parse, 2 ready slot, 3 epoch/tick/MTU checks,
  * 4 adjust_head, with the packet marked IPIP for the benchmark's undo,
  * 5 headers, 6 counter) and times each stage. make generate never sets it.
  */
@@ -869,8 +926,8 @@ typedef __u16 __attribute__((may_alias)) pkt16;
 
 /*
  * steer_fast is the path of a steered established packet whose flow has
- * ready headers in this CPU's flow cache slot (struct flow_cache_slot):
- * one array lookup, then the encapsulation from the slot, the backend's
+ * ready headers in this CPU's ready slot (struct ready_slot): one array
+ * lookup, then the encapsulation from the slot, the backend's
  * counter and the redirect. It returns XDP_REDIRECT (or XDP_DROP, counted,
  * for a packet it modified and cannot complete), or RC_FAIL with the packet
  * untouched for anything else, which steer_main then decides in full:
@@ -888,7 +945,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	void *end = (void *)(long)ctx->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	struct tcphdr *tcp = (void *)(ip + 1);
-	struct flow_cache_slot *slot;
+	struct ready_slot *slot;
 	struct flow_key fk;
 	struct config *cfg;
 	__u64 w, o, sum, now;
@@ -920,7 +977,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	fk.daddr = ip->daddr;
 	fk.sport = tcp->source;
 	fk.dport = tcp->dest;
-	slot = flow_slot(&fk);
+	slot = ready_slot_of(&fk);
 	if (!slot)
 		return RC_FAIL;
 	if (slot->key.saddr != fk.saddr || slot->key.daddr != fk.daddr ||
@@ -929,7 +986,7 @@ static __always_inline int steer_fast(struct xdp_md *ctx)
 	BENCH_STOP(2);
 	/* bpf_map_lookup_elem (array, index 0): never NULL. */
 	cfg = bpf_map_lookup_elem(&settings, &key);
-	if (!cfg || slot->epoch != cfg->flow_epoch || slot->hdr_tick != now)
+	if (!cfg || slot->epoch != cfg->flow_epoch || slot->tick != now)
 		return RC_FAIL;
 	if (tot + sizeof(struct iphdr) > slot->mtu)
 		return RC_FAIL;
@@ -1000,7 +1057,7 @@ static __always_inline int service_port(__be16 port)
  * only for a service (Go deletes a removed service's flows and voids the
  * caches). Everything else (SYNs, flow misses) checks the services map and
  * decides. A packet steered with a valid next-hop cache slot leaves its
- * flow's ready headers in the flow cache slot for steer_fast.
+ * flow's ready headers for steer_fast.
  */
 static __always_inline int steer_main(struct xdp_md *ctx)
 {
@@ -1013,7 +1070,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	struct svc_key sk = {};
 	struct flow_key fk = {};
 	struct flow_val dec = {}, *fv;
-	struct flow_cache_slot *slot = 0;
+	struct flow_cache_slot *slot, *hit = 0;
 	struct backend *be;
 	struct config *cfg;
 	__u32 ihl, doff, tot, id = 0, key = 0;
@@ -1066,6 +1123,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 		    slot->epoch == cfg->flow_epoch && jiffies - slot->filled < FLOW_CACHE_TICKS) {
 			dec.addr = slot->addr;
 			dec.backend = slot->backend;
+			hit = slot;
 			goto follow;
 		}
 		/* bpf_map_lookup_elem (LRU hash): the value, or NULL. */
@@ -1076,7 +1134,6 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 				flow_slot_fill(slot, &fk, &dec, cfg->flow_epoch, jiffies);
 			goto follow;
 		}
-		slot = 0;
 	}
 
 	sk.vip = ip->daddr;
@@ -1125,7 +1182,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 			dec.addr = 0;
 			dec.backend = BACKEND_LOCAL;
 		}
-		slot = record_flow(&fk, &dec, cfg, jiffies);
+		record_flow(&fk, &dec, cfg, jiffies);
 		fresh = 1;
 		if (!syn && !be) {
 			count(C_PASS_NO_STATE, len);
@@ -1139,7 +1196,7 @@ follow:
 		return XDP_PASS;
 	}
 
-	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu, slot);
+	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu, &fk, hit);
 	if (act >= 0)
 		return act;
 	if ((act == RC_FAIL || act == RC_FRAG) && fresh && syn) {

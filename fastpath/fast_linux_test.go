@@ -45,29 +45,30 @@ func (e *edgeEnv) runRepeat(t testing.TB, prog *ebpf.Program, in []byte, repeat 
 	return ret, opts.DataOut
 }
 
-// flowSlot returns the index and every CPU's copy of the flow cache slot of
-// frame's flow (Ethernet + IPv4 without options + TCP): flow_slot's hash.
-func flowSlot(t *testing.T, k *Kernel, frame []byte) (uint32, []bpf.WarmpathFlowCacheSlot) {
+// readySlot returns the index and every CPU's copy of the ready-headers
+// slot of frame's flow (Ethernet + IPv4 without options + TCP): the hash
+// flow_hash, its top bits as ready_slot_of takes them.
+func readySlot(t *testing.T, k *Kernel, frame []byte) (uint32, []bpf.WarmpathReadySlot) {
 	t.Helper()
 	ip := frame[14:]
 	saddr, daddr := binary.NativeEndian.Uint32(ip[12:]), binary.NativeEndian.Uint32(ip[16:])
 	sport, dport := binary.NativeEndian.Uint16(ip[20:]), binary.NativeEndian.Uint16(ip[22:])
-	idx := ((saddr ^ daddr ^ (uint32(sport)<<16 | uint32(dport))) * 0x9e3779b1) >> 20 & (k.objs.FlowCache.MaxEntries() - 1)
-	var per []bpf.WarmpathFlowCacheSlot
-	if err := k.objs.FlowCache.Lookup(idx, &per); err != nil {
-		t.Fatalf("flow cache slot %d: %v", idx, err)
+	idx := ((saddr ^ daddr ^ (uint32(sport)<<16 | uint32(dport))) * 0x9e3779b1) >> 22 & (k.objs.Ready.MaxEntries() - 1)
+	var per []bpf.WarmpathReadySlot
+	if err := k.objs.Ready.Lookup(idx, &per); err != nil {
+		t.Fatalf("ready slot %d: %v", idx, err)
 	}
 	want := bpf.WarmpathFlowKey{Saddr: saddr, Daddr: daddr, Sport: sport, Dport: dport}
 	if per[0].Key != want {
-		t.Fatalf("flow cache slot %d on CPU 0 holds %+v, want %+v", idx, per[0].Key, want)
+		t.Fatalf("ready slot %d on CPU 0 holds %+v, want %+v", idx, per[0].Key, want)
 	}
 	return idx, per
 }
 
 // TestSteerFastPath: once a packet of a steered flow has gone through the
 // full path with a valid next-hop cache slot, the flow's next packets in
-// the same tick are encapsulated from the ready headers in this CPU's flow
-// cache slot (steer_fast). Its output and counters are the full path's,
+// the same tick are encapsulated from the ready headers in this CPU's ready
+// slot (steer_fast). Its output and counters are the full path's,
 // for every shape of header it takes; a poisoned copy in the slot shows up
 // in the output (the path is really taken) unless the slot's epoch or tick
 // is not the current one.
@@ -133,18 +134,18 @@ func TestSteerFastPath(t *testing.T) {
 			if v, _ := e.run(t, k.objs.Steer, p.frame()); v != 4 {
 				t.Fatalf("verdict %s, want XDP_REDIRECT", xdpVerdicts[v])
 			}
-			idx, per := flowSlot(t, k, p.frame())
+			idx, per := readySlot(t, k, p.frame())
 			good := per[0]
-			if good.HdrTick == 0 {
-				t.Fatal("flow cache slot holds no ready headers after a steered packet")
+			if good.Tick == 0 {
+				t.Fatal("ready slot holds no headers after a steered packet")
 			}
-			poison := func(mod func(s *bpf.WarmpathFlowCacheSlot)) []byte {
+			poison := func(mod func(s *bpf.WarmpathReadySlot)) []byte {
 				s := good
 				s.Eth0 = binary.NativeEndian.Uint16(fake[0:])
 				s.Eth1 = binary.NativeEndian.Uint32(fake[2:])
 				mod(&s)
 				per[0] = s
-				if err := k.objs.FlowCache.Put(idx, per); err != nil {
+				if err := k.objs.Ready.Put(idx, per); err != nil {
 					t.Fatal(err)
 				}
 				v, out := e.run(t, k.objs.Steer, p.frame())
@@ -153,13 +154,13 @@ func TestSteerFastPath(t *testing.T) {
 				}
 				return out[:6]
 			}
-			if got := poison(func(s *bpf.WarmpathFlowCacheSlot) { s.Epoch++ }); !bytes.Equal(got, mac(macBE1)) {
+			if got := poison(func(s *bpf.WarmpathReadySlot) { s.Epoch++ }); !bytes.Equal(got, mac(macBE1)) {
 				t.Fatalf("slot of another epoch used: destination MAC %x", got)
 			}
-			if got := poison(func(s *bpf.WarmpathFlowCacheSlot) { s.HdrTick-- }); !bytes.Equal(got, mac(macBE1)) {
+			if got := poison(func(s *bpf.WarmpathReadySlot) { s.Tick-- }); !bytes.Equal(got, mac(macBE1)) {
 				t.Fatalf("ready headers of an earlier tick used: destination MAC %x", got)
 			}
-			if got := poison(func(s *bpf.WarmpathFlowCacheSlot) {}); bytes.Equal(got, fake) {
+			if got := poison(func(s *bpf.WarmpathReadySlot) {}); bytes.Equal(got, fake) {
 				used++
 			}
 		}
