@@ -7,7 +7,7 @@
 //     its GPU host in IPIP, anything else goes LOCAL (XDP_PASS to the
 //     slowpath). The decision is kept in an LRU flow table. Established
 //     steered packets whose flow was steered in the current tick take
-//     steer_fast: ready headers in the per-CPU flow cache, one array lookup.
+//     steer_fast: the flow's ready headers in a per-CPU array, one lookup.
 //   - xdp_decap: GPU host. Strips the outer header of IPIP packets for a
 //     service and passes the inner packet.
 //   - xdp_pass: returns XDP_PASS; the dummy program for a veth peer in

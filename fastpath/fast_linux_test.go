@@ -168,4 +168,66 @@ func TestSteerFastPath(t *testing.T) {
 			t.Fatalf("ready headers never used in %d attempts", attempts)
 		}
 	})
+
+	// Writing the flow's flow cache copy clears its ready headers, so none
+	// outlive the decision they were built from (checked in the map: the
+	// next packet may fall in another tick either way).
+	t.Run("flow cache refill clears", func(t *testing.T) {
+		p := ack(client, clientPort)
+		if v, _ := e.run(t, k.objs.Steer, p.frame()); v != 4 {
+			t.Fatalf("verdict %s, want XDP_REDIRECT", xdpVerdicts[v])
+		}
+		if _, per := readySlot(t, k, p.frame()); per[0].Tick == 0 {
+			t.Fatal("no ready headers after a steered packet that hit the flow cache")
+		}
+		// Void CPU 0's flow cache copy: the next packet refills it from
+		// the flow table, which must clear the headers and not rebuild
+		// them (only a flow cache hit does).
+		var slots []bpf.WarmpathFlowCacheSlot
+		for i := range k.objs.FlowCache.MaxEntries() {
+			if err := k.objs.FlowCache.Lookup(i, &slots); err != nil {
+				t.Fatal(err)
+			}
+			if slots[0].Key == (bpf.WarmpathFlowKey{}) {
+				continue
+			}
+			slots[0].Epoch++
+			if err := k.objs.FlowCache.Put(i, slots); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v, _ := e.run(t, k.objs.Steer, p.frame()); v != 4 {
+			t.Fatalf("verdict %s, want XDP_REDIRECT", xdpVerdicts[v])
+		}
+		if _, per := readySlot(t, k, p.frame()); per[0].Tick != 0 {
+			t.Fatalf("ready headers of tick %d kept across a flow cache refill", per[0].Tick)
+		}
+	})
+
+	t.Run("re-decided flow clears", func(t *testing.T) {
+		p := ack(client, clientPort)
+		if v, _ := e.run(t, k.objs.Steer, p.frame()); v != 4 {
+			t.Fatalf("verdict %s, want XDP_REDIRECT", xdpVerdicts[v])
+		}
+		if v, _ := e.run(t, k.objs.Steer, p.frame()); v != 4 {
+			t.Fatalf("verdict %s, want XDP_REDIRECT", xdpVerdicts[v])
+		}
+		if _, per := readySlot(t, k, p.frame()); per[0].Tick == 0 {
+			t.Fatal("no ready headers after steered packets that hit the flow cache")
+		}
+		// The backend goes away: a retransmitted SYN is decided again
+		// (LOCAL), and the flow's next packet must follow that.
+		if err := k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: false, Generation: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := e.run(t, k.objs.Steer, syn(client, clientPort).frame()); v != 2 {
+			t.Fatalf("re-decided SYN verdict %s, want XDP_PASS", xdpVerdicts[v])
+		}
+		if _, per := readySlot(t, k, p.frame()); per[0].Tick != 0 {
+			t.Fatalf("ready headers of tick %d kept across the re-decision", per[0].Tick)
+		}
+		if v, _ := e.run(t, k.objs.Steer, p.frame()); v != 2 {
+			t.Fatalf("ACK after the re-decision: verdict %s, want XDP_PASS", xdpVerdicts[v])
+		}
+	})
 }
