@@ -5,7 +5,9 @@
 //   - xdp_steer: edge host. Services (VIP:port/TCP) are decided per
 //     connection on the SYN: a valid affinity entry steers the connection to
 //     its GPU host in IPIP, anything else goes LOCAL (XDP_PASS to the
-//     slowpath). The decision is kept in an LRU flow table.
+//     slowpath). The decision is kept in an LRU flow table. Established
+//     steered packets whose flow was steered in the current tick take
+//     steer_fast: the flow's ready headers in a per-CPU array, one lookup.
 //   - xdp_decap: GPU host. Strips the outer header of IPIP packets for a
 //     service and passes the inner packet.
 //   - xdp_pass: returns XDP_PASS; the dummy program for a veth peer in
@@ -25,7 +27,10 @@
 // Conventions in warmpath.c, written at its top: every helper states its
 // return contract above it; helpers return an XDP verdict (>= 0), or a
 // success value >= 0 or a negative enum rc; packets are parsed by one
-// helper (parse_ipv4_tcp) and checksummed by one (csum16). Counter indices
+// helper (parse_ipv4_tcp) and checksummed by one (csum16), except in
+// steer_fast, the established steered packet's path, which checks the same
+// fields with wider loads and sums the outer header's four varying words in
+// registers (FuzzSteerReady holds it to the full path's bytes). Counter indices
 // are the C enums counter_idx and backend_counter_slot, generated into Go
 // by bpf2go (-type, WarmpathCounterIdx, WarmpathBackendCounterSlot).
 //

@@ -10,5 +10,5 @@ exec go run github.com/cilium/ebpf/cmd/bpf2go \
 	-go-package bpf \
 	-type svc_key -type svc_val -type aff_key -type aff_val -type backend \
 	-type flow_key -type flow_val -type config -type counter -type nexthop -type flow_cache_slot \
-	-type counter_idx -type backend_counter_slot \
+	-type counter_idx -type backend_counter_slot -type ready_slot \
 	Warmpath warmpath.c -- -mcpu=v3 -Wall -Werror -I.

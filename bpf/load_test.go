@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // TestLoad loads every program and map of the embedded object, so a
@@ -33,4 +34,29 @@ func TestLoad(t *testing.T) {
 			t.Errorf("%s: type %v, want XDP", name, p.Type())
 		}
 	}
+}
+
+// TestLoadStrictAlignment loads the programs as the verifier checks them on
+// architectures without efficient unaligned access (BPF_F_STRICT_ALIGNMENT:
+// every packet access aligned to its size, the frame at NET_IP_ALIGN), so
+// a wide unaligned load or store fails here, not on such a machine.
+func TestLoadStrictAlignment(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("loading BPF programs needs root")
+	}
+	spec, err := LoadWarmpath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone
+	}
+	for _, p := range spec.Programs {
+		p.Flags |= unix.BPF_F_STRICT_ALIGNMENT
+	}
+	var objs WarmpathObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		t.Fatalf("load with strict alignment: %+v", err)
+	}
+	_ = objs.Close()
 }

@@ -8,7 +8,10 @@
  * (VIP:port/TCP) are either passed to the local slowpath (LOCAL) or
  * encapsulated in IPIP and forwarded to the GPU host that holds the client's
  * warm KV cache. A SYN is decided once and the decision is remembered in an
- * LRU flow table, so no connection ever changes host mid-stream.
+ * LRU flow table, so no connection ever changes host mid-stream. An
+ * established steered packet whose flow was steered in the current tick
+ * takes steer_fast (its ready headers, per CPU); everything else takes
+ * steer_main.
  *
  * xdp_decap (GPU hosts): strips the outer IPv4 header of IPIP packets whose
  * inner packet is for a service and passes the inner packet to the stack.
@@ -22,7 +25,8 @@
  * xdp_action, >= 0); one that can fail returns a success value >= 0 (0, or
  * the BPF_FIB_LKUP_RET_* it got) or a negative enum rc (defined below),
  * and a lookup returns a pointer or NULL; the contract above each helper
- * says which. (steer returns both: a verdict, or a negative rc.)
+ * says which. (steer and steer_fast return both: a verdict, or a negative
+ * rc.)
  *
  * Helper contracts used throughout (each call site repeats the relevant one):
  *   bpf_map_lookup_elem: pointer to the value, or NULL when the key is
@@ -42,6 +46,7 @@
 #define MAX_FLOWS 131072
 #define FLOW_CACHE_SLOTS 4096 /* per CPU; a power of two */
 #define FLOW_CACHE_TICKS 64   /* 64 ms at HZ=1000, 640 ms at HZ=100 */
+#define READY_SLOTS 1024      /* per CPU, 64 KiB; a power of two */
 #define BACKEND_LOCAL 0xffffffffu
 #define OUTER_TTL 64
 #define IPPROTO_ICMP 1
@@ -142,6 +147,42 @@ struct flow_cache_slot {
 	__u32 epoch;
 	__u64 filled;
 };
+
+/*
+ * Per-CPU ready-headers slot (see steer_fast), direct-mapped by the same
+ * hash of the 4-tuple as flow_cache into fewer slots, so that the lookup
+ * steer_fast makes for every established packet stays in the CPU's cache
+ * even when the flows in turn outnumber the flow cache: the encapsulation
+ * of one steered flow, from the backend's next-hop cache slot when a packet
+ * of the flow was steered with it: outer source and destination (the
+ * flow's host), checksum base, egress MTU, Ethernet addresses, egress
+ * interface and the backend for its counter. Valid for key in the tick
+ * tick only (the tick that next-hop slot was checked in), so it never
+ * outlives the next-hop cache's own expiry check by more than a tick, and
+ * while epoch equals config.flow_epoch; tick 0 (no tick is 0: jiffies
+ * start far from it) when the slot holds none. Every write of the flow's
+ * flow_cache copy on this CPU clears it. 64 bytes: one cache line.
+ */
+struct ready_slot {
+	struct flow_key key;
+	__u32 epoch;
+	__be32 src;
+	__be32 addr;
+	__u32 backend;
+	/* The next-hop checksum base folded to 16 bits. */
+	__u16 csum;
+	__u16 mtu;
+	__u64 tick;
+	/* The MACs as stored in the frame, in the pieces steer_fast writes:
+	 * bytes 2-5 and 6-9, then 0-1 and 10-11. */
+	__u32 eth1;
+	__u32 eth2;
+	__u16 eth0;
+	__u16 eth3;
+	__u32 ifindex;
+	__u64 pad;
+};
+_Static_assert(sizeof(struct ready_slot) == 64, "ready_slot is one cache line");
 
 /*
  * Per-CPU next-hop cache slot, indexed by backend id: the result of a
@@ -298,6 +339,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct flow_cache_slot);
 } flow_cache SEC(".maps");
+
+/* Not pinned: ready headers, rebuilt by each loaded program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, READY_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ready_slot);
+} ready SEC(".maps");
 
 /* Not pinned: a cache, rebuilt by each loaded program. */
 struct {
@@ -621,6 +670,105 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
 	return rc;
 }
 
+/* flow_hash is the multiplicative hash of fk's 4-tuple both per-CPU
+ * direct-mapped caches index with (their top bits). */
+static __always_inline __u32 flow_hash(const struct flow_key *fk)
+{
+	return (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
+}
+
+/* flow_slot returns this CPU's cache slot for fk, masked into range (so
+ * never NULL in practice). */
+static __always_inline struct flow_cache_slot *flow_slot(const struct flow_key *fk)
+{
+	__u32 idx = flow_hash(fk) >> 20 & (FLOW_CACHE_SLOTS - 1);
+
+	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
+	return bpf_map_lookup_elem(&flow_cache, &idx);
+}
+
+/* ready_slot_of returns this CPU's ready-headers slot for fk (never NULL
+ * in practice: masked into range). */
+static __always_inline struct ready_slot *ready_slot_of(const struct flow_key *fk)
+{
+	__u32 idx = flow_hash(fk) >> 22 & (READY_SLOTS - 1);
+
+	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
+	return bpf_map_lookup_elem(&ready, &idx);
+}
+
+/* ready_clear voids this CPU's ready headers for fk, if its slot holds
+ * them: called whenever fk's flow cache copy is written, so no headers
+ * outlive the decision they were built from. No return value. */
+static __always_inline void ready_clear(const struct flow_key *fk)
+{
+	struct ready_slot *r = ready_slot_of(fk);
+
+	if (r && r->key.saddr == fk->saddr && r->key.daddr == fk->daddr &&
+	    r->key.sport == fk->sport && r->key.dport == fk->dport)
+		r->tick = 0;
+}
+
+/* flow_slot_fill copies a flows entry into this CPU's cache slot. */
+static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const struct flow_key *fk,
+					   const struct flow_val *fv, __u32 epoch, __u64 jiffies)
+{
+	slot->key = *fk;
+	slot->addr = fv->addr;
+	slot->backend = fv->backend;
+	slot->epoch = epoch;
+	slot->filled = jiffies;
+	ready_clear(fk);
+}
+
+/* ready_fill stores in fk's ready slot the encapsulation of the flow (cache
+ * copy slot) from next-hop cache slot nh (checked in tick jiffies; nh->dst
+ * is slot->addr). No return value. */
+static __always_inline void ready_fill(const struct flow_key *fk, const struct flow_cache_slot *slot,
+				       const struct nexthop *nh, __u64 jiffies)
+{
+	struct ready_slot *r = ready_slot_of(fk);
+	__u32 sum = (nh->csum_base & 0xffff) + (nh->csum_base >> 16);
+
+	if (!r)
+		return;
+	r->key = *fk;
+	r->epoch = slot->epoch;
+	r->backend = slot->backend;
+	r->addr = slot->addr;
+	__builtin_memcpy(&r->eth0, nh->dmac, 2);
+	__builtin_memcpy(&r->eth1, nh->dmac + 2, 4);
+	__builtin_memcpy(&r->eth2, nh->smac, 4);
+	__builtin_memcpy(&r->eth3, nh->smac + 4, 2);
+	r->ifindex = nh->ifindex;
+	r->src = nh->src;
+	/* Folding keeps a one's complement sum's value. */
+	r->csum = (sum & 0xffff) + (sum >> 16);
+	r->mtu = nh->mtu;
+	r->tick = jiffies;
+}
+
+/* record_flow writes dec for fk to the flow table and to this CPU's cache
+ * slot. bpf_map_update_elem: 0 or < 0; on failure the packet still follows
+ * dec, only the memory of it is lost (the slot is cleared then). */
+static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec,
+					const struct config *cfg, __u64 jiffies)
+{
+	struct flow_cache_slot *slot = flow_slot(fk);
+	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
+
+	if (!slot)
+		return;
+	if (rc == 0) {
+		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
+		return;
+	}
+	/* Not recorded: this CPU's copy must not outlive the table's. */
+	slot->key.saddr = 0;
+	slot->epoch = ~0u;
+	ready_clear(fk);
+}
+
 /*
  * steer encapsulates the packet (Ethernet + IPv4 at data) in an outer IPv4
  * header to dst and forwards it. Returns XDP_REDIRECT or XDP_TX when the
@@ -633,10 +781,17 @@ static __always_inline long next_hop(struct xdp_md *ctx, const struct config *cf
  *
  * With the next-hop cache on, a packet whose backend's slot is valid goes
  * straight to the encapsulation: no route lookup, no clock read within a
- * tick (see struct nexthop), the MACs written from the slot.
+ * tick (see struct nexthop), the MACs written from the slot. A packet
+ * redirected that way also leaves its flow's ready headers for steer_fast,
+ * when fslot (this CPU's flow cache slot) holds the flow fk (else NULL).
+ * steer_main passes it for a flow cache hit only: a flow whose copy was
+ * just filled gets its headers from its next packet, so packets of flows
+ * that miss the flow cache every time (more flows in turn than slots) do
+ * not pay for headers nobody would use.
  */
 static __always_inline int steer(struct xdp_md *ctx, const struct config *cfg, __u64 jiffies,
-				 __be32 dst, __u32 id, __u64 len, __u16 *mtu)
+				 __be32 dst, __u32 id, __u64 len, __u16 *mtu,
+				 const struct flow_key *fk, struct flow_cache_slot *fslot)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -731,50 +886,153 @@ encap:
 	}
 	if (hop->ifindex == ctx->ingress_ifindex)
 		return XDP_TX;
+	if (fslot && hop == nh)
+		ready_fill(fk, fslot, nh, jiffies);
 	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
 	return bpf_redirect(hop->ifindex, 0);
 }
 
-/* flow_slot returns this CPU's cache slot for fk: a multiplicative hash
- * of the 4-tuple, masked into range (so never NULL in practice). */
-static __always_inline struct flow_cache_slot *flow_slot(const struct flow_key *fk)
+/* Views of packet bytes: one load or store each. Each access is aligned to
+ * its size as the verifier's strict mode counts it (the frame starting 2
+ * bytes past an 8-byte boundary, NET_IP_ALIGN, so the IPv4 header is
+ * aligned): the program loads on architectures without efficient unaligned
+ * access too (TestLoad loads it with BPF_F_STRICT_ALIGNMENT). */
+typedef __u64 __attribute__((may_alias)) pkt64;
+typedef __u32 __attribute__((may_alias)) pkt32;
+typedef __u16 __attribute__((may_alias)) pkt16;
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "steer_fast assembles header words in little-endian order"
+#endif
+
+/*
+ * Profiling builds only: BenchmarkXDPStages compiles this file with
+ * -DWARMPATH_BENCH_STOP=n so that steer_fast returns XDP_REDIRECT right
+ * after stage n (1 parse, 2 ready slot, 3 epoch/tick/MTU checks,
+ * 4 adjust_head, with the packet marked IPIP for the benchmark's undo,
+ * 5 headers, 6 counter) and times each stage. make generate never sets it.
+ */
+#ifdef WARMPATH_BENCH_STOP
+#define BENCH_STOP(n)                                    \
+	do {                                             \
+		if (WARMPATH_BENCH_STOP == (n))          \
+			return XDP_REDIRECT;             \
+	} while (0)
+#else
+#define BENCH_STOP(n) \
+	do {          \
+	} while (0)
+#endif
+
+/*
+ * steer_fast is the path of a steered established packet whose flow has
+ * ready headers in this CPU's ready slot (struct ready_slot): one array
+ * lookup, then the encapsulation from the slot, the backend's
+ * counter and the redirect. It returns XDP_REDIRECT (or XDP_DROP, counted,
+ * for a packet it modified and cannot complete), or RC_FAIL with the packet
+ * untouched for anything else, which steer_main then decides in full:
+ * a SYN, IP options, a truncated or fragmented packet, a slot of another
+ * flow, another epoch, headers from an earlier tick, a packet over the MTU,
+ * no headroom. For the packets it takes the result is byte for byte and
+ * counter for counter what steer_main does: the same checks of the
+ * headers, the outer header built from the same fields (TOS, identification,
+ * DF and length from the inner header), the same counter. It skips the
+ * service-port filter, as steer_main's flow cache hit does.
+ */
+static __always_inline int steer_fast(struct xdp_md *ctx)
 {
-	__u32 h = (fk->saddr ^ fk->daddr ^ ((__u32)fk->sport << 16 | fk->dport)) * 0x9e3779b1u;
-	__u32 idx = h >> 20 & (FLOW_CACHE_SLOTS - 1);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	struct tcphdr *tcp = (void *)(ip + 1);
+	struct ready_slot *slot;
+	struct flow_key fk;
+	struct config *cfg;
+	__u64 w, o, sum, now;
+	__u32 tot, doff, word2, key = 0;
 
-	/* bpf_map_lookup_elem (per-CPU array): NULL only out of range. */
-	return bpf_map_lookup_elem(&flow_cache, &idx);
-}
+	/* bpf_jiffies64: the tick counter (a load), never fails. Read first:
+	 * to the compiler it is a call, which would spill what is live. */
+	now = bpf_jiffies64();
+	if ((void *)(tcp + 1) > end)
+		return RC_FAIL;
+	if (*(pkt16 *)(data + 12) != bpf_htons(ETH_P_IP))
+		return RC_FAIL;
+	/* Version and IHL, TOS, total length, identification, flags and
+	 * fragment offset: the first eight bytes, in one load. */
+	w = *(pkt64 *)ip;
+	if ((__u8)w != 0x45 || ip->protocol != IPPROTO_TCP)
+		return RC_FAIL;
+	if ((__u16)(w >> 48) & bpf_htons(IP_MF | IP_OFFSET))
+		return RC_FAIL;
+	tot = bpf_ntohs((__u16)(w >> 16));
+	doff = (tcp->doff_res >> 4) * 4;
+	if ((void *)ip + tot > end || doff < sizeof(*tcp) || sizeof(*ip) + doff > tot)
+		return RC_FAIL;
+	if ((tcp->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+		return RC_FAIL;
+	BENCH_STOP(1);
 
-/* flow_slot_fill copies a flows entry into this CPU's cache slot. */
-static __always_inline void flow_slot_fill(struct flow_cache_slot *slot, const struct flow_key *fk,
-					   const struct flow_val *fv, __u32 epoch, __u64 jiffies)
-{
-	slot->key = *fk;
-	slot->addr = fv->addr;
-	slot->backend = fv->backend;
-	slot->epoch = epoch;
-	slot->filled = jiffies;
-}
-
-/* record_flow writes dec for fk to the flow table and to this CPU's cache
- * slot. bpf_map_update_elem: 0 or < 0; on failure the packet still follows
- * dec, only the memory of it is lost (the slot is cleared then). */
-static __always_inline void record_flow(const struct flow_key *fk, const struct flow_val *dec,
-					const struct config *cfg, __u64 jiffies)
-{
-	struct flow_cache_slot *slot = flow_slot(fk);
-	long rc = bpf_map_update_elem(&flows, fk, dec, BPF_ANY);
-
+	fk.saddr = ip->saddr;
+	fk.daddr = ip->daddr;
+	fk.sport = tcp->source;
+	fk.dport = tcp->dest;
+	slot = ready_slot_of(&fk);
 	if (!slot)
-		return;
-	if (rc == 0) {
-		flow_slot_fill(slot, fk, dec, cfg->flow_epoch, jiffies);
-		return;
+		return RC_FAIL;
+	if (slot->key.saddr != fk.saddr || slot->key.daddr != fk.daddr ||
+	    *(pkt32 *)&slot->key.sport != *(pkt32 *)tcp)
+		return RC_FAIL;
+	BENCH_STOP(2);
+	/* bpf_map_lookup_elem (array, index 0): never NULL. */
+	cfg = bpf_map_lookup_elem(&settings, &key);
+	if (!cfg || slot->epoch != cfg->flow_epoch || slot->tick != now)
+		return RC_FAIL;
+	if (tot + sizeof(struct iphdr) > slot->mtu)
+		return RC_FAIL;
+	BENCH_STOP(3);
+
+	/* The outer header's first eight bytes: the inner's with the length
+	 * grown by 20 and of the flags only DF kept. */
+	o = (w & 0x0040ffff0000ffffull) | (__u64)bpf_htons(tot + sizeof(struct iphdr)) << 16;
+	sum = slot->csum + (o & 0xffff) + (o >> 16 & 0xffff) + (o >> 32 & 0xffff) + (o >> 48);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	/* TTL, protocol, checksum: the outer header's bytes 8-11. */
+	word2 = OUTER_TTL | IPPROTO_IPIP << 8 | (__u32)(__u16)~sum << 16;
+
+	/* bpf_xdp_adjust_head: 0 on success, < 0 (packet untouched) when the
+	 * headroom is too small. Invalidates every packet pointer. */
+	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr)))
+		return RC_FAIL;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + ETH_HLEN + sizeof(struct iphdr) > end) {
+		count(C_DROPPED, end - data - sizeof(struct iphdr));
+		return XDP_DROP;
 	}
-	/* Not recorded: this CPU's copy must not outlive the table's. */
-	slot->key.saddr = 0;
-	slot->epoch = ~0u;
+#ifdef WARMPATH_BENCH_STOP
+	if (WARMPATH_BENCH_STOP == 4) {
+		*(__u8 *)(data + ETH_HLEN + 9) = IPPROTO_IPIP;
+		return XDP_REDIRECT;
+	}
+#endif
+	*(pkt16 *)data = slot->eth0;
+	*(pkt32 *)(data + 2) = slot->eth1;
+	*(pkt32 *)(data + 6) = slot->eth2;
+	/* Source MAC bytes 4-5 and the EtherType. */
+	*(pkt32 *)(data + 10) = slot->eth3 | (__u32)bpf_htons(ETH_P_IP) << 16;
+	*(pkt64 *)(data + ETH_HLEN) = o;
+	*(pkt32 *)(data + ETH_HLEN + 8) = word2;
+	*(pkt32 *)(data + ETH_HLEN + 12) = slot->src;
+	*(pkt32 *)(data + ETH_HLEN + 16) = slot->addr;
+	BENCH_STOP(5);
+
+	/* Counted as received: the frame before the outer header. */
+	count_backend(slot->backend, BE_STEERED, end - data - sizeof(struct iphdr));
+	BENCH_STOP(6);
+	/* bpf_redirect: XDP_REDIRECT on success, XDP_ABORTED on bad flags. */
+	return bpf_redirect(slot->ifindex, 0);
 }
 
 /* service_port reports whether some service listens on TCP port (network
@@ -792,12 +1050,14 @@ static __always_inline int service_port(__be16 port)
  * steer_main is the whole edge decision. Returns an XDP action. Every path
  * that does not steer leaves the packet untouched.
  *
- * Order: parse, then the service-port filter (an array lookup). A non-SYN
- * packet looks up this CPU's flow cache (an array lookup), then the flow
- * table, and on a hit follows it without the services or affinity maps: a
- * flow entry exists only for a service (Go deletes a removed service's
- * flows and voids the caches). Everything else (SYNs, flow misses) checks
- * the services map and decides.
+ * Runs for what steer_fast did not take. Order: parse, then the
+ * service-port filter (an array lookup). A non-SYN packet looks up this
+ * CPU's flow cache (an array lookup), then the flow table, and on a hit
+ * follows it without the services or affinity maps: a flow entry exists
+ * only for a service (Go deletes a removed service's flows and voids the
+ * caches). Everything else (SYNs, flow misses) checks the services map and
+ * decides. A packet steered with a valid next-hop cache slot leaves its
+ * flow's ready headers for steer_fast.
  */
 static __always_inline int steer_main(struct xdp_md *ctx)
 {
@@ -810,6 +1070,7 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	struct svc_key sk = {};
 	struct flow_key fk = {};
 	struct flow_val dec = {}, *fv;
+	struct flow_cache_slot *slot, *hit = 0;
 	struct backend *be;
 	struct config *cfg;
 	__u32 ihl, doff, tot, id = 0, key = 0;
@@ -856,13 +1117,13 @@ static __always_inline int steer_main(struct xdp_md *ctx)
 	fk.dport = tcp->dest;
 
 	if (!syn) {
-		struct flow_cache_slot *slot = flow_slot(&fk);
-
+		slot = flow_slot(&fk);
 		if (slot && slot->key.saddr == fk.saddr && slot->key.daddr == fk.daddr &&
 		    slot->key.sport == fk.sport && slot->key.dport == fk.dport &&
 		    slot->epoch == cfg->flow_epoch && jiffies - slot->filled < FLOW_CACHE_TICKS) {
 			dec.addr = slot->addr;
 			dec.backend = slot->backend;
+			hit = slot;
 			goto follow;
 		}
 		/* bpf_map_lookup_elem (LRU hash): the value, or NULL. */
@@ -935,7 +1196,7 @@ follow:
 		return XDP_PASS;
 	}
 
-	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu);
+	act = steer(ctx, cfg, jiffies, dec.addr, dec.backend, len, &mtu, &fk, hit);
 	if (act >= 0)
 		return act;
 	if ((act == RC_FAIL || act == RC_FRAG) && fresh && syn) {
@@ -973,6 +1234,10 @@ malformed:
 SEC("xdp")
 int xdp_steer(struct xdp_md *ctx)
 {
+	int act = steer_fast(ctx);
+
+	if (act >= 0)
+		return act;
 	return steer_main(ctx);
 }
 

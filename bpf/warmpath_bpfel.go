@@ -133,6 +133,24 @@ type WarmpathNexthop struct {
 	CsumBase    uint32
 }
 
+type WarmpathReadySlot struct {
+	_       structs.HostLayout
+	Key     WarmpathFlowKey
+	Epoch   uint32
+	Src     uint32
+	Addr    uint32
+	Backend uint32
+	Csum    uint16
+	Mtu     uint16
+	Tick    uint64
+	Eth1    uint32
+	Eth2    uint32
+	Eth0    uint16
+	Eth3    uint16
+	Ifindex uint32
+	Pad     uint64
+}
+
 type WarmpathSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -157,6 +175,7 @@ const (
 	WarmpathMapFlows      = "flows"
 	WarmpathMapIcmpBudget = "icmp_budget"
 	WarmpathMapNexthops   = "nexthops"
+	WarmpathMapReady      = "ready"
 	WarmpathMapServices   = "services"
 	WarmpathMapSettings   = "settings"
 	WarmpathMapSvcPorts   = "svc_ports"
@@ -223,6 +242,7 @@ type WarmpathMapSpecs struct {
 	Flows      *ebpf.MapSpec `ebpf:"flows"`
 	IcmpBudget *ebpf.MapSpec `ebpf:"icmp_budget"`
 	Nexthops   *ebpf.MapSpec `ebpf:"nexthops"`
+	Ready      *ebpf.MapSpec `ebpf:"ready"`
 	Services   *ebpf.MapSpec `ebpf:"services"`
 	Settings   *ebpf.MapSpec `ebpf:"settings"`
 	SvcPorts   *ebpf.MapSpec `ebpf:"svc_ports"`
@@ -261,6 +281,7 @@ type WarmpathMaps struct {
 	Flows      *ebpf.Map `ebpf:"flows"`
 	IcmpBudget *ebpf.Map `ebpf:"icmp_budget"`
 	Nexthops   *ebpf.Map `ebpf:"nexthops"`
+	Ready      *ebpf.Map `ebpf:"ready"`
 	Services   *ebpf.Map `ebpf:"services"`
 	Settings   *ebpf.Map `ebpf:"settings"`
 	SvcPorts   *ebpf.Map `ebpf:"svc_ports"`
@@ -275,6 +296,7 @@ func (m *WarmpathMaps) Close() error {
 		m.Flows,
 		m.IcmpBudget,
 		m.Nexthops,
+		m.Ready,
 		m.Services,
 		m.Settings,
 		m.SvcPorts,

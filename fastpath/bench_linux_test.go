@@ -5,6 +5,10 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -75,7 +79,7 @@ func kernelTestRun(prog *ebpf.Program, data []byte, ctx xdpMd, repeat uint32) (u
 }
 
 // barePass loads the floor: a program that only returns XDP_PASS.
-func barePass(b *testing.B) *ebpf.Program {
+func barePass(b testing.TB) *ebpf.Program {
 	b.Helper()
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "Dual MIT/GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
@@ -91,7 +95,7 @@ func barePass(b *testing.B) *ebpf.Program {
 // 4, so benchHarness undoes it) and return XDP_REDIRECT. Under the harness
 // it is the floor of any encapsulation, the reference for xdp_steer's own
 // cost.
-func bareEncap(b *testing.B) *ebpf.Program {
+func bareEncap(b testing.TB) *ebpf.Program {
 	b.Helper()
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "Dual MIT/GPL",
 		Instructions: asm.Instructions{
@@ -117,6 +121,114 @@ func bareEncap(b *testing.B) *ebpf.Program {
 	return p
 }
 
+// ethRewrite stores the bench packets' Ethernet header at the packet start
+// (R2: data, bounds checked by the caller), as benchHarness's undo does.
+func ethRewrite(tb testing.TB) asm.Instructions {
+	tb.Helper()
+	mac := func(s string) (uint32, uint16) {
+		hw, err := net.ParseMAC(s)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return binary.NativeEndian.Uint32(hw[:4]), binary.NativeEndian.Uint16(hw[4:6])
+	}
+	dst4, dst2 := mac(macIn)
+	src4, src2 := mac(macClient)
+	var ethP [2]byte
+	binary.BigEndian.PutUint16(ethP[:], 0x0800)
+	return asm.Instructions{
+		asm.StoreImm(asm.R2, 0, int64(int32(dst4)), asm.Word),
+		asm.StoreImm(asm.R2, 4, int64(int16(dst2)), asm.Half),
+		asm.StoreImm(asm.R2, 6, int64(int32(src4)), asm.Word),
+		asm.StoreImm(asm.R2, 10, int64(int16(src2)), asm.Half),
+		asm.StoreImm(asm.R2, 12, int64(int16(binary.NativeEndian.Uint16(ethP[:]))), asm.Half),
+	}
+}
+
+// encapUndo loads bareEncap followed, in the same program, by
+// benchHarness's undo (adjust_head +20, the Ethernet header rewritten):
+// run without the harness, it prices the pair, so that half of it (the
+// two adjust_head calls run the same helper code) estimates the undo that
+// the harness adds to every steered repetition.
+func encapUndo(tb testing.TB) *ebpf.Program {
+	tb.Helper()
+	ins := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.Mov.Imm(asm.R2, -20),
+		asm.FnXdpAdjustHead.Call(),
+		asm.JNE.Imm(asm.R0, 0, "abort"),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word),
+		asm.LoadMem(asm.R3, asm.R6, 4, asm.Word),
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, 14+20+4),
+		asm.JGT.Reg(asm.R4, asm.R3, "abort"),
+		asm.StoreImm(asm.R2, 14+9, 4, asm.Byte),
+		asm.LoadMem(asm.R4, asm.R2, 14+9, asm.Byte),
+		asm.JNE.Imm(asm.R4, 4, "abort"),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, 20),
+		asm.FnXdpAdjustHead.Call(),
+		asm.JNE.Imm(asm.R0, 0, "abort"),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word),
+		asm.LoadMem(asm.R3, asm.R6, 4, asm.Word),
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, 14+20+4),
+		asm.JGT.Reg(asm.R4, asm.R3, "abort"),
+	}
+	ins = append(ins, ethRewrite(tb)...)
+	ins = append(ins,
+		asm.Mov.Imm(asm.R0, 4), // XDP_REDIRECT
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("abort"),
+		asm.Return(),
+	)
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, AttachType: ebpf.AttachXDP, License: "Dual MIT/GPL", Instructions: ins})
+	if err != nil {
+		tb.Fatalf("load encapsulation + undo: %v", err)
+	}
+	tb.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// loadSteerObject loads xdp_steer from another build of bpf/warmpath.c
+// (an object file: an older version to compare with, or a profiling
+// build), sharing every map of e's datapath that has the same name and
+// layout; maps whose layout differs (a cache of another version) are the
+// object's own, unpinned.
+func loadSteerObject(tb testing.TB, e *edgeEnv, path string) *ebpf.Program {
+	tb.Helper()
+	spec, err := ebpf.LoadCollectionSpec(path)
+	if err != nil {
+		tb.Fatalf("read %s: %v", path, err)
+	}
+	have := map[string]*ebpf.Map{}
+	v := reflect.ValueOf(&e.k.objs.WarmpathMaps).Elem()
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok && m != nil {
+			have[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, ms := range spec.Maps {
+		ms.Pinning = ebpf.PinNone
+		if m, ok := have[name]; ok && ms.Type == m.Type() && ms.KeySize == m.KeySize() &&
+			ms.ValueSize == m.ValueSize() && ms.MaxEntries == m.MaxEntries() {
+			repl[name] = m
+		}
+	}
+	for name := range spec.Programs {
+		if name != "xdp_steer" {
+			delete(spec.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
+	if err != nil {
+		tb.Fatalf("load xdp_steer from %s: %v", path, err)
+	}
+	tb.Cleanup(coll.Close)
+	return coll.Programs["xdp_steer"]
+}
+
 // benchHarness loads a program that tail-calls target, for
 // BPF_PROG_TEST_RUN with Repeat > 1: the kernel reuses the packet buffer,
 // so each repetition starts by undoing the previous one's encapsulation
@@ -126,24 +238,13 @@ func bareEncap(b *testing.B) *ebpf.Program {
 // SYN is a new connection. The harness is plain bytecode, independent of
 // bpf/warmpath.c, so the same benchmark measures any version of xdp_steer;
 // its own cost is the "harness" case (it tail-calls the bare program).
-func benchHarness(b *testing.B, target *ebpf.Program, nextPort bool) *ebpf.Program {
+func benchHarness(b testing.TB, target *ebpf.Program, nextPort bool) *ebpf.Program {
 	b.Helper()
 	progs, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	if err != nil {
 		b.Fatalf("prog array: %v", err)
 	}
 	b.Cleanup(func() { _ = progs.Close() })
-	mac := func(s string) (uint32, uint16) {
-		hw, err := net.ParseMAC(s)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return binary.NativeEndian.Uint32(hw[:4]), binary.NativeEndian.Uint16(hw[4:6])
-	}
-	dst4, dst2 := mac(macIn)
-	src4, src2 := mac(macClient)
-	var ethP [2]byte
-	binary.BigEndian.PutUint16(ethP[:], 0x0800)
 	loadPkt := asm.Instructions{
 		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // data
 		asm.LoadMem(asm.R3, asm.R6, 4, asm.Word), // data_end
@@ -162,14 +263,8 @@ func benchHarness(b *testing.B, target *ebpf.Program, nextPort bool) *ebpf.Progr
 		asm.JNE.Imm(asm.R0, 0, "abort"),
 	)
 	ins = append(ins, loadPkt...)
-	ins = append(ins,
-		asm.JGT.Reg(asm.R4, asm.R3, "abort"),
-		asm.StoreImm(asm.R2, 0, int64(int32(dst4)), asm.Word),
-		asm.StoreImm(asm.R2, 4, int64(int16(dst2)), asm.Half),
-		asm.StoreImm(asm.R2, 6, int64(int32(src4)), asm.Word),
-		asm.StoreImm(asm.R2, 10, int64(int16(src2)), asm.Half),
-		asm.StoreImm(asm.R2, 12, int64(int16(binary.NativeEndian.Uint16(ethP[:]))), asm.Half),
-	)
+	ins = append(ins, asm.JGT.Reg(asm.R4, asm.R3, "abort"))
+	ins = append(ins, ethRewrite(b)...)
 	fresh := asm.Mov.Imm(asm.R0, 0).WithSymbol("fresh")
 	ins = append(ins, fresh)
 	if nextPort {
@@ -241,19 +336,32 @@ func pinCPU(b *testing.B) {
 	}
 }
 
+// baselineEnv names an environment variable: the path of another build of
+// bpf/warmpath.c (e.g. main's bpf/warmpath_bpfel.o copied aside) whose
+// xdp_steer BenchmarkXDPSteer also runs, interleaved, as base_est,
+// base_syn and base_many.
+const baselineEnv = "WARMPATH_XDP_BASELINE"
+
 // BenchmarkXDPSteer measures, interleaved in every iteration (so the cases
 // share the machine's load), kernelRepeat packets per BPF_PROG_TEST_RUN of:
 // the bare XDP_PASS program (floor), the harness alone (tail call into the
 // bare program), the harness around bareEncap (encap: the least any
-// encapsulation costs here, undo included), a steered packet of an established flow (est), one of
-// kernelRepeat established flows in turn (many: every repetition another
-// flow, so per-CPU caches of recent flows miss and the flow table is a real
-// working set), and a new SYN (every repetition a new source port:
-// services, affinity, flow insert, encapsulation), all through xdp_steer
-// with the next-hop cache on (the default). Reported: kernel-timed ns per
-// packet of each and the ratios to the floor (est/floor, many/floor,
-// syn/floor), which include the harness. ns/op is the wall time of one
-// iteration (test runner fixed costs, flow cleanup): ignore it.
+// encapsulation costs here, undo included), encapUndo without the harness
+// (pair: the encapsulation's adjust_head and the undo in one program), a
+// steered packet of an established flow (est), one of kernelRepeat
+// established flows in turn (many: every repetition another flow, so
+// per-CPU caches of recent flows miss and the flow table is a real working
+// set), and a new SYN (every repetition a new source port: services,
+// affinity, flow insert, encapsulation), all through xdp_steer with the
+// next-hop cache on (the default); with $WARMPATH_XDP_BASELINE set, the
+// same three through that object's xdp_steer too (base_*).
+//
+// Reported: kernel-timed ns per packet of each, the ratios to the floor
+// (est/floor, many/floor, syn/floor: raw, the harness and its undo
+// included) and, for the established packet, the net figure: undo_ns is
+// the harness's own cost (harness - floor) plus the undo's (half of pair -
+// floor), est_net = est - undo_ns, and est_net/floor. ns/op is the wall
+// time of one iteration (test runner fixed costs, flow cleanup): ignore it.
 func BenchmarkXDPSteer(b *testing.B) {
 	e := benchEnv(b)
 	if err := e.k.setSettings(encapSrc, DefaultNextHopTTL); err != nil {
@@ -276,41 +384,59 @@ func BenchmarkXDPSteer(b *testing.B) {
 		func(key []byte) error { return e.k.objs.Flows.Put(key, val) }); err != nil {
 		b.Fatalf("insert flows: %v", err)
 	}
-	cases := []struct {
+	type benchCase struct {
 		name string
 		prog *ebpf.Program
 		in   []byte
 		want uint32
-	}{
-		{"floor", floor, est, 2},
-		{"harness", benchHarness(b, floor, false), est, 2},
-		{"encap", benchHarness(b, bareEncap(b), false), est, 4},
-		{"est", benchHarness(b, e.k.objs.Steer, false), est, 4},
-		{"syn", benchHarness(b, e.k.objs.Steer, true), synIn, 4},
-		{"many", benchHarness(b, e.k.objs.Steer, true), manyIn, 4},
+		syn  bool // creates flows, deleted after the run
 	}
-	total := make([]time.Duration, len(cases))
+	steerCases := func(prefix string, steer *ebpf.Program) []benchCase {
+		return []benchCase{
+			{prefix + "est", benchHarness(b, steer, false), est, 4, false},
+			{prefix + "syn", benchHarness(b, steer, true), synIn, 4, true},
+			{prefix + "many", benchHarness(b, steer, true), manyIn, 4, false},
+		}
+	}
+	cases := []benchCase{
+		{"floor", floor, est, 2, false},
+		{"harness", benchHarness(b, floor, false), est, 2, false},
+		{"encap", benchHarness(b, bareEncap(b), false), est, 4, false},
+		{"pair", encapUndo(b), est, 4, false},
+	}
+	cases = append(cases, steerCases("", e.k.objs.Steer)...)
+	base := os.Getenv(baselineEnv)
+	if base != "" {
+		cases = append(cases, steerCases("base_", loadSteerObject(b, e, base))...)
+		if v, _ := e.run(b, cases[len(cases)-3].prog, est); v != 4 {
+			b.Fatalf("baseline: established verdict %d, want 4", v)
+		}
+	}
+	total := make(map[string]time.Duration)
 	raw := binary.NativeEndian.Uint16(synIn[14+20:])
 	err := e.ns.Do(func() error {
 		pinCPU(b)
 		for b.Loop() {
-			for i, c := range cases {
+			for _, c := range cases {
 				ctx := xdpMd{DataEnd: uint32(len(c.in)), IngressIfindex: uint32(e.ifindex)}
 				v, d, err := kernelTestRun(c.prog, c.in, ctx, kernelRepeat)
 				if err != nil || v != c.want {
 					b.Fatalf("%s: verdict %d (want %d) err %v", c.name, v, c.want, err)
 				}
-				total[i] += d
-			}
-			// Every SYN of the next iteration must be new again.
-			err := harnessFlows(e.k.objs.Flows, "10.1.0.2", raw, kernelRepeat, func(key []byte) error {
-				if err := e.k.objs.Flows.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return err
+				total[c.name] += d
+				if !c.syn {
+					continue
 				}
-				return nil
-			})
-			if err != nil {
-				b.Fatalf("delete flows: %v", err)
+				// Every SYN of the next run must be new again.
+				err = harnessFlows(e.k.objs.Flows, "10.1.0.2", raw, kernelRepeat, func(key []byte) error {
+					if err := e.k.objs.Flows.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						return err
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatalf("delete flows: %v", err)
+				}
 			}
 		}
 		return nil
@@ -318,13 +444,97 @@ func BenchmarkXDPSteer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i, c := range cases {
-		b.ReportMetric(float64(total[i].Nanoseconds())/float64(b.N), c.name+"_ns/pkt")
+	ns := func(name string) float64 { return float64(total[name].Nanoseconds()) / float64(b.N) }
+	for _, c := range cases {
+		b.ReportMetric(ns(c.name), c.name+"_ns/pkt")
 	}
-	b.ReportMetric(float64(total[3])/float64(total[0]), "est/floor")
-	b.ReportMetric(float64(total[4])/float64(total[0]), "syn/floor")
-	b.ReportMetric(float64(total[5])/float64(total[0]), "many/floor")
-	b.ReportMetric(float64(total[2])/float64(total[0]), "encap/floor")
+	f := ns("floor")
+	undo := ns("harness") - f + (ns("pair")-f)/2
+	b.ReportMetric(undo, "undo_ns")
+	b.ReportMetric(ns("encap")/f, "encap/floor")
+	prefixes := []string{""}
+	if base != "" {
+		prefixes = append(prefixes, "base_")
+	}
+	for _, p := range prefixes {
+		b.ReportMetric(ns(p+"est")/f, p+"est/floor")
+		b.ReportMetric((ns(p+"est")-undo)/f, p+"est_net/floor")
+		b.ReportMetric(ns(p+"syn")/f, p+"syn/floor")
+		b.ReportMetric(ns(p+"many")/f, p+"many/floor")
+	}
+}
+
+// BenchmarkXDPStages times steer_fast stage by stage: profiling builds of
+// bpf/warmpath.c (-DWARMPATH_BENCH_STOP=n, compiled here with clang-14 or
+// $BPF2GO_CC; skipped without it) that return right after stage n, each
+// through benchHarness on an established packet with ready headers,
+// interleaved with the floor, the harness and the real xdp_steer (full).
+// Reported: ns per packet of each and each stage's increment over the one
+// before (stage 1 over the harness, full over stage 6). Stage 4 includes
+// the harness's undo, which starts there (the packet is encapsulated).
+func BenchmarkXDPStages(b *testing.B) {
+	cc := os.Getenv("BPF2GO_CC")
+	if cc == "" {
+		cc = "clang-14"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		b.Skipf("%s not found: profiling builds need it", cc)
+	}
+	e := benchEnv(b)
+	if err := e.k.setSettings(encapSrc, DefaultNextHopTTL); err != nil {
+		b.Fatal(err)
+	}
+	stages := []string{"parse", "slot", "checks", "adjust_head", "headers", "counter"}
+	dir := b.TempDir()
+	type stageCase struct {
+		name string
+		prog *ebpf.Program
+	}
+	floor := barePass(b)
+	cases := []stageCase{{"floor", floor}, {"harness", benchHarness(b, floor, false)}}
+	for i, name := range stages {
+		obj := filepath.Join(dir, name+".o")
+		out, err := exec.Command(cc, "-O2", "-g", "-target", "bpfel", "-mcpu=v3", "-Wall", "-Werror", "-I../bpf",
+			"-DWARMPATH_BENCH_STOP="+string(rune('1'+i)), "-c", "../bpf/warmpath.c", "-o", obj).CombinedOutput()
+		if err != nil {
+			b.Fatalf("build stage %s: %v: %s", name, err, out)
+		}
+		cases = append(cases, stageCase{name, benchHarness(b, loadSteerObject(b, e, obj), false)})
+	}
+	cases = append(cases, stageCase{"full", benchHarness(b, e.k.objs.Steer, false)})
+	est := ack("10.1.0.2", clientPort).frame()
+	if v, _ := e.run(b, e.k.objs.Steer, syn("10.1.0.2", clientPort).frame()); v != 4 {
+		b.Fatalf("SYN verdict %d, want 4", v)
+	}
+	total := make([]time.Duration, len(cases))
+	err := e.ns.Do(func() error {
+		pinCPU(b)
+		for b.Loop() {
+			for i, c := range cases {
+				ctx := xdpMd{DataEnd: uint32(len(est)), IngressIfindex: uint32(e.ifindex)}
+				want := uint32(4)
+				if i < 2 {
+					want = 2
+				}
+				v, d, err := kernelTestRun(c.prog, est, ctx, kernelRepeat)
+				if err != nil || v != want {
+					b.Fatalf("%s: verdict %d (want %d) err %v", c.name, v, want, err)
+				}
+				total[i] += d
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns := func(i int) float64 { return float64(total[i].Nanoseconds()) / float64(b.N) }
+	for i, c := range cases {
+		b.ReportMetric(ns(i), c.name+"_ns/pkt")
+		if i >= 2 {
+			b.ReportMetric(ns(i)-ns(i-1), "+"+c.name+"_ns")
+		}
+	}
 }
 
 // BenchmarkXDPKernelLoop runs each case kernelRepeat times per

@@ -247,6 +247,12 @@ func (k *Kernel) setSettings(a netip.Addr, nhTTL time.Duration) error {
 			return fmt.Errorf("flush next-hop cache: %w", err)
 		}
 	}
+	// The flow cache's ready headers are copies of next-hop entries: a
+	// new epoch, after the flush, voids them on every CPU.
+	cfg.FlowEpoch++
+	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("write settings: %w", err)
+	}
 	return nil
 }
 
