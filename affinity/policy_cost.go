@@ -118,7 +118,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		e.busy = int64(busy)
 		e.slots = s
 		e.over = over
-		e.unc = max(t, 0) // c_r 0 = 0: c_r is in [0, 1]
+		e.unc = max(t, 0) // C_r = 0: nothing to discount (c_r is in [0, 1])
 		if c != 0 {
 			e.unc = max(t-h.confidence()*c, 0)
 		}
@@ -163,7 +163,8 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		// monotonic, so est is at least the same sum; lowered by 1e-12 of
 		// itself, far more than the few roundings a compiler fusing a
 		// multiply-add differently in the two sums could move either.
-		e.low = (e.over + e.qinv + e.x*e.unc*e.inv + e.pen) * lowMargin
+		e.low = e.over + e.qinv + e.x*e.unc*e.inv + e.pen
+		e.low -= lowMargin * math.Abs(e.low)
 		if e.low < cs[lowest].low {
 			lowest = i
 		}
@@ -171,8 +172,9 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	return cs, lowest
 }
 
-// lowMargin scales costCand.low below the estimate's rounding.
-const lowMargin = 1 - 1e-12
+// lowMargin is how far, in parts of itself, costCand.low is put below the
+// estimate's rounding.
+const lowMargin = 1e-12
 
 // isFull reports whether a new request on the replica would wait for others
 // to finish: every batch slot is taken, or its pending requests are behind

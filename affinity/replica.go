@@ -74,17 +74,20 @@ type repHot struct {
 	// fleetPrefill is the pooled prefill model of the replicas serving
 	// this one's first model (Router.pool): what its prefill is priced
 	// with unless the engine reports its own rate (replica.prefill).
-	fleetPrefill   *fleetPrefill
-	hitReal        atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
-	hitN           atomic.Uint64 // requests with a predicted hit and a reported one
-	engRate        atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
-	slotsSig       atomic.Int32  // engine-reported batch slots; 0 = none
-	slotsLearned   atomic.Int32  // learned from full-batch scrapes; 0 = none
-	maxRunningSeen atomic.Int32  // ttftModel.maxRunning for readers outside learnMu
-	slotsHint      atomic.Int32  // maxRunning while scrapes there often show requests waiting (slotRisk); 0 = none
-	specSlots      int32         // ReplicaSpec.BatchSlots (Router write lock)
-	fitted         atomic.Bool   // a configured, engine-reported or fitted rate
-	specRate       bool          // ReplicaSpec.PrefillTokensPerSec > 0 (Router write lock)
+	fleetPrefill *fleetPrefill
+	hitReal      atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
+	hitN         atomic.Uint64 // requests with a predicted hit and a reported one
+	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
+	slotsSig     atomic.Int32  // engine-reported batch slots; 0 = none
+	slotsLearned atomic.Int32  // learned from full-batch scrapes; 0 = none
+	// runSeen is ttftModel.maxRunning for readers outside learnMu (the
+	// most requests a scrape saw running), negated while scrapes at that
+	// count often show a request waiting (slotRisk); maxRunSeen reads
+	// the count.
+	runSeen   atomic.Int32
+	specSlots int32       // ReplicaSpec.BatchSlots (Router write lock)
+	fitted    atomic.Bool // a configured, engine-reported or fitted rate
+	specRate  bool        // ReplicaSpec.PrefillTokensPerSec > 0 (Router write lock)
 
 	// line 3: the batch clock and engine signals
 	slotSec atomic.Uint64 // float64 bits: D_r, 0 = no sample yet

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // newTestRouter builds a router with n replicas named r0..r{n-1} serving "m".
@@ -99,5 +100,14 @@ func TestRouterFlow(t *testing.T) {
 	}
 	if err := r.Decide(req, &d); !errors.Is(err, ErrNoReplica) {
 		t.Fatalf("all unhealthy: %v", err)
+	}
+}
+
+// TestHotRecordSize: the per-candidate record a decision reads is four
+// cache lines (README "Decision layout"); a field added past them costs
+// every candidate a fifth.
+func TestHotRecordSize(t *testing.T) {
+	if n := unsafe.Sizeof(repHot{}); n != 256 {
+		t.Fatalf("repHot is %d bytes, want 256", n)
 	}
 }

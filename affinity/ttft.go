@@ -112,7 +112,7 @@ func (p *repHot) slots() int64 {
 		return int64(s)
 	}
 	// The pool's limit, unless this replica has run more than it.
-	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= int64(p.maxRunningSeen.Load()) {
+	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= p.maxRunSeen() {
 		return s
 	}
 	return 0
@@ -143,22 +143,25 @@ func (p *repHot) slotWait(busy, now int64) float64 {
 // slotRisk is the slot wait the cost policy prices, s = p.slots():
 // slotWait where the limit is known; where it is not, but scrapes at the
 // most requests the replica ever ran show requests waiting often (at least
-// slotRiskSeen times and slotRiskShare of those scrapes), unknownSlotShare
-// of the wait a limit there would cause. A small-batch engine whose full
-// batch scrapes catch with requests waiting too seldom to learn a limit
-// (learnSlots wants two or more waiting, twice) otherwise takes a fifth
-// request onto four that decode for seconds while other replicas sit
-// idle. An engine without a limit shows a request waiting at its largest
-// batch only now and then (an arrival between two steps) and is priced no
-// wait. A replica with no evidence of its own takes the last replica's of
-// its pool that had some, unless it has run more.
+// slotRiskSeen times and slotRiskShare of those scrapes: runSeen < 0),
+// unknownSlotShare of the wait a limit there would cause. A small-batch
+// engine whose full batch scrapes catch with requests waiting too seldom to
+// learn a limit (learnSlots wants two or more waiting, twice) otherwise
+// takes a fifth request onto four that decode for seconds while other
+// replicas sit idle. An engine without a limit shows a request waiting at
+// its largest batch only now and then (an arrival between two steps) and is
+// priced no wait. A replica without that evidence takes the count last
+// found on a replica of its pool, unless it has run more.
 func (p *repHot) slotRisk(s, busy, now int64) float64 {
 	if s > 0 {
 		return p.slotWaitSlots(s, busy, now)
 	}
-	h := int64(p.slotsHint.Load())
-	if f := p.fleetPrefill; h <= 0 && f != nil {
-		if fh := f.slotsHint.Load(); fh >= int64(p.maxRunningSeen.Load()) {
+	v, h := int64(p.runSeen.Load()), int64(0)
+	switch {
+	case v < 0:
+		h = -v
+	case busy >= v && p.fleetPrefill != nil: // a pool count below v does not apply
+		if fh := p.fleetPrefill.slotsHint.Load(); fh >= v {
 			h = fh
 		}
 	}
@@ -166,6 +169,12 @@ func (p *repHot) slotRisk(s, busy, now int64) float64 {
 		return 0
 	}
 	return unknownSlotShare * p.slotWaitSlots(h, busy, now)
+}
+
+// maxRunSeen is the most requests any scrape saw running on p.
+func (p *repHot) maxRunSeen() int64 {
+	v := int64(p.runSeen.Load())
+	return max(v, -v)
 }
 
 // slotWaitSlots is slotWait with S_r given (s = p.slots()).
@@ -233,15 +242,27 @@ func (p *repHot) confidence() float64 {
 // that had seen the prefix.
 func (p *replica) sampleEarlyHit(f *Flight) {
 	fp := p.fleetPrefill
-	if fp == nil || f.buffered || f.queued != 0 || fp.hitN.Load() >= fitMinSamples {
+	if fp == nil || f.buffered || f.queued != 0 || f.slotWait > 0 || fp.hitN.Load() >= fitMinSamples {
 		return
 	}
-	hit := float64(f.PromptTokens - f.UncachedTokens)
-	if hit <= 0 || !(f.predTTFT > 0) {
+	// Not a request that may have waited for a slot (a known limit, or a
+	// count at which the engine was seen queueing): that wait would read
+	// as a miss.
+	if b := int64(f.busy); b > 0 {
+		if s := p.slots(); s > 0 && b >= s || s <= 0 && p.runSeen.Load() < 0 && b >= p.maxRunSeen() {
+			return
+		}
+	}
+	c := float64(f.predCached)
+	if c <= 0 || !(f.predTTFT > 0) {
 		return
 	}
+	// predTTFT priced the hit at Begin's confidence (PromptTokens -
+	// UncachedTokens of its c tokens): the TTFTs with all of it and
+	// with none, so that a confidence already low still learns.
 	rate, _ := p.prefill()
-	withHit, without := f.predTTFT, f.predTTFT+hit/rate
+	withHit := max(f.predTTFT-(c-float64(f.PromptTokens-f.UncachedTokens))/rate, p.errFloor())
+	without := withHit + c/rate
 	dt := float64(f.FirstTokenAt-f.Start) / 1e9
 	x := 1.0
 	if dt*dt > withHit*without {
@@ -295,24 +316,26 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	m.prevRunning = int64(running)
 	if int64(running) > m.maxRunning {
 		m.maxRunning, m.fullAtMax = int64(running), 0
-		p.maxRunningSeen.Store(clamp32(m.maxRunning))
+		p.runSeen.Store(clamp32(m.maxRunning))
 		p.slotsLearned.Store(0)
 		m.atMax, m.waitAtMax = 0, 0
-		p.slotsHint.Store(0)
 	}
 	if kvFree && int64(running) == m.maxRunning {
 		// slotRisk's evidence: how often a request waits at this count.
+		// Once found it stays until a scrape runs more: where the price
+		// works, the policy keeps requests off the count and the queue
+		// that was the evidence goes with them, so a quiet spell there
+		// says nothing.
 		m.atMax++
 		if waiting > 0 {
 			m.waitAtMax++
 		}
+		f := p.fleetPrefill
 		if m.waitAtMax >= slotRiskSeen && float64(m.waitAtMax) >= slotRiskShare*float64(m.atMax) {
-			p.slotsHint.Store(clamp32(m.maxRunning))
-			if p.fleetPrefill != nil {
-				p.fleetPrefill.slotsHint.Store(m.maxRunning)
+			p.runSeen.Store(-clamp32(m.maxRunning))
+			if f != nil {
+				f.slotsHint.Store(m.maxRunning)
 			}
-		} else {
-			p.slotsHint.Store(0)
 		}
 	}
 	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
@@ -366,8 +389,8 @@ type fleetPrefill struct {
 	// slots: the batch-slot limit last learned on any replica of the pool
 	// (learnSlots), the limit of a replica that has not shown its own.
 	slots atomic.Int64
-	// slotsHint: the last slotsHint set on any replica of the pool
-	// (slotRisk).
+	// slotsHint: the running count at which a replica of the pool last
+	// showed requests waiting often (slotRisk); 0 = none.
 	slotsHint atomic.Int64
 	// hitReal, hitN: the realised share of predicted hits over every
 	// replica of the pool (replica.confidence before a replica's own).

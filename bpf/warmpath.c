@@ -937,7 +937,9 @@ typedef __u16 __attribute__((may_alias)) pkt16;
  * counter for counter what steer_main does: the same checks of the
  * headers, the outer header built from the same fields (TOS, identification,
  * DF and length from the inner header), the same counter. It skips the
- * service-port filter, as steer_main's flow cache hit does.
+ * service-port filter steer_main applies first: headers are only built for
+ * a flow steer_main steered, so past that filter, and SetServices moves the
+ * epoch before it narrows the filter.
  */
 static __always_inline int steer_fast(struct xdp_md *ctx)
 {

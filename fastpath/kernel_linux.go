@@ -237,6 +237,10 @@ func (k *Kernel) setSettings(a netip.Addr, nhTTL time.Duration) error {
 		cfg.EncapSrc = be32(a)
 	}
 	cfg.NhTtlNs = uint64(nhTTL)
+	// A new epoch with the new settings voids the ready headers built
+	// under the old ones; the one after the flush below voids those built
+	// meanwhile from next-hop entries the flush had not reached yet.
+	cfg.FlowEpoch++
 	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("write settings: %w", err)
 	}
@@ -247,8 +251,8 @@ func (k *Kernel) setSettings(a netip.Addr, nhTTL time.Duration) error {
 			return fmt.Errorf("flush next-hop cache: %w", err)
 		}
 	}
-	// The flow cache's ready headers are copies of next-hop entries: a
-	// new epoch, after the flush, voids them on every CPU.
+	// The ready headers are copies of next-hop entries: another epoch,
+	// after the flush, voids them on every CPU.
 	cfg.FlowEpoch++
 	if err := k.objs.Settings.Put(uint32(0), &cfg); err != nil {
 		return fmt.Errorf("write settings: %w", err)

@@ -232,22 +232,6 @@ func (p *blockPool) allocN(dst []int32, n int) []int32 {
 	return dst
 }
 
-// warmBlocks loads blocks bs, with no branch on what it reads, ahead of
-// releasing them one by one: release branches on each block's count, and a
-// mispredicted branch would hold back the next block's load, where these
-// loads overlap (a long request's blocks are far apart in a pool larger
-// than the CPU's caches).
-func (p *blockPool) warmBlocks(bs []int32) {
-	if len(bs) < 2 {
-		return
-	}
-	var acc int32
-	for _, b := range bs {
-		acc += p.blk[b].ref
-	}
-	p.cached.sink += uint32(acc)
-}
-
 // release drops one reference; a block nobody references joins the free
 // queue's tail, still cached.
 func (p *blockPool) release(b int32) {
