@@ -556,7 +556,8 @@ func (c *cluster) loop(w *workload.Workload) error {
 		// what the engines will see: their own chat template, rendered from
 		// the body, unless the stored hashes stand for all of it but its
 		// tail and no policy reads it (the oracle does)
-		prompt, promptBytes := ep[:0], 0
+		var prompt []byte
+		var promptBytes int
 		var bh []uint64
 		if pe != nil && !oracle {
 			prompt, promptBytes, bh = pe.tail, pe.promptBytes, pe.hashes
