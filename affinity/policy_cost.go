@@ -245,27 +245,9 @@ func (v *View) rankPruned(cs []costCand, lowest int, d *Decision) {
 // offer is RankLowest's step for candidate i of cs, its estimate computed.
 func (v *View) offer(cs []costCand, i, k int, salt uint64, now int64) {
 	id := v.cands[i]
-	s := cs[i].est(v.r.hotOf(id), now)
-	if math.IsNaN(s) {
-		s = math.Inf(1)
+	if s := cs[i].est(v.r.hotOf(id), now); len(v.top) < k || !(s > v.top[k-1].score) { // insertTop's first test, without the call
+		v.top = insertTop(v.top, k, s, id, salt)
 	}
-	top := v.top
-	if len(top) == k && s > top[k-1].score {
-		return
-	}
-	it := rankItem{score: s, tie: mixID(id, salt), id: id}
-	if len(top) == k && !it.less(&top[k-1]) {
-		return
-	}
-	if len(top) < k {
-		top = append(top, it)
-	} else {
-		top[k-1] = it
-	}
-	for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
-		top[j], top[j-1] = top[j-1], top[j]
-	}
-	v.top = top
 }
 
 // costCand is one candidate's part of a CostPolicy decision.

@@ -246,30 +246,39 @@ func (v *View) RankLowest(d *Decision) {
 	top := v.top[:0]
 	salt := v.Random()
 	for i, id := range v.cands {
-		s := v.score[i]
-		if math.IsNaN(s) {
-			s = math.Inf(1)
-		}
-		if len(top) == k && s > top[k-1].score {
-			continue
-		}
-		it := rankItem{score: s, tie: mixID(id, salt), id: id}
-		if len(top) == k && !it.less(&top[k-1]) {
-			continue
-		}
-		if len(top) < k {
-			top = append(top, it)
-		} else {
-			top[k-1] = it
-		}
-		for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
-			top[j], top[j-1] = top[j-1], top[j]
+		if s := v.score[i]; len(top) < k || !(s > top[k-1].score) { // insertTop's first test, without the call
+			top = insertTop(top, k, s, id, salt)
 		}
 	}
 	v.top = top
 	for _, it := range top {
 		d.Ranked = append(d.Ranked, it.id)
 	}
+}
+
+// insertTop puts candidate id of score s into top, the k best so far in
+// order (lowest score first, ties by their salted mix), if it belongs
+// there. A NaN score counts as +Inf.
+func insertTop(top []rankItem, k int, s float64, id ReplicaID, salt uint64) []rankItem {
+	if math.IsNaN(s) {
+		s = math.Inf(1)
+	}
+	if len(top) == k && s > top[k-1].score {
+		return top
+	}
+	it := rankItem{score: s, tie: mixID(id, salt), id: id}
+	if len(top) == k && !it.less(&top[k-1]) {
+		return top
+	}
+	if len(top) < k {
+		top = append(top, it)
+	} else {
+		top[k-1] = it
+	}
+	for j := len(top) - 1; j > 0 && top[j].less(&top[j-1]); j-- {
+		top[j], top[j-1] = top[j-1], top[j]
+	}
+	return top
 }
 
 func (a *rankItem) less(b *rankItem) bool {
