@@ -8,9 +8,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestLoad loads every program and map of the embedded object, so a
-// verifier rejection of the committed object fails here first.
-func TestLoad(t *testing.T) {
+// loadObjects loads every program and map of the embedded object (maps
+// unpinned), each program with flags added to its load flags.
+func loadObjects(t *testing.T, flags uint32) *WarmpathObjects {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("loading BPF programs needs root")
 	}
@@ -21,11 +22,21 @@ func TestLoad(t *testing.T) {
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
 	}
+	for _, p := range spec.Programs {
+		p.Flags |= flags
+	}
 	var objs WarmpathObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		t.Fatalf("load: %+v", err)
+		t.Fatalf("load (program flags %#x): %+v", flags, err)
 	}
 	t.Cleanup(func() { _ = objs.Close() })
+	return &objs
+}
+
+// TestLoad loads every program and map of the embedded object, so a
+// verifier rejection of the committed object fails here first.
+func TestLoad(t *testing.T) {
+	objs := loadObjects(t, 0)
 	for name, p := range map[string]*ebpf.Program{
 		"xdp_steer": objs.XdpSteer, "xdp_decap": objs.XdpDecap,
 		"xdp_pass": objs.XdpPass,
@@ -41,22 +52,5 @@ func TestLoad(t *testing.T) {
 // every packet access aligned to its size, the frame at NET_IP_ALIGN), so
 // a wide unaligned load or store fails here, not on such a machine.
 func TestLoadStrictAlignment(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("loading BPF programs needs root")
-	}
-	spec, err := LoadWarmpath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range spec.Maps {
-		m.Pinning = ebpf.PinNone
-	}
-	for _, p := range spec.Programs {
-		p.Flags |= unix.BPF_F_STRICT_ALIGNMENT
-	}
-	var objs WarmpathObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		t.Fatalf("load with strict alignment: %+v", err)
-	}
-	_ = objs.Close()
+	loadObjects(t, unix.BPF_F_STRICT_ALIGNMENT)
 }

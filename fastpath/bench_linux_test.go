@@ -25,15 +25,7 @@ import (
 func benchEnv(b *testing.B) *edgeEnv {
 	b.Helper()
 	e := newEdgeEnv(b)
-	if err := e.k.SetServices([]Service{vip}); err != nil {
-		b.Fatal(err)
-	}
-	if err := e.k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: 1}}); err != nil {
-		b.Fatal(err)
-	}
-	if err := e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1, Generation: 1}); err != nil {
-		b.Fatal(err)
-	}
+	e.steerClient(b, 1)
 	return e
 }
 

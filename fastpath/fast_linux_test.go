@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/warmpath/warmpath/bpf"
 )
@@ -17,32 +16,7 @@ import (
 // received on wpin) and returns the last run's verdict and output.
 func (e *edgeEnv) runRepeat(t testing.TB, prog *ebpf.Program, in []byte, repeat uint32) (uint32, []byte) {
 	t.Helper()
-	opts := ebpf.RunOptions{
-		Data:    in,
-		DataOut: make([]byte, len(in)+256),
-		Context: xdpMd{DataEnd: uint32(len(in)), IngressIfindex: uint32(e.ifindex)},
-		Repeat:  repeat,
-		CPU:     0,
-	}
-	var ret uint32
-	err := e.ns.Do(func() error {
-		var orig, one unix.CPUSet
-		if err := unix.SchedGetaffinity(0, &orig); err != nil {
-			return err
-		}
-		one.Set(0)
-		if err := unix.SchedSetaffinity(0, &one); err != nil {
-			return err
-		}
-		defer unix.SchedSetaffinity(0, &orig)
-		var err error
-		ret, err = prog.Run(&opts)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("prog run: %v", err)
-	}
-	return ret, opts.DataOut
+	return e.runRepeatOn(t, 0, prog, in, repeat)
 }
 
 // readySlot returns the index and every CPU's copy of the ready-headers

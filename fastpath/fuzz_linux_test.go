@@ -52,15 +52,7 @@ func FuzzSteer(f *testing.F) {
 	f.Add(opts.frame())
 	f.Add(syn("10.1.0.2", clientPort).frame()[:40])
 	e := newEdgeEnv(f)
-	for _, err := range []error{
-		e.k.SetServices([]Service{vip}),
-		e.k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true}}),
-		e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1}),
-	} {
-		if err != nil {
-			f.Fatal(err)
-		}
-	}
+	e.steerClient(f, 0)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) < 14 || len(in) > 1500 {
 			t.Skip("test runner needs an Ethernet header; keep frames MTU-sized")
@@ -142,15 +134,7 @@ func FuzzSteerReady(f *testing.F) {
 	// The wpbe MTU is 1400, so frames past 1380 bytes of IP take the
 	// frag-needed answer (rate-limited: frames stay below it).
 	e.ns.Run("ip", "link", "set", "wpbe", "mtu", "1400")
-	for _, err := range []error{
-		e.k.SetServices([]Service{vip}),
-		e.k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true}}),
-		e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1}),
-	} {
-		if err != nil {
-			f.Fatal(err)
-		}
-	}
+	e.steerClient(f, 0)
 	if v, _ := e.run(f, e.k.objs.Steer, syn("10.1.0.2", clientPort).frame()); v != 4 {
 		f.Fatalf("SYN verdict %d, want 4", v)
 	}

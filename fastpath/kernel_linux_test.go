@@ -101,13 +101,37 @@ func (e *edgeEnv) run(t testing.TB, prog *ebpf.Program, in []byte) (uint32, []by
 	return e.runOn(t, 0, prog, in)
 }
 
+// steerClient sets one service (vip), one healthy backend (be1Addr, ID 1)
+// and an affinity of client 10.1.0.2 to it, all at generation gen.
+func (e *edgeEnv) steerClient(tb testing.TB, gen uint32) {
+	tb.Helper()
+	for _, err := range []error{
+		e.k.SetServices([]Service{vip}),
+		e.k.SetBackends([]Backend{{ID: 1, Addr: be1Addr, Healthy: true, Generation: gen}}),
+		e.k.SetAffinity(Affinity{Client: netip.MustParseAddr("10.1.0.2"), Service: vip, Backend: 1, Generation: gen}),
+	} {
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
 // runOn is run on the given CPU.
 func (e *edgeEnv) runOn(t testing.TB, cpu int, prog *ebpf.Program, in []byte) (uint32, []byte) {
+	t.Helper()
+	return e.runRepeatOn(t, cpu, prog, in, 0)
+}
+
+// runRepeatOn runs prog repeat times (0: once) in one BPF_PROG_TEST_RUN on
+// the given CPU, as received on wpin, and returns the last run's verdict
+// and output.
+func (e *edgeEnv) runRepeatOn(t testing.TB, cpu int, prog *ebpf.Program, in []byte, repeat uint32) (uint32, []byte) {
 	t.Helper()
 	opts := ebpf.RunOptions{
 		Data:    in,
 		DataOut: make([]byte, len(in)+256),
 		Context: xdpMd{DataEnd: uint32(len(in)), IngressIfindex: uint32(e.ifindex)},
+		Repeat:  repeat,
 	}
 	var ret uint32
 	err := e.ns.Do(func() error {
