@@ -123,6 +123,10 @@ type Outcome struct {
 	// CachedTokens is the engine's usage.prompt_tokens_details.cached_tokens
 	// (or llama.cpp's timings.cache_n); < 0 when unknown.
 	CachedTokens int
+	// PromptTokens is the engine's usage.prompt_tokens: the prompt in the
+	// engine's own tokens, which the router's estimate from bytes misses
+	// by a tenth or so either way; 0 when not reported.
+	PromptTokens int
 	// PrefillTokens and PrefillSeconds are the engine's own prefill timing
 	// (llama.cpp timings.prompt_n and prompt_ms); 0 when not reported.
 	PrefillTokens  int

@@ -15,7 +15,10 @@ package affinity
 // streamed one checks the TTFT prediction made at Begin.
 func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	uncached := f.UncachedTokens
-	if o.CachedTokens >= 0 {
+	switch {
+	case o.CachedTokens >= 0 && o.PromptTokens > 0:
+		uncached = max(0, o.PromptTokens-o.CachedTokens)
+	case o.CachedTokens >= 0:
 		uncached = max(0, f.PromptTokens-o.CachedTokens)
 	}
 	if o.PrefillSeconds > 0 {
@@ -34,6 +37,9 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		return
 	}
 	p.checkPrediction(f.predTTFT, dt)
+	if f.queued == 0 && f.slotWait == 0 && o.CachedTokens >= 0 && p.fleetPrefill != nil && p.slotSurelyFree(int64(f.busy)) {
+		p.fleetPrefill.sampleClean(float64(uncached), dt)
+	}
 	// The wait for a batch slot is the slot term's, not prefill: the fit
 	// explains what is left of the TTFT (at least a quarter of it, in case
 	// the slot wait was overestimated).

@@ -32,8 +32,10 @@ import (
 //	     duration minus the predicted slot wait (buffered); the router's
 //	     fleet mean, else defaultSlotSeconds, until the first sample
 //	P_r  the engine's reported prefill rate (llama.cpp prompt_n / prompt_ms,
-//	     EWMA) when it reports one, else the robust fit below; before a
-//	     replica's first sample, the fleet's (fleetPrefill)
+//	     EWMA) when it reports one, else the pool's line through clean
+//	     samples (requests that met no queue and a surely free slot, their
+//	     uncached tokens in the engine's own count: fleetPrefill.sampleClean),
+//	     else the mean of the replicas' robust fits below
 //	O_r  the fit's intercept; with known slots, the mean over requests that
 //	     met no queue
 //
@@ -169,6 +171,15 @@ func (p *repHot) slotRisk(s, busy, now int64) float64 {
 		return 0
 	}
 	return unknownSlotShare * p.slotWaitSlots(h, busy, now)
+}
+
+// slotSurelyFree reports whether a request that found busy others on p
+// found a batch slot free: none was busy, or fewer than the slot limit or
+// than the most requests a scrape saw running there. Where the limit is
+// unknown, a request past that count may have waited for decodes to
+// finish, however short its prefill.
+func (p *repHot) slotSurelyFree(busy int64) bool {
+	return busy == 0 || busy < max(p.slots(), p.maxRunSeen())
 }
 
 // maxRunSeen is the most requests any scrape saw running on p.
@@ -398,6 +409,12 @@ type fleetPrefill struct {
 	// earlyReal, earlyN: the same judged at first tokens, before hitN
 	// has fitMinSamples (sampleEarlyHit).
 	earlyReal, earlyN atomic.Uint64
+
+	// cleanMu guards clean: the pool's line over clean samples
+	// (sampleClean); cleanOK is set once that line gives the rate.
+	cleanMu sync.Mutex
+	clean   cleanFit
+	cleanOK atomic.Bool
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
@@ -411,7 +428,79 @@ func (f *fleetPrefill) sample(rate, over float64) {
 		ewma(&f.logRate, math.Log(rate), fleetWeight)
 		ewma(&f.over, over, fleetWeight)
 	}
-	storeF(&f.rate, math.Exp(loadF(&f.logRate)))
+	if !f.cleanOK.Load() {
+		storeF(&f.rate, math.Exp(loadF(&f.logRate)))
+	}
+}
+
+// sampleClean folds one clean sample into the pool's line: a request that
+// met no prefill queued ahead and no slot wait, its uncached tokens as the
+// engine reported them, its TTFT. Once the line is identifiable it gives
+// the pool's rate and overhead, in place of the mean of the replicas'
+// fits. Those fits take every request, with the prefill queued ahead as
+// the router estimated it: the estimate's error flattens their slopes
+// (regression dilution: on a simulated vLLM fleet they read the prefill
+// twice as fast as it was, so a conversation's turn moved off its warm
+// replica to one that had to recompute its history), and their memory of
+// about 20 samples leaves the slope to noise where most requests are
+// cache hits of a few hundred tokens.
+func (f *fleetPrefill) sampleClean(tokens, sec float64) {
+	if !(sec > 0) || tokens < 0 {
+		return
+	}
+	f.cleanMu.Lock()
+	rate, over, ok := f.clean.add(tokens, sec)
+	f.cleanMu.Unlock()
+	if ok {
+		storeF(&f.rate, rate)
+		storeF(&f.over, over)
+		f.n.Add(1)
+		f.cleanOK.Store(true)
+	}
+}
+
+// cleanFit is an exponentially weighted least-squares line through clean
+// samples (tokens, seconds): a plain average over the first
+// 1/cleanWeight samples, then a memory of about that many. Its slope is
+// the prefill time per token only where the tokens spread enough (std at
+// least fitSpread of the mean) and it is positive; the intercept is kept
+// in [0, mean seconds].
+type cleanFit struct {
+	n, mx, my, mxx, mxy float64
+	rate, over          float64 // the line last published; rate 0 before
+}
+
+const (
+	// cleanWeight: a pool's clean line remembers about 200 samples.
+	cleanWeight = 0.005
+	// cleanMinSamples: clean samples before the line gives a rate.
+	cleanMinSamples = 32
+)
+
+func (c *cleanFit) add(x, y float64) (rate, over float64, ok bool) {
+	if c.rate > 0 {
+		// One sample moves the line only so far: within fitClip of its
+		// prediction (a request held up by what the filter missed).
+		pred := c.over + x/c.rate
+		y = min(max(y, pred/fitClip), pred*fitClip)
+	}
+	c.n++
+	w := max(1/c.n, cleanWeight)
+	c.mx += w * (x - c.mx)
+	c.my += w * (y - c.my)
+	c.mxx += w * (x*x - c.mxx)
+	c.mxy += w * (x*y - c.mxy)
+	varx := c.mxx - c.mx*c.mx
+	if c.n < cleanMinSamples || !(varx > fitSpread*fitSpread*c.mx*c.mx) {
+		return 0, 0, false
+	}
+	b := (c.mxy - c.mx*c.my) / varx
+	if !(b > 0) {
+		return 0, 0, false
+	}
+	rate = min(max(1/b, rateFloor), rateCeil)
+	c.rate, c.over = rate, min(max(c.my-c.mx/rate, 0), c.my)
+	return c.rate, c.over, true
 }
 
 // ownPrefill is p's own prefill rate and overhead: its configured,

@@ -697,3 +697,123 @@ func TestEarlyHitJudgedAtFirstToken(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefillRateFromEngineTokens: a chat fleet where most turns are cache
+// hits of a long history and a few are cold. The router's token estimate
+// (bytes / 4) misses each prompt by up to 15% either way, the engine
+// reports its own prompt and cached tokens, and TTFT is 10 ms (plus up to
+// 8 ms of step alignment) + uncached / 25,000 tokens/s. Taken as the
+// router's prompt less the engine's cached tokens, a hit's uncached count
+// is off by hundreds of tokens (a tenth of the history) and the fit read
+// the prefill about twice as fast as it was: a turn's move to a replica
+// that must recompute the history looked cheap. With the engine's own
+// prompt tokens, over the requests that met no queue, a cold 3,000-token
+// prompt is predicted within 10% of its 0.13 s.
+func TestPrefillRateFromEngineTokens(t *testing.T) {
+	const rate, over = 25000.0, 0.010
+	r, ids := buildRouter(t, Config{}, state{n: 4})
+	rng := uint64(7)
+	next := func() float64 { // deterministic uniform [0, 1)
+		rng = rng*6364136223846793005 + 1442695040888963407
+		return float64(rng>>11) / (1 << 53)
+	}
+	now := int64(0)
+	for i := range 600 {
+		prompt := 3000 + int(next()*600) // engine tokens
+		cached := (prompt - 100 - int(next()*200)) / 16 * 16
+		if i%40 == 0 {
+			cached = 0
+		}
+		est := int(float64(prompt) * (0.85 + 0.3*next()))
+		req := &Request{Model: []byte("m"), PromptTokens: est, Now: now}
+		var f Flight
+		r.Begin(ids[i%len(ids)], req, nil, &f)
+		ttft := over + 0.008*next() + float64(prompt-cached)/rate
+		r.FirstToken(&f, now+int64(ttft*1e9))
+		r.EndWith(&f, now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: cached, PromptTokens: prompt})
+		now += int64(ttft*1e9) + 2e8
+	}
+	var f Flight
+	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 3000, Now: now}, nil, &f)
+	defer r.End(&f, now+1e9, 0, true)
+	want := over + 0.004 + 3000/rate
+	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.1 {
+		t.Fatalf("predicted %.3f s for a cold 3,000-token prompt on an idle replica, want %.3f s within 10%%", p, want)
+	}
+}
+
+// TestPrefillRateFromUnqueuedRequests: every other request begins while
+// one is still pending whose prompt the router did not know was cached, so
+// the router counts 2,000 tokens of prefill queued ahead of it that the
+// engine never computes. Those requests' TTFTs say nothing about the
+// prefill rate (their x is the router's guess); fitted with the others
+// they flatten the line and a cold prompt looks several times cheaper than
+// it is. The pool's line takes only requests that met no queue.
+func TestPrefillRateFromUnqueuedRequests(t *testing.T) {
+	const rate, over = 20000.0, 0.010
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	now := int64(0)
+	ms := int64(time.Millisecond)
+	for i := range 300 {
+		id := ids[i%2]
+		own := 100 + (i*37)%900 // engine-reported uncached tokens of b
+		var a, b Flight
+		r.Begin(id, &Request{Model: []byte("m"), PromptTokens: 2000, Now: now}, nil, &a)
+		r.Begin(id, &Request{Model: []byte("m"), PromptTokens: 3000, Now: now + ms}, nil, &b)
+		aOwn := 50 + (i*53)%1000 // a: the rest of its 2,000 tokens cached
+		aFirst := now + int64((over+float64(aOwn)/rate)*1e9)
+		r.FirstToken(&a, aFirst)
+		bFirst := aFirst + int64((over+float64(own)/rate)*1e9)
+		r.FirstToken(&b, bFirst)
+		r.EndWith(&a, bFirst+ms, Outcome{OK: true, CachedTokens: 2000 - aOwn, PromptTokens: 2000})
+		r.EndWith(&b, bFirst+2*ms, Outcome{OK: true, CachedTokens: 3000 - own, PromptTokens: 3000})
+		now = bFirst + 100*ms
+	}
+	var f Flight
+	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
+	defer r.End(&f, now+1e9, 0, true)
+	want := over + 4000/rate
+	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.15 {
+		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt on an idle replica, want %.3f s within 15%%", p, want)
+	}
+}
+
+// TestPrefillRateSkipsPossibleSlotWaits: an engine whose batch limit the
+// router has not learned (scrapes have shown it running 2 at once, never
+// with requests waiting). A third request joining two decoding ones waits
+// for one of them to finish: half a second, however short its prefill.
+// Read as prefill, such waits make short prompts look as slow as long
+// ones and the line flat. The pool's line skips requests that joined as
+// many busy requests as the replica was ever seen running.
+func TestPrefillRateSkipsPossibleSlotWaits(t *testing.T) {
+	const rate, over = 20000.0, 0.010
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	ms := int64(time.Millisecond)
+	r.SetSignals(ids[0], EngineSignals{Running: 2, At: 0})
+	now := 10 * ms
+	for i := range 300 {
+		own := 50 + (i*53)%1500
+		m := func(tokens int) *Request { return &Request{Model: []byte("m"), PromptTokens: tokens, Now: now} }
+		var a, b, c Flight
+		r.Begin(ids[0], m(own), nil, &a) // alone: a clean sample
+		aFirst := now + int64((over+float64(own)/rate)*1e9)
+		r.FirstToken(&a, aFirst)
+		now = aFirst
+		r.Begin(ids[0], m(100), nil, &b)
+		r.FirstToken(&b, now+int64((over+100/rate)*1e9))
+		now += 20 * ms
+		r.Begin(ids[0], m(100+own/4), nil, &c) // the third: waits for a's slot
+		r.EndWith(&a, now+500*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: own})
+		r.FirstToken(&c, now+500*ms+int64((over+float64(100+own/4)/rate)*1e9))
+		r.EndWith(&b, now+600*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: 100})
+		r.EndWith(&c, now+700*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: 100 + own/4})
+		now += time.Second.Nanoseconds()
+	}
+	var f Flight
+	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
+	defer r.End(&f, now+1e9, 0, true)
+	want := over + 4000/rate
+	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.15 {
+		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt on an idle replica, want %.3f s within 15%%", p, want)
+	}
+}

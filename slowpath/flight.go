@@ -68,8 +68,13 @@ func (ex *exchange) firstToken(now int64) {
 	}
 }
 
-// endFlight ends the attempt with what the engine reported.
+// endFlight ends the attempt with what the engine reported: o, and the
+// prompt tokens of its usage (the prefill fit's uncached tokens are the
+// engine's prompt less its cached tokens, both in the engine's tokens).
 func (ex *exchange) endFlight(now int64, o affinity.Outcome) {
+	if o.CachedTokens >= 0 && o.PromptTokens == 0 && ex.promptRep > 0 {
+		o.PromptTokens = ex.promptRep
+	}
 	ex.s.brain.EndWith(&ex.flight, now, o)
 }
 

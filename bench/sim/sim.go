@@ -686,7 +686,7 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	// the engine reports usage in real tokens (tokenDensity); llama.cpp
 	// also its own prompt and decode timings
 	dens := tokenDensity(c.cfg.Seed, f.wreq.ID)
-	out := affinity.Outcome{OK: ok, CachedTokens: int(math.Round(float64(r.CachedTokens) * dens))}
+	out := affinity.Outcome{OK: ok, CachedTokens: int(math.Round(float64(r.CachedTokens) * dens)), PromptTokens: int(math.Round(float64(r.PromptTokens) * dens))}
 	if c.llama[f.replica] && ok {
 		out.PrefillTokens = int(math.Round(float64(r.PromptTokens-r.CachedTokens) * dens))
 		out.PrefillSeconds = float64(r.FirstTokenAt-r.ScheduledAt) / 1e9
