@@ -100,6 +100,12 @@ func startEngines(ctx context.Context, o Options, f fleet, n int, g *child.Group
 	return addrs, func() error { return nil }, func() {}, nil
 }
 
+// Workloads lists the routing workloads' names (Options.Workloads), in
+// report order.
+func Workloads() []string {
+	return []string{"shared-prefix", "one-company", "multi-turn", "no-sharing"}
+}
+
 // fleetWorkloads are the routing workloads for fleet f: shared-prefix
 // groups, the one-company prompt, multi-turn chat and no-sharing (the
 // do-no-harm check; smoke: the first two, smaller). llama.cpp's are sized
@@ -136,6 +142,9 @@ func fleetWorkloads(o Options, f fleet) []*workload.Workload {
 		add(workload.MultiTurn(mt))
 		add(workload.NoSharing(ns))
 	}
+	out = slices.DeleteFunc(out, func(w *workload.Workload) bool {
+		return len(o.Workloads) > 0 && !slices.Contains(o.Workloads, w.Name)
+	})
 	for _, w := range out {
 		if len(w.Requests) > f.requests {
 			w.Requests = w.Requests[:f.requests]

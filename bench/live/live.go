@@ -58,6 +58,8 @@ type Options struct {
 	// Policies are the warmpath policies run in front of the engines
 	// (cost, prefix, least-request, round-robin).
 	Policies []string
+	// Workloads names the routing workloads to run, of Workloads() (all).
+	Workloads []string
 	// EngineKVBlocks is each engine's --num-gpu-blocks-override, 16 tokens
 	// per block (4096 = 65,536 tokens / 1024). Smaller than the workload's
 	// prefix working set, so where a prefix lands matters, as on a real
@@ -309,6 +311,11 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 	opts = opts.withDefaults()
 	if opts.Scenario != "" && opts.Scenario != ScenarioTenants {
 		return nil, fmt.Errorf("live: unknown scenario %q (have %q)", opts.Scenario, ScenarioTenants)
+	}
+	for _, w := range opts.Workloads {
+		if !slices.Contains(Workloads(), w) {
+			return nil, fmt.Errorf("live: unknown workload %q (have %v)", w, Workloads())
+		}
 	}
 	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: suite.Machine(), Started: time.Now().UTC(), Options: opts}
 	if res.Commit == "" {

@@ -236,6 +236,27 @@ func TestRoutingRounds(t *testing.T) {
 	}
 }
 
+// TestWorkloadsFilter: Workloads() names every routing workload, in the
+// order they run, and Options.Workloads keeps only those it names.
+func TestWorkloadsFilter(t *testing.T) {
+	o := Options{}.withDefaults()
+	var names []string
+	for _, w := range fleetWorkloads(o, fleet{requests: 1 << 20}) {
+		names = append(names, w.Name)
+	}
+	if strings.Join(names, ",") != strings.Join(Workloads(), ",") {
+		t.Fatalf("fleet workloads %v, Workloads() %v", names, Workloads())
+	}
+	o.Workloads = []string{"no-sharing", "one-company"}
+	names = names[:0]
+	for _, w := range fleetWorkloads(o, fleet{requests: 1 << 20}) {
+		names = append(names, w.Name)
+	}
+	if strings.Join(names, ",") != "one-company,no-sharing" {
+		t.Fatalf("filtered to %v, want one-company,no-sharing", names)
+	}
+}
+
 // o1 is the first round's seed under opts' defaults.
 func o1(opts Options) uint64 { return opts.withDefaults().Seed }
 

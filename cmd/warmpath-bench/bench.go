@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,6 +106,8 @@ func runLive(ctx context.Context, args []string, e env) error {
 	routingRounds := fs.Int("routing-rounds", 0, "rounds of every routing point, a fresh workload seed each, configurations interleaved (0 = 3; --smoke: 1)")
 	routingOnly := fs.Bool("routing-only", false, "run only the routing points (no router-overhead, keep-alive or proxy-cost parts)")
 	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin)")
+	workloads := fs.String("workloads", "", "routing workloads, comma-separated (\"\" = all); of "+strings.Join(live.Workloads(), ", "))
+	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.1; --smoke: 0.05): larger runs slower and makes the router's own latency a smaller share of a model second")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -122,6 +125,13 @@ func runLive(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return fmt.Errorf("live: --fleets: %w", err)
 	}
+	wls, err := parseNames(*workloads, "workload", live.Workloads())
+	if err != nil {
+		return fmt.Errorf("live: --workloads: %w", err)
+	}
+	if !(*timeScale >= 0) || math.IsInf(*timeScale, 0) {
+		return fmt.Errorf("live: --time-scale: must be a number >= 0, got %g", *timeScale)
+	}
 	wp, es, err := siblingBinaries(*warmpathBin, *enginesimBin)
 	if err != nil {
 		return fmt.Errorf("live: %w", err)
@@ -130,7 +140,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
 		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario,
-		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly})
+		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale})
 	if err != nil {
 		return err
 	}
