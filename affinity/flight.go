@@ -1,5 +1,7 @@
 package affinity
 
+import "math"
+
 // Flight accounting: Begin, FirstToken and End keep each replica's in-flight
 // count and pending prefill, correct the index, and feed the learned models.
 
@@ -125,7 +127,8 @@ type Outcome struct {
 	CachedTokens int
 	// PromptTokens is the engine's usage.prompt_tokens: the prompt in the
 	// engine's own tokens, which the router's estimate from bytes misses
-	// by a tenth or so either way; 0 when not reported.
+	// by a tenth or so either way; 0 when not reported. With it, the other
+	// counts are converted into the router's tokens before use.
 	PromptTokens int
 	// PrefillTokens and PrefillSeconds are the engine's own prefill timing
 	// (llama.cpp timings.prompt_n and prompt_ms); 0 when not reported.
@@ -134,6 +137,33 @@ type Outcome struct {
 	// DecodeSeconds is the engine's own decode time (llama.cpp
 	// timings.predicted_ms); 0 when not reported.
 	DecodeSeconds float64
+}
+
+// inRouterTokens converts o's engine token counts into the router's
+// tokens (its estimate of the prompt, promptTokens, against the engine's
+// PromptTokens), so that they compare with what the router predicted. The
+// router's estimate (bytes / 4) misses a prompt by a tenth or so either
+// way; as engine tokens, a long prompt's fully predicted hit read as 5%
+// short of its prediction, the confidence in every hit fell to 0.95, and
+// 5% of every cached prefix was priced as prefill. Without the engine's
+// count (or with one more than 4x off, not the same prompt's) o stays as
+// reported.
+func (o *Outcome) inRouterTokens(promptTokens int) {
+	if o.PromptTokens <= 0 || promptTokens <= 0 {
+		return
+	}
+	s := float64(promptTokens) / float64(o.PromptTokens)
+	if s < 0.25 || s > 4 {
+		return
+	}
+	conv := func(n int) int { return min(int(math.Round(float64(n)*s)), promptTokens) }
+	if o.CachedTokens > 0 {
+		o.CachedTokens = conv(o.CachedTokens)
+	}
+	if o.PrefillTokens > 0 {
+		o.PrefillTokens = conv(o.PrefillTokens)
+	}
+	o.PromptTokens = promptTokens
 }
 
 // End is EndWith with only the cached tokens and success known.
@@ -151,6 +181,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	if f.Replica == NoReplica {
 		return
 	}
+	o.inRouterTokens(f.PromptTokens)
 	cachedTokens, ok := o.CachedTokens, o.OK
 	predicted := f.predCached
 	rollback := !ok && f.FirstTokenAt == 0 && f.newBlocks > 0

@@ -15,10 +15,7 @@ package affinity
 // streamed one checks the TTFT prediction made at Begin.
 func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	uncached := f.UncachedTokens
-	switch {
-	case o.CachedTokens >= 0 && o.PromptTokens > 0:
-		uncached = max(0, o.PromptTokens-o.CachedTokens)
-	case o.CachedTokens >= 0:
+	if o.CachedTokens >= 0 {
 		uncached = max(0, f.PromptTokens-o.CachedTokens)
 	}
 	if o.PrefillSeconds > 0 {

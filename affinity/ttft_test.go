@@ -817,3 +817,29 @@ func TestPrefillRateSkipsPossibleSlotWaits(t *testing.T) {
 		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt on an idle replica, want %.3f s within 15%%", p, want)
 	}
 }
+
+// TestHitsJudgedInRouterTokens: a tokenizer denser than the router's
+// bytes / 4 estimate (0.9 engine tokens per router token). Every predicted
+// hit comes true, so the replica keeps full trust in its hits: compared
+// as reported, the engine's cached tokens fell 10% short of every
+// prediction, the confidence settled at 0.9, and a tenth of each cached
+// prefix was priced as prefill.
+func TestHitsJudgedInRouterTokens(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 router tokens
+	warm(r, ids[0], hotRequest(t, system, 0))
+	for u := 1; u <= 40; u++ {
+		req := hotRequest(t, system, u)
+		req.Now = int64(u) * int64(time.Second)
+		d := decide(t, r, req)
+		var f Flight
+		r.Begin(ids[0], req, &d, &f)
+		r.FirstToken(&f, req.Now+int64(20*time.Millisecond))
+		engine := func(n int) int { return int(math.Round(0.9 * float64(n))) }
+		r.EndWith(&f, req.Now+int64(500*time.Millisecond), Outcome{OK: true,
+			CachedTokens: engine(d.CachedTokens[0]), PromptTokens: engine(req.PromptTokens)})
+	}
+	if c := r.Replicas()[0].Confidence; c < 0.99 {
+		t.Fatalf("confidence %.3f after 40 hits that all came true, in a tokenizer 0.9x the estimate", c)
+	}
+}
