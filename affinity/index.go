@@ -1,6 +1,9 @@
 package affinity
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The prefix index: which replica probably holds which block hash in its KV
 // cache.
@@ -66,6 +69,29 @@ type index struct {
 	lru       []replicaLRU
 	evictions uint64
 	warmed    int32 // warm's sink
+	capSum    int   // sum of the replicas' capacities (lru.cap)
+	presized  int   // pairs the tables and slabs are sized for (presize)
+}
+
+// presizeMax bounds presize: room for 2^18 pairs is about 20 MB.
+const presizeMax = 1 << 18
+
+// presize sizes both tables and both slabs for the pairs the replicas'
+// capacities allow (at most presizeMax), so that an index filling up
+// (every router, before its first evictions) does not rehash its tables
+// and copy its slabs at each doubling on the way: the sizes growth would
+// reach, reserved once. It changes where entries sit, not what any lookup
+// answers.
+func (x *index) presize() {
+	n := min(x.capSum, presizeMax)
+	if n <= x.presized {
+		return
+	}
+	x.presized = n
+	x.blockTab.reserveFor(n)
+	x.pairTab.reserveFor(n)
+	x.recs = slices.Grow(x.recs, max(n-len(x.recs), 0))
+	x.nodes = slices.Grow(x.nodes, max(n-len(x.nodes), 0))
 }
 
 func newIndex() *index {
@@ -86,7 +112,10 @@ func (x *index) ensure(id ReplicaID) {
 func (x *index) setCap(id ReplicaID, blocks int) {
 	x.ensure(id)
 	l := &x.lru[id]
-	l.cap = int32(min(max(blocks, 1), 1<<30))
+	c := int32(min(max(blocks, 1), 1<<30))
+	x.capSum += int(c) - int(l.cap)
+	l.cap = c
+	x.presize()
 	for l.n > l.cap {
 		x.remove(l.tail)
 		x.evictions++

@@ -268,14 +268,14 @@ func TestIndexMemoryBound(t *testing.T) {
 		t.Skip("-short: allocates ~100 MB of churn (runs in make test)")
 	}
 	const reps, capBlocks = 8, 1 << 14 // 131072 pairs
-	x := newIndex()
-	for id := range ReplicaID(reps) {
-		x.setCap(id, capBlocks)
-	}
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	before := ms.HeapAlloc
+	x := newIndex()
+	for id := range ReplicaID(reps) {
+		x.setCap(id, capBlocks) // sizes the tables and slabs for the capacity (presize)
+	}
 	buf := make([]uint64, 64)
 	fill := func(rounds int, salt uint64) {
 		for i := range rounds {
