@@ -1,9 +1,6 @@
 package affinity
 
-import (
-	"math"
-	"slices"
-)
+import "math"
 
 // The prefix index: which replica probably holds which block hash in its KV
 // cache.
@@ -70,18 +67,18 @@ type index struct {
 	evictions uint64
 	warmed    int32 // warm's sink
 	capSum    int   // sum of the replicas' capacities (lru.cap)
-	presized  int   // pairs the tables and slabs are sized for (presize)
+	presized  int   // pairs the tables are sized for (presize)
 }
 
-// presizeMax bounds presize: room for 2^18 pairs is about 20 MB.
+// presizeMax bounds presize: tables for 2^18 pairs are 8 MB.
 const presizeMax = 1 << 18
 
-// presize sizes both tables and both slabs for the pairs the replicas'
-// capacities allow (at most presizeMax), so that an index filling up
-// (every router, before its first evictions) does not rehash its tables
-// and copy its slabs at each doubling on the way: the sizes growth would
-// reach, reserved once. It changes where entries sit, not what any lookup
-// answers.
+// presize sizes both tables for the pairs the replicas' capacities allow
+// (at most presizeMax), so that an index filling up (every router, before
+// its first evictions) does not rehash its tables at each doubling on the
+// way: the size growth would reach, reserved once. insert calls it when the capacities have grown
+// (setCap), so a fleet being added is sized once. It changes where
+// entries sit, not what any lookup answers.
 func (x *index) presize() {
 	n := min(x.capSum, presizeMax)
 	if n <= x.presized {
@@ -90,8 +87,6 @@ func (x *index) presize() {
 	x.presized = n
 	x.blockTab.reserveFor(n)
 	x.pairTab.reserveFor(n)
-	x.recs = slices.Grow(x.recs, max(n-len(x.recs), 0))
-	x.nodes = slices.Grow(x.nodes, max(n-len(x.nodes), 0))
 }
 
 func newIndex() *index {
@@ -115,7 +110,6 @@ func (x *index) setCap(id ReplicaID, blocks int) {
 	c := int32(min(max(blocks, 1), 1<<30))
 	x.capSum += int(c) - int(l.cap)
 	l.cap = c
-	x.presize()
 	for l.n > l.cap {
 		x.remove(l.tail)
 		x.evictions++
@@ -171,6 +165,9 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 	l := &x.lru[id]
 	if l.cap <= 0 {
 		return 0
+	}
+	if x.presized < x.capSum && x.presized < presizeMax {
+		x.presize()
 	}
 	if len(hashes) > int(l.cap) {
 		hashes = hashes[:l.cap]

@@ -274,7 +274,7 @@ func TestIndexMemoryBound(t *testing.T) {
 	before := ms.HeapAlloc
 	x := newIndex()
 	for id := range ReplicaID(reps) {
-		x.setCap(id, capBlocks) // sizes the tables and slabs for the capacity (presize)
+		x.setCap(id, capBlocks) // the first insert sizes the tables for it (presize)
 	}
 	buf := make([]uint64, 64)
 	fill := func(rounds int, salt uint64) {
