@@ -211,6 +211,12 @@ func (p *blockPool) alloc() int32 {
 	b := p.fq[p.head&p.fqMask]
 	p.head++
 	p.nfree--
+	p.take(b)
+	return b
+}
+
+// take gives popped free block b to a request: its cached hash is evicted.
+func (p *blockPool) take(b int32) {
 	k := &p.blk[b]
 	if k.hash != 0 { // its index entry, if any, goes stale (hashIndex)
 		k.hash = 0
@@ -224,25 +230,29 @@ func (p *blockPool) alloc() int32 {
 	}
 	k.ref = 1
 	k.next = -1
-	return b
 }
 
 // allocN appends n blocks to dst, as n calls of alloc would (the caller
-// checks nfree >= n), with the blocks it pops loaded first, so their
-// misses overlap.
+// checks nfree >= n): it first reads the ring for the n live entries, with
+// no write between the loads, so their misses overlap, then takes them. A
+// block has one live entry, so taking one never changes which of the
+// later entries are live.
 func (p *blockPool) allocN(dst []int32, n int) []int32 {
-	if n > 1 {
-		var acc int32
-		for s, i := p.head, 0; i < n; s++ {
-			if r := p.blk[p.fq[s&p.fqMask]].ref; r == stamp(s) {
-				acc += r
-				i++
-			}
-		}
-		p.cached.sink += uint32(acc)
+	if n <= 0 {
+		return dst
 	}
-	for range n {
-		dst = append(dst, p.alloc())
+	from := len(dst)
+	s := p.head
+	for i := 0; i < n; s++ {
+		if b := p.fq[s&p.fqMask]; p.blk[b].ref == stamp(s) {
+			dst = append(dst, b)
+			i++
+		}
+	}
+	p.head = s
+	p.nfree -= n
+	for _, b := range dst[from:] {
+		p.take(b)
 	}
 	return dst
 }
@@ -305,7 +315,6 @@ type hashIndex struct {
 	used  int      // nonempty slots, live or stale
 	seen  []uint64 // rebuild's scratch: one bit a block
 	keep  []hslot  // rebuild's scratch: the live entries
-	sink  uint32   // allocN's loads land here, so the compiler keeps them
 }
 
 type hslot struct {
