@@ -76,9 +76,9 @@ const presizeMax = 1 << 18
 // presize sizes both tables for the pairs the replicas' capacities allow
 // (at most presizeMax), so that an index filling up (every router, before
 // its first evictions) does not rehash its tables at each doubling on the
-// way: the size growth would reach, reserved once. insert calls it when the capacities have grown
-// (setCap), so a fleet being added is sized once. It changes where
-// entries sit, not what any lookup answers.
+// way: the size growth would reach, reserved once. insert calls it when
+// the capacities have grown (setCap), so a fleet being added is sized
+// once. It changes where entries sit, not what any lookup answers.
 func (x *index) presize() {
 	n := min(x.capSum, presizeMax)
 	if n <= x.presized {

@@ -633,8 +633,9 @@ func (e *Engine) complete(obs Observer) {
 			k := s.committed
 			end := min(s.computed/e.bs, len(s.hashes))
 			if k < end && k > 0 && !s.run && e.pool.blk[s.held].hash != s.hashes[k-1] {
-				// the block another request caches our last block's hash in
-				// was evicted since: find its hash's block now, if any
+				// blocks[k-1] stayed anonymous, and the block that cached
+				// its hash for another request was evicted since: find the
+				// block caching it now, if any
 				s.held = -1
 				for j := range k {
 					s.held = e.pool.lookupAfter(s.held, s.hashes[j])

@@ -91,7 +91,7 @@ func (p *blockPool) total() int { return len(p.blk) }
 
 // size is the pool's memory in bytes.
 func (p *blockPool) size() int {
-	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots)
+	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots) + 8*len(p.cached.seen) + 8*cap(p.cached.keep)
 	for _, s := range p.seqs {
 		n += 256 + 8*cap(s.hashes) + 4*cap(s.blocks) + cap(s.tail)
 	}
@@ -223,7 +223,9 @@ func (p *blockPool) take(b int32) {
 		p.evictions++
 		// its successor loses the parent it was found through: into the
 		// index with it (usually it went first: a chain is freed deepest
-		// first, so its deeper blocks are evicted before it)
+		// first, so its deeper blocks are evicted before it). A next that
+		// was since evicted and reused for other content adds an entry
+		// that is as true, only not needed.
 		if c := k.next; c >= 0 && p.blk[c].hash != 0 {
 			p.cached.insert(p.blk[c].hash, c, p.blk)
 		}
