@@ -66,6 +66,27 @@ type index struct {
 	lru       []replicaLRU
 	evictions uint64
 	warmed    int32 // warm's sink
+	capSum    int   // sum of the replicas' capacities (lru.cap)
+	presized  int   // pairs the tables are sized for (presize)
+}
+
+// presizeMax bounds presize: tables for 2^18 pairs are 8 MB.
+const presizeMax = 1 << 18
+
+// presize sizes both tables for the pairs the replicas' capacities allow
+// (at most presizeMax), so that an index filling up (every router, before
+// its first evictions) does not rehash its tables at each doubling on the
+// way: the size growth would reach, reserved once. insert calls it when
+// the capacities have grown (setCap), so a fleet being added is sized
+// once. It changes where entries sit, not what any lookup answers.
+func (x *index) presize() {
+	n := min(x.capSum, presizeMax)
+	if n <= x.presized {
+		return
+	}
+	x.presized = n
+	x.blockTab.reserveFor(n)
+	x.pairTab.reserveFor(n)
 }
 
 func newIndex() *index {
@@ -86,7 +107,9 @@ func (x *index) ensure(id ReplicaID) {
 func (x *index) setCap(id ReplicaID, blocks int) {
 	x.ensure(id)
 	l := &x.lru[id]
-	l.cap = int32(min(max(blocks, 1), 1<<30))
+	c := int32(min(max(blocks, 1), 1<<30))
+	x.capSum += int(c) - int(l.cap)
+	l.cap = c
 	for l.n > l.cap {
 		x.remove(l.tail)
 		x.evictions++
@@ -142,6 +165,9 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 	l := &x.lru[id]
 	if l.cap <= 0 {
 		return 0
+	}
+	if x.presized < x.capSum && x.presized < presizeMax {
+		x.presize()
 	}
 	if len(hashes) > int(l.cap) {
 		hashes = hashes[:l.cap]

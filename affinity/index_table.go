@@ -95,9 +95,25 @@ func (t *table) delVal(fp uint32, v int32) bool {
 func (t *table) home(fp uint32) int32 { return t.slots[fp&t.mask].val }
 
 // grow doubles the table.
-func (t *table) grow() {
+func (t *table) grow() { t.resize(2 * len(t.slots)) }
+
+// reserveFor grows the table so that n entries fill at most 5/8 of it, as
+// reserve would by the time it held them.
+func (t *table) reserveFor(n int) {
+	size := len(t.slots)
+	for 8*n > 5*size {
+		size <<= 1
+	}
+	if size > len(t.slots) {
+		t.resize(size)
+	}
+}
+
+// resize moves the entries into a table of size slots (a power of two, at
+// least the current size).
+func (t *table) resize(size int) {
 	old := t.slots
-	t.slots = make([]slot, 2*len(old))
+	t.slots = make([]slot, size)
 	t.mask = uint32(len(t.slots) - 1)
 	for _, s := range old {
 		if s.val == 0 {

@@ -268,14 +268,14 @@ func TestIndexMemoryBound(t *testing.T) {
 		t.Skip("-short: allocates ~100 MB of churn (runs in make test)")
 	}
 	const reps, capBlocks = 8, 1 << 14 // 131072 pairs
-	x := newIndex()
-	for id := range ReplicaID(reps) {
-		x.setCap(id, capBlocks)
-	}
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	before := ms.HeapAlloc
+	x := newIndex()
+	for id := range ReplicaID(reps) {
+		x.setCap(id, capBlocks) // the first insert sizes the tables for it (presize)
+	}
 	buf := make([]uint64, 64)
 	fill := func(rounds int, salt uint64) {
 		for i := range rounds {
@@ -315,3 +315,42 @@ func TestIndexMemoryBound(t *testing.T) {
 // 24 B node, a 24 B block record, two map slots, each up to 2x for slab and
 // map growth.
 const maxBytesPerPair = 176
+
+// TestIndexPresized: the first insert sizes the tables for the replicas'
+// capacities, so filling the index to capacity never grows them; a huge
+// capacity is sized for presizeMax pairs only.
+func TestIndexPresized(t *testing.T) {
+	x := newIndex()
+	const reps, capBlocks = 4, 3000
+	for id := range ReplicaID(reps) {
+		x.setCap(id, capBlocks)
+	}
+	buf := make([]uint64, 50)
+	fill := func(rounds int, salt uint64) {
+		for i := range rounds {
+			prev := salt
+			for j := range buf {
+				prev = chain(prev, uint64(i*64+j))
+				buf[j] = prev
+			}
+			x.insert(ReplicaID(i%reps), buf)
+		}
+	}
+	fill(1, 1)
+	pairs, blocks := len(x.pairTab.slots), len(x.blockTab.slots)
+	if 8*reps*capBlocks > 5*pairs || 8*reps*capBlocks > 5*blocks {
+		t.Fatalf("tables of %d and %d slots for %d pairs", pairs, blocks, reps*capBlocks)
+	}
+	fill(3*reps*capBlocks/len(buf), 2)
+	if len(x.pairs) != reps*capBlocks || len(x.pairTab.slots) != pairs || len(x.blockTab.slots) != blocks {
+		t.Fatalf("%d pairs: tables grew from %d, %d to %d, %d slots", len(x.pairs), pairs, blocks, len(x.pairTab.slots), len(x.blockTab.slots))
+	}
+	checkIndex(t, x)
+
+	y := newIndex()
+	y.setCap(0, 1<<30)
+	y.insert(0, buf)
+	if n := len(y.pairTab.slots); 5*n > 16*presizeMax {
+		t.Fatalf("a 2^30-block replica: %d slots, presizeMax %d pairs", n, presizeMax)
+	}
+}

@@ -160,6 +160,10 @@ type seq struct {
 	target    int // output tokens to generate
 	computed  int // tokens whose KV is in blocks
 	committed int // leading blocks registered in the prefix cache
+	// held is the block caching hashes[committed-1], -1 none; run says
+	// it is blocks[committed-1], committed by this request (blockPool.commit)
+	held      int32
+	run       bool
 	numNew    int // tokens scheduled in the current step
 	arrival   int64
 	slot      int // llama.cpp slot model: the slot it runs in, -1 none
@@ -541,6 +545,10 @@ func (e *Engine) plan(t int64) {
 		s.blocks = append(s.blocks, e.hits...)
 		s.blocks = e.pool.allocN(s.blocks, need)
 		s.computed, s.committed = computed, len(e.hits)
+		s.held, s.run = -1, false
+		if len(e.hits) > 0 {
+			s.held = e.hits[len(e.hits)-1]
+		}
 		if sl >= 0 {
 			s.slot = sl
 			e.slots[sl].busy = true
@@ -623,14 +631,20 @@ func (e *Engine) complete(obs Observer) {
 		s.numNew = 0
 		if e.caching && e.slots == nil {
 			k := s.committed
-			if end := min(s.computed/e.bs, len(s.hashes)); end-k > 1 {
-				e.pool.cached.warm(s.hashes[k:end])
-			}
-			for ; k < s.computed/e.bs && k < len(s.hashes); k++ {
-				e.pool.commit(s.blocks[k], s.hashes[k])
-				if k > 0 {
-					e.pool.link(s.blocks[k-1], s.blocks[k])
+			end := min(s.computed/e.bs, len(s.hashes))
+			if k < end && k > 0 && !s.run && e.pool.blk[s.held].hash != s.hashes[k-1] {
+				// blocks[k-1] stayed anonymous, and the block that cached
+				// its hash for another request was evicted since: find the
+				// block caching it now, if any
+				s.held = -1
+				for j := range k {
+					s.held = e.pool.lookupAfter(s.held, s.hashes[j])
 				}
+			}
+			for ; k < end; k++ {
+				b := s.blocks[k]
+				c := e.pool.commit(b, s.held, s.hashes[k], s.run)
+				s.held, s.run = c, c == b
 			}
 			s.committed = k
 		}

@@ -48,7 +48,7 @@ func (e *Engine) checkInvariants() error {
 	if free != p.nfree {
 		return fmt.Errorf("free queue has %d blocks, nfree %d", free, p.nfree)
 	}
-	entries, hashed := 0, 0
+	entries, cachedIn := 0, map[uint64]int32{}
 	for _, sl := range p.cached.slots {
 		if sl.val != 0 {
 			entries++
@@ -57,7 +57,10 @@ func (e *Engine) checkInvariants() error {
 	for b := range p.total() {
 		k := p.blk[b]
 		if k.hash != 0 {
-			hashed++
+			if c, dup := cachedIn[k.hash]; dup {
+				return fmt.Errorf("blocks %d and %d both cache %x", c, b, k.hash)
+			}
+			cachedIn[k.hash] = int32(b)
 		}
 		if max(k.ref, 0) != refs[b] {
 			return fmt.Errorf("block %d ref %d, block tables hold %d", b, k.ref, refs[b])
@@ -65,12 +68,34 @@ func (e *Engine) checkInvariants() error {
 		if (k.ref <= 0) != inFree[b] {
 			return fmt.Errorf("block %d ref %d but in the free queue: %v", b, k.ref, inFree[b])
 		}
-		if h := k.hash; h != 0 && p.cached.get(h, p.blk) != int32(b) {
-			return fmt.Errorf("block %d caches %x but the index says %d", b, h, p.cached.get(h, p.blk))
+	}
+	// every request's chain, looked up as a prefix walk does, finds the
+	// blocks that cache it
+	check := func(s *seq) error {
+		prev := int32(-1)
+		for k, h := range s.hashes {
+			want, ok := cachedIn[h]
+			if !ok {
+				want = -1
+			}
+			if prev = p.lookupAfter(prev, h); prev != want {
+				return fmt.Errorf("block %d of a request: lookup finds %d, cached in %d", k, prev, want)
+			}
+		}
+		return nil
+	}
+	for _, s := range e.running {
+		if err := check(s); err != nil {
+			return err
 		}
 	}
-	if entries != p.cached.used || entries < hashed || 2*entries > len(p.cached.slots) {
-		return fmt.Errorf("index holds %d entries (%d counted) in %d slots for %d cached blocks", entries, p.cached.used, len(p.cached.slots), hashed)
+	for i := range e.waiting.len() {
+		if err := check(e.waiting.buf[(e.waiting.head+i)%len(e.waiting.buf)]); err != nil {
+			return err
+		}
+	}
+	if entries != p.cached.used || 2*entries > len(p.cached.slots) {
+		return fmt.Errorf("index holds %d entries (%d counted) in %d slots", entries, p.cached.used, len(p.cached.slots))
 	}
 	return nil
 }

@@ -18,6 +18,22 @@ import "sync"
 // of allocations reads the ring in order and can load the blocks it will
 // pop all at once: their loads are independent, where a list walk waits for
 // each link before it can load the next block.
+//
+// The index holds only the blocks that start a run. A request commits its
+// new blocks in chain order; each one the request committed right after
+// the one before it is that block's successor (block.next) and gets no
+// index entry. The first block of a chain, and the first new block after
+// a hit or after a block that stayed anonymous, go into the index. So
+// every cached block is in the index or is the successor of the block
+// caching its parent hash (the run invariant); a lookup that knows the
+// parent's block (a prefix walk does, a commit does) checks its successor
+// and then the index, and answers what a map of every cached block would.
+// When a block is evicted its successor, if still cached, loses that
+// parent and goes into the index (rare: a chain is freed deepest first, so
+// its successor was usually evicted before it). A long prompt's new
+// blocks then cost a write into the block before each, not a probe of a
+// table that is larger than the CPU's caches, and the index, an entry or
+// two per request, stays small.
 type blockPool struct {
 	blk        []block // 16 bytes a block: four to a cache line
 	fq         []int32 // the free queue's ring; entry s is fq[s&fqMask]
@@ -35,10 +51,9 @@ type block struct {
 	// ref > 0 is the number of requests holding the block. ref <= 0: the
 	// block is free, and -ref is the stamp of its live free-queue entry.
 	ref int32
-	// succ is the block that followed this one in the last chain
-	// committed through it, -1 none: a hint that lets a prefix hit follow
-	// a cached chain block to block without probing the index (lookupAfter)
-	succ int32
+	// next is the block the request that committed this one committed
+	// right after it in its chain (its successor in that run), -1 none
+	next int32
 }
 
 // stamp is the ref a free block holds while free-queue entry s is its
@@ -67,7 +82,7 @@ func (p *blockPool) reset() {
 	n := uint32(len(p.blk))
 	for i := range n { // the free queue in block order
 		p.fq[i] = int32(i)
-		p.blk[i] = block{ref: stamp(i), succ: -1}
+		p.blk[i] = block{ref: stamp(i), next: -1}
 	}
 	p.head, p.tail, p.nfree = 0, n, int(n)
 }
@@ -76,7 +91,7 @@ func (p *blockPool) total() int { return len(p.blk) }
 
 // size is the pool's memory in bytes.
 func (p *blockPool) size() int {
-	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots)
+	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots) + 8*len(p.cached.seen) + 8*cap(p.cached.keep)
 	for _, s := range p.seqs {
 		n += 256 + 8*cap(s.hashes) + 4*cap(s.blocks) + cap(s.tail)
 	}
@@ -158,26 +173,20 @@ func (p *blockPool) compact() {
 	p.tail = w
 }
 
-// lookup returns the block caching hash h, or -1.
-func (p *blockPool) lookup(h uint64) int32 {
-	return p.cached.get(h, p.blk)
-}
-
-// lookupAfter is lookup(h) for the block following prev (a block caching
-// the chain's previous hash; -1 for a chain's first block): when prev's
-// successor hint caches h, that is the answer, as only one block caches a
-// hash; else the index says.
+// lookupAfter returns the block caching hash h, or -1. prev is the block
+// caching h's parent (the chain's previous hash), or -1 when h starts a
+// chain or its parent is cached nowhere: a cached block is either in the
+// index or the successor of the block that caches its parent (the run
+// invariant, see the type comment), so prev's successor and the index
+// together know every cached block.
 func (p *blockPool) lookupAfter(prev int32, h uint64) int32 {
 	if prev >= 0 {
-		if c := p.blk[prev].succ; c >= 0 && p.blk[c].hash == h {
+		if c := p.blk[prev].next; c >= 0 && p.blk[c].hash == h {
 			return c
 		}
 	}
 	return p.cached.get(h, p.blk)
 }
-
-// link records that block b followed block prev in a committed chain.
-func (p *blockPool) link(prev, b int32) { p.blk[prev].succ = b }
 
 // touch takes a reference on a cached block, taking it out of the free
 // queue (its entry goes stale).
@@ -202,32 +211,50 @@ func (p *blockPool) alloc() int32 {
 	b := p.fq[p.head&p.fqMask]
 	p.head++
 	p.nfree--
-	k := &p.blk[b]
-	if k.hash != 0 { // its index entry goes stale (hashIndex)
-		k.hash = 0
-		p.evictions++
-	}
-	k.ref = 1
-	k.succ = -1
+	p.take(b)
 	return b
 }
 
-// allocN appends n blocks to dst, as n calls of alloc would (the caller
-// checks nfree >= n), with the blocks it pops loaded first, so their
-// misses overlap.
-func (p *blockPool) allocN(dst []int32, n int) []int32 {
-	if n > 1 {
-		var acc int32
-		for s, i := p.head, 0; i < n; s++ {
-			if r := p.blk[p.fq[s&p.fqMask]].ref; r == stamp(s) {
-				acc += r
-				i++
-			}
+// take gives popped free block b to a request: its cached hash is evicted.
+func (p *blockPool) take(b int32) {
+	k := &p.blk[b]
+	if k.hash != 0 { // its index entry, if any, goes stale (hashIndex)
+		k.hash = 0
+		p.evictions++
+		// its successor loses the parent it was found through: into the
+		// index with it (usually it went first: a chain is freed deepest
+		// first, so its deeper blocks are evicted before it). A next that
+		// was since evicted and reused for other content adds an entry
+		// that is as true, only not needed.
+		if c := k.next; c >= 0 && p.blk[c].hash != 0 {
+			p.cached.insert(p.blk[c].hash, c, p.blk)
 		}
-		p.cached.sink += uint32(acc)
 	}
-	for range n {
-		dst = append(dst, p.alloc())
+	k.ref = 1
+	k.next = -1
+}
+
+// allocN appends n blocks to dst, as n calls of alloc would (the caller
+// checks nfree >= n): it first reads the ring for the n live entries, with
+// no write between the loads, so their misses overlap, then takes them. A
+// block has one live entry, so taking one never changes which of the
+// later entries are live.
+func (p *blockPool) allocN(dst []int32, n int) []int32 {
+	if n <= 0 {
+		return dst
+	}
+	from := len(dst)
+	s := p.head
+	for i := 0; i < n; s++ {
+		if b := p.fq[s&p.fqMask]; p.blk[b].ref == stamp(s) {
+			dst = append(dst, b)
+			i++
+		}
+	}
+	p.head = s
+	p.nfree -= n
+	for _, b := range dst[from:] {
+		p.take(b)
 	}
 	return dst
 }
@@ -242,40 +269,54 @@ func (p *blockPool) release(b int32) {
 	}
 }
 
-// commit records that block b holds the content hashed h, unless another
-// block already caches h (then b stays anonymous, as in vLLM).
-func (p *blockPool) commit(b int32, h uint64) {
+// commit records that block b holds the content hashed h, unless a block
+// already caches h (then b stays anonymous, as in vLLM), and returns the
+// block caching h. prev is the block caching h's parent, as for
+// lookupAfter. run says prev is the block the same request committed just
+// before b, in this chain: b becomes prev's successor and needs no index
+// entry. Otherwise (a chain's first block, or the first after a hit or an
+// anonymous block) b goes into the index.
+func (p *blockPool) commit(b, prev int32, h uint64, run bool) int32 {
 	if p.blk[b].hash != 0 {
-		return
+		return b
 	}
-	if p.cached.insert(h, b, p.blk) {
-		p.blk[b].hash = h
+	if c := p.lookupAfter(prev, h); c >= 0 {
+		return c
 	}
+	p.blk[b].hash = h
+	if run {
+		p.blk[prev].next = b
+	} else {
+		p.cached.insert(h, b, p.blk)
+	}
+	return b
 }
 
 // hashIndex maps nonzero block hashes to block ids: open addressing with
 // linear probing. A slot is 8 bytes: the hash's high 32 bits (its
 // fingerprint; its low bits pick the home slot) and the block id. The full
 // hash is the block's own (block.hash, which a hit reads next anyway), so a
-// lookup compares fingerprints and checks the block only on a match: half
-// the table of full keys, and the prefix cache is the engine's hottest
-// path, one probe per 16-token block on a hit, a commit on a miss.
+// lookup compares fingerprints and checks the block only on a match. The
+// pool keeps only the blocks that start a run in it (blockPool).
 //
 // An evicted block's entry is not deleted: the block's hash is cleared,
 // and an entry whose block no longer holds its hash is stale, which the
 // block check every match makes already skips. So an eviction writes only
-// the block, not a slot somewhere in the table (a cache miss and a probe
-// run to shift back); stale entries take slots until the table is rebuilt
-// from the blocks, when used slots pass half of it (it has 4 slots a
-// block, so a rebuild comes after at least a block count of evictions).
-// Every block holding a hash h has a live entry (commit inserts one, a
-// rebuild keeps it), and commit keeps one block per hash, so get's answer
-// is the one block holding h.
+// the block, not a slot somewhere in the table (a probe run to shift
+// back); stale entries take slots until the table is rebuilt, when used
+// slots pass half of it. A rebuild keeps the live entries (an entry whose
+// block's hash has the entry's fingerprint), one per block, and doubles
+// the table while they would fill more than a quarter of it, so the next
+// rebuild is at least as many inserts away as there are live entries.
+// Every block inserted keeps a live entry while it holds its hash, and the
+// pool keeps one block per hash, so get's answer is the one block holding
+// h if it is in the index.
 type hashIndex struct {
 	slots []hslot
 	mask  uint32
-	used  int    // nonempty slots, live or stale
-	sink  uint32 // warm's loads land here, so the compiler keeps them
+	used  int      // nonempty slots, live or stale
+	seen  []uint64 // rebuild's scratch: one bit a block
+	keep  []hslot  // rebuild's scratch: the live entries
 }
 
 type hslot struct {
@@ -283,9 +324,11 @@ type hslot struct {
 	val int32  // block id + 1; 0: empty slot
 }
 
-func newHashIndex(entries int) hashIndex {
+// newHashIndex is an empty index for a pool of the given number of
+// blocks: a few slots, as it holds an entry or two per cached request.
+func newHashIndex(blocks int) hashIndex {
 	n := 16
-	for n < 4*entries {
+	for n < 4*min(blocks, 256) {
 		n <<= 1
 	}
 	return hashIndex{slots: make([]hslot, n), mask: uint32(n - 1)}
@@ -298,18 +341,6 @@ func (x *hashIndex) clear() {
 
 // fingerprint is h's fingerprint; its probe run starts at fp & mask.
 func fingerprint(h uint64) uint32 { return uint32(h >> 32) }
-
-// warm loads the home slot of each of hs, with no branch on what it
-// reads, so the cache misses of a run of inserts overlap instead of each
-// waiting behind the mispredicted probe loop of the one before: the table
-// is larger than the CPU's caches once a cluster has a few engines.
-func (x *hashIndex) warm(hs []uint64) {
-	var acc uint32
-	for _, h := range hs {
-		acc += x.slots[fingerprint(h)&x.mask].fp
-	}
-	x.sink += acc
-}
 
 // get returns the block caching h, or -1; blk holds the blocks' hashes.
 func (x *hashIndex) get(h uint64, blk []block) int32 {
@@ -325,8 +356,9 @@ func (x *hashIndex) get(h uint64, blk []block) int32 {
 	}
 }
 
-// insert adds h -> b unless a block holds h already; it reports whether it
-// added. The caller sets blk[b].hash = h when it did.
+// insert adds h -> b unless the index has a block holding h already; it
+// reports whether it added. blk[b].hash is h, or set to h by the caller
+// when insert added.
 func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
 	if 2*(x.used+1) > len(x.slots) {
 		x.rebuild(blk)
@@ -345,20 +377,50 @@ func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
 	}
 }
 
-// rebuild drops the stale entries: the table is refilled with the live
-// ones, one per block holding a hash.
+// rebuild drops the stale entries, keeping one live entry per block, in a
+// table at most a quarter full.
 func (x *hashIndex) rebuild(blk []block) {
-	x.clear()
-	for b := range blk {
-		h := blk[b].hash
-		if h == 0 {
+	if w := (len(blk) + 63) / 64; len(x.seen) < w {
+		x.seen = make([]uint64, w)
+	}
+	keep := x.keep[:0]
+	for _, s := range x.slots {
+		if s.val == 0 {
 			continue
 		}
-		i := fingerprint(h) & x.mask
-		for x.slots[i].val != 0 {
-			i = (i + 1) & x.mask
+		b := s.val - 1
+		if h := blk[b].hash; h == 0 || fingerprint(h) != s.fp || x.seen[b>>6]&(1<<(b&63)) != 0 {
+			continue
 		}
-		x.slots[i] = hslot{fp: fingerprint(h), val: int32(b) + 1}
-		x.used++
+		x.seen[b>>6] |= 1 << (b & 63)
+		keep = append(keep, s)
 	}
+	for _, s := range keep {
+		b := s.val - 1
+		x.seen[b>>6] &^= 1 << (b & 63)
+	}
+	size := len(x.slots)
+	for size < 4*len(keep) {
+		size <<= 1
+	}
+	if size != len(x.slots) {
+		x.slots, x.mask = make([]hslot, size), uint32(size-1)
+	} else {
+		clear(x.slots)
+	}
+	x.used = 0
+	for _, s := range keep {
+		x.place(s)
+	}
+	x.keep = keep
+}
+
+// place stores s at the end of its fingerprint's probe run.
+func (x *hashIndex) place(s hslot) {
+	i := s.fp & x.mask
+	for x.slots[i].val != 0 {
+		i = (i + 1) & x.mask
+	}
+	x.slots[i] = s
+	x.used++
 }

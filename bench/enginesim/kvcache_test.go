@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -81,68 +82,117 @@ func TestHashIndexMatchesMap(t *testing.T) {
 func TestBlockPoolLRUOrder(t *testing.T) {
 	p := newBlockPool(4)
 	a, b := p.alloc(), p.alloc()
-	p.commit(a, 11)
-	p.commit(b, 22)
+	p.commit(a, -1, 11, false)
+	p.commit(b, a, 22, true)
 	p.release(b) // b freed first: evicted first
 	p.release(a)
-	if p.used() != 0 || p.lookup(11) != a || p.lookup(22) != b {
+	if p.used() != 0 || p.lookupAfter(-1, 11) != a || p.lookupAfter(a, 22) != b {
 		t.Fatalf("freed blocks not cached: used %d", p.used())
 	}
 	p.touch(a) // a back in use: not evictable
 	for range 2 {
 		p.alloc() // the two never-used blocks
 	}
-	if got := p.alloc(); got != b || p.lookup(22) != -1 || p.evictions != 1 {
-		t.Fatalf("alloc = %d (want %d), lookup(22) = %d, evictions %d", got, b, p.lookup(22), p.evictions)
+	if got := p.alloc(); got != b || p.lookupAfter(a, 22) != -1 || p.evictions != 1 {
+		t.Fatalf("alloc = %d (want %d), lookup(22) = %d, evictions %d", got, b, p.lookupAfter(a, 22), p.evictions)
 	}
 	if p.alloc() != -1 {
 		t.Fatal("alloc from an exhausted pool")
 	}
-	p.commit(a, 22) // a already holds 11: unchanged
-	if p.lookup(11) != a || p.lookup(22) != -1 {
+	if got := p.commit(a, -1, 22, false); got != a || p.lookupAfter(-1, 11) != a || p.lookupAfter(a, 22) != -1 {
 		t.Fatal("commit overwrote a cached block")
 	}
 }
 
-// TestLookupAfterIsLookup: following a block's successor hint answers what
-// the index answers, while blocks are committed in chains, linked,
-// released, evicted and reused for other content.
-func TestLookupAfterIsLookup(t *testing.T) {
-	r := rand.New(rand.NewPCG(3, 4))
-	p := newBlockPool(32)
-	var held []int32
-	for op := range 20000 {
-		switch {
-		case r.IntN(2) == 0 && p.nfree >= 3: // a chain of 1-3 new blocks
-			var prev int32 = -1
-			for range r.IntN(3) + 1 {
-				b := p.alloc()
-				p.commit(b, uint64(r.IntN(64)+1)) // few hashes: duplicates stay anonymous
-				if prev >= 0 {
-					p.link(prev, b)
+// chainHash is the hash of symbol sym after parent in a test chain.
+func chainHash(parent uint64, sym int) uint64 {
+	return splitmix64(parent*31+uint64(sym)) | 1
+}
+
+// TestLookupIsMap drives the pool with requests as the engine makes them
+// (a chain of hashes: the cached prefix is hit block by block, the rest
+// allocated and committed, sometimes in two parts, with hits given up
+// early so two requests compute the same blocks and one stays anonymous;
+// blocks released in any order, evicted and reused), and checks every
+// answer of lookupAfter and commit against a map of what every block
+// caches: the successor links and the small index of run starts know every
+// cached block.
+func TestLookupIsMap(t *testing.T) {
+	for _, n := range []int{6, 24, 200} {
+		t.Run(fmt.Sprint("blocks=", n), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(n), 9))
+			p := newBlockPool(n)
+			truth := func(h uint64) int32 {
+				got := int32(-1)
+				for b := range p.blk {
+					if p.blk[b].hash == h {
+						if got >= 0 {
+							t.Fatalf("blocks %d and %d both cache %x", got, b, h)
+						}
+						got = int32(b)
+					}
 				}
-				held, prev = append(held, b), b
+				return got
 			}
-		case len(held) > 0:
-			i := r.IntN(len(held))
-			p.release(held[i])
-			held = append(held[:i], held[i+1:]...)
-		}
-		if r.IntN(4) == 0 { // a hit takes a cached block back
-			if b := p.lookup(uint64(r.IntN(64) + 1)); b >= 0 {
-				p.touch(b)
-				held = append(held, b)
+			var held []int32
+			for op := range 4000 {
+				if len(held) > 0 && (p.nfree < 3 || r.IntN(3) == 0) {
+					for range r.IntN(len(held)) + 1 {
+						i := r.IntN(len(held))
+						p.release(held[i])
+						held = append(held[:i], held[i+1:]...)
+					}
+					continue
+				}
+				// a request: symbols from a small alphabet, so chains share
+				// prefixes and branch
+				depth := r.IntN(8) + 1
+				parent, prev, run := uint64(7), int32(-1), false
+				hitting := r.IntN(4) > 0
+				for k := range depth {
+					if prev >= 0 && p.blk[prev].hash != parent {
+						prev = -1 // the block another request cached it in was evicted
+					}
+					h := chainHash(parent, r.IntN(3))
+					parent = h
+					want := truth(h)
+					if got := p.lookupAfter(prev, h); got != want {
+						t.Fatalf("op %d depth %d: lookupAfter(%d, %x) = %d, cached in %d", op, k, prev, h, got, want)
+					}
+					if hitting && want >= 0 {
+						p.touch(want)
+						held = append(held, want)
+						prev = want
+						continue
+					}
+					hitting = false
+					if p.nfree == 0 {
+						break
+					}
+					b := p.alloc()
+					held = append(held, b)
+					if want >= 0 && truth(h) != want {
+						want = -1 // alloc evicted it
+					}
+					c := p.commit(b, prev, h, run)
+					if want < 0 {
+						want = b
+					}
+					if c != want || truth(h) != want {
+						t.Fatalf("op %d depth %d: commit(%d, %d, %x) = %d, cached in %d", op, k, b, prev, h, c, truth(h))
+					}
+					prev, run = c, c == b
+				}
+				for _, s := range p.cached.slots {
+					if s.val != 0 && int(s.val-1) >= n {
+						t.Fatalf("op %d: entry for block %d", op, s.val-1)
+					}
+				}
+				if 2*p.cached.used > len(p.cached.slots) {
+					t.Fatalf("op %d: %d of %d slots used", op, p.cached.used, len(p.cached.slots))
+				}
 			}
-		}
-		for range 8 {
-			prev, h := int32(r.IntN(33)-1), uint64(r.IntN(64)+1)
-			if prev >= 0 && r.IntN(2) == 0 && p.blk[prev].succ >= 0 {
-				h = p.blk[p.blk[prev].succ].hash | 1 // the hinted block's hash, or a near miss
-			}
-			if got, want := p.lookupAfter(prev, h), p.lookup(h); got != want {
-				t.Fatalf("op %d: lookupAfter(%d, %d) = %d, lookup = %d", op, prev, h, got, want)
-			}
-		}
+		})
 	}
 }
 
@@ -165,8 +215,8 @@ func TestAllocNIsAllocs(t *testing.T) {
 			}
 			for _, k := range got {
 				h := uint64(r.IntN(200) + 1)
-				a.commit(k, h)
-				b.commit(k, h)
+				a.commit(k, -1, h, false)
+				b.commit(k, -1, h, false)
 			}
 			held = append(held, got...)
 		} else if len(held) > 0 {
@@ -207,7 +257,7 @@ func TestFreeQueueIsLRU(t *testing.T) {
 			}
 			for _, b := range got {
 				refs[b] = 1
-				p.commit(b, uint64(r.IntN(1000)+1))
+				p.commit(b, -1, uint64(r.IntN(1000)+1), false)
 			}
 			list = list[m:]
 			held = append(held, got...)

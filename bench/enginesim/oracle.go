@@ -19,16 +19,18 @@ func (e *Engine) CachedPrefixTokens(prompt []byte, adapter, salt string) int {
 	step := e.bs * BytesPerToken
 	maxHit := (p - 1) / e.bs // as plan: a hit never covers the last prompt token
 	var follow *seq          // an in-flight sequence sharing the chain so far
+	held := int32(-1)        // the block caching the chain's hash so far, -1 none
 	for k := range maxHit {
 		h := xxh3.HashSeed(prompt[k*step:(k+1)*step], parent) // as hashBlock for full prompt blocks
 		if h == 0 {
 			h = 1
 		}
 		parent = h
+		held = e.pool.lookupAfter(held, h)
 		if follow != nil && k < len(follow.hashes) && follow.hashes[k] == h {
 			continue
 		}
-		if e.pool.lookup(h) >= 0 {
+		if held >= 0 {
 			continue
 		}
 		// Chained hashes: a sequence with hash h at block k shares blocks 0..k.
