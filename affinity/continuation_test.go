@@ -78,6 +78,15 @@ func TestCostKeepsChatHome(t *testing.T) {
 			if d.CachedTokens[slices.Index(d.Ranked, home)] != 17*64 {
 				t.Fatalf("cached %v: the index prediction must not include the credit", d.CachedTokens)
 			}
+			// The turn's predicted prefill on home (its pending work and
+			// TTFT prediction) takes the credit off, as the decision did.
+			var f Flight
+			r.Begin(home, req, &d, &f)
+			defer r.End(&f, req.Now, -1, true)
+			index := req.PromptTokens - 17*64
+			if tc.answerKept && f.UncachedTokens > index-int(credit)+8 || !tc.answerKept && f.UncachedTokens != index {
+				t.Fatalf("predicted uncached %d tokens on home: the index leaves %d, the credit is %.0f", f.UncachedTokens, index, credit)
+			}
 		})
 	}
 }

@@ -39,10 +39,18 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	}
 	held := r.idx.insert(id, hs)
 	cached := min(held*r.bt, req.PromptTokens)
-	// The prefill the replica is expected to do: the index's hit discounted
-	// by how much of its predicted hits come true there (an engine without
-	// prefix caching computes the whole prompt however warm the index is).
-	unc := max(req.PromptTokens-int(p.confidence()*float64(cached)), 0)
+	// The prefill the replica is expected to do: the index's hit, plus the
+	// continuation credit where the match ends at a request that finished
+	// there (the engine holds its answer too; the cost policy prices the
+	// same), discounted by how much of its predicted hits come true there
+	// (an engine without prefix caching computes the whole prompt however
+	// warm the index is).
+	cont := held > 0 && held < len(hs) && r.finishedTail(hs[held-1], id)
+	hit := float64(cached)
+	if cont {
+		hit = min(hit+loadF(&r.contCredit), float64(req.PromptTokens))
+	}
+	unc := max(req.PromptTokens-int(p.confidence()*hit), 0)
 	wait := p.slotWait(p.totalInFlight(), req.Now)
 	*f = Flight{
 		Replica:        id,
@@ -61,7 +69,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]
 	}
-	f.cont = held > 0 && held < len(hs) && r.finishedTail(hs[held-1], id)
+	f.cont = cont
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
