@@ -135,8 +135,9 @@ type Outcome struct {
 	CachedTokens int
 	// PromptTokens is the engine's usage.prompt_tokens: the prompt in the
 	// engine's own tokens, which the router's estimate from bytes misses
-	// by a tenth or so either way; 0 when not reported. With it, the other
-	// counts are converted into the router's tokens before use.
+	// by a tenth or so either way; 0 when not reported. With it (or
+	// llama.cpp's cache_n + prompt_n) the other counts are converted into
+	// the router's tokens before use (inRouterTokens).
 	PromptTokens int
 	// PrefillTokens and PrefillSeconds are the engine's own prefill timing
 	// (llama.cpp timings.prompt_n and prompt_ms); 0 when not reported.
@@ -149,19 +150,27 @@ type Outcome struct {
 
 // inRouterTokens converts o's engine token counts into the router's
 // tokens (its estimate of the prompt, promptTokens, against the engine's
-// PromptTokens), so that they compare with what the router predicted. The
+// count), so that they compare with what the router predicted: the
 // router's estimate (bytes / 4) misses a prompt by a tenth or so either
-// way; as engine tokens, a long prompt's fully predicted hit read as 5%
-// short of its prediction, the confidence in every hit fell to 0.95, and
-// 5% of every cached prefix was priced as prefill. Without the engine's
-// count (or with one more than 4x off, not the same prompt's) o stays as
-// reported.
+// way, and compared as reported, a tokenizer 5% denser makes every fully
+// predicted hit look 5% short, its replica's confidence 0.95, and 5% of
+// each cached prefix priced as prefill. The engine's count is its
+// usage.prompt_tokens, else llama.cpp's cache_n + prompt_n (its timings
+// come without usage unless the client asked for it). A ratio outside
+// [minTokenRatio, maxTokenRatio] is more than a tokenizer's spread (images
+// or tools the router did not count, another prompt's usage): o stays as
+// reported, with PromptTokens 0.
 func (o *Outcome) inRouterTokens(promptTokens int) {
-	if o.PromptTokens <= 0 || promptTokens <= 0 {
+	engine := o.PromptTokens
+	if engine <= 0 && o.PrefillTokens > 0 && o.CachedTokens >= 0 {
+		engine = o.CachedTokens + o.PrefillTokens
+	}
+	o.PromptTokens = 0
+	if engine <= 0 || promptTokens <= 0 {
 		return
 	}
-	s := float64(promptTokens) / float64(o.PromptTokens)
-	if s < 0.25 || s > 4 {
+	s := float64(promptTokens) / float64(engine)
+	if s < minTokenRatio || s > maxTokenRatio {
 		return
 	}
 	conv := func(n int) int { return min(int(math.Round(float64(n)*s)), promptTokens) }
@@ -173,6 +182,14 @@ func (o *Outcome) inRouterTokens(promptTokens int) {
 	}
 	o.PromptTokens = promptTokens
 }
+
+// minTokenRatio, maxTokenRatio bound the router's tokens per engine token
+// that inRouterTokens converts with (tokenizers run 3.5-4.5 bytes per
+// token; the router counts 4).
+const (
+	minTokenRatio = 0.6
+	maxTokenRatio = 1.6
+)
 
 // End is EndWith with only the cached tokens and success known.
 func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) {
@@ -194,7 +211,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	predicted := f.predCached
 	rollback := !ok && f.FirstTokenAt == 0 && f.newBlocks > 0
 	miss := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens*2 < predicted
-	grow := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens >= predicted
+	grow := ok && cachedTokens >= 0 && predicted >= r.bt && cachedTokens+r.bt/2 >= predicted // within rounding of a conversion
 	if rollback || miss || grow {
 		r.mu.Lock()
 		defer r.mu.Unlock()

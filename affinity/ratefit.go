@@ -34,9 +34,11 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		return
 	}
 	p.checkPrediction(f.predTTFT, dt)
-	if f.queued == 0 && f.slotWait == 0 && o.CachedTokens >= 0 && p.fleetPrefill != nil && p.slotSurelyFree(int64(f.busy)) {
-		p.fleetPrefill.sampleClean(float64(uncached), dt)
-	}
+	// A clean sample for the pool's line (fleetPrefill.sampleClean): no
+	// prefill queued ahead, no slot wait, a free slot, the engine's token
+	// count known.
+	clean := f.queued == 0 && f.slotWait == 0 && o.CachedTokens >= 0 && o.PromptTokens > 0 &&
+		p.fleetPrefill != nil && p.slotSurelyFree(int64(f.busy))
 	// The wait for a batch slot is the slot term's, not prefill: the fit
 	// explains what is left of the TTFT (at least a quarter of it, in case
 	// the slot wait was overestimated).
@@ -66,9 +68,20 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		}
 	}
 	storeF(&p.overhead, over)
+	// An engine's first answers carry its warm-up (graph capture, first
+	// allocations): they are not clean samples.
+	warm := p.model.streamed >= cleanWarmup
+	p.model.streamed++
 	p.fitMu.Unlock()
 	p.fleetPrefill.sample(rate, over)
+	if clean && warm {
+		p.fleetPrefill.sampleClean(float64(uncached), dt)
+	}
 }
+
+// cleanWarmup: a replica's streamed answers before its samples join its
+// pool's clean line.
+const cleanWarmup = 2
 
 // rateFit estimates a replica's time to first token as
 //

@@ -32,10 +32,11 @@ import (
 //	     duration minus the predicted slot wait (buffered); the router's
 //	     fleet mean, else defaultSlotSeconds, until the first sample
 //	P_r  the engine's reported prefill rate (llama.cpp prompt_n / prompt_ms,
-//	     EWMA) when it reports one, else the pool's line through clean
-//	     samples (requests that met no queue and a surely free slot, their
-//	     uncached tokens in the engine's own count: fleetPrefill.sampleClean),
-//	     else the mean of the replicas' robust fits below
+//	     EWMA, in the router's tokens) when it reports one, else the pool's
+//	     line through clean samples (requests that met no queue and a surely
+//	     free slot, their uncached tokens the engine's count in the router's
+//	     tokens: fleetPrefill.sampleClean), else the mean of the replicas'
+//	     robust fits below
 //	O_r  the fit's intercept; with known slots, the mean over requests that
 //	     met no queue
 //
@@ -87,6 +88,7 @@ var ttftErrBuckets = [...]float64{0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8}
 type ttftModel struct {
 	errEWMA     atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions (errSlack is hot)
 	cleanN      int           // intercept samples without queueing (under replica.fitMu)
+	streamed    int           // streamed answers sampled (under replica.fitMu)
 	pendBaseSet bool          // repHot.pendBase is set (Router write lock)
 
 	learnMu     sync.Mutex
@@ -385,18 +387,23 @@ func (p *repHot) backlog(now int64) float64 {
 // 2 ms plus a tenth of the fitted overhead.
 func (p *repHot) errFloor() float64 { return 0.002 + 0.1*loadF(&p.overhead) }
 
-// fleetPrefill is the router's view of a typical replica's prefill model:
-// the geometric mean of fitted prefill rates (rates span orders of
-// magnitude and a sparse fit can be far off, so their logs are averaged)
-// and the mean overhead, both EWMAs over fit updates of any replica. A
-// replica that has served nothing yet is priced with it: with a fixed prior
-// slower than the fleet really is, a replica added to a warm fleet (a
-// scale-up, or one the first requests happened to miss) looks slow, is
-// never chosen, and so never learns otherwise.
+// fleetPrefill is the router's view of a typical replica's prefill model,
+// the rate and overhead a replica without a measured rate of its own is
+// priced with (repHot.prefill): the pool's clean line once it is
+// identifiable (sampleClean), before that the geometric mean of the
+// replicas' fitted rates (rates span orders of magnitude and a sparse fit
+// can be far off, so their logs are averaged) and their mean overhead,
+// both EWMAs over fit updates of any replica. A replica that has served
+// nothing yet is priced with it: with a fixed prior slower than the fleet
+// really is, a replica added to a warm fleet (a scale-up, or one the first
+// requests happened to miss) looks slow, is never chosen, and so never
+// learns otherwise.
 type fleetPrefill struct {
-	logRate, over atomic.Uint64 // float64 bits
-	rate          atomic.Uint64 // float64 bits: exp(logRate), kept with it (a decision reads it per candidate)
-	n             atomic.Uint64
+	logRate, meanOver atomic.Uint64 // float64 bits: the replicas' fits' mean
+	// rate, over: float64 bits, what decisions price with (a decision
+	// reads them per candidate); written under mu.
+	rate, over atomic.Uint64
+	n          atomic.Uint64
 	// slots: the batch-slot limit last learned on any replica of the pool
 	// (learnSlots), the limit of a replica that has not shown its own.
 	slots atomic.Int64
@@ -410,52 +417,55 @@ type fleetPrefill struct {
 	// has fitMinSamples (sampleEarlyHit).
 	earlyReal, earlyN atomic.Uint64
 
-	// cleanMu guards clean: the pool's line over clean samples
-	// (sampleClean); cleanOK is set once that line gives the rate.
-	cleanMu sync.Mutex
+	// mu orders the writers of rate and over, and guards clean, the
+	// pool's line over clean samples; cleanOK: that line gives them.
+	mu      sync.Mutex
 	clean   cleanFit
-	cleanOK atomic.Bool
+	cleanOK bool
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
 	if !(rate > 0) {
 		return
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.n.Add(1) == 1 {
 		storeF(&f.logRate, math.Log(rate))
-		storeF(&f.over, over)
+		storeF(&f.meanOver, over)
 	} else {
 		ewma(&f.logRate, math.Log(rate), fleetWeight)
-		ewma(&f.over, over, fleetWeight)
+		ewma(&f.meanOver, over, fleetWeight)
 	}
-	if !f.cleanOK.Load() {
+	if !f.cleanOK {
 		storeF(&f.rate, math.Exp(loadF(&f.logRate)))
+		storeF(&f.over, loadF(&f.meanOver))
 	}
 }
 
 // sampleClean folds one clean sample into the pool's line: a request that
-// met no prefill queued ahead and no slot wait, its uncached tokens as the
-// engine reported them, its TTFT. Once the line is identifiable it gives
-// the pool's rate and overhead, in place of the mean of the replicas'
-// fits. Those fits take every request, with the prefill queued ahead as
-// the router estimated it: the estimate's error flattens their slopes
-// (regression dilution: on a simulated vLLM fleet they read the prefill
-// twice as fast as it was, so a conversation's turn moved off its warm
-// replica to one that had to recompute its history), and their memory of
-// about 20 samples leaves the slope to noise where most requests are
-// cache hits of a few hundred tokens.
+// met no prefill queued ahead, no slot wait and a free slot, its uncached
+// tokens the engine's count converted into the router's
+// (Outcome.inRouterTokens), its TTFT. Once the line is identifiable it
+// gives the pool's rate and overhead, in place of the mean of the
+// replicas' fits. Those fits take every request, with the prefill queued
+// ahead as the router estimated it: the estimate's error flattens their
+// slopes (regression dilution), so they read the prefill too fast, and
+// their memory of about 20 samples leaves the slope to noise where most
+// requests are cache hits of a few hundred tokens. An engine's first
+// answers (its warm-up) are not offered (cleanWarmup): in the plain
+// average of the line's first samples one of them bends it for hundreds.
 func (f *fleetPrefill) sampleClean(tokens, sec float64) {
 	if !(sec > 0) || tokens < 0 {
 		return
 	}
-	f.cleanMu.Lock()
-	rate, over, ok := f.clean.add(tokens, sec)
-	f.cleanMu.Unlock()
-	if ok {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if rate, over, ok := f.clean.add(tokens, sec); ok {
 		storeF(&f.rate, rate)
 		storeF(&f.over, over)
 		f.n.Add(1)
-		f.cleanOK.Store(true)
+		f.cleanOK = true
 	}
 }
 
@@ -470,6 +480,17 @@ type cleanFit struct {
 	rate, over          float64 // the line last published; rate 0 before
 }
 
+// clip keeps *y within fitClip of the line (rate, over)'s prediction for
+// x, where that prediction is positive.
+func (c *cleanFit) clip(x float64, y *float64, rate, over float64) {
+	if !(rate > 0) {
+		return
+	}
+	if pred := over + x/rate; pred > 0 {
+		*y = min(max(*y, pred/fitClip), pred*fitClip)
+	}
+}
+
 const (
 	// cleanWeight: a pool's clean line remembers about 200 samples.
 	cleanWeight = 0.005
@@ -478,12 +499,9 @@ const (
 )
 
 func (c *cleanFit) add(x, y float64) (rate, over float64, ok bool) {
-	if c.rate > 0 {
-		// One sample moves the line only so far: within fitClip of its
-		// prediction (a request held up by what the filter missed).
-		pred := c.over + x/c.rate
-		y = min(max(y, pred/fitClip), pred*fitClip)
-	}
+	// One sample moves the line only so far: within fitClip of its
+	// prediction (a request held up by what the filter missed).
+	c.clip(x, &y, c.rate, c.over)
 	c.n++
 	w := max(1/c.n, cleanWeight)
 	c.mx += w * (x - c.mx)
@@ -533,7 +551,8 @@ func (p *repHot) fleetModel() (rate, over float64, ok bool) {
 // its samples carry queueing and batched steps, rates fitted on identical
 // engines differ by orders of magnitude, and a replica fitted slow while it
 // was busy gets no traffic to correct it, so its decisions follow noise.
-// The pooled model averages every replica's fit; differences in speed
+// The pooled model (fleetPrefill) is one line through every replica's
+// clean samples, else the mean of their fits; differences in speed
 // between replicas still show in their backlog (pending requests later
 // than predicted), their slot times and their load.
 //

@@ -704,11 +704,10 @@ func TestEarlyHitJudgedAtFirstToken(t *testing.T) {
 // reports its own prompt and cached tokens, and TTFT is 10 ms (plus up to
 // 8 ms of step alignment) + uncached / 25,000 tokens/s. Taken as the
 // router's prompt less the engine's cached tokens, a hit's uncached count
-// is off by hundreds of tokens (a tenth of the history) and the fit read
-// the prefill about twice as fast as it was: a turn's move to a replica
-// that must recompute the history looked cheap. With the engine's own
-// prompt tokens, over the requests that met no queue, a cold 3,000-token
-// prompt is predicted within 10% of its 0.13 s.
+// is off by hundreds of tokens (a tenth of the history) and the rate reads
+// several times too fast. With the engine's counts converted into the
+// router's tokens (Outcome.inRouterTokens), a cold 3,000-token prompt is
+// predicted within 10% of its 0.13 s.
 func TestPrefillRateFromEngineTokens(t *testing.T) {
 	const rate, over = 25000.0, 0.010
 	r, ids := buildRouter(t, Config{}, state{n: 4})
@@ -784,7 +783,8 @@ func TestPrefillRateFromUnqueuedRequests(t *testing.T) {
 // for one of them to finish: half a second, however short its prefill.
 // Read as prefill, such waits make short prompts look as slow as long
 // ones and the line flat. The pool's line skips requests that joined as
-// many busy requests as the replica was ever seen running.
+// many busy requests as the replica was ever seen running, and keeps those
+// that found fewer (here the only ones whose prompts vary in length).
 func TestPrefillRateSkipsPossibleSlotWaits(t *testing.T) {
 	const rate, over = 20000.0, 0.010
 	r, ids := buildRouter(t, Config{}, state{n: 1})
@@ -795,17 +795,17 @@ func TestPrefillRateSkipsPossibleSlotWaits(t *testing.T) {
 		own := 50 + (i*53)%1500
 		m := func(tokens int) *Request { return &Request{Model: []byte("m"), PromptTokens: tokens, Now: now} }
 		var a, b, c Flight
-		r.Begin(ids[0], m(own), nil, &a) // alone: a clean sample
-		aFirst := now + int64((over+float64(own)/rate)*1e9)
+		r.Begin(ids[0], m(100), nil, &a) // alone
+		aFirst := now + int64((over+100/rate)*1e9)
 		r.FirstToken(&a, aFirst)
 		now = aFirst
-		r.Begin(ids[0], m(100), nil, &b)
-		r.FirstToken(&b, now+int64((over+100/rate)*1e9))
-		now += 20 * ms
+		r.Begin(ids[0], m(own), nil, &b) // beside a: a slot is free (2 seen running)
+		r.FirstToken(&b, now+int64((over+float64(own)/rate)*1e9))
+		now += int64((over+float64(own)/rate)*1e9) + 20*ms
 		r.Begin(ids[0], m(100+own/4), nil, &c) // the third: waits for a's slot
-		r.EndWith(&a, now+500*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: own})
+		r.EndWith(&a, now+500*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: 100})
 		r.FirstToken(&c, now+500*ms+int64((over+float64(100+own/4)/rate)*1e9))
-		r.EndWith(&b, now+600*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: 100})
+		r.EndWith(&b, now+600*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: own})
 		r.EndWith(&c, now+700*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: 100 + own/4})
 		now += time.Second.Nanoseconds()
 	}
@@ -841,5 +841,60 @@ func TestHitsJudgedInRouterTokens(t *testing.T) {
 	}
 	if c := r.Replicas()[0].Confidence; c < 0.99 {
 		t.Fatalf("confidence %.3f after 40 hits that all came true, in a tokenizer 0.9x the estimate", c)
+	}
+}
+
+// TestPrefillRateAfterSlowFirstAnswer: each engine's first answer takes 3 s
+// (warm-up); every later one 10 ms + tokens / 20,000 tokens/s. The first
+// answers stay out of the pool's line, which a plain average over its
+// first samples would carry for hundreds of them.
+func TestPrefillRateAfterSlowFirstAnswer(t *testing.T) {
+	const rate, over = 20000.0, 0.010
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	now := int64(0)
+	for i := range 80 {
+		own := 100 + (i*53)%2000
+		var f Flight
+		r.Begin(ids[i%2], &Request{Model: []byte("m"), PromptTokens: own, Now: now}, nil, &f)
+		ttft := over + float64(own)/rate
+		if i < 2 {
+			ttft = 3
+		}
+		r.FirstToken(&f, now+int64(ttft*1e9))
+		r.EndWith(&f, now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0, PromptTokens: own})
+		now += int64(ttft*1e9) + 2e8
+	}
+	var f Flight
+	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
+	defer r.End(&f, now+1e9, 0, true)
+	want := over + 4000/rate
+	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.15 {
+		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt, want %.3f s within 15%%", p, want)
+	}
+}
+
+// TestInRouterTokens: an engine's counts scaled by the router's estimate
+// over the engine's prompt, from usage or llama.cpp's cache_n + prompt_n;
+// a ratio past a tokenizer's spread is left as reported.
+func TestInRouterTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		in     Outcome
+		router int
+		want   Outcome
+	}{
+		{"usage", Outcome{CachedTokens: 900, PromptTokens: 1000}, 1100, Outcome{CachedTokens: 990, PromptTokens: 1100}},
+		{"llama.cpp timings", Outcome{CachedTokens: 900, PrefillTokens: 100, PrefillSeconds: 0.1}, 1100,
+			Outcome{CachedTokens: 990, PrefillTokens: 110, PrefillSeconds: 0.1, PromptTokens: 1100}},
+		{"no more than the prompt", Outcome{CachedTokens: 1200, PromptTokens: 1000}, 1100, Outcome{CachedTokens: 1100, PromptTokens: 1100}},
+		{"ratio past a tokenizer's spread", Outcome{CachedTokens: 900, PromptTokens: 1000}, 500, Outcome{CachedTokens: 900}},
+		{"no engine count", Outcome{CachedTokens: 900}, 1100, Outcome{CachedTokens: 900}},
+		{"unknown cached", Outcome{CachedTokens: -1, PromptTokens: 1000}, 1100, Outcome{CachedTokens: -1, PromptTokens: 1100}},
+	} {
+		o := tc.in
+		o.inRouterTokens(tc.router)
+		if o != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, o, tc.want)
+		}
 	}
 }

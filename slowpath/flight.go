@@ -69,8 +69,8 @@ func (ex *exchange) firstToken(now int64) {
 }
 
 // endFlight ends the attempt with what the engine reported: o, and the
-// prompt tokens of its usage (the prefill fit's uncached tokens are the
-// engine's prompt less its cached tokens, both in the engine's tokens).
+// prompt tokens of its usage, with which the router converts the engine's
+// token counts into its own before comparing them with its predictions.
 func (ex *exchange) endFlight(now int64, o affinity.Outcome) {
 	if o.CachedTokens >= 0 && o.PromptTokens == 0 && ex.promptRep > 0 {
 		o.PromptTokens = ex.promptRep

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -316,6 +317,12 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 		if !slices.Contains(Workloads(), w) {
 			return nil, fmt.Errorf("live: unknown workload %q (have %v)", w, Workloads())
 		}
+	}
+	if len(opts.Workloads) > 0 && len(fleetWorkloads(opts, fleet{requests: 1})) == 0 {
+		return nil, fmt.Errorf("live: workloads %v: none runs in this mode (smoke runs shared-prefix and one-company)", opts.Workloads)
+	}
+	if !(opts.TimeScale > 0) || math.IsInf(opts.TimeScale, 0) {
+		return nil, fmt.Errorf("live: time scale %g: want a finite number > 0", opts.TimeScale)
 	}
 	res := &Results{Command: opts.Command, Commit: opts.Commit, Machine: suite.Machine(), Started: time.Now().UTC(), Options: opts}
 	if res.Commit == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -254,6 +255,20 @@ func TestWorkloadsFilter(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "one-company,no-sharing" {
 		t.Fatalf("filtered to %v, want one-company,no-sharing", names)
+	}
+	// Refused before anything starts: a name not known, a filter that
+	// leaves nothing in smoke mode, a time scale that is not a number.
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Workloads: []string{"nope"}}, `unknown workload "nope"`},
+		{Options{Smoke: true, Workloads: []string{"multi-turn"}}, "none runs in this mode"},
+		{Options{TimeScale: math.NaN()}, "time scale NaN"},
+	} {
+		if _, err := Run(context.Background(), tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want %q", tc.o.Workloads, err, tc.want)
+		}
 	}
 }
 

@@ -107,7 +107,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	routingOnly := fs.Bool("routing-only", false, "run only the routing points (no router-overhead, keep-alive or proxy-cost parts)")
 	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin)")
 	workloads := fs.String("workloads", "", "routing workloads, comma-separated (\"\" = all); of "+strings.Join(live.Workloads(), ", "))
-	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.1; --smoke: 0.05): larger runs slower and makes the router's own latency a smaller share of a model second")
+	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.1; --smoke: 0.05; the tenants scenario keeps its own 0.5): larger runs slower and makes the router's own latency a smaller share of a model second")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
