@@ -114,6 +114,9 @@ func TestAPIResponsesPinned(t *testing.T) {
 		if i > 0 && obs.got[i] <= 0 {
 			t.Fatalf("turn %d: router read cached tokens %d", i, obs.got[i])
 		}
+		if obs.prompt[i] <= 0 { // streamed turns: from response.completed's usage
+			t.Fatalf("turn %d: router read input tokens %d", i, obs.prompt[i])
+		}
 	}
 	if len(obs.reps) != 7 {
 		t.Fatalf("%d routed, want 7", len(obs.reps))

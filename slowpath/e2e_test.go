@@ -64,6 +64,8 @@ type routed struct {
 	reps []string
 	pred []int
 	got  []int
+	// prompt: the engine's reported prompt tokens (-1 when not reported)
+	prompt []int
 }
 
 func (r *routed) ObserveRouted(ev *slowpath.RoutedEvent) {
@@ -72,6 +74,7 @@ func (r *routed) ObserveRouted(ev *slowpath.RoutedEvent) {
 	r.reps = append(r.reps, ev.Replica)
 	r.pred = append(r.pred, ev.PredictedCachedTokens)
 	r.got = append(r.got, ev.CachedTokens)
+	r.prompt = append(r.prompt, ev.ReportedPromptTokens)
 }
 
 func (r *routed) counts() map[string]int {

@@ -71,8 +71,11 @@ func (ex *exchange) firstToken(now int64) {
 // endFlight ends the attempt with what the engine reported: o, and the
 // prompt tokens of its usage, with which the router converts the engine's
 // token counts into its own before comparing them with its predictions.
+// A Responses request continuing a stored response gives none: the
+// engine's count includes the history it holds, the router's estimate
+// only the new input.
 func (ex *exchange) endFlight(now int64, o affinity.Outcome) {
-	if o.CachedTokens >= 0 && o.PromptTokens == 0 && ex.promptRep > 0 {
+	if o.CachedTokens >= 0 && o.PromptTokens == 0 && ex.promptRep > 0 && len(ex.api.prevID) == 0 {
 		o.PromptTokens = ex.promptRep
 	}
 	ex.s.brain.EndWith(&ex.flight, now, o)

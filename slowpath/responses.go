@@ -365,6 +365,9 @@ func (ex *exchange) responsesEvent(data []byte) {
 				ex.cached = n
 			}
 		}
+		if u := v.Get("response", "usage"); u != nil {
+			ex.promptRep, ex.outTok = usageCounts(u)
+		}
 	}
 }
 
