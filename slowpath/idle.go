@@ -63,6 +63,7 @@ type idleConn struct {
 	byIdle   bool         // want is the idle deadline
 	laddr    idleAddr     // LocalAddr: leads the proxy back to this connection
 	wset     time.Time    // the write deadline in force (zero: none)
+	raw      *rawIO       // the socket's raw reads and writes; nil: Conn's own
 }
 
 // idleAddr is an idleConn's local address, carrying the connection.
@@ -126,10 +127,10 @@ func (d *lazyDeadline) retry(c net.Conn, n int, err error) (bool, error) {
 	return true, c.SetReadDeadline(d.want)
 }
 
-// read reads c into p, re-arming a deadline that timed out before the one
+// read reads c (through raw when set, connRead) into p, re-arming a deadline that timed out before the one
 // wanted (retry) and reading again, until a read returns what it should.
-func (d *lazyDeadline) read(c net.Conn, p []byte) (int, error) {
-	n, err := c.Read(p)
+func (d *lazyDeadline) read(c net.Conn, raw *rawIO, p []byte) (int, error) {
+	n, err := connRead(c, raw, p)
 	for {
 		again, serr := d.retry(c, n, err)
 		if serr != nil {
@@ -138,7 +139,7 @@ func (d *lazyDeadline) read(c net.Conn, p []byte) (int, error) {
 		if !again {
 			return n, err
 		}
-		n, err = c.Read(p)
+		n, err = connRead(c, raw, p)
 	}
 }
 
@@ -212,7 +213,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 			}
 		}
 	}
-	n, err := c.rd.read(c.Conn, p)
+	n, err := c.rd.read(c.Conn, c.raw, p)
 	if n > 0 && !c.held {
 		c.armed = true
 	}
@@ -230,8 +231,11 @@ func (s *Server) upstreamDialer(timeout, idle time.Duration) fasthttp.DialFunc {
 		if err != nil {
 			return nil, err
 		}
-		ic := &idleConn{Conn: c, idle: idle}
+		ic := &idleConn{Conn: c, idle: idle, raw: newRawIO(c)}
 		ic.laddr = idleAddr{Addr: c.LocalAddr(), c: ic}
 		return ic, nil
 	}
 }
+
+// Write writes through raw when set (rawio_linux.go).
+func (c *idleConn) Write(p []byte) (int, error) { return connWrite(c.Conn, c.raw, p) }
