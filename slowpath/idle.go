@@ -59,6 +59,7 @@ type idleConn struct {
 	deadline time.Time    // the caller's read deadline (zero: none)
 	rd       lazyDeadline // want: the caller's deadline, or the idle one when earlier
 	armed    bool         // a byte of the current response arrived
+	fresh    bool         // a byte arrived since the idle deadline was last moved
 	held     bool         // a stream before its first token: idle not applied
 	byIdle   bool         // want is the idle deadline
 	laddr    idleAddr     // LocalAddr: leads the proxy back to this connection
@@ -159,7 +160,7 @@ func (c *idleConn) hold() error {
 }
 
 // release applies idle from the next Read on (the stream's first token).
-func (c *idleConn) release() { c.held, c.armed = false, true }
+func (c *idleConn) release() { c.held, c.armed, c.fresh = false, true, true }
 
 // SetReadDeadline records the caller's deadline; fasthttp calls it for every
 // request, so it also marks the start of a new response.
@@ -200,7 +201,10 @@ func setWriteDeadline(conn net.Conn, now time.Time, d time.Duration) error {
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
-	if c.armed {
+	if c.armed && c.fresh {
+		// Only a byte moves the idle deadline: a read that finds nothing
+		// (a relay's read session woken early) leaves it running.
+		c.fresh = false
 		d := time.Now().Add(c.idle)
 		byIdle := c.deadline.IsZero() || d.Before(c.deadline)
 		if !byIdle {
@@ -215,7 +219,7 @@ func (c *idleConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.rd.read(c.Conn, c.raw, p)
 	if n > 0 && !c.held {
-		c.armed = true
+		c.armed, c.fresh = true, true
 	}
 	if err != nil && c.byIdle && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = errUpstreamIdle

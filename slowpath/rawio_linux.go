@@ -1,6 +1,7 @@
 package slowpath
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -41,6 +42,12 @@ type rawIO struct {
 	wn   int
 	werr syscall.Errno
 	wfn  func(uintptr) bool // rawIO.writeFD
+
+	// A read session (session): reads inside it are single system calls on
+	// sfd, and one that would block returns errWouldBlock.
+	inSession bool
+	sfd       uintptr
+	drained   bool // a read of this wake-up came back short: the socket had no more
 }
 
 // newRawIO returns c's raw reader and writer, or nil when c is not a TCP
@@ -65,6 +72,9 @@ func newRawIO(c net.Conn) *rawIO {
 func (r *rawIO) read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
+	}
+	if r.inSession {
+		return r.sessionRead(p)
 	}
 	r.rbuf, r.rn, r.rerr = p, 0, 0
 	err := r.rc.Read(r.rfn)
@@ -94,6 +104,53 @@ func (r *rawIO) readFD(fd uintptr) bool {
 		}
 		r.rerr = e
 		return true
+	}
+}
+
+// session calls f until it returns true, with the connection's read lock
+// held throughout; between calls (f returned false) it waits on the poller
+// until the socket is readable. Inside f, read makes one system call, or
+// none: it returns errWouldBlock when the socket has nothing, and at once
+// when a read of the same wake-up came back short, since a short read took
+// all the socket held and anything arriving later makes the poller wake
+// the session again. That saves the read that only learns EAGAIN after
+// each event of a stream, which net.Conn (whose every Read starts with the
+// poller's readiness cleared) must make. session returns what waiting
+// returns: nil once f returned true, else a deadline, a closed connection.
+func (r *rawIO) session(f func() bool) error {
+	err := r.rc.Read(func(fd uintptr) bool {
+		r.inSession, r.sfd, r.drained = true, fd, false
+		done := f()
+		r.inSession = false
+		return done
+	})
+	r.inSession = false
+	return err
+}
+
+// errWouldBlock: a read session's socket has nothing to read now.
+var errWouldBlock = errors.New("rawio: nothing to read now")
+
+func (r *rawIO) sessionRead(p []byte) (int, error) {
+	if r.drained {
+		return 0, errWouldBlock
+	}
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, r.sfd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch e {
+		case 0:
+			if n == 0 {
+				return 0, io.EOF
+			}
+			r.drained = int(n) < len(p)
+			return int(n), nil
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			r.drained = true
+			return 0, errWouldBlock
+		}
+		return 0, r.opError("read", e)
 	}
 }
 

@@ -176,3 +176,57 @@ func TestRawIOWrappersUseIt(t *testing.T) {
 	}
 	l.open.Add(-1) // sc is not closed here: ic owns the socket
 }
+
+// TestRawIOSession: inside a read session a short read means the socket
+// is empty (the next read returns errWouldBlock without a system call),
+// the session waits on the poller and calls f again when bytes arrive, and
+// a deadline ends the wait with a timeout.
+func TestRawIOSession(t *testing.T) {
+	c, raw, peer := rawPair(t)
+	if _, err := peer.Write([]byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	calls := 0
+	p := make([]byte, 16)
+	err := raw.session(func() bool {
+		calls++
+		for {
+			n, err := raw.read(p)
+			got = append(got, p[:n]...)
+			switch {
+			case err == errWouldBlock:
+				if calls == 1 {
+					go peer.Write([]byte("b")) // after the wait begins, or before: either wakes it
+				}
+				return false
+			case err != nil:
+				t.Errorf("read in a session: %v", err)
+				return true
+			case len(got) == 2:
+				return true
+			}
+		}
+	})
+	if err != nil || string(got) != "ab" || calls < 2 {
+		t.Fatalf("session = %v, read %q in %d calls; want nil, \"ab\", at least 2 calls", err, got, calls)
+	}
+	if !raw.drained || raw.inSession {
+		// The last read took "b" short: drained; the session is over.
+		t.Fatalf("after the session: drained %v, inSession %v", raw.drained, raw.inSession)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	err = raw.session(func() bool {
+		_, err := raw.read(p)
+		return err != errWouldBlock
+	})
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("session past its deadline: %v; want a timeout", err)
+	}
+	// Outside a session, read waits as net.Conn's does.
+	_ = c.SetReadDeadline(time.Time{})
+	go peer.Write([]byte("c"))
+	if n, err := raw.read(p); err != nil || string(p[:n]) != "c" {
+		t.Fatalf("read after sessions = %q, %v", p[:n], err)
+	}
+}

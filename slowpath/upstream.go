@@ -39,9 +39,10 @@ const clientPoll = 100 * time.Millisecond
 // end of its stream. cc is HostClient's *clientConn (unexported: kept as
 // any and handed back through withConn).
 type upConn struct {
-	hc *fasthttp.HostClient
-	cc any
-	br *bufio.Reader
+	hc   *fasthttp.HostClient
+	cc   any
+	br   *bufio.Reader
+	conn net.Conn // what br reads: an *idleConn, unless TLS wraps it
 }
 
 // withConn calls f (a HostClient method taking its connection type) with
@@ -128,7 +129,7 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 		return true, false, err
 	}
 	if uresp.StreamBody && uresp.BodyStream() != nil {
-		ex.up = upConn{hc: hc, cc: cc, br: br}
+		ex.up = upConn{hc: hc, cc: cc, br: br, conn: conn}
 		return true, false, nil
 	}
 	hc.ReleaseReader(br)
