@@ -1,4 +1,4 @@
-// About 500 lines, one job: relaying an SSE stream (reads, coalesced writes,
+// About 650 lines, one job: relaying an SSE stream (reads, coalesced writes,
 // stall and idle timeouts, client-gone checks); the scan of its events is sse.go.
 
 package slowpath
@@ -29,7 +29,10 @@ import (
 //   - it cuts a full buffer at the last event boundary, so an event is not
 //     split over two writes unless it alone is larger than the buffer;
 //   - the server's write buffer (serverWriteBuffer) holds a full relay
-//     buffer plus the chunk framing, so one chunk is one write syscall.
+//     buffer plus the chunk framing, so one chunk is one write syscall;
+//   - on a plain TCP upstream it runs inside one read session of the
+//     socket (rawIO.session): a short read means the socket is empty, so
+//     it waits on the poller without a second read that finds nothing.
 //
 // The usage scan (scan) looks inside the events only until the first token
 // and where a usage key appears; everything else it passes over with one
