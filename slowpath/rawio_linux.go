@@ -47,7 +47,6 @@ type rawIO struct {
 	// sfd, and one that would block returns errWouldBlock.
 	inSession bool
 	sfd       uintptr
-	drained   bool // a read of this wake-up came back short: the socket had no more
 }
 
 // newRawIO returns c's raw reader and writer, or nil when c is not a TCP
@@ -109,17 +108,19 @@ func (r *rawIO) readFD(fd uintptr) bool {
 
 // session calls f until it returns true, with the connection's read lock
 // held throughout; between calls (f returned false) it waits on the poller
-// until the socket is readable. Inside f, read makes one system call, or
-// none: it returns errWouldBlock when the socket has nothing, and at once
-// when a read of the same wake-up came back short, since a short read took
-// all the socket held and anything arriving later makes the poller wake
-// the session again. That saves the read that only learns EAGAIN after
-// each event of a stream, which net.Conn (whose every Read starts with the
-// poller's readiness cleared) must make. session returns what waiting
-// returns: nil once f returned true, else a deadline, a closed connection.
+// until the socket is readable, without clearing a readiness that came
+// during f. Inside f, read makes one system call and returns errWouldBlock
+// when the socket has nothing. So f may write a request and return false
+// at once: the answer cannot arrive before the request, and it wakes the
+// session when it does (firstByteSession), where a net.Conn read would
+// first make a read that only learns EAGAIN. (A short read is no sign
+// that the socket is empty: a FIN that came with the data stays readable
+// without a new wake-up, so f never waits without a read that said so.)
+// session returns what waiting returns: nil once f returned true, else a
+// deadline, a closed connection.
 func (r *rawIO) session(f func() bool) error {
 	err := r.rc.Read(func(fd uintptr) bool {
-		r.inSession, r.sfd, r.drained = true, fd, false
+		r.inSession, r.sfd = true, fd
 		done := f()
 		r.inSession = false
 		return done
@@ -132,9 +133,6 @@ func (r *rawIO) session(f func() bool) error {
 var errWouldBlock = errors.New("rawio: nothing to read now")
 
 func (r *rawIO) sessionRead(p []byte) (int, error) {
-	if r.drained {
-		return 0, errWouldBlock
-	}
 	for {
 		n, _, e := syscall.RawSyscall(syscall.SYS_READ, r.sfd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		switch e {
@@ -142,12 +140,10 @@ func (r *rawIO) sessionRead(p []byte) (int, error) {
 			if n == 0 {
 				return 0, io.EOF
 			}
-			r.drained = int(n) < len(p)
 			return int(n), nil
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			r.drained = true
 			return 0, errWouldBlock
 		}
 		return 0, r.opError("read", e)

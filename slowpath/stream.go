@@ -9,7 +9,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -29,10 +28,7 @@ import (
 //   - it cuts a full buffer at the last event boundary, so an event is not
 //     split over two writes unless it alone is larger than the buffer;
 //   - the server's write buffer (serverWriteBuffer) holds a full relay
-//     buffer plus the chunk framing, so one chunk is one write syscall;
-//   - on a plain TCP upstream it runs inside one read session of the
-//     socket (rawIO.session): a short read means the socket is empty, so
-//     it waits on the poller without a second read that finds nothing.
+//     buffer plus the chunk framing, so one chunk is one write syscall.
 //
 // The usage scan (scan) looks inside the events only until the first token
 // and where a usage key appears; everything else it passes over with one
@@ -93,7 +89,6 @@ type relay struct {
 	sse     bool  // the body is text/event-stream: written in whole events
 	held    int   // bytes of buf not yet written: the start of an event cut at a full buffer
 	total   int64 // bytes written to the client
-	wait    bool  // the last fill found nothing to read now (errWouldBlock)
 }
 
 func (rl *relay) start(contentLength int, contentType []byte) {
@@ -224,7 +219,7 @@ func (rl *relay) chunked(br *bufio.Reader, p []byte, wait bool) (int, error) {
 		return 0, nil
 	}
 	// The whole line is buffered before ReadSlice, which would consume a
-	// partial line on a read error (errWouldBlock in a read session).
+	// partial line on a read error.
 	for {
 		b, _ := br.Peek(br.Buffered())
 		if bytes.IndexByte(b, '\n') >= 0 {
@@ -462,15 +457,8 @@ func (ex *exchange) SupportsBodyWriteTo() bool { return true }
 // stream with an OpenAI-style SSE error event (and no [DONE]), as vLLM does
 // when generation fails mid-stream; the error is kept for CloseWithError.
 // It returns an error only when w fails (the client went away).
-//
-// On a plain TCP upstream the relay runs inside one read session of the
-// upstream socket (rawIO.session): each event costs one read system call,
-// not a second one that only learns the socket is empty.
 func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 	ex.rl.held, ex.rl.total = 0, 0
-	if ic, ok := ex.up.conn.(*idleConn); ok && ic.raw != nil {
-		return ex.relaySession(w, ic)
-	}
 	for {
 		if more, werr := ex.relayStep(w); !more || werr != nil {
 			return ex.rl.total, werr
@@ -478,53 +466,14 @@ func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
 	}
 }
 
-// relaySession is WriteTo's loop inside read sessions of the upstream
-// connection: a step finding nothing to read waits on the poller. A wait
-// that fails (a deadline, a closed connection) is the upstream failing, as
-// a read failing is, after lazyDeadline's early deadline is moved.
-func (ex *exchange) relaySession(w io.Writer, ic *idleConn) (int64, error) {
-	var werr error
-	step := func() bool {
-		for {
-			more, err := ex.relayStep(w)
-			switch {
-			case err != nil || !more:
-				werr = err
-				return true
-			case ex.rl.wait:
-				return false
-			}
-		}
-	}
-	for {
-		err := ic.raw.session(step)
-		if err == nil {
-			return ex.rl.total, werr
-		}
-		if again, serr := ic.rd.retry(ic.Conn, 0, err); again && serr == nil {
-			continue
-		} else if serr != nil {
-			err = serr
-		}
-		if ic.byIdle && errors.Is(err, os.ErrDeadlineExceeded) {
-			err = errUpstreamIdle
-		}
-		return ex.rl.total, ex.upstreamBroke(w, err)
-	}
-}
-
 // relayStep relays what fill gives once: whole events when more is to
 // come (the start of the next is held), everything at the body's end.
 // more is false once the stream is over (read to its end, or the upstream
-// failed and the error event was written); rl.wait reports that the
-// upstream has nothing to read now (in a read session). werr: w failed.
+// failed and the error event was written). werr: w failed.
 func (ex *exchange) relayStep(w io.Writer) (more bool, werr error) {
 	rl := &ex.rl
 	buf := rl.buf
 	n, err := rl.fill(ex.up.br, buf[rl.held:])
-	if rl.wait = err == errWouldBlock; rl.wait {
-		err = nil
-	}
 	if n > 0 {
 		ex.observe(buf[rl.held : rl.held+n])
 	}
