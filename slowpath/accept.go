@@ -144,7 +144,7 @@ func (l *connListener) admit(c net.Conn) net.Conn {
 		l.mu.Unlock()
 	}
 	l.m.open.Inc()
-	return &stallConn{Conn: c, d: l.stall, l: l, addr: addr}
+	return &stallConn{Conn: c, d: l.stall, l: l, addr: addr, raw: newRawIO(c)}
 }
 
 // refuse writes the 503 without waiting on the client: the socket buffer of
@@ -209,6 +209,7 @@ type stallConn struct {
 	until time.Time // a write deadline set by the server (limits.write_timeout); zero = none
 	set   time.Time // the write deadline in force; zero = none
 	rd    lazyDeadline
+	raw   *rawIO // the socket's raw reads and writes (rawio_linux.go); nil: Conn's own
 
 	l      *connListener
 	addr   netip.Addr
@@ -244,7 +245,7 @@ func (c *stallConn) SetDeadline(t time.Time) error {
 func (c *stallConn) SetReadDeadline(t time.Time) error { return c.rd.move(c.Conn, t) }
 
 // Read reads, moving a lazily kept read deadline when it times out early.
-func (c *stallConn) Read(p []byte) (int, error) { return c.rd.read(c.Conn, p) }
+func (c *stallConn) Read(p []byte) (int, error) { return c.rd.read(c.Conn, c.raw, p) }
 
 func (c *stallConn) Write(p []byte) (int, error) {
 	dl := time.Now().Add(c.d)
@@ -257,7 +258,7 @@ func (c *stallConn) Write(p []byte) (int, error) {
 		}
 		c.set = dl
 	}
-	return c.Conn.Write(p)
+	return connWrite(c.Conn, c.raw, p)
 }
 
 // resolveMaxConns turns limits.max_connections into the cap in force: a

@@ -59,10 +59,12 @@ type idleConn struct {
 	deadline time.Time    // the caller's read deadline (zero: none)
 	rd       lazyDeadline // want: the caller's deadline, or the idle one when earlier
 	armed    bool         // a byte of the current response arrived
+	fresh    bool         // a byte arrived since the idle deadline was last moved
 	held     bool         // a stream before its first token: idle not applied
 	byIdle   bool         // want is the idle deadline
 	laddr    idleAddr     // LocalAddr: leads the proxy back to this connection
 	wset     time.Time    // the write deadline in force (zero: none)
+	raw      *rawIO       // the socket's raw reads and writes; nil: Conn's own
 }
 
 // idleAddr is an idleConn's local address, carrying the connection.
@@ -126,10 +128,10 @@ func (d *lazyDeadline) retry(c net.Conn, n int, err error) (bool, error) {
 	return true, c.SetReadDeadline(d.want)
 }
 
-// read reads c into p, re-arming a deadline that timed out before the one
+// read reads c (through raw when set, connRead) into p, re-arming a deadline that timed out before the one
 // wanted (retry) and reading again, until a read returns what it should.
-func (d *lazyDeadline) read(c net.Conn, p []byte) (int, error) {
-	n, err := c.Read(p)
+func (d *lazyDeadline) read(c net.Conn, raw *rawIO, p []byte) (int, error) {
+	n, err := connRead(c, raw, p)
 	for {
 		again, serr := d.retry(c, n, err)
 		if serr != nil {
@@ -138,7 +140,7 @@ func (d *lazyDeadline) read(c net.Conn, p []byte) (int, error) {
 		if !again {
 			return n, err
 		}
-		n, err = c.Read(p)
+		n, err = connRead(c, raw, p)
 	}
 }
 
@@ -158,7 +160,7 @@ func (c *idleConn) hold() error {
 }
 
 // release applies idle from the next Read on (the stream's first token).
-func (c *idleConn) release() { c.held, c.armed = false, true }
+func (c *idleConn) release() { c.held, c.armed, c.fresh = false, true, true }
 
 // SetReadDeadline records the caller's deadline; fasthttp calls it for every
 // request, so it also marks the start of a new response.
@@ -199,7 +201,10 @@ func setWriteDeadline(conn net.Conn, now time.Time, d time.Duration) error {
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
-	if c.armed {
+	if c.armed && c.fresh {
+		// Only a byte moves the idle deadline: a read that finds nothing
+		// (a relay's read session woken early) leaves it running.
+		c.fresh = false
 		d := time.Now().Add(c.idle)
 		byIdle := c.deadline.IsZero() || d.Before(c.deadline)
 		if !byIdle {
@@ -212,9 +217,9 @@ func (c *idleConn) Read(p []byte) (int, error) {
 			}
 		}
 	}
-	n, err := c.rd.read(c.Conn, p)
+	n, err := c.rd.read(c.Conn, c.raw, p)
 	if n > 0 && !c.held {
-		c.armed = true
+		c.armed, c.fresh = true, true
 	}
 	if err != nil && c.byIdle && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = errUpstreamIdle
@@ -230,8 +235,11 @@ func (s *Server) upstreamDialer(timeout, idle time.Duration) fasthttp.DialFunc {
 		if err != nil {
 			return nil, err
 		}
-		ic := &idleConn{Conn: c, idle: idle}
+		ic := &idleConn{Conn: c, idle: idle, raw: newRawIO(c)}
 		ic.laddr = idleAddr{Addr: c.LocalAddr(), c: ic}
 		return ic, nil
 	}
 }
+
+// Write writes through raw when set (rawio_linux.go).
+func (c *idleConn) Write(p []byte) (int, error) { return connWrite(c.Conn, c.raw, p) }

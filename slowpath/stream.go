@@ -1,4 +1,4 @@
-// About 500 lines, one job: relaying an SSE stream (reads, coalesced writes,
+// About 650 lines, one job: relaying an SSE stream (reads, coalesced writes,
 // stall and idle timeouts, client-gone checks); the scan of its events is sse.go.
 
 package slowpath
@@ -87,6 +87,8 @@ type relay struct {
 	left    int64 // bytes left: of the current chunk (chunked) or of the body (length)
 	done    bool  // the body's end was read
 	sse     bool  // the body is text/event-stream: written in whole events
+	held    int   // bytes of buf not yet written: the start of an event cut at a full buffer
+	total   int64 // bytes written to the client
 }
 
 func (rl *relay) start(contentLength int, contentType []byte) {
@@ -216,13 +218,21 @@ func (rl *relay) chunked(br *bufio.Reader, p []byte, wait bool) (int, error) {
 		rl.state = chunkHeader
 		return 0, nil
 	}
-	if !wait {
+	// The whole line is buffered before ReadSlice, which would consume a
+	// partial line on a read error.
+	for {
 		b, _ := br.Peek(br.Buffered())
-		if bytes.IndexByte(b, '\n') < 0 {
-			if len(b) >= maxChunkLine {
-				return 0, errBadChunk
-			}
+		if bytes.IndexByte(b, '\n') >= 0 {
+			break
+		}
+		if len(b) >= maxChunkLine {
+			return 0, errBadChunk
+		}
+		if !wait {
 			return 0, errNotHere
+		}
+		if _, err := br.Peek(len(b) + 1); err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return 0, eofUnexpected(err)
 		}
 	}
 	line, err := br.ReadSlice('\n')
@@ -448,46 +458,63 @@ func (ex *exchange) SupportsBodyWriteTo() bool { return true }
 // when generation fails mid-stream; the error is kept for CloseWithError.
 // It returns an error only when w fails (the client went away).
 func (ex *exchange) WriteTo(w io.Writer) (int64, error) {
-	var total int64
-	buf := ex.rl.buf
-	held := 0 // bytes of buf not yet written: the start of an event cut at a full buffer
+	ex.rl.held, ex.rl.total = 0, 0
 	for {
-		n, err := ex.rl.fill(ex.up.br, buf[held:])
-		if n > 0 {
-			ex.observe(buf[held : held+n])
-		}
-		held += n
-		cut := held
-		if err == nil && ex.rl.sse {
-			// More to come: write whole events and keep the start of the
-			// next (a client cannot use it before its end arrives), unless
-			// one event alone fills the buffer.
-			if e := lastEventEnd(buf[:held]); e > 0 {
-				cut = e
-			} else if held < len(buf) {
-				cut = 0
-			}
-		}
-		if cut > 0 {
-			if _, werr := w.Write(buf[:cut]); werr != nil {
-				return total, werr
-			}
-			total += int64(cut)
-			held = copy(buf, buf[cut:held])
-		}
-		switch {
-		case err == io.EOF:
-			ex.streamEOF = true
-			return total, nil
-		case err != nil:
-			ex.upErr = err
-			if _, werr := w.Write(sseBroken); werr != nil {
-				return total, werr
-			}
-			ex.errSent = len(sseBroken)
-			return total + int64(len(sseBroken)), nil
+		if more, werr := ex.relayStep(w); !more || werr != nil {
+			return ex.rl.total, werr
 		}
 	}
+}
+
+// relayStep relays what fill gives once: whole events when more is to
+// come (the start of the next is held), everything at the body's end.
+// more is false once the stream is over (read to its end, or the upstream
+// failed and the error event was written). werr: w failed.
+func (ex *exchange) relayStep(w io.Writer) (more bool, werr error) {
+	rl := &ex.rl
+	buf := rl.buf
+	n, err := rl.fill(ex.up.br, buf[rl.held:])
+	if n > 0 {
+		ex.observe(buf[rl.held : rl.held+n])
+	}
+	rl.held += n
+	cut := rl.held
+	if err == nil && rl.sse {
+		// More to come: write whole events and keep the start of the
+		// next (a client cannot use it before its end arrives), unless
+		// one event alone fills the buffer.
+		if e := lastEventEnd(buf[:rl.held]); e > 0 {
+			cut = e
+		} else if rl.held < len(buf) {
+			cut = 0
+		}
+	}
+	if cut > 0 {
+		if _, werr := w.Write(buf[:cut]); werr != nil {
+			return false, werr
+		}
+		rl.total += int64(cut)
+		rl.held = copy(buf, buf[cut:rl.held])
+	}
+	switch {
+	case err == io.EOF:
+		ex.streamEOF = true
+		return false, nil
+	case err != nil:
+		return false, ex.upstreamBroke(w, err)
+	}
+	return true, nil
+}
+
+// upstreamBroke keeps the upstream's error and writes the error event.
+func (ex *exchange) upstreamBroke(w io.Writer, err error) error {
+	ex.upErr = err
+	if _, werr := w.Write(sseBroken); werr != nil {
+		return werr
+	}
+	ex.errSent = len(sseBroken)
+	ex.rl.total += int64(len(sseBroken))
+	return nil
 }
 
 // lastEventEnd returns the index just past the last blank line of b (an

@@ -39,9 +39,10 @@ const clientPoll = 100 * time.Millisecond
 // end of its stream. cc is HostClient's *clientConn (unexported: kept as
 // any and handed back through withConn).
 type upConn struct {
-	hc *fasthttp.HostClient
-	cc any
-	br *bufio.Reader
+	hc   *fasthttp.HostClient
+	cc   any
+	br   *bufio.Reader
+	conn net.Conn // what br reads: an *idleConn, unless TLS wraps it
 }
 
 // withConn calls f (a HostClient method taking its connection type) with
@@ -92,20 +93,36 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 	reused := !cc.LastUseTime().IsZero()
 	uresp.ParseNetConn(conn)
 	now := time.Now()
+	// On a raw upstream connection the request's last bytes are written
+	// inside the read session that waits for the answer (awaitFirstByte).
+	var bw, flush *bufio.Writer
 	if err = setWriteDeadline(conn, now, hc.WriteTimeout); err == nil {
-		bw := hc.AcquireWriter(conn)
+		bw = hc.AcquireWriter(conn)
 		if err = ureq.Write(bw); err == nil {
-			err = bw.Flush()
+			if ic, ok := conn.(*idleConn); ok && ic.raw != nil {
+				flush = bw
+			} else {
+				err = bw.Flush()
+			}
 		}
-		hc.ReleaseWriter(bw)
 	}
 	if err != nil {
+		if bw != nil {
+			hc.ReleaseWriter(bw)
+		}
 		hc.CloseConn(cc)
 		return false, reused && isStaleConn(err), err
 	}
+	if flush == nil {
+		hc.ReleaseWriter(bw)
+	}
 	deadline := now.Add(s.conf().Upstream.ResponseTimeout)
 	br := hc.AcquireReader(conn)
-	if err = awaitFirstByte(ctx, conn, br, now, deadline); err != nil {
+	err = awaitFirstByte(ctx, conn, br, flush, now, deadline)
+	if flush != nil {
+		hc.ReleaseWriter(bw)
+	}
+	if err != nil {
 		hc.ReleaseReader(br)
 		hc.CloseConn(cc)
 		return false, reused && isStaleConn(err), err
@@ -128,7 +145,7 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 		return true, false, err
 	}
 	if uresp.StreamBody && uresp.BodyStream() != nil {
-		ex.up = upConn{hc: hc, cc: cc, br: br}
+		ex.up = upConn{hc: hc, cc: cc, br: br, conn: conn}
 		return true, false, nil
 	}
 	hc.ReleaseReader(br)
@@ -143,7 +160,9 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 // awaitFirstByte waits until br has a byte, the deadline passes
 // (fasthttp.ErrTimeout) or the client of ctx is gone (errClientGone). now
 // is the time the request was sent (a clock read costs ~0.2 µs on a VM).
-func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, now, deadline time.Time) error {
+// flush, when set, holds the end of the request, not yet written: conn is
+// then an *idleConn with raw I/O (firstByteSession).
+func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, flush *bufio.Writer, now, deadline time.Time) error {
 	for first := true; ; first = false {
 		if !first {
 			now = time.Now()
@@ -154,7 +173,15 @@ func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, n
 		if err := conn.SetReadDeadline(earlier(deadline, now.Add(clientPoll))); err != nil {
 			return err
 		}
-		_, err := br.Peek(1)
+		var err error
+		if flush != nil {
+			var werr error
+			if werr, err = firstByteSession(conn.(*idleConn), br, &flush); werr != nil {
+				return werr // the request did not go out: never a wait's timeout
+			}
+		} else {
+			_, err = br.Peek(1)
+		}
 		if err == nil {
 			return nil
 		}
@@ -163,6 +190,36 @@ func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, n
 		}
 		if clientGone(ctx.Conn()) {
 			return errClientGone
+		}
+	}
+}
+
+// firstByteSession waits for br's first byte in a read session of ic
+// (rawIO.session), flushing *flush first (then set to nil): the answer
+// cannot arrive before the request, so the session waits on the poller
+// straight after the write, without the read that would only learn
+// EAGAIN. An early lazy deadline is moved (lazyDeadline.retry). werr is
+// the flush's error; err the read's or the wait's.
+func firstByteSession(ic *idleConn, br *bufio.Reader, flush **bufio.Writer) (werr, err error) {
+	for {
+		serr := ic.raw.session(func() bool {
+			if w := *flush; w != nil {
+				*flush = nil
+				werr = w.Flush()
+				return werr != nil
+			}
+			_, err = br.Peek(1)
+			return err != errWouldBlock
+		})
+		if serr == nil || werr != nil {
+			return werr, err
+		}
+		again, rerr := ic.rd.retry(ic.Conn, 0, serr)
+		if rerr != nil {
+			return nil, rerr
+		}
+		if !again {
+			return nil, serr
 		}
 	}
 }
