@@ -1,6 +1,7 @@
 package slowpath
 
 import (
+	"bufio"
 	"errors"
 	"net"
 	"os"
@@ -65,6 +66,29 @@ type idleConn struct {
 	laddr    idleAddr     // LocalAddr: leads the proxy back to this connection
 	wset     time.Time    // the write deadline in force (zero: none)
 	raw      *rawIO       // the socket's raw reads and writes; nil: Conn's own
+	fb       firstByteState
+}
+
+// firstByteState is firstByteSession's state, kept with the connection
+// with its session function bound once, so a wait allocates nothing.
+type firstByteState struct {
+	br        *bufio.Reader
+	flush     *bufio.Writer
+	werr, err error
+	fn        func() bool // idleConn.firstByteStep
+}
+
+// firstByteStep is one step of firstByteSession's read session: the
+// request's flush, then a peek for the answer's first byte.
+func (c *idleConn) firstByteStep() bool {
+	fb := &c.fb
+	if w := fb.flush; w != nil {
+		fb.flush = nil
+		fb.werr = w.Flush()
+		return fb.werr != nil
+	}
+	_, fb.err = fb.br.Peek(1)
+	return fb.err != errWouldBlock
 }
 
 // idleAddr is an idleConn's local address, carrying the connection.
@@ -237,6 +261,7 @@ func (s *Server) upstreamDialer(timeout, idle time.Duration) fasthttp.DialFunc {
 		}
 		ic := &idleConn{Conn: c, idle: idle, raw: newRawIO(c)}
 		ic.laddr = idleAddr{Addr: c.LocalAddr(), c: ic}
+		ic.fb.fn = ic.firstByteStep
 		return ic, nil
 	}
 }

@@ -176,7 +176,7 @@ func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, f
 		var err error
 		if flush != nil {
 			var werr error
-			if werr, err = firstByteSession(conn.(*idleConn), br, &flush); werr != nil {
+			if flush, werr, err = firstByteSession(conn.(*idleConn), br, flush); werr != nil {
 				return werr // the request did not go out: never a wait's timeout
 			}
 		} else {
@@ -195,31 +195,27 @@ func awaitFirstByte(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader, f
 }
 
 // firstByteSession waits for br's first byte in a read session of ic
-// (rawIO.session), flushing *flush first (then set to nil): the answer
-// cannot arrive before the request, so the session waits on the poller
-// straight after the write, without the read that would only learn
-// EAGAIN. An early lazy deadline is moved (lazyDeadline.retry). werr is
-// the flush's error; err the read's or the wait's.
-func firstByteSession(ic *idleConn, br *bufio.Reader, flush **bufio.Writer) (werr, err error) {
+// (rawIO.session), flushing flush first: the answer cannot arrive before
+// the request, so the session waits on the poller straight after the
+// write, without the read that would only learn EAGAIN. An early lazy
+// deadline is moved (lazyDeadline.retry). left is the writer still to
+// flush (nil once flushed: a session that ended before its first step
+// leaves it), werr the flush's error, err the read's or the wait's.
+func firstByteSession(ic *idleConn, br *bufio.Reader, flush *bufio.Writer) (left *bufio.Writer, werr, err error) {
+	fb := &ic.fb
+	fb.br, fb.flush, fb.werr, fb.err = br, flush, nil, nil
+	defer func() { fb.br, fb.flush = nil, nil }()
 	for {
-		serr := ic.raw.session(func() bool {
-			if w := *flush; w != nil {
-				*flush = nil
-				werr = w.Flush()
-				return werr != nil
-			}
-			_, err = br.Peek(1)
-			return err != errWouldBlock
-		})
-		if serr == nil || werr != nil {
-			return werr, err
+		serr := ic.raw.session(fb.fn)
+		if serr == nil || fb.werr != nil {
+			return fb.flush, fb.werr, fb.err
 		}
 		again, rerr := ic.rd.retry(ic.Conn, 0, serr)
 		if rerr != nil {
-			return nil, rerr
+			return fb.flush, nil, rerr
 		}
 		if !again {
-			return nil, serr
+			return fb.flush, nil, serr
 		}
 	}
 }
