@@ -821,9 +821,9 @@ func TestPrefillRateSkipsPossibleSlotWaits(t *testing.T) {
 // TestHitsJudgedInRouterTokens: a tokenizer denser than the router's
 // bytes / 4 estimate (0.9 engine tokens per router token). Every predicted
 // hit comes true, so the replica keeps full trust in its hits: compared
-// as reported, the engine's cached tokens fell 10% short of every
-// prediction, the confidence settled at 0.9, and a tenth of each cached
-// prefix was priced as prefill.
+// as reported, the engine's cached tokens fall 10% short of every
+// prediction, the confidence settles at 0.9, and a tenth of each cached
+// prefix is priced as prefill.
 func TestHitsJudgedInRouterTokens(t *testing.T) {
 	r, ids := buildRouter(t, Config{}, state{n: 1})
 	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 router tokens

@@ -15,7 +15,7 @@ import (
 // shared system prompt. Its usage.prompt_tokens reaches the router with
 // the cached tokens, so the hits, compared in the router's tokens, all come
 // true and the replica keeps full trust in them; compared as the engine
-// counts them they fell 10% short of every prediction.
+// counts them they fall 10% short of every prediction.
 func TestEngineTokensConverted(t *testing.T) {
 	var n int
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
