@@ -104,8 +104,23 @@ const cleanWarmup = 2
 // [rateFloor, rateCeil]; the intercept is clamped to [0, mean ttft]. When
 // the engine reports its own prefill timings (engineRate > 0), that rate is
 // published and the fit gives the intercept only.
-type rateFit struct {
+type rateFit struct{ moments }
+
+// moments are a line fit's exponentially weighted sums: the sample count
+// and the means of x, y, x*x and x*y.
+type moments struct {
 	n, mx, my, mxx, mxy float64
+}
+
+// add1 folds one sample (x, y) in: weight 1/n over the first samples,
+// then floor (a memory of about 1/floor samples).
+func (m *moments) add1(x, y, floor float64) {
+	m.n++
+	w := max(1/m.n, floor)
+	m.mx += w * (x - m.mx)
+	m.my += w * (y - m.my)
+	m.mxx += w * (x*x - m.mxx)
+	m.mxy += w * (x*y - m.mxy)
 }
 
 const (
@@ -123,12 +138,7 @@ func (f *rateFit) add(x, y, rate, over, engineRate float64) (newRate, newOver fl
 			y = min(max(y, pred/fitClip), pred*fitClip)
 		}
 	}
-	f.n++
-	w := max(1/f.n, fitWeight)
-	f.mx += w * (x - f.mx)
-	f.my += w * (y - f.my)
-	f.mxx += w * (x*x - f.mxx)
-	f.mxy += w * (x*y - f.mxy)
+	f.add1(x, y, fitWeight)
 	if engineRate > 0 {
 		rate = engineRate
 	} else {

@@ -476,8 +476,8 @@ func (f *fleetPrefill) sampleClean(tokens, sec float64) {
 // least fitSpread of the mean) and it is positive; the intercept is kept
 // in [0, mean seconds].
 type cleanFit struct {
-	n, mx, my, mxx, mxy float64
-	rate, over          float64 // the line last published; rate 0 before
+	moments
+	rate, over float64 // the line last published; rate 0 before
 }
 
 // clip keeps *y within fitClip of the line (rate, over)'s prediction for
@@ -502,12 +502,7 @@ func (c *cleanFit) add(x, y float64) (rate, over float64, ok bool) {
 	// One sample moves the line only so far: within fitClip of its
 	// prediction (a request held up by what the filter missed).
 	c.clip(x, &y, c.rate, c.over)
-	c.n++
-	w := max(1/c.n, cleanWeight)
-	c.mx += w * (x - c.mx)
-	c.my += w * (y - c.my)
-	c.mxx += w * (x*x - c.mxx)
-	c.mxy += w * (x*y - c.mxy)
+	c.add1(x, y, cleanWeight)
 	varx := c.mxx - c.mx*c.mx
 	if c.n < cleanMinSamples || !(varx > fitSpread*fitSpread*c.mx*c.mx) {
 		return 0, 0, false

@@ -768,13 +768,7 @@ func TestPrefillRateFromUnqueuedRequests(t *testing.T) {
 		r.EndWith(&b, bFirst+2*ms, Outcome{OK: true, CachedTokens: 3000 - own, PromptTokens: 3000})
 		now = bFirst + 100*ms
 	}
-	var f Flight
-	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
-	defer r.End(&f, now+1e9, 0, true)
-	want := over + 4000/rate
-	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.15 {
-		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt on an idle replica, want %.3f s within 15%%", p, want)
-	}
+	checkColdPrediction(t, r, ids[0], now, 4000, over+4000/rate, 0.15)
 }
 
 // TestPrefillRateSkipsPossibleSlotWaits: an engine whose batch limit the
@@ -809,13 +803,7 @@ func TestPrefillRateSkipsPossibleSlotWaits(t *testing.T) {
 		r.EndWith(&c, now+700*ms, Outcome{OK: true, CachedTokens: 0, PromptTokens: 100 + own/4})
 		now += time.Second.Nanoseconds()
 	}
-	var f Flight
-	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
-	defer r.End(&f, now+1e9, 0, true)
-	want := over + 4000/rate
-	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.15 {
-		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt on an idle replica, want %.3f s within 15%%", p, want)
-	}
+	checkColdPrediction(t, r, ids[0], now, 4000, over+4000/rate, 0.15)
 }
 
 // TestHitsJudgedInRouterTokens: a tokenizer denser than the router's
@@ -864,13 +852,7 @@ func TestPrefillRateAfterSlowFirstAnswer(t *testing.T) {
 		r.EndWith(&f, now+int64(ttft*1e9)+1e8, Outcome{OK: true, CachedTokens: 0, PromptTokens: own})
 		now += int64(ttft*1e9) + 2e8
 	}
-	var f Flight
-	r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &f)
-	defer r.End(&f, now+1e9, 0, true)
-	want := over + 4000/rate
-	if p := f.PredictedTTFT(); math.Abs(p/want-1) > 0.15 {
-		t.Fatalf("predicted %.3f s for a cold 4,000-token prompt, want %.3f s within 15%%", p, want)
-	}
+	checkColdPrediction(t, r, ids[0], now, 4000, over+4000/rate, 0.15)
 }
 
 // TestInRouterTokens: an engine's counts scaled by the router's estimate
@@ -896,5 +878,17 @@ func TestInRouterTokens(t *testing.T) {
 		if o != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, o, tc.want)
 		}
+	}
+}
+
+// checkColdPrediction begins a cold prompt of tokens on idle replica id
+// at now and checks its predicted TTFT is want within tol (a share).
+func checkColdPrediction(t *testing.T, r *Router, id ReplicaID, now int64, tokens int, want, tol float64) {
+	t.Helper()
+	var f Flight
+	r.Begin(id, &Request{Model: []byte("m"), PromptTokens: tokens, Now: now}, nil, &f)
+	defer r.End(&f, now+1e9, 0, true)
+	if p := f.PredictedTTFT(); math.Abs(p/want-1) > tol {
+		t.Fatalf("predicted %.3f s for a cold %d-token prompt on an idle replica, want %.3f s within %.0f%%", p, tokens, want, tol*100)
 	}
 }
