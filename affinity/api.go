@@ -109,6 +109,11 @@ type Flight struct {
 // the request at Begin (affinity/ttft.go); 0 before Begin.
 func (f *Flight) PredictedTTFT() float64 { return f.predTTFT }
 
+// BusyAtBegin is how many requests the replica had (this router's and its
+// peers', plus other routers' from fresh engine signals) when Begin ran,
+// this one not counted.
+func (f *Flight) BusyAtBegin() int { return int(f.busy) }
+
 // Policy ranks eligible replicas for a request. Implementations read the
 // View (index, load) and must not allocate per call once warm.
 type Policy interface {

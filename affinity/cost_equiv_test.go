@@ -61,7 +61,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		e.unc = max(t-rp.confidence()*c, 0)
 		e.inv = inv
 		e.pre = over + max(rp.slotRisk(rp.slots(), busy, now), backlog) + l.QueuedTokens()*inv
-		e.pen = cfg.LoadPenaltySeconds * float64(busy) * rp.invWeight
+		e.pen = max(cfg.LoadPenaltySeconds, rp.busyCost()) * float64(busy) * rp.invWeight
 		e.kv = l.KVUsage > cfg.KVHighWater
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)

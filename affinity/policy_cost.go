@@ -7,7 +7,7 @@ import "math"
 //
 //	est_r = O_r + max(slotWait_r, backlog_r) + Q_r / P_r + (T - c_r C_r) / P_r   the TTFT model (ttft.go)
 //	      + (X_r - 1) * (T - c_r C_r) / P_r                                       externality: the queue it delays
-//	      + LoadPenaltySeconds * B_r / W_r                                         decode work sharing the batch
+//	      + max(LoadPenaltySeconds, β_r) * B_r / W_r                               decode work sharing the batch
 //	      + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
 //
 // slotWait_r the expected wait for a batch slot, backlog_r how far this
@@ -19,7 +19,9 @@ import "math"
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
-// KV usage. X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
+// KV usage, β_r the measured TTFT each busy request adds there (the TTFT
+// model's busy term: where it is larger, the constant is replaced by the
+// measurement). X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
 // r (Load.QueuedRequests), which a batching engine prefills in the steps
 // this request's prefill joins, N the mean of N_c over the candidates not
 // holding the prefix (less than half the best hit; every candidate when
@@ -124,7 +126,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		}
 		e.inv = inv
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
-		e.pen = cfg.LoadPenaltySeconds * float64(busy) * h.invWeight
+		e.pen = max(cfg.LoadPenaltySeconds, h.busyCost()) * float64(busy) * h.invWeight
 		e.kv = kvUsage > cfg.KVHighWater
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (kvUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)

@@ -77,6 +77,15 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	if clean && warm {
 		p.fleetPrefill.sampleClean(float64(uncached), dt)
 	}
+	// What the model left unexplained, against the requests the replica
+	// had, for the pool's busy line (β); a request that waited for a batch
+	// slot is the slot term's (it found every slot taken, not a shared
+	// batch). The measured TTFT is clipped to within fitClip of the
+	// prediction, so one stalled request moves β little.
+	if warm && f.slotWait == 0 && f.predTTFT > 0 {
+		dtc := min(max(dt, f.predTTFT/fitClip), f.predTTFT*fitClip)
+		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSeconds())
+	}
 }
 
 // cleanWarmup: a replica's streamed answers before its samples join its

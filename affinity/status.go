@@ -29,6 +29,7 @@ type ReplicaStatus struct {
 	SlotSeconds          float64   // D_r: mean time a request holds a batch slot
 	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
 	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
+	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
 	TTFT                 TTFTStats // predicted vs measured TTFT
 }
 
@@ -70,6 +71,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			SlotSeconds:       p.slotSeconds(),
 			EnginePrefillRate: loadF(&p.engRate),
 			Confidence:        p.confidence(),
+			BusyCostSeconds:   p.busyCost(),
 			TTFT:              p.ttftStats(),
 		})
 	}

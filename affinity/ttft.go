@@ -40,6 +40,16 @@ import (
 //	O_r  the fit's intercept; with known slots, the mean over requests that
 //	     met no queue
 //
+// Beside the model, what it leaves unexplained is fitted against B:
+//
+//	β    the slope of a line through (B, measured TTFT - ttft_r) over the
+//	     streamed requests of the replica's pool that found a free slot
+//	     (fleetPrefill.sampleBusy): what each request sharing the engine
+//	     adds to a new first token (tens of ms on a one-core llama.cpp
+//	     server, a fraction of a ms on the simulator's GPU engines); 0
+//	     until learned. The cost policy prices each busy request at
+//	     max(LoadPenaltySeconds, β).
+//
 // Every prediction made at Begin is compared with the measured TTFT at End
 // (EWMA of |ln((pred+f)/(actual+f))|, f a small floor, and a histogram of
 // the ratio, for metrics and backlog's slack); every predicted cache hit
@@ -417,11 +427,17 @@ type fleetPrefill struct {
 	// has fitMinSamples (sampleEarlyHit).
 	earlyReal, earlyN atomic.Uint64
 
+	// busyCost: float64 bits, β, the TTFT each request already on a
+	// replica of the pool adds to a new one's (busyFit; 0 until known).
+	busyCost atomic.Uint64
+
 	// mu orders the writers of rate and over, and guards clean, the
-	// pool's line over clean samples; cleanOK: that line gives them.
+	// pool's line over clean samples (cleanOK: that line gives them), and
+	// busyFit.
 	mu      sync.Mutex
 	clean   cleanFit
 	cleanOK bool
+	busyFit moments
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
@@ -467,6 +483,49 @@ func (f *fleetPrefill) sampleClean(tokens, sec float64) {
 		f.n.Add(1)
 		f.cleanOK = true
 	}
+}
+
+// sampleBusy folds one streamed request into the pool's busy line: x the
+// requests on its replica when it began, y its TTFT less the model's
+// prediction without the busy term (the residual the other terms left).
+// The line's slope is β (busyCost), published once the line has
+// busyMinSamples with some spread in x, kept in [0, slotSec]: a request
+// sharing the engine cannot delay a new one by more than its whole slot
+// time. The intercept is not used (the overhead's error, whatever the
+// load, lands there, not in β).
+func (f *fleetPrefill) sampleBusy(busy, resid, slotSec float64) {
+	if !(busy >= 0) || math.IsNaN(resid) || math.IsInf(resid, 0) {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := &f.busyFit
+	m.add1(busy, resid, busyWeight)
+	varx := m.mxx - m.mx*m.mx
+	if m.n < busyMinSamples || !(varx > busyMinVar) {
+		return
+	}
+	storeF(&f.busyCost, min(max((m.mxy-m.mx*m.my)/varx, 0), max(slotSec, 0)))
+}
+
+const (
+	// busyWeight: the busy line remembers about 50 samples, so β follows
+	// a change of load pattern within a minute at a few requests/s.
+	busyWeight = 0.02
+	// busyMinSamples, busyMinVar: samples, and variance of the busy count
+	// (0.04: one request in 25 found another there), before β is given.
+	busyMinSamples = 16
+	busyMinVar     = 0.04
+)
+
+// busyCost is β for p: the TTFT each request already on the replica adds
+// to a new one's, learned over p's pool (fleetPrefill.sampleBusy); 0
+// without a pool or before the pool's line gives it.
+func (p *repHot) busyCost() float64 {
+	if f := p.fleetPrefill; f != nil {
+		return loadF(&f.busyCost)
+	}
+	return 0
 }
 
 // cleanFit is an exponentially weighted least-squares line through clean

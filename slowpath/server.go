@@ -436,13 +436,15 @@ type AffinityStatus struct {
 	// engine-reported or learned; 0 = unknown), mean seconds a request
 	// holds one, fitted overhead, the engine's own prefill rate (0 = not
 	// reported), trust in predicted hits (the realised share of them,
-	// 0..1), and TTFT predictions checked
-	// with their mean |ln(predicted / measured TTFT)|.
+	// 0..1), the TTFT each request already on the replica adds to a new
+	// one's (learned over its pool; 0 = not yet), and TTFT predictions
+	// checked with their mean |ln(predicted / measured TTFT)|.
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
 	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
 	Confidence          float64 `json:"confidence"`
+	BusyCostSeconds     float64 `json:"busy_cost_seconds"`
 	TTFTPredictions     uint64  `json:"ttft_predictions"`
 	TTFTMeanAbsLogError float64 `json:"ttft_mean_abs_log_error"`
 }
@@ -506,6 +508,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
 				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
+				BusyCostSeconds: finite(a.BusyCostSeconds),
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
