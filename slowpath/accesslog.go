@@ -43,6 +43,11 @@ type accessLine struct {
 	prompt   int // -1 = not reported
 	output   int
 	cached   int
+	// What the router expected when it chose the replica; predTTFT 0 (and
+	// predCached -1) when it made no prediction (the router's own answers).
+	predCached int
+	predTTFT   time.Duration
+	busy       int
 }
 
 // openAccessLog opens the destination of log.access (see LogConfig) and
@@ -89,7 +94,8 @@ func (a *accessLog) push(l accessLine) {
 // routed queues a proxied request's line.
 func (a *accessLog) routed(ev *RoutedEvent) {
 	l := accessLine{at: time.Now(), client: ev.Client, model: string(ev.Model), replica: ev.Replica, status: ev.Status,
-		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens}
+		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens,
+		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart}
 	if ev.FirstToken > 0 {
 		l.ttft = time.Duration(ev.FirstToken - ev.Arrival)
 	}
@@ -101,7 +107,7 @@ func (a *accessLog) routed(ev *RoutedEvent) {
 
 // local queues the line of an answer the router made itself.
 func (a *accessLog) local(ctx *fasthttp.RequestCtx, status int, code string) {
-	l := accessLine{at: time.Now(), status: status, code: code, ttft: -1, prompt: -1, output: -1, cached: -1, replica: "none"}
+	l := accessLine{at: time.Now(), status: status, code: code, ttft: -1, prompt: -1, output: -1, cached: -1, replica: "none", predCached: -1}
 	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
 		ap := ta.AddrPort()
 		l.client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
@@ -131,7 +137,7 @@ func (a *accessLog) write() {
 
 func (a *accessLog) line(l *accessLine) {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
-	attrs := make([]slog.Attr, 0, 11)
+	attrs := make([]slog.Attr, 0, 14)
 	attrs = append(attrs, slog.String("client", l.client.String()), slog.String("model", l.model),
 		slog.String("replica", l.replica), slog.Int("status", l.status))
 	if l.code != "" {
@@ -147,6 +153,10 @@ func (a *accessLog) line(l *accessLine) {
 		if t.v >= 0 {
 			attrs = append(attrs, slog.Int(t.k, t.v))
 		}
+	}
+	if l.predTTFT > 0 {
+		attrs = append(attrs, slog.Float64("predicted_ttft_ms", ms(l.predTTFT)), slog.Int("predicted_cached_tokens", l.predCached),
+			slog.Int("busy_at_start", l.busy))
 	}
 	attrs = append(attrs, slog.Float64("duration_ms", ms(l.duration)))
 	r := slog.NewRecord(l.at, slog.LevelInfo, "request", 0)

@@ -122,6 +122,16 @@ func TestAccessLogJSON(t *testing.T) {
 		if _, ok := l["ttft_ms"]; ok != (i < 2) {
 			t.Errorf("line %d: ttft_ms present %v", i, ok)
 		}
+		// The router's expectation: on routed lines only.
+		for _, k := range []string{"predicted_ttft_ms", "predicted_cached_tokens", "busy_at_start"} {
+			v, ok := l[k]
+			if ok != (i < 2) {
+				t.Errorf("line %d: %s present %v", i, k, ok)
+			}
+			if f, _ := v.(float64); ok && (f < 0 || k == "predicted_ttft_ms" && f == 0) {
+				t.Errorf("line %d: %s = %v", i, k, v)
+			}
+		}
 	}
 }
 

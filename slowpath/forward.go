@@ -446,6 +446,8 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			SessionKey:            ex.req.SessionKey,
 			PromptTokens:          ex.req.PromptTokens,
 			PredictedCachedTokens: ex.pred,
+			PredictedTTFT:         ex.flight.PredictedTTFT(),
+			BusyAtStart:           ex.flight.BusyAtBegin(),
 			CachedTokens:          ex.cached,
 			Status:                ex.status,
 			OK:                    ok && werr == nil,

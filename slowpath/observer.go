@@ -29,6 +29,8 @@ type RoutedEvent struct {
 	SessionKey            uint64   // affinity.Request.SessionKey; 0 = none
 	PromptTokens          int      // estimated prompt tokens
 	PredictedCachedTokens int      // what the router predicted was cached there
+	PredictedTTFT         float64  // the replica's TTFT model at Begin, seconds (affinity.Flight.PredictedTTFT); 0 = none
+	BusyAtStart           int      // requests on the replica when this one began (this one not counted)
 	CachedTokens          int      // what the engine reported; -1 = not reported
 	Status                int      // upstream HTTP status
 	OK                    bool     // the response completed without error
