@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,6 +125,12 @@ type Options struct {
 	// RoutingOnly leaves out the router-overhead, keep-alive and proxy-cost
 	// parts: only the routing points run.
 	RoutingOnly bool
+	// RouterLogs, when set, is a folder that gets every warmpath routing
+	// row's access log (one JSON line per request: replica, TTFT, cached
+	// tokens, and the router's predicted TTFT, cached tokens and busy
+	// count at the decision), named fleet_workload_rps_policy_rROUND.jsonl,
+	// and its /debug/replicas at the end of the row (.replicas.json).
+	RouterLogs string
 }
 
 func (o Options) withDefaults() Options {
@@ -318,6 +325,11 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 			return nil, fmt.Errorf("live: unknown workload %q (have %v)", w, Workloads())
 		}
 	}
+	if opts.RouterLogs != "" {
+		if err := os.MkdirAll(opts.RouterLogs, 0o755); err != nil {
+			return nil, fmt.Errorf("live: router logs: %w", err)
+		}
+	}
 	if len(opts.Workloads) > 0 && len(fleetWorkloads(opts, fleet{requests: 1})) == 0 {
 		return nil, fmt.Errorf("live: workloads %v: none runs in this mode (smoke runs shared-prefix and one-company)", opts.Workloads)
 	}
@@ -498,7 +510,7 @@ func runPoint(ctx context.Context, o Options, tmp, nginx string, f fleet, name s
 			if c.direct() && round > 0 {
 				continue
 			}
-			row, err := runConfig(ctx, ro, tmp, nginx, f, c, w)
+			row, err := runConfig(ctx, ro, tmp, nginx, f, c, w, fmt.Sprintf("%s_%s_%g_%s_r%d", f.name, name, rps, c.policy, round+1))
 			if err != nil {
 				return nil, fmt.Errorf("%s (round %d): %w", c.name, round+1, err)
 			}
@@ -531,7 +543,8 @@ func poolRounds(c config, rounds []*RoutingRow, seed uint64) RoutingRow {
 
 // runConfig starts fresh engines (cold caches) and the router, sends the
 // workload, and stops everything it started.
-func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c config, w *workload.Workload) (*RoutingRow, error) {
+// logName names the row's files in Options.RouterLogs.
+func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c config, w *workload.Workload, logName string) (*RoutingRow, error) {
 	var g child.Group
 	defer g.Stop()
 	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, c.engines, &g)
@@ -543,9 +556,14 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 	adminURL := ""
 	switch {
 	case c.policy != "":
+		access := ""
+		if o.RouterLogs != "" {
+			access = filepath.Join(o.RouterLogs, logName+".jsonl")
+		}
 		p, listen, admin, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 			policy: c.policy, model: workload.DefaultModel, replicas: addrs,
 			kvTokens: f.kvTokens, timeScale: f.timeScale, prefillRate: f.prefillRate, seed: o.Seed,
+			accessLog: access,
 		})
 		if err != nil {
 			return nil, err
@@ -581,6 +599,11 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 		// The router's own record of its TTFT model; a failed scrape
 		// leaves the row without it.
 		row.TTFTModel, row.Imbalance, _ = scrapeRouter(ctx, adminURL+"/metrics")
+		if o.RouterLogs != "" {
+			if err := saveURL(ctx, adminURL+"/debug/replicas", filepath.Join(o.RouterLogs, logName+".replicas.json")); err != nil {
+				return nil, fmt.Errorf("router logs: %w", err)
+			}
+		}
 	}
 	return row, nil
 }

@@ -24,6 +24,7 @@ type routerSetup struct {
 	seed        uint64
 	maxInFlight int    // per replica, 0 = none
 	extra       string // appended top-level YAML (the tenants scenario's block)
+	accessLog   string // log.access (a file path), "" = off
 	authKey     string // API key for the readiness check (a keys file is set)
 	// quiet: scrape and health checks every 10s, so the router's own
 	// background work stays out of a CPU-per-request figure.
@@ -69,6 +70,9 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", rate)
 	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts)
 	fmt.Fprintf(&b, "  signal_max_age: %s\n", max(time.Second, time.Duration(float64(10*time.Second)*ts)))
+	if s.accessLog != "" {
+		fmt.Fprintf(&b, "log:\n  format: json\n  access: %q\n", s.accessLog)
+	}
 	b.WriteString(s.extra)
 	return b.String()
 }
