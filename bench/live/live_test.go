@@ -179,11 +179,14 @@ func TestSmoke(t *testing.T) {
 
 // TestRoutingRounds: each point runs every configuration once per round,
 // each round on its own workload seed; a row pools its rounds' requests and
-// keeps each round's figures, the direct row runs once.
+// keeps each round's figures, the direct row runs once. With RouterLogs,
+// every warmpath row of every round leaves its access log (a line per
+// request, with the router's predictions) and its /debug/replicas.
 func TestRoutingRounds(t *testing.T) {
 	trackChildren(t)
+	logs := filepath.Join(t.TempDir(), "logs")
 	opts := Options{Smoke: true, SkipNginx: true, Fleets: []string{FleetEnginesim}, Policies: []string{"cost", "round-robin"},
-		RoutingRounds: 2, Progress: testWriter{t}, RoutingOnly: true}
+		RoutingRounds: 2, Progress: testWriter{t}, RoutingOnly: true, RouterLogs: logs}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts)
@@ -221,6 +224,11 @@ func TestRoutingRounds(t *testing.T) {
 			if row.Sent != sent || row.OK != sent || row.TTFT.Mean < lo*0.999 || row.TTFT.Mean > hi*1.001 {
 				t.Fatalf("%s %s: pooled sent %d ok %d mean %g, rounds %+v", wl.Name, row.Config, row.Sent, row.OK, row.TTFT.Mean, row.Rounds)
 			}
+			if policy, ok := strings.CutPrefix(row.Config, "warmpath "); ok {
+				for i, rd := range row.Rounds {
+					checkRouterLog(t, filepath.Join(logs, fmt.Sprintf("%s_%s_%g_%s_r%d", wl.Fleet, wl.Name, wl.RPS, policy, i+1)), rd.OK)
+				}
+			}
 		}
 	}
 	// Rounds draw different workloads: the first round's prompts differ
@@ -234,6 +242,42 @@ func TestRoutingRounds(t *testing.T) {
 	}
 	if a.String() == b.String() {
 		t.Fatal("seeds 1 and 2 give the same first request")
+	}
+}
+
+// checkRouterLog: base.jsonl holds one access-log line per answered request,
+// each with the router's prediction, and base.replicas.json the router's
+// replicas.
+func checkRouterLog(t *testing.T, base string, want int) {
+	t.Helper()
+	raw, err := os.ReadFile(base + ".jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != want {
+		t.Fatalf("%s: %d lines, want %d", base, len(lines), want)
+	}
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("%s: %q: %v", base, l, err)
+		}
+		if p, _ := m["predicted_ttft_ms"].(float64); p <= 0 || m["ttft_ms"] == nil || m["replica"] == nil {
+			t.Fatalf("%s: line without the prediction or the outcome: %q", base, l)
+		}
+	}
+	raw, err = os.ReadFile(base + ".replicas.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps struct {
+		Replicas []struct {
+			Name string `json:"name"`
+		} `json:"replicas"`
+	}
+	if err := json.Unmarshal(raw, &reps); err != nil || len(reps.Replicas) != 2 {
+		t.Fatalf("%s.replicas.json: %v, %d replicas:\n%s", base, err, len(reps.Replicas), raw)
 	}
 }
 
