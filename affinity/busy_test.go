@@ -1,7 +1,9 @@
 package affinity
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,9 +51,13 @@ func TestBusyCostLearned(t *testing.T) {
 	for _, beta := range []float64{0.040, 0.010, 0} {
 		r, ids := buildRouter(t, Config{}, state{n: 2, rates: []float64{rate, rate}, slots: []int{8, 8}})
 		trainBusy(t, r, ids, 300, rate, over, beta)
+		text := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_replica_busy_cost_seconds"})
 		for _, st := range r.Replicas() {
 			if math.Abs(st.BusyCostSeconds-beta) > 0.1*beta+0.001 {
 				t.Fatalf("β %g: replica %s learned %.4f s per busy request", beta, st.Name, st.BusyCostSeconds)
+			}
+			if line := fmt.Sprintf("warmpath_affinity_replica_busy_cost_seconds{replica=%q} %g\n", st.Name, st.BusyCostSeconds); !strings.Contains(text, line) {
+				t.Fatalf("metrics:\n%s\nwant %s", text, line)
 			}
 		}
 	}

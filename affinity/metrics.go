@@ -15,11 +15,11 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	r *Router
 
-	decisions, errors, mispredicts, rollbacks, evictions *prometheus.Desc
-	promptTokens                                         *prometheus.Desc
-	blocks, pairs, info, credit                          *prometheus.Desc
-	pending, rate, cached, capacity, drain               *prometheus.Desc
-	slots, slotSec, ttftRatio, ttftPred, ttftAct, trust  *prometheus.Desc
+	decisions, errors, mispredicts, rollbacks, evictions      *prometheus.Desc
+	promptTokens                                              *prometheus.Desc
+	blocks, pairs, info, credit                               *prometheus.Desc
+	pending, rate, cached, capacity, drain                    *prometheus.Desc
+	slots, slotSec, ttftRatio, ttftPred, ttftAct, trust, busy *prometheus.Desc
 }
 
 // NewCollector returns a Collector for r; register it once.
@@ -50,6 +50,7 @@ func NewCollector(r *Router) *Collector {
 		ttftPred:     d("ttft_predicted_seconds_total", "Sum of predicted TTFTs over the requests in ttft_prediction_ratio.", "replica"),
 		ttftAct:      d("ttft_measured_seconds_total", "Sum of measured TTFTs over the same requests.", "replica"),
 		trust:        d("replica_prediction_confidence", "How far the cost policy trusts the replica's predicted cache hits: the recent share of predicted cached tokens the engine reported cached (0..1).", "replica"),
+		busy:         d("replica_busy_cost_seconds", "Measured time to first token each request already on the replica adds to a new one's (its pool's fit; 0 until learned).", "replica"),
 	}
 }
 
@@ -58,7 +59,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions,
 		c.promptTokens, c.blocks, c.pairs, c.info, c.credit,
 		c.pending, c.rate, c.cached, c.capacity, c.drain,
-		c.slots, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust} {
+		c.slots, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust, c.busy} {
 		ch <- d
 	}
 }
@@ -98,6 +99,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.slots, float64(st.BatchSlots), st.Name)
 		gauge(c.slotSec, st.SlotSeconds, st.Name)
 		gauge(c.trust, st.Confidence, st.Name)
+		gauge(c.busy, st.BusyCostSeconds, st.Name)
 		t := &st.TTFT
 		buckets := make(map[float64]uint64, len(t.RatioBuckets))
 		for i, b := range TTFTRatioBuckets() {
