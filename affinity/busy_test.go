@@ -13,8 +13,10 @@ import (
 // whose TTFT is over + tokens/rate + beta*k: what a one-core llama.cpp
 // server shows (every request in its batch makes the next prefill's steps
 // longer), with beta 0 what a GPU engine shows (decodes ride along free).
-// It returns the clock after the last one.
-func trainBusy(t *testing.T, r *Router, ids []ReplicaID, n int, rate, over, beta float64) int64 {
+// Each TTFT is scaled by 1 ± noise, at random; prompts are 200-999 tokens,
+// or fixedTokens when that is above 0. It returns the clock after the last
+// one.
+func trainBusy(t *testing.T, r *Router, ids []ReplicaID, n int, rate, over, beta, noise float64, fixedTokens int) int64 {
 	t.Helper()
 	ms := int64(time.Millisecond)
 	now := int64(0)
@@ -27,9 +29,15 @@ func trainBusy(t *testing.T, r *Router, ids []ReplicaID, n int, rate, over, beta
 			r.FirstToken(&bg[j], now)
 		}
 		tokens := 200 + (i*37)%800
+		if fixedTokens > 0 {
+			tokens = fixedTokens
+		}
 		var f Flight
 		r.Begin(id, &Request{Model: []byte("m"), PromptTokens: tokens, Now: now}, nil, &f)
-		first := now + int64((over+float64(tokens)/rate+beta*float64(k))*1e9)
+		h := uint64(i+1) * 0x9e3779b97f4a7c15
+		h ^= h >> 31
+		jitter := 1 + noise*(2*float64(h%1001)/1000-1)
+		first := now + int64((over+float64(tokens)/rate+beta*float64(k))*jitter*1e9)
 		r.FirstToken(&f, first)
 		end := first + 50*ms
 		r.EndWith(&f, end, Outcome{OK: true, CachedTokens: 0, PromptTokens: tokens})
@@ -50,7 +58,7 @@ func TestBusyCostLearned(t *testing.T) {
 	const rate, over = 20000.0, 0.010
 	for _, beta := range []float64{0.040, 0.010, 0} {
 		r, ids := buildRouter(t, Config{}, state{n: 2, rates: []float64{rate, rate}, slots: []int{8, 8}})
-		trainBusy(t, r, ids, 300, rate, over, beta)
+		trainBusy(t, r, ids, 300, rate, over, beta, 0, 0)
 		text := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_replica_busy_cost_seconds"})
 		for _, st := range r.Replicas() {
 			if math.Abs(st.BusyCostSeconds-beta) > 0.1*beta+0.001 {
@@ -83,7 +91,7 @@ func TestBusyCostMovesTurnOffCrowdedHome(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, ids := buildRouter(t, Config{}, state{n: 2, rates: []float64{rate, rate}, slots: []int{8, 8}})
-			now := trainBusy(t, r, ids, 300, rate, over, tc.beta)
+			now := trainBusy(t, r, ids, 300, rate, over, tc.beta, 0, 0)
 			home := ids[0]
 			hist := make([]uint64, 32) // 32 blocks of 64 tokens
 			for i := range hist {
@@ -103,6 +111,45 @@ func TestBusyCostMovesTurnOffCrowdedHome(t *testing.T) {
 			d := decide(t, r, req)
 			if got := d.Ranked[0] == home; got != tc.wantHome {
 				t.Fatalf("ranked %v (cached %v, β %.4f), want home first: %v", d.Ranked, d.CachedTokens, r.Replicas()[0].BusyCostSeconds, tc.wantHome)
+			}
+		})
+	}
+}
+
+// TestBusyCostNeedsEvidence: β prices load only where the samples show it.
+// TTFTs that scatter ±40% whatever the load give none (the slope's lower
+// confidence bound is taken); a strong effect under the same scatter is
+// still found. Before the prefill rate is a measurement (configured,
+// engine-reported or the pool's clean line), the model's error is its
+// prior's and no sample is taken.
+func TestBusyCostNeedsEvidence(t *testing.T) {
+	const rate, over = 20000.0, 0.010
+	for _, tc := range []struct {
+		name    string
+		beta    float64
+		lo, hi  float64
+		noRates bool
+	}{
+		{"scatter alone", 0, 0, 0.001, false},
+		{"a strong effect in the scatter", 0.040, 0.025, 0.044, false},
+		{"no measured rate yet", 0.040, 0, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := state{n: 2, rates: []float64{rate, rate}, slots: []int{8, 8}}
+			if tc.noRates {
+				s.rates = nil
+			}
+			r, ids := buildRouter(t, Config{}, s)
+			fixed := 0
+			if tc.noRates {
+				// One prompt size: the clean line never identifies a rate.
+				fixed = 600
+			}
+			trainBusy(t, r, ids, 300, rate, over, tc.beta, 0.4, fixed)
+			for _, st := range r.Replicas() {
+				if st.BusyCostSeconds < tc.lo || st.BusyCostSeconds > tc.hi {
+					t.Fatalf("replica %s: β %.4f s, want [%g, %g]", st.Name, st.BusyCostSeconds, tc.lo, tc.hi)
+				}
 			}
 		})
 	}

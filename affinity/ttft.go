@@ -438,6 +438,7 @@ type fleetPrefill struct {
 	clean   cleanFit
 	cleanOK bool
 	busyFit moments
+	busyYY  float64 // the busy line's mean y*y, weighted as busyFit
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
@@ -487,25 +488,46 @@ func (f *fleetPrefill) sampleClean(tokens, sec float64) {
 
 // sampleBusy folds one streamed request into the pool's busy line: x the
 // requests on its replica when it began, y its TTFT less the model's
-// prediction without the busy term (the residual the other terms left).
+// prediction (the residual the model left); measuredRate: the replica's
+// prefill rate is configured or engine-reported.
 // The line's slope is β (busyCost), published once the line has
 // busyMinSamples with some spread in x, kept in [0, slotSec]: a request
 // sharing the engine cannot delay a new one by more than its whole slot
 // time. The intercept is not used (the overhead's error, whatever the
 // load, lands there, not in β).
-func (f *fleetPrefill) sampleBusy(busy, resid, slotSec float64) {
+func (f *fleetPrefill) sampleBusy(busy, resid, slotSec float64, measuredRate bool) {
 	if !(busy >= 0) || math.IsNaN(resid) || math.IsInf(resid, 0) {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// Only once the prefill term is a measurement (configured, reported by
+	// the engine, or the pool's clean line): before it, the model's error
+	// is its rate prior's, which shrinks as the first requests teach it,
+	// while the load climbs; that drift reads as a slope (25 ms on the
+	// simulator's GPU engines, whose true β is 0.2 ms).
+	if !measuredRate && !f.cleanOK {
+		return
+	}
 	m := &f.busyFit
 	m.add1(busy, resid, busyWeight)
+	f.busyYY += max(1/m.n, busyWeight) * (resid*resid - f.busyYY)
 	varx := m.mxx - m.mx*m.mx
 	if m.n < busyMinSamples || !(varx > busyMinVar) {
 		return
 	}
-	storeF(&f.busyCost, min(max((m.mxy-m.mx*m.my)/varx, 0), max(slotSec, 0)))
+	// The slope's lower confidence bound: the slope less busySE standard
+	// errors (the line's residual spread over the samples' effective
+	// count). The TTFT model's own error drifts while it learns (a burst
+	// at start-up: the first, lightly loaded requests far over their
+	// predictions, later busier ones not), and that drift reads as a
+	// slope; with the bound, only an effect the samples show clearly
+	// prices load.
+	slope := (m.mxy - m.mx*m.my) / varx
+	nEff := min(m.n, 2/busyWeight-1)
+	res := max(f.busyYY-m.my*m.my-slope*slope*varx, 0)
+	beta := slope - busySE*math.Sqrt(res/(nEff*varx))
+	storeF(&f.busyCost, min(max(beta, 0), max(slotSec, 0)))
 }
 
 const (
@@ -514,8 +536,10 @@ const (
 	busyWeight = 0.02
 	// busyMinSamples, busyMinVar: samples, and variance of the busy count
 	// (0.04: one request in 25 found another there), before β is given.
-	busyMinSamples = 16
+	busyMinSamples = 32
 	busyMinVar     = 0.04
+	// busySE: standard errors taken off the busy line's slope.
+	busySE = 2
 )
 
 // busyCost is β for p: the TTFT each request already on the replica adds
