@@ -536,7 +536,7 @@ const (
 	busyWeight = 0.02
 	// busyMinSamples, busyMinVar: samples, and variance of the busy count
 	// (0.04: one request in 25 found another there), before β is given.
-	busyMinSamples = 32
+	busyMinSamples = 16
 	busyMinVar     = 0.04
 	// busySE: standard errors taken off the busy line's slope.
 	busySE = 2
