@@ -1,6 +1,9 @@
 package affinity
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The prefix index: which replica probably holds which block hash in its KV
 // cache.
@@ -337,8 +340,20 @@ func (x *index) newRec() int32 {
 		x.freeRecs = x.freeRecs[:k-1]
 		return i
 	}
-	x.recs = append(x.recs, blockRec{})
+	x.recs = append(growSlab(x.recs), blockRec{})
 	return int32(len(x.recs) - 1)
+}
+
+// growSlab doubles a full slab's capacity. append grows a large slice by
+// a quarter at a time, so a slab filling up to a few hundred thousand
+// entries (every router, before its first evictions; the simulator builds
+// one a run) would copy itself several times over; doubling copies it
+// about once.
+func growSlab[T any](s []T) []T {
+	if len(s) < cap(s) {
+		return s
+	}
+	return slices.Grow(s, max(len(s), 64))
 }
 
 func (x *index) newNode() int32 {
@@ -347,7 +362,7 @@ func (x *index) newNode() int32 {
 		x.freeNodes = x.freeNodes[:k-1]
 		return i
 	}
-	x.nodes = append(x.nodes, holder{})
+	x.nodes = append(growSlab(x.nodes), holder{})
 	return int32(len(x.nodes) - 1)
 }
 
