@@ -401,6 +401,10 @@ func (x *index) unlinkLRU(ni int32) {
 func (x *index) remove(ni int32) {
 	x.unlinkLRU(ni)
 	n := &x.nodes[ni]
+	// the pair's key is the node's own: its table entry goes while the
+	// block record's load is still on its way
+	x.pairTab.delVal(x.pairTab.fp(pairKey(n.hash, n.rep)), ni)
+	x.pairs = x.pairs[:x.pairTab.n]
 	b := &x.recs[n.blk]
 	if n.hprev >= 0 {
 		x.nodes[n.hprev].hnext = n.hnext
@@ -411,10 +415,8 @@ func (x *index) remove(ni int32) {
 		x.nodes[n.hnext].hprev = n.hprev
 	}
 	b.count--
-	x.pairTab.delVal(x.pairTab.fp(pairKey(b.hash, n.rep)), ni)
-	x.pairs = x.pairs[:x.pairTab.n]
 	if b.count == 0 {
-		x.blockTab.delVal(x.blockTab.fp(b.hash), n.blk)
+		x.blockTab.delVal(x.blockTab.fp(n.hash), n.blk)
 		x.blocks = x.blocks[:x.blockTab.n]
 		x.freeRecs = append(x.freeRecs, n.blk)
 	}
