@@ -11,7 +11,7 @@ import (
 // Layout (all slabs of int32 links, no pointers, so the GC never scans it):
 //
 //	blockTab table hash->rec        one entry per distinct block hash tracked
-//	pairTab  table hash+rep*K->node one entry per (block, replica) held
+//	pairTab  table hash+rep*K->node one entry per (block, replica) held, for blocks with 2+ holders
 //	recs     []blockRec             24 B: hash, parent hash, holder list head, holder count
 //	nodes    []holder               32 B: block hash and index, replica, LRU prev/next, holder prev/next
 //	lru      []replicaLRU           per replica: most recent at head, capacity in blocks
@@ -19,6 +19,13 @@ import (
 // Each replica's nodes form an LRU list bounded by that replica's KV capacity
 // in blocks, so the index holds at most sum(capacity) (block, replica) pairs
 // whatever the traffic.
+//
+// A block held by one replica has no pairTab entry: its record's holder
+// list is that one node, which says which replica it is. Most blocks have
+// one holder (a prompt that shares nothing, the part of a conversation
+// after its shared prefix), so adding and evicting them probes one table,
+// not two. When a second holder comes, both holders' pairs go into
+// pairTab; when one of the last two goes, the other's entry goes too.
 //
 // Prefix property: a chain is inserted deepest block first, so a shallower
 // block is always at least as recent as any deeper block of the same chain
@@ -56,10 +63,10 @@ type replicaLRU struct {
 
 type index struct {
 	blockTab table // block hash -> recs index
-	pairTab  table // pairKey -> nodes index
-	// blocks and pairs are zero-size slices whose lengths are blockTab's
-	// and pairTab's entry counts: the tracked blocks and pairs, which
-	// Stats and the tests read with len.
+	pairTab  table // pairKey -> nodes index, for blocks held by two or more replicas
+	// blocks and pairs are zero-size slices whose lengths are the tracked
+	// blocks (blockTab's entries) and pairs (nodes in use), which Stats
+	// and the tests read with len.
 	blocks    []struct{}
 	pairs     []struct{}
 	recs      []blockRec
@@ -135,8 +142,32 @@ func (x *index) findBlock(h uint64) (rec int32, slot, fp uint32) {
 	}
 }
 
-// findPair returns replica id's node of block h, or -1 and the pairTab
-// slot where it goes, and the pair's fingerprint.
+// pair returns replica id's node of block h, or -1.
+func (x *index) pair(h uint64, id ReplicaID) int32 {
+	bi, _, _ := x.findBlock(h)
+	if bi < 0 {
+		return -1
+	}
+	return x.holderOf(bi, id)
+}
+
+// holderOf returns replica id's node of block record bi, or -1: the one
+// holder's node, or pairTab's entry when the block has two or more.
+func (x *index) holderOf(bi int32, id ReplicaID) int32 {
+	b := &x.recs[bi]
+	if b.count == 1 {
+		if x.nodes[b.head].rep == id {
+			return b.head
+		}
+		return -1
+	}
+	ni, _, _ := x.findPair(b.hash, id)
+	return ni
+}
+
+// findPair returns replica id's node of block h from pairTab (blocks with
+// two or more holders), or -1 and the pairTab slot where it goes, and the
+// pair's fingerprint.
 func (x *index) findPair(h uint64, id ReplicaID) (node int32, slot, fp uint32) {
 	t := &x.pairTab
 	fp = t.fp(pairKey(h, id))
@@ -184,7 +215,7 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 	// as one run, which is the order the touches would give, with one
 	// lookup for the run instead of one per block.
 	m, first, last := x.chainRun(id, hashes)
-	x.warm(id, hashes[m:])
+	x.warm(hashes[m:])
 	for i := len(hashes) - 1; i >= m; i-- {
 		var parent uint64
 		if i > 0 {
@@ -215,8 +246,9 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 
 // warmTail reads, for the k least recent nodes of replica id (the ones an
 // insert is about to evict), their block records and the home slots of
-// their pair and block table entries, ahead of removing them one by one:
-// as warm does for a new chain, so the removals' misses overlap.
+// their block table entries, ahead of removing them one by one: as warm
+// does for a new chain, so the removals' misses overlap. (Their pairTab
+// entries, which only shared blocks have, are left to the removal.)
 func (x *index) warmTail(id ReplicaID, k int) {
 	if k < warmMin {
 		return
@@ -224,7 +256,7 @@ func (x *index) warmTail(id ReplicaID, k int) {
 	var acc int32
 	for ni := x.lru[id].tail; ni >= 0 && k > 0; k-- {
 		n := &x.nodes[ni]
-		acc += x.pairTab.home(x.pairTab.fp(pairKey(n.hash, id))) + x.blockTab.home(x.blockTab.fp(n.hash)) + x.recs[n.blk].count
+		acc += x.blockTab.home(x.blockTab.fp(n.hash)) + x.recs[n.blk].count
 		ni = n.prev
 	}
 	x.warmed += acc
@@ -239,7 +271,7 @@ func (x *index) chainRun(id ReplicaID, hashes []uint64) (m int, first, last int3
 	}
 	first, last = x.lru[id].head, -1
 	if first < 0 || x.nodes[first].hash != hashes[0] {
-		first, _, _ = x.findPair(hashes[0], id)
+		first = x.pair(hashes[0], id)
 	}
 	for ni := first; ni >= 0 && m < len(hashes); ni = x.nodes[ni].next {
 		if x.nodes[ni].hash != hashes[m] {
@@ -279,59 +311,80 @@ func (x *index) runToFront(id ReplicaID, first, last int32, m int) bool {
 	return true
 }
 
-// touch makes (h, id) the replica's most recent block, adding it if needed.
-// It reports whether the replica held h already.
-// warm reads the pair and block tables' home slots of every block of
-// hashes on replica id, ahead of touching them one by one: a long new
-// chain (a 100k-token prompt is 1,600 blocks) probes tables far larger
-// than the caches, and its misses then overlap instead of following each
-// other. What it reads is summed into x.warmed only so the loads stay.
-func (x *index) warm(id ReplicaID, hashes []uint64) {
+// warm reads the block table's home slots of every block of hashes,
+// ahead of touching them one by one: a long new chain (a 100k-token
+// prompt is 1,600 blocks) probes a table far larger than the caches, and
+// its misses then overlap instead of following each other. What it reads
+// is summed into x.warmed only so the loads stay.
+func (x *index) warm(hashes []uint64) {
 	if len(hashes) < warmMin {
 		return
 	}
 	var acc int32
 	for _, h := range hashes {
-		acc += x.pairTab.home(x.pairTab.fp(pairKey(h, id))) + x.blockTab.home(x.blockTab.fp(h))
+		acc += x.blockTab.home(x.blockTab.fp(h))
 	}
 	x.warmed += acc
 }
 
-// warmMin is the chain length from which insert warms the tables first;
+// warmMin is the chain length from which insert warms the table first;
 // a short chain's few probes gain nothing from it.
 const warmMin = 16
 
+// touch makes (h, id) the replica's most recent block, adding it if needed.
+// It reports whether the replica held h already.
 func (x *index) touch(id ReplicaID, h, parent uint64) (held bool) {
 	l := &x.lru[id]
-	x.pairTab.reserve()
-	ni, ps, pfp := x.findPair(h, id)
-	if ni >= 0 {
-		if l.head != ni {
-			x.unlinkLRU(ni)
-			x.pushFront(ni)
-		}
-		return true
-	}
 	x.blockTab.reserve()
 	bi, bs, bfp := x.findBlock(h)
-	if bi < 0 {
+	if bi >= 0 {
+		if ni := x.holderOf(bi, id); ni >= 0 {
+			if l.head != ni {
+				x.unlinkLRU(ni)
+				x.pushFront(ni)
+			}
+			return true
+		}
+	} else {
 		bi = x.newRec()
 		x.recs[bi] = blockRec{hash: h, parent: parent, head: -1}
 		x.blockTab.setAt(bs, bfp, bi)
 		x.blocks = x.blocks[:x.blockTab.n]
 	}
-	ni = x.newNode()
+	ni := x.newNode()
 	n := &x.nodes[ni]
 	*n = holder{hash: h, blk: bi, rep: id, prev: -1, next: -1, hprev: -1, hnext: x.recs[bi].head}
 	if n.hnext >= 0 {
 		x.nodes[n.hnext].hprev = ni
 	}
-	x.recs[bi].head = ni
-	x.recs[bi].count++
-	x.pairTab.setAt(ps, pfp, ni)
-	x.pairs = x.pairs[:x.pairTab.n]
+	b := &x.recs[bi]
+	b.head = ni
+	b.count++
+	switch {
+	case b.count == 2: // the block's first holder gets its entry too
+		x.addPair(n.hnext)
+		x.addPair(ni)
+	case b.count > 2:
+		x.addPair(ni)
+	}
+	x.pairs = x.pairs[:len(x.pairs)+1]
 	x.pushFront(ni)
 	return false
+}
+
+// addPair puts node ni's pair into pairTab (its block has two or more
+// holders now).
+func (x *index) addPair(ni int32) {
+	n := &x.nodes[ni]
+	x.pairTab.reserve()
+	_, ps, pfp := x.findPair(n.hash, n.rep)
+	x.pairTab.setAt(ps, pfp, ni)
+}
+
+// delPair takes node ni's pair out of pairTab.
+func (x *index) delPair(ni int32) {
+	n := &x.nodes[ni]
+	x.pairTab.delVal(x.pairTab.fp(pairKey(n.hash, n.rep)), ni)
 }
 
 func (x *index) newRec() int32 {
@@ -401,11 +454,11 @@ func (x *index) unlinkLRU(ni int32) {
 func (x *index) remove(ni int32) {
 	x.unlinkLRU(ni)
 	n := &x.nodes[ni]
-	// the pair's key is the node's own: its table entry goes while the
-	// block record's load is still on its way
-	x.pairTab.delVal(x.pairTab.fp(pairKey(n.hash, n.rep)), ni)
-	x.pairs = x.pairs[:x.pairTab.n]
 	b := &x.recs[n.blk]
+	if b.count >= 2 {
+		x.delPair(ni)
+	}
+	x.pairs = x.pairs[:len(x.pairs)-1]
 	if n.hprev >= 0 {
 		x.nodes[n.hprev].hnext = n.hnext
 	} else {
@@ -415,6 +468,9 @@ func (x *index) remove(ni int32) {
 		x.nodes[n.hnext].hprev = n.hprev
 	}
 	b.count--
+	if b.count == 1 { // the last holder is its record's head: no entry
+		x.delPair(b.head)
+	}
 	if b.count == 0 {
 		x.blockTab.delVal(x.blockTab.fp(n.hash), n.blk)
 		x.blocks = x.blocks[:x.blockTab.n]
@@ -439,7 +495,7 @@ func (x *index) dropReplica(id ReplicaID) {
 func (x *index) rollback(id ReplicaID, tail uint64, n int) {
 	h := tail
 	for ; n > 0 && h != 0; n-- {
-		ni, _, _ := x.findPair(h, id)
+		ni := x.pair(h, id)
 		if ni < 0 {
 			return
 		}
