@@ -292,6 +292,30 @@ func (p *blockPool) commit(b, prev int32, h uint64, run bool) int32 {
 	return b
 }
 
+// commitChain commits blocks[i] as holding hashes[i], in order, as that
+// many commit calls would, each one's prev and run the last one's answer:
+// a request's new blocks after prev (run: prev is the request's own block
+// just before them). It returns the last commit's block and run. Most of a
+// long prompt's blocks take the inline path: prev is the request's own
+// block with no successor yet and the index has no entry for the hash, so
+// no block caches it and the block becomes prev's successor.
+func (p *blockPool) commitChain(blocks []int32, hashes []uint64, prev int32, run bool) (int32, bool) {
+	blk := p.blk
+	hashes = hashes[:len(blocks)]
+	for i, b := range blocks {
+		h := hashes[i]
+		if run && blk[b].hash == 0 && blk[prev].next < 0 && !p.cached.mayHold(h) {
+			blk[b].hash = h
+			blk[prev].next = b
+			prev = b
+			continue
+		}
+		c := p.commit(b, prev, h, run)
+		prev, run = c, c == b
+	}
+	return prev, run
+}
+
 // hashIndex maps nonzero block hashes to block ids: open addressing with
 // linear probing. A slot is 8 bytes: the hash's high 32 bits (its
 // fingerprint; its low bits pick the home slot) and the block id. The full
