@@ -215,7 +215,7 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 	// as one run, which is the order the touches would give, with one
 	// lookup for the run instead of one per block.
 	m, first, last := x.chainRun(id, hashes)
-	x.warm(hashes[m:])
+	x.warm(id, hashes[m:])
 	for i := len(hashes) - 1; i >= m; i-- {
 		var parent uint64
 		if i > 0 {
@@ -247,16 +247,25 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 // warmTail reads, for the k least recent nodes of replica id (the ones an
 // insert is about to evict), their block records and the home slots of
 // their block table entries, ahead of removing them one by one: as warm
-// does for a new chain, so the removals' misses overlap. (Their pairTab
-// entries, which only shared blocks have, are left to the removal.)
+// does for a new chain, so the removals' misses overlap. A second pass,
+// over what the first brought into the caches, reads the pairTab home
+// slots of the nodes whose blocks are shared (the only ones with an
+// entry there).
 func (x *index) warmTail(id ReplicaID, k int) {
 	if k < warmMin {
 		return
 	}
 	var acc int32
-	for ni := x.lru[id].tail; ni >= 0 && k > 0; k-- {
+	for ni, j := x.lru[id].tail, k; ni >= 0 && j > 0; j-- {
 		n := &x.nodes[ni]
 		acc += x.blockTab.home(x.blockTab.fp(n.hash)) + x.recs[n.blk].count
+		ni = n.prev
+	}
+	for ni, j := x.lru[id].tail, k; ni >= 0 && j > 0; j-- {
+		n := &x.nodes[ni]
+		if x.recs[n.blk].count >= 2 {
+			acc += x.pairTab.home(x.pairTab.fp(pairKey(n.hash, id)))
+		}
 		ni = n.prev
 	}
 	x.warmed += acc
@@ -311,18 +320,26 @@ func (x *index) runToFront(id ReplicaID, first, last int32, m int) bool {
 	return true
 }
 
-// warm reads the block table's home slots of every block of hashes,
-// ahead of touching them one by one: a long new chain (a 100k-token
-// prompt is 1,600 blocks) probes a table far larger than the caches, and
-// its misses then overlap instead of following each other. What it reads
-// is summed into x.warmed only so the loads stay.
-func (x *index) warm(hashes []uint64) {
+// warm reads the block table's home slots of every block of hashes on
+// replica id, ahead of touching them one by one: a long new chain (a
+// 100k-token prompt is 1,600 blocks) probes a table far larger than the
+// caches, and its misses then overlap instead of following each other. A
+// second pass, its block table probes now cached, reads the records and,
+// for blocks held elsewhere already, the pairTab home slot of the pair
+// the touch will look up. What it reads is summed into x.warmed only so
+// the loads stay.
+func (x *index) warm(id ReplicaID, hashes []uint64) {
 	if len(hashes) < warmMin {
 		return
 	}
 	var acc int32
 	for _, h := range hashes {
 		acc += x.blockTab.home(x.blockTab.fp(h))
+	}
+	for _, h := range hashes {
+		if bi, _, _ := x.findBlock(h); bi >= 0 && x.recs[bi].count >= 2 {
+			acc += x.pairTab.home(x.pairTab.fp(pairKey(h, id)))
+		}
 	}
 	x.warmed += acc
 }
