@@ -1,6 +1,9 @@
 package affinity
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The prefix index: which replica probably holds which block hash in its KV
 // cache.
@@ -8,7 +11,7 @@ import "math"
 // Layout (all slabs of int32 links, no pointers, so the GC never scans it):
 //
 //	blockTab table hash->rec        one entry per distinct block hash tracked
-//	pairTab  table hash+rep*K->node one entry per (block, replica) held
+//	pairTab  table hash+rep*K->node one entry per (block, replica) held, for blocks with 2+ holders
 //	recs     []blockRec             24 B: hash, parent hash, holder list head, holder count
 //	nodes    []holder               32 B: block hash and index, replica, LRU prev/next, holder prev/next
 //	lru      []replicaLRU           per replica: most recent at head, capacity in blocks
@@ -16,6 +19,13 @@ import "math"
 // Each replica's nodes form an LRU list bounded by that replica's KV capacity
 // in blocks, so the index holds at most sum(capacity) (block, replica) pairs
 // whatever the traffic.
+//
+// A block held by one replica has no pairTab entry: its record's holder
+// list is that one node, which says which replica it is. Most blocks have
+// one holder (a prompt that shares nothing, the part of a conversation
+// after its shared prefix), so adding and evicting them probes one table,
+// not two. When a second holder comes, both holders' pairs go into
+// pairTab; when one of the last two goes, the other's entry goes too.
 //
 // Prefix property: a chain is inserted deepest block first, so a shallower
 // block is always at least as recent as any deeper block of the same chain
@@ -53,10 +63,10 @@ type replicaLRU struct {
 
 type index struct {
 	blockTab table // block hash -> recs index
-	pairTab  table // pairKey -> nodes index
-	// blocks and pairs are zero-size slices whose lengths are blockTab's
-	// and pairTab's entry counts: the tracked blocks and pairs, which
-	// Stats and the tests read with len.
+	pairTab  table // pairKey -> nodes index, for blocks held by two or more replicas
+	// blocks and pairs are zero-size slices whose lengths are the tracked
+	// blocks (blockTab's entries) and pairs (nodes in use), which Stats
+	// and the tests read with len.
 	blocks    []struct{}
 	pairs     []struct{}
 	recs      []blockRec
@@ -132,8 +142,32 @@ func (x *index) findBlock(h uint64) (rec int32, slot, fp uint32) {
 	}
 }
 
-// findPair returns replica id's node of block h, or -1 and the pairTab
-// slot where it goes, and the pair's fingerprint.
+// pair returns replica id's node of block h, or -1.
+func (x *index) pair(h uint64, id ReplicaID) int32 {
+	bi, _, _ := x.findBlock(h)
+	if bi < 0 {
+		return -1
+	}
+	return x.holderOf(bi, id)
+}
+
+// holderOf returns replica id's node of block record bi, or -1: the one
+// holder's node, or pairTab's entry when the block has two or more.
+func (x *index) holderOf(bi int32, id ReplicaID) int32 {
+	b := &x.recs[bi]
+	if b.count == 1 {
+		if x.nodes[b.head].rep == id {
+			return b.head
+		}
+		return -1
+	}
+	ni, _, _ := x.findPair(b.hash, id)
+	return ni
+}
+
+// findPair returns replica id's node of block h from pairTab (blocks with
+// two or more holders), or -1 and the pairTab slot where it goes, and the
+// pair's fingerprint.
 func (x *index) findPair(h uint64, id ReplicaID) (node int32, slot, fp uint32) {
 	t := &x.pairTab
 	fp = t.fp(pairKey(h, id))
@@ -212,16 +246,26 @@ func (x *index) insert(id ReplicaID, hashes []uint64) (held int) {
 
 // warmTail reads, for the k least recent nodes of replica id (the ones an
 // insert is about to evict), their block records and the home slots of
-// their pair and block table entries, ahead of removing them one by one:
-// as warm does for a new chain, so the removals' misses overlap.
+// their block table entries, ahead of removing them one by one: as warm
+// does for a new chain, so the removals' misses overlap. A second pass,
+// over what the first brought into the caches, reads the pairTab home
+// slots of the nodes whose blocks are shared (the only ones with an
+// entry there).
 func (x *index) warmTail(id ReplicaID, k int) {
 	if k < warmMin {
 		return
 	}
 	var acc int32
-	for ni := x.lru[id].tail; ni >= 0 && k > 0; k-- {
+	for ni, j := x.lru[id].tail, k; ni >= 0 && j > 0; j-- {
 		n := &x.nodes[ni]
-		acc += x.pairTab.home(x.pairTab.fp(pairKey(n.hash, id))) + x.blockTab.home(x.blockTab.fp(n.hash)) + x.recs[n.blk].count
+		acc += x.blockTab.home(x.blockTab.fp(n.hash)) + x.recs[n.blk].count
+		ni = n.prev
+	}
+	for ni, j := x.lru[id].tail, k; ni >= 0 && j > 0; j-- {
+		n := &x.nodes[ni]
+		if x.recs[n.blk].count >= 2 {
+			acc += x.pairTab.home(x.pairTab.fp(pairKey(n.hash, id)))
+		}
 		ni = n.prev
 	}
 	x.warmed += acc
@@ -236,7 +280,7 @@ func (x *index) chainRun(id ReplicaID, hashes []uint64) (m int, first, last int3
 	}
 	first, last = x.lru[id].head, -1
 	if first < 0 || x.nodes[first].hash != hashes[0] {
-		first, _, _ = x.findPair(hashes[0], id)
+		first = x.pair(hashes[0], id)
 	}
 	for ni := first; ni >= 0 && m < len(hashes); ni = x.nodes[ni].next {
 		if x.nodes[ni].hash != hashes[m] {
@@ -276,59 +320,88 @@ func (x *index) runToFront(id ReplicaID, first, last int32, m int) bool {
 	return true
 }
 
-// touch makes (h, id) the replica's most recent block, adding it if needed.
-// It reports whether the replica held h already.
-// warm reads the pair and block tables' home slots of every block of
-// hashes on replica id, ahead of touching them one by one: a long new
-// chain (a 100k-token prompt is 1,600 blocks) probes tables far larger
-// than the caches, and its misses then overlap instead of following each
-// other. What it reads is summed into x.warmed only so the loads stay.
+// warm reads the block table's home slots of every block of hashes on
+// replica id, ahead of touching them one by one: a long new chain (a
+// 100k-token prompt is 1,600 blocks) probes a table far larger than the
+// caches, and its misses then overlap instead of following each other. A
+// second pass, its block table probes now cached, reads the records and,
+// for blocks held elsewhere already, the pairTab home slot of the pair
+// the touch will look up. What it reads is summed into x.warmed only so
+// the loads stay.
 func (x *index) warm(id ReplicaID, hashes []uint64) {
 	if len(hashes) < warmMin {
 		return
 	}
 	var acc int32
 	for _, h := range hashes {
-		acc += x.pairTab.home(x.pairTab.fp(pairKey(h, id))) + x.blockTab.home(x.blockTab.fp(h))
+		acc += x.blockTab.home(x.blockTab.fp(h))
+	}
+	for _, h := range hashes {
+		if bi, _, _ := x.findBlock(h); bi >= 0 && x.recs[bi].count >= 2 {
+			acc += x.pairTab.home(x.pairTab.fp(pairKey(h, id)))
+		}
 	}
 	x.warmed += acc
 }
 
-// warmMin is the chain length from which insert warms the tables first;
+// warmMin is the chain length from which insert warms the table first;
 // a short chain's few probes gain nothing from it.
 const warmMin = 16
 
+// touch makes (h, id) the replica's most recent block, adding it if needed.
+// It reports whether the replica held h already.
 func (x *index) touch(id ReplicaID, h, parent uint64) (held bool) {
 	l := &x.lru[id]
-	x.pairTab.reserve()
-	ni, ps, pfp := x.findPair(h, id)
-	if ni >= 0 {
-		if l.head != ni {
-			x.unlinkLRU(ni)
-			x.pushFront(ni)
-		}
-		return true
-	}
 	x.blockTab.reserve()
 	bi, bs, bfp := x.findBlock(h)
-	if bi < 0 {
+	if bi >= 0 {
+		if ni := x.holderOf(bi, id); ni >= 0 {
+			if l.head != ni {
+				x.unlinkLRU(ni)
+				x.pushFront(ni)
+			}
+			return true
+		}
+	} else {
 		bi = x.newRec()
 		x.recs[bi] = blockRec{hash: h, parent: parent, head: -1}
 		x.blockTab.setAt(bs, bfp, bi)
 		x.blocks = x.blocks[:x.blockTab.n]
 	}
-	ni = x.newNode()
+	ni := x.newNode()
 	n := &x.nodes[ni]
 	*n = holder{hash: h, blk: bi, rep: id, prev: -1, next: -1, hprev: -1, hnext: x.recs[bi].head}
 	if n.hnext >= 0 {
 		x.nodes[n.hnext].hprev = ni
 	}
-	x.recs[bi].head = ni
-	x.recs[bi].count++
-	x.pairTab.setAt(ps, pfp, ni)
-	x.pairs = x.pairs[:x.pairTab.n]
+	b := &x.recs[bi]
+	b.head = ni
+	b.count++
+	switch {
+	case b.count == 2: // the block's first holder gets its entry too
+		x.addPair(n.hnext)
+		x.addPair(ni)
+	case b.count > 2:
+		x.addPair(ni)
+	}
+	x.pairs = x.pairs[:len(x.pairs)+1]
 	x.pushFront(ni)
 	return false
+}
+
+// addPair puts node ni's pair into pairTab (its block has two or more
+// holders now).
+func (x *index) addPair(ni int32) {
+	n := &x.nodes[ni]
+	x.pairTab.reserve()
+	_, ps, pfp := x.findPair(n.hash, n.rep)
+	x.pairTab.setAt(ps, pfp, ni)
+}
+
+// delPair takes node ni's pair out of pairTab.
+func (x *index) delPair(ni int32) {
+	n := &x.nodes[ni]
+	x.pairTab.delVal(x.pairTab.fp(pairKey(n.hash, n.rep)), ni)
 }
 
 func (x *index) newRec() int32 {
@@ -337,8 +410,20 @@ func (x *index) newRec() int32 {
 		x.freeRecs = x.freeRecs[:k-1]
 		return i
 	}
-	x.recs = append(x.recs, blockRec{})
+	x.recs = append(growSlab(x.recs), blockRec{})
 	return int32(len(x.recs) - 1)
+}
+
+// growSlab doubles a full slab's capacity. append grows a large slice by
+// a quarter at a time, so a slab filling up to a few hundred thousand
+// entries (every router, before its first evictions; the simulator builds
+// one a run) would copy itself several times over; doubling copies it
+// about once.
+func growSlab[T any](s []T) []T {
+	if len(s) < cap(s) {
+		return s
+	}
+	return slices.Grow(s, max(len(s), 64))
 }
 
 func (x *index) newNode() int32 {
@@ -347,7 +432,7 @@ func (x *index) newNode() int32 {
 		x.freeNodes = x.freeNodes[:k-1]
 		return i
 	}
-	x.nodes = append(x.nodes, holder{})
+	x.nodes = append(growSlab(x.nodes), holder{})
 	return int32(len(x.nodes) - 1)
 }
 
@@ -387,6 +472,10 @@ func (x *index) remove(ni int32) {
 	x.unlinkLRU(ni)
 	n := &x.nodes[ni]
 	b := &x.recs[n.blk]
+	if b.count >= 2 {
+		x.delPair(ni)
+	}
+	x.pairs = x.pairs[:len(x.pairs)-1]
 	if n.hprev >= 0 {
 		x.nodes[n.hprev].hnext = n.hnext
 	} else {
@@ -396,10 +485,11 @@ func (x *index) remove(ni int32) {
 		x.nodes[n.hnext].hprev = n.hprev
 	}
 	b.count--
-	x.pairTab.delVal(x.pairTab.fp(pairKey(b.hash, n.rep)), ni)
-	x.pairs = x.pairs[:x.pairTab.n]
+	if b.count == 1 { // the last holder is its record's head: no entry
+		x.delPair(b.head)
+	}
 	if b.count == 0 {
-		x.blockTab.delVal(x.blockTab.fp(b.hash), n.blk)
+		x.blockTab.delVal(x.blockTab.fp(n.hash), n.blk)
 		x.blocks = x.blocks[:x.blockTab.n]
 		x.freeRecs = append(x.freeRecs, n.blk)
 	}
@@ -422,7 +512,7 @@ func (x *index) dropReplica(id ReplicaID) {
 func (x *index) rollback(id ReplicaID, tail uint64, n int) {
 	h := tail
 	for ; n > 0 && h != 0; n-- {
-		ni, _, _ := x.findPair(h, id)
+		ni := x.pair(h, id)
 		if ni < 0 {
 			return
 		}

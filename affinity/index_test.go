@@ -143,13 +143,31 @@ func checkIndex(t *testing.T, x *index) {
 	if len(x.blocks) != x.blockTab.n {
 		t.Fatalf("blocks %d, table %d", len(x.blocks), x.blockTab.n)
 	}
-	if len(x.pairs) != x.pairTab.n {
-		t.Fatalf("pairs %d, table %d", len(x.pairs), x.pairTab.n)
+	// every pair is found; pairTab holds exactly the pairs of blocks with
+	// two or more holders
+	shared := 0
+	for id := range x.lru {
+		for ni := x.lru[id].head; ni >= 0; ni = x.nodes[ni].next {
+			n := x.nodes[ni]
+			if got := x.pair(n.hash, n.rep); got != ni || x.recs[n.blk].hash != n.hash {
+				t.Fatalf("pair %x/%d: node %d found as %d, block %x", n.hash, n.rep, ni, got, x.recs[n.blk].hash)
+			}
+			inTab, _, _ := x.findPair(n.hash, n.rep)
+			if c := x.recs[n.blk].count; (c >= 2) != (inTab == ni) {
+				t.Fatalf("pair %x/%d: %d holders, in pairTab as %d", n.hash, n.rep, c, inTab)
+			}
+			if x.recs[n.blk].count >= 2 {
+				shared++
+			}
+		}
+	}
+	if shared != x.pairTab.n {
+		t.Fatalf("%d pairs of shared blocks, table %d", shared, x.pairTab.n)
 	}
 	for _, ni := range x.pairTab.all() {
 		n := x.nodes[ni]
-		if got, _, _ := x.findPair(n.hash, n.rep); got != ni || x.recs[n.blk].hash != n.hash {
-			t.Fatalf("pair %x/%d: node %d found as %d, block %x", n.hash, n.rep, ni, got, x.recs[n.blk].hash)
+		if got, _, _ := x.findPair(n.hash, n.rep); got != ni || x.recs[n.blk].hash != n.hash || x.recs[n.blk].count < 2 {
+			t.Fatalf("pairTab entry %x/%d: node %d found as %d, block %+v", n.hash, n.rep, ni, got, x.recs[n.blk])
 		}
 	}
 	for _, bi := range x.blockTab.all() {

@@ -641,12 +641,10 @@ func (e *Engine) complete(obs Observer) {
 					s.held = e.pool.lookupAfter(s.held, s.hashes[j])
 				}
 			}
-			for ; k < end; k++ {
-				b := s.blocks[k]
-				c := e.pool.commit(b, s.held, s.hashes[k], s.run)
-				s.held, s.run = c, c == b
+			if k < end {
+				s.held, s.run = e.pool.commitChain(s.blocks[k:end], s.hashes[k:end], s.held, s.run)
+				s.committed = end
 			}
-			s.committed = k
 		}
 		if s.computed < s.numTokens {
 			continue // chunked prefill not done yet

@@ -52,6 +52,9 @@ func (e *Engine) checkInvariants() error {
 	for _, sl := range p.cached.slots {
 		if sl.val != 0 {
 			entries++
+			if h := p.blk[sl.val-1].hash; h != 0 && fingerprint(h) == sl.fp && !p.cached.mayHold(h) {
+				return fmt.Errorf("index entry of block %d: its hash's filter bit is clear", sl.val-1)
+			}
 		}
 	}
 	for b := range p.total() {

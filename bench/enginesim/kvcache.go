@@ -91,7 +91,7 @@ func (p *blockPool) total() int { return len(p.blk) }
 
 // size is the pool's memory in bytes.
 func (p *blockPool) size() int {
-	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots) + 8*len(p.cached.seen) + 8*cap(p.cached.keep)
+	n := 16*len(p.blk) + 4*len(p.fq) + 8*len(p.cached.slots) + 8*len(p.cached.filter) + 8*len(p.cached.seen) + 8*cap(p.cached.keep)
 	for _, s := range p.seqs {
 		n += 256 + 8*cap(s.hashes) + 4*cap(s.blocks) + cap(s.tail)
 	}
@@ -292,6 +292,30 @@ func (p *blockPool) commit(b, prev int32, h uint64, run bool) int32 {
 	return b
 }
 
+// commitChain commits blocks[i] as holding hashes[i], in order, as that
+// many commit calls would, each one's prev and run the last one's answer:
+// a request's new blocks after prev (run: prev is the request's own block
+// just before them). It returns the last commit's block and run. Most of a
+// long prompt's blocks take the inline path: prev is the request's own
+// block with no successor yet and the index has no entry for the hash, so
+// no block caches it and the block becomes prev's successor.
+func (p *blockPool) commitChain(blocks []int32, hashes []uint64, prev int32, run bool) (int32, bool) {
+	blk := p.blk
+	hashes = hashes[:len(blocks)]
+	for i, b := range blocks {
+		h := hashes[i]
+		if run && blk[b].hash == 0 && blk[prev].next < 0 && !p.cached.mayHold(h) {
+			blk[b].hash = h
+			blk[prev].next = b
+			prev = b
+			continue
+		}
+		c := p.commit(b, prev, h, run)
+		prev, run = c, c == b
+	}
+	return prev, run
+}
+
 // hashIndex maps nonzero block hashes to block ids: open addressing with
 // linear probing. A slot is 8 bytes: the hash's high 32 bits (its
 // fingerprint; its low bits pick the home slot) and the block id. The full
@@ -311,12 +335,23 @@ func (p *blockPool) commit(b, prev int32, h uint64, run bool) int32 {
 // Every block inserted keeps a live entry while it holds its hash, and the
 // pool keeps one block per hash, so get's answer is the one block holding
 // h if it is in the index.
+//
+// Most gets miss: a commit checks that no other block caches its hash,
+// and the prefix walk ends on a miss. A bit filter answers those first:
+// bit filterBit(h) is set for the hash of every entry, live or stale, so
+// a get whose bit is clear misses without reading the table. It has four
+// bits a slot (at most an eighth of them set, as at most half the slots
+// are used), a sixteenth of the table's bytes: the filters of a fleet's
+// engines stay in the CPU's caches, where their tables, touched at random
+// once a step, do not.
 type hashIndex struct {
-	slots []hslot
-	mask  uint32
-	used  int      // nonempty slots, live or stale
-	seen  []uint64 // rebuild's scratch: one bit a block
-	keep  []hslot  // rebuild's scratch: the live entries
+	slots  []hslot
+	mask   uint32
+	used   int      // nonempty slots, live or stale
+	filter []uint64 // bit filterBit(h) set for every entry's hash
+	fmask  uint32   // filter bits - 1
+	seen   []uint64 // rebuild's scratch: one bit a block
+	keep   []hslot  // rebuild's scratch: the live entries
 }
 
 type hslot struct {
@@ -331,12 +366,42 @@ func newHashIndex(blocks int) hashIndex {
 	for n < 4*min(blocks, 256) {
 		n <<= 1
 	}
-	return hashIndex{slots: make([]hslot, n), mask: uint32(n - 1)}
+	x := hashIndex{slots: make([]hslot, n), mask: uint32(n - 1)}
+	x.sizeFilter()
+	return x
 }
 
 func (x *hashIndex) clear() {
 	clear(x.slots)
+	clear(x.filter)
 	x.used = 0
+}
+
+// sizeFilter gives the filter four bits per slot, all clear.
+func (x *hashIndex) sizeFilter() {
+	bits := 4 * len(x.slots)
+	if w := bits / 64; len(x.filter) != w {
+		x.filter = make([]uint64, w)
+	} else {
+		clear(x.filter)
+	}
+	x.fmask = uint32(bits - 1)
+}
+
+// filterBit is h's bit in the filter: the hash's low bits, which the
+// fingerprint (the high 32) and so the home slot do not use.
+func (x *hashIndex) filterBit(h uint64) uint32 { return uint32(h) & x.fmask }
+
+// mayHold reports whether an entry's hash has h's filter bit: false means
+// no entry holds h.
+func (x *hashIndex) mayHold(h uint64) bool {
+	i := x.filterBit(h)
+	return x.filter[i>>6]&(1<<(i&63)) != 0
+}
+
+func (x *hashIndex) addFilter(h uint64) {
+	i := x.filterBit(h)
+	x.filter[i>>6] |= 1 << (i & 63)
 }
 
 // fingerprint is h's fingerprint; its probe run starts at fp & mask.
@@ -344,6 +409,9 @@ func fingerprint(h uint64) uint32 { return uint32(h >> 32) }
 
 // get returns the block caching h, or -1; blk holds the blocks' hashes.
 func (x *hashIndex) get(h uint64, blk []block) int32 {
+	if !x.mayHold(h) {
+		return -1
+	}
 	fp := fingerprint(h)
 	for i := fp & x.mask; ; i = (i + 1) & x.mask {
 		s := x.slots[i]
@@ -369,6 +437,7 @@ func (x *hashIndex) insert(h uint64, b int32, blk []block) bool {
 		if s.val == 0 {
 			s.fp, s.val = fp, b+1
 			x.used++
+			x.addFilter(h)
 			return true
 		}
 		if s.fp == fp && blk[s.val-1].hash == h {
@@ -408,9 +477,11 @@ func (x *hashIndex) rebuild(blk []block) {
 	} else {
 		clear(x.slots)
 	}
+	x.sizeFilter()
 	x.used = 0
 	for _, s := range keep {
 		x.place(s)
+		x.addFilter(blk[s.val-1].hash)
 	}
 	x.keep = keep
 }

@@ -291,3 +291,68 @@ func TestFreeQueueIsLRU(t *testing.T) {
 		t.Fatalf("ring overflowed: %d entries in %d", p.tail-p.head, len(p.fq))
 	}
 }
+
+// TestCommitChainIsCommits: requests whose chains share prefixes and
+// branch, that hit part of their cached prefix and recompute the rest (so
+// some new blocks find their hash cached elsewhere and stay anonymous),
+// commit their new blocks with commitChain in one pool and one commit call
+// a block in another; the answers and the pools (blocks, successor links,
+// index, filter) stay the same.
+func TestCommitChainIsCommits(t *testing.T) {
+	for _, n := range []int{12, 64, 300} {
+		t.Run(fmt.Sprint("blocks=", n), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(n), 11))
+			a, b := newBlockPool(n), newBlockPool(n)
+			var held []int32
+			for op := range 3000 {
+				if len(held) > 0 && (a.nfree < 4 || r.IntN(3) == 0) {
+					for range r.IntN(len(held)) + 1 {
+						i := r.IntN(len(held))
+						a.release(held[i])
+						b.release(held[i])
+						held = append(held[:i], held[i+1:]...)
+					}
+					continue
+				}
+				depth := r.IntN(12) + 1
+				hashes := make([]uint64, depth)
+				parent := uint64(7)
+				for k := range hashes {
+					hashes[k] = chainHash(parent, r.IntN(3))
+					parent = hashes[k]
+				}
+				// hit a prefix of the cached blocks, maybe not all of it
+				prev, k := int32(-1), 0
+				for stop := r.IntN(depth + 1); k < stop; k++ {
+					c := a.lookupAfter(prev, hashes[k])
+					if c < 0 || c != b.lookupAfter(prev, hashes[k]) {
+						break
+					}
+					a.touch(c)
+					b.touch(c)
+					held = append(held, c)
+					prev = c
+				}
+				m := min(depth-k, a.nfree)
+				blocks := a.allocN(nil, m)
+				if got := b.allocN(nil, m); !slices.Equal(got, blocks) {
+					t.Fatalf("op %d: allocN differs", op)
+				}
+				held = append(held, blocks...)
+				gotPrev, gotRun := a.commitChain(blocks, hashes[k:k+m], prev, false)
+				wantPrev, wantRun := prev, false
+				for i, blk := range blocks {
+					c := b.commit(blk, wantPrev, hashes[k+i], wantRun)
+					wantPrev, wantRun = c, c == blk
+				}
+				if gotPrev != wantPrev || gotRun != wantRun {
+					t.Fatalf("op %d: commitChain = %d, %v; commits %d, %v", op, gotPrev, gotRun, wantPrev, wantRun)
+				}
+				if !slices.Equal(a.blk, b.blk) || a.evictions != b.evictions || !slices.Equal(a.cached.slots, b.cached.slots) ||
+					!slices.Equal(a.cached.filter, b.cached.filter) {
+					t.Fatalf("op %d: pools differ", op)
+				}
+			}
+		})
+	}
+}
