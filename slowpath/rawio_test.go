@@ -255,3 +255,41 @@ func TestRawIOSession(t *testing.T) {
 		t.Fatalf("session over bytes and a FIN = %v, end %v, read %q; want nil, io.EOF, \"z\"", err, end, got)
 	}
 }
+
+// TestRawIOAllocs: a read session, a read and a write allocate nothing
+// (each runs per request, the reads and writes per streamed event too).
+func TestRawIOAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates by itself")
+	}
+	_, raw, peer := rawPair(t)
+	p, q := make([]byte, 1), make([]byte, 1)
+	msg := []byte("x")
+	step := func() bool {
+		_, err := raw.read(p)
+		return err != errWouldBlock
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if err := raw.session(step); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, q); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.read(p); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per session, read and write; want 0", allocs)
+	}
+}
