@@ -147,7 +147,7 @@ type Policy interface {
 //	func (p *Parser) ParseChat(body []byte, out *Prompt) error       // /v1/chat/completions
 //	func (p *Parser) ParseCompletion(body []byte, out *Prompt) error // /v1/completions
 //	func (p *Parser) ParseEmbedding(body []byte, out *Prompt) error  // /v1/embeddings: model only
-//	func HashPath() string                                   // "avx512-256" | "avx512" | "avx2" | "sse2" | "neon" | "generic" (the path for 256-byte blocks)
+//	func HashPath() string                                   // "avx512-256" | "avx2-256" | "avx512" | "avx2" | "sse2" | "neon" | "generic" (the path for 256-byte blocks)
 //
 // Also exported: Config/HashConfig (config.go), View and Load (view.go),
 // ReplicaStatus and Stats (status.go), Router.HashConfig, Router.PolicyName

@@ -95,7 +95,7 @@ func chainBlocks(h []uint64, seed uint64) {
 }
 
 // HashPath reports the vector path block hashing takes for the default block
-// size (256 bytes): "avx512-256" (the fixed-size kernel) | "avx512" | "avx2"
+// size (256 bytes): "avx512-256" | "avx2-256" (the fixed-size kernels) | "avx512" | "avx2"
 // | "sse2" | "neon" | "generic". See HashConfig.HashPath for other block
 // sizes.
 func HashPath() string { return hashPathFor(DefaultBlockTokens * DefaultBytesPerToken) }
@@ -106,7 +106,7 @@ func HashPath() string { return hashPathFor(DefaultBlockTokens * DefaultBytesPer
 // only from 1 KiB.
 func hashPathFor(blockBytes int) string {
 	if blockBytes == 256 && hasBlocks256 {
-		return "avx512-256"
+		return blocks256Path()
 	}
 	if blockBytes <= 240 {
 		return "generic"

@@ -205,3 +205,130 @@ chainloop:
 	VZEROUPPER
 	RET
 
+
+// BLOCK256AVX2 is BLOCK256 on AVX2: two ymm accumulators (Y0 lanes 0-3,
+// Y1 lanes 4-7) for the zmm one, the secret rows in Y4-Y15 (stripe 0 in
+// Y4, Y5; 1 in Y6, Y7; 2 in Y8, Y9; the last stripe in Y10, Y11; the merge
+// in Y12, Y13; the initial accumulators in Y14, Y15), R9 and R10 as there.
+// It clobbers AX, DX, Y0-Y3.
+#define STRIPE_AVX2(off, klo, khi) \
+	VMOVDQU  off(SI), Y2; \
+	VPXOR    klo, Y2, Y3; \
+	VPSHUFD  $0x4e, Y2, Y2; \
+	VPADDQ   Y2, Y0, Y0; \
+	VPSRLQ   $32, Y3, Y2; \
+	VPMULUDQ Y2, Y3, Y3; \
+	VPADDQ   Y3, Y0, Y0; \
+	VMOVDQU  off+32(SI), Y2; \
+	VPXOR    khi, Y2, Y3; \
+	VPSHUFD  $0x4e, Y2, Y2; \
+	VPADDQ   Y2, Y1, Y1; \
+	VPSRLQ   $32, Y3, Y2; \
+	VPMULUDQ Y2, Y3, Y3; \
+	VPADDQ   Y3, Y1, Y1;
+
+#define FOLD_AVX2(x) \
+	VMOVQ   x, AX; \
+	VPEXTRQ $1, x, DX; \
+	MULQ    DX; \
+	XORQ    DX, AX;
+
+#define BLOCK256AVX2 \
+	VMOVDQA Y14, Y0; \
+	VMOVDQA Y15, Y1; \
+	STRIPE_AVX2(0, Y4, Y5) \
+	STRIPE_AVX2(64, Y6, Y7) \
+	STRIPE_AVX2(128, Y8, Y9) \
+	STRIPE_AVX2(192, Y10, Y11) \
+	VPXOR Y12, Y0, Y0; \
+	VPXOR Y13, Y1, Y1; \
+	FOLD_AVX2(X0) \
+	MOVQ AX, R8; \
+	VEXTRACTI128 $1, Y0, X2; \
+	FOLD_AVX2(X2) \
+	ADDQ AX, R8; \
+	FOLD_AVX2(X1) \
+	ADDQ AX, R8; \
+	VEXTRACTI128 $1, Y1, X2; \
+	FOLD_AVX2(X2) \
+	ADDQ AX, R8; \
+	ADDQ R10, R8; \
+	MOVQ  R8, AX; \
+	SHRQ  $37, AX; \
+	XORQ  AX, R8; \
+	IMULQ R9, R8; \
+	MOVQ  R8, AX; \
+	SHRQ  $32, AX; \
+	XORQ  AX, R8;
+
+#define LOADK_AVX2 \
+	VMOVDQU xxh3k256<>+0(SB), Y4; \
+	VMOVDQU xxh3k256<>+32(SB), Y5; \
+	VMOVDQU xxh3k256<>+64(SB), Y6; \
+	VMOVDQU xxh3k256<>+96(SB), Y7; \
+	VMOVDQU xxh3k256<>+128(SB), Y8; \
+	VMOVDQU xxh3k256<>+160(SB), Y9; \
+	VMOVDQU xxh3k256<>+192(SB), Y10; \
+	VMOVDQU xxh3k256<>+224(SB), Y11; \
+	VMOVDQU xxh3k256<>+256(SB), Y12; \
+	VMOVDQU xxh3k256<>+288(SB), Y13; \
+	VMOVDQU xxh3k256<>+320(SB), Y14; \
+	VMOVDQU xxh3k256<>+352(SB), Y15; \
+	MOVQ $0x165667919e3779f9, R9; \
+	MOVQ $0x3779b185ebca8700, R10
+
+// func hashBlocks256AVX2(dst *uint64, data *byte, n int)
+//
+// hashBlocks256AVX512 on AVX2 (same output, bit for bit).
+TEXT ·hashBlocks256AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ data+8(FP), SI
+	MOVQ n+16(FP), CX
+	LOADK_AVX2
+
+loop2:
+	BLOCK256AVX2
+	MOVQ R8, 0(DI)
+	ADDQ $8, DI
+	ADDQ $256, SI
+	DECQ CX
+	JNZ  loop2
+	VZEROUPPER
+	RET
+
+// func hashChain256AVX2(dst *uint64, data *byte, n int, seed uint64)
+//
+// hashChain256AVX512 on AVX2 (same output, bit for bit).
+TEXT ·hashChain256AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ data+8(FP), SI
+	MOVQ n+16(FP), CX
+	LOADK_AVX2
+	MOVQ seed+24(FP), R11
+	MOVQ $0x9e3779b185ebca87, R12 // chainK1
+	MOVQ $0xc2b2ae3d27d4eb4f, R13 // chainK2
+
+chainloop2:
+	BLOCK256AVX2
+	MOVQ  R11, AX
+	XORQ  R12, AX
+	MOVQ  R8, BX
+	XORQ  R13, BX
+	MULQ  BX
+	XORQ  DX, AX
+	XORQ  R8, AX
+	MOVQ  AX, DX
+	SHRQ  $37, DX
+	XORQ  DX, AX
+	IMULQ R9, AX
+	MOVQ  AX, DX
+	SHRQ  $32, DX
+	XORQ  DX, AX
+	MOVQ  AX, R11
+	MOVQ  AX, 0(DI)
+	ADDQ  $8, DI
+	ADDQ  $256, SI
+	DECQ  CX
+	JNZ   chainloop2
+	VZEROUPPER
+	RET

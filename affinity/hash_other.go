@@ -14,3 +14,7 @@ func hashChain256(dst []uint64, data []byte, seed uint64) {
 	hashBlocksGeneric(dst, data, 256)
 	chainBlocks(dst, seed)
 }
+
+func blocks256Path() string { return "" }
+
+func withBlocks256Kernels(f func(path string)) { f("generic") }

@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/zeebo/xxh3"
@@ -25,6 +26,10 @@ func appendHashesRef(dst []uint64, seed uint64, data []byte, blockBytes int) []u
 // xor with the secret hits the 32-bit multiply's edge cases (all zeros, all
 // ones, the secret itself).
 func TestHashBlocks256(t *testing.T) {
+	withBlocks256Kernels(func(path string) { testHashBlocks256(t, path) })
+}
+
+func testHashBlocks256(t *testing.T, path string) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	buf := make([]byte, 256*41+64)
 	for i := range buf {
@@ -37,8 +42,14 @@ func TestHashBlocks256(t *testing.T) {
 			hashBlocks256(got, data)
 			for i := range got {
 				if want := xxh3.Hash(data[256*i : 256*(i+1)]); got[i] != want {
-					t.Fatalf("n=%d off=%d block %d: %#x, xxh3 %#x (path %s)", n, off, i, got[i], want, HashPath())
+					t.Fatalf("n=%d off=%d block %d: %#x, xxh3 %#x (kernel %s)", n, off, i, got[i], want, path)
 				}
+			}
+			seed := rng.Uint64()
+			chained := make([]uint64, n)
+			hashChain256(chained, data, seed)
+			if want := appendHashesRef(nil, seed, data, 256); !slices.Equal(chained, want) {
+				t.Fatalf("n=%d off=%d: chained %#x, reference %#x (kernel %s)", n, off, chained, want, path)
 			}
 		}
 	}
@@ -54,7 +65,7 @@ func TestHashBlocks256(t *testing.T) {
 		got := make([]uint64, 1)
 		hashBlocks256(got, f)
 		if want := xxh3.Hash(f); got[0] != want {
-			t.Fatalf("fill %x: %#x, xxh3 %#x", f[:4], got[0], want)
+			t.Fatalf("fill %x: %#x, xxh3 %#x (kernel %s)", f[:4], got[0], want, path)
 		}
 	}
 }

@@ -119,3 +119,82 @@ done:
 	MOVQ R9, written+32(FP)
 	VZEROUPPER
 	RET
+
+// func unescapePlainAVX2(dst, src *byte, n int) (consumed, written int)
+//
+// unescapePlainAVX512 on AVX2: 32 bytes at a time, and the last 31 or
+// fewer byte by byte (AVX2 has no byte masks). Same contract: every full
+// 32-byte store lies within dst[:n] (written <= consumed, and a chunk is
+// loaded only when 32 bytes of src are left).
+TEXT ·unescapePlainAVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), R8
+	MOVL $0x22, AX
+	MOVQ AX, X14
+	VPBROADCASTB X14, Y14
+	MOVL $0x5c, AX
+	MOVQ AX, X15
+	VPBROADCASTB X15, Y15
+	LEAQ esctab<>(SB), R10
+	XORQ BX, BX // consumed
+	XORQ R9, R9 // written
+
+loop2:
+	MOVQ R8, DX
+	SUBQ BX, DX
+	CMPQ DX, $32
+	JB   tail2
+	VMOVDQU   (SI)(BX*1), Y0
+	VPCMPEQB  Y14, Y0, Y1
+	VPCMPEQB  Y15, Y0, Y2
+	VMOVDQU   Y0, (DI)(R9*1)
+	VPOR      Y1, Y2, Y1
+	VPMOVMSKB Y1, AX
+	TESTL     AX, AX
+	JNZ       found2
+	ADDQ      $32, BX
+	ADDQ      $32, R9
+	JMP       loop2
+
+found2:
+	BSFL AX, AX
+	ADDQ AX, BX
+	ADDQ AX, R9
+	JMP  stop2
+
+tail2:
+	CMPQ    BX, R8
+	JAE     done2
+	MOVBLZX (SI)(BX*1), CX
+	CMPL    CX, $0x22
+	JEQ     done2
+	CMPL    CX, $0x5c
+	JEQ     stop2
+	MOVB    CX, (DI)(R9*1)
+	INCQ    BX
+	INCQ    R9
+	JMP     tail2
+
+// stop2: src[BX] is a quote or a backslash.
+stop2:
+	MOVBLZX (SI)(BX*1), CX
+	CMPL    CX, $0x22
+	JEQ     done2
+	LEAQ    1(BX), DX
+	CMPQ    DX, R8
+	JAE     done2
+	MOVBLZX 1(SI)(BX*1), CX
+	MOVBLZX (R10)(CX*1), CX
+	TESTL   CX, CX
+	JZ      done2
+	MOVB    CX, (DI)(R9*1)
+	ADDQ    $2, BX
+	INCQ    R9
+	JMP     loop2
+
+done2:
+	MOVQ BX, consumed+24(FP)
+	MOVQ R9, written+32(FP)
+	VZEROUPPER
+	RET

@@ -266,6 +266,10 @@ func TestUnescapePlain(t *testing.T) {
 	if !hasUnescapePlain {
 		t.Skip("no unescapePlain kernel on this CPU (the scanner uses bytes.IndexByte)")
 	}
+	withUnescapeKernels(func(path string) { testUnescapePlain(t, path) })
+}
+
+func testUnescapePlain(t *testing.T, path string) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	alpha := []byte(`aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"ntu/bfrx\\`)
 	dst := make([]byte, 400)
@@ -285,11 +289,11 @@ func TestUnescapePlain(t *testing.T) {
 			c, w := unescapePlain(dst, src)
 			rc, rout := unescapePlainRef(src)
 			if c != rc || w != len(rout) || !bytes.Equal(dst[:w], rout) {
-				t.Fatalf("%q: consumed %d wrote %q, want %d %q", src, c, dst[:w], rc, rout)
+				t.Fatalf("%s: %q: consumed %d wrote %q, want %d %q", path, src, c, dst[:w], rc, rout)
 			}
 			for i := n; i < len(dst); i++ {
 				if dst[i] != 0xEE {
-					t.Fatalf("%q: wrote dst[%d]", src, i)
+					t.Fatalf("%s: %q: wrote dst[%d]", path, src, i)
 				}
 			}
 		}

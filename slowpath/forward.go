@@ -407,8 +407,13 @@ func (s *Server) finishBuffered(ctx *fasthttp.RequestCtx, ex *exchange, uresp *f
 	}
 	copyResponseHeader(&ctx.Response.Header, &uresp.Header)
 	// Hand the buffer over instead of copying it: a large answer is held
-	// once. ctx's previous buffer goes back to uresp's pool.
-	uresp.SwapBody(ctx.Response.SwapBody(uresp.SwapBody(nil)))
+	// once. ctx's previous buffer (the server keeps one per connection)
+	// goes back to uresp's pool at its full length: the pool keeps only
+	// buffers up to the size most of those put back had (bytebufferpool
+	// calibrates by length), and empty ones would teach it to drop every
+	// buffer an answer fits in, so each answer would allocate its body.
+	prev := ctx.Response.SwapBody(uresp.SwapBody(nil))
+	uresp.SwapBody(prev[:cap(prev)])
 	fasthttp.ReleaseResponse(uresp)
 	ex.firstToken(now)
 	s.completeAt(ex, true, nil, now)

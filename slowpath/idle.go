@@ -79,13 +79,21 @@ type firstByteState struct {
 }
 
 // firstByteStep is one step of firstByteSession's read session: the
-// request's flush, then a peek for the answer's first byte.
+// request's flush, then a peek for the answer's first byte. Only a flush
+// that wrote the request's last bytes lets the session wait without a
+// peek: the answer's readiness then comes after the session cleared the
+// old one. A writer with nothing buffered (a body larger than its buffer
+// went out whole before the session) is no such sign: the answer may have
+// arrived, its readiness cleared, and a wait would last until the poll
+// deadline (TestFirstByteAfterEmptyFlush).
 func (c *idleConn) firstByteStep() bool {
 	fb := &c.fb
 	if w := fb.flush; w != nil {
 		fb.flush = nil
-		fb.werr = w.Flush()
-		return fb.werr != nil
+		if w.Buffered() > 0 {
+			fb.werr = w.Flush()
+			return fb.werr != nil
+		}
 	}
 	_, fb.err = fb.br.Peek(1)
 	return fb.err != errWouldBlock

@@ -47,6 +47,8 @@ type rawIO struct {
 	// sfd, and one that would block returns errWouldBlock.
 	inSession bool
 	sfd       uintptr
+	sf        func() bool        // the session's step
+	sfn       func(uintptr) bool // rawIO.sessionFD, bound once: a closure per session would be garbage per request
 }
 
 // newRawIO returns c's raw reader and writer, or nil when c is not a TCP
@@ -61,7 +63,7 @@ func newRawIO(c net.Conn) *rawIO {
 		return nil
 	}
 	r := &rawIO{rc: rc, laddr: tc.LocalAddr(), raddr: tc.RemoteAddr()}
-	r.rfn, r.wfn = r.readFD, r.writeFD
+	r.rfn, r.wfn, r.sfn = r.readFD, r.writeFD, r.sessionFD
 	return r
 }
 
@@ -119,14 +121,17 @@ func (r *rawIO) readFD(fd uintptr) bool {
 // session returns what waiting returns: nil once f returned true, else a
 // deadline, a closed connection.
 func (r *rawIO) session(f func() bool) error {
-	err := r.rc.Read(func(fd uintptr) bool {
-		r.inSession, r.sfd = true, fd
-		done := f()
-		r.inSession = false
-		return done
-	})
-	r.inSession = false
+	r.sf = f
+	err := r.rc.Read(r.sfn)
+	r.inSession, r.sf = false, nil
 	return err
+}
+
+func (r *rawIO) sessionFD(fd uintptr) bool {
+	r.inSession, r.sfd = true, fd
+	done := r.sf()
+	r.inSession = false
+	return done
 }
 
 // errWouldBlock: a read session's socket has nothing to read now.

@@ -3,6 +3,7 @@
 package slowpath
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -81,11 +82,14 @@ func TestRawIODeadlinesAndClose(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("read past its deadline: %v; want a timeout (os.ErrDeadlineExceeded)", err)
 	}
-	// A write deadline bounds a write the peer never reads.
+	// A write deadline bounds a write the peer never reads. (The buffer is
+	// made first: on a loaded machine making 64 MiB can outlast the
+	// deadline, and a write that starts past it writes nothing.)
+	big := make([]byte, 64<<20)
 	if err := c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	n, err := raw.write(make([]byte, 64<<20))
+	n, err := raw.write(big)
 	if !errors.Is(err, os.ErrDeadlineExceeded) || n <= 0 || n >= 64<<20 {
 		t.Fatalf("write to a peer that does not read = %d, %v; want part of it and a timeout", n, err)
 	}
@@ -253,5 +257,72 @@ func TestRawIOSession(t *testing.T) {
 	})
 	if err != nil || end != io.EOF || string(got) != "z" {
 		t.Fatalf("session over bytes and a FIN = %v, end %v, read %q; want nil, io.EOF, \"z\"", err, end, got)
+	}
+}
+
+// TestRawIOAllocs: a read session, a read and a write allocate nothing
+// (each runs per request, the reads and writes per streamed event too).
+func TestRawIOAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates by itself")
+	}
+	_, raw, peer := rawPair(t)
+	p, q := make([]byte, 1), make([]byte, 1)
+	msg := []byte("x")
+	step := func() bool {
+		_, err := raw.read(p)
+		return err != errWouldBlock
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if err := raw.session(step); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(peer, q); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.read(p); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per session, read and write; want 0", allocs)
+	}
+}
+
+// TestFirstByteAfterEmptyFlush: when the whole request went out before the
+// first-byte session (a body larger than the writer's buffer is written
+// directly, leaving the writer empty) and the answer arrived before the
+// session began, the session reads it at once. Waiting on the poller after
+// an empty flush would miss it: the session clears the readiness the
+// answer raised, and no new one comes, so the wait would end only at its
+// deadline (here the test's 5 s bound; in the proxy the 100 ms client
+// poll, once per such request).
+func TestFirstByteAfterEmptyFlush(t *testing.T) {
+	c, raw, peer := rawPair(t)
+	ic := &idleConn{Conn: c, raw: raw}
+	ic.laddr = idleAddr{Addr: c.LocalAddr(), c: ic}
+	ic.fb.fn = ic.firstByteStep
+	br := bufio.NewReader(ic)
+	flush := bufio.NewWriter(ic) // the request is out: nothing buffered
+	if _, err := peer.Write([]byte("HTTP/1.1 200 OK\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the answer is in, its readiness seen by the poller
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	left, werr, err := firstByteSession(ic, br, flush)
+	if werr != nil || err != nil || left != nil {
+		t.Fatalf("firstByteSession = %v, %v (left %v); want the answer's first byte", werr, err, left != nil)
+	}
+	if b, _ := br.Peek(1); len(b) != 1 || b[0] != 'H' {
+		t.Fatalf("buffered %q, want the answer", b)
 	}
 }
