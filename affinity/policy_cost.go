@@ -19,9 +19,9 @@ import "math"
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
-// KV usage, β_r the measured TTFT each busy request adds there (the TTFT
-// model's busy term: where it is larger, the constant is replaced by the
-// measurement). X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
+// KV usage, β_r the measured TTFT each busy request adds there (fitted over
+// its pool beside the TTFT model: fleetPrefill.sampleBusy; where it is
+// larger, the measurement replaces the constant). X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
 // r (Load.QueuedRequests), which a batching engine prefills in the steps
 // this request's prefill joins, N the mean of N_c over the candidates not
 // holding the prefix (less than half the best hit; every candidate when
