@@ -46,7 +46,28 @@ type ReplicaSpec struct {
 	// wait for a slot. 0 means from engine signals, else learned from
 	// scrapes that show a full batch, else unknown (no slot term).
 	BatchSlots int
+	// CacheModel says how the engine caches prompts: CacheAuto (the
+	// default) takes it from EngineSignals.SlotCaches.
+	CacheModel CacheModel
 }
+
+// CacheModel is how an engine keeps prompts for reuse.
+type CacheModel int8
+
+const (
+	// CacheAuto: from the engine's signals (EngineSignals.SlotCaches),
+	// else CacheShared.
+	CacheAuto CacheModel = iota
+	// CacheShared: one prefix cache shared by every request (vLLM's and
+	// SGLang's paged KV cache with prefix caching); the router's prefix
+	// index predicts hits.
+	CacheShared
+	// CacheSlots: each batch slot keeps only its own last prompt and the
+	// engine picks the slot (llama.cpp's llama-server); the router replays
+	// that choice to predict hits (slotcache.go). Needs the batch slot
+	// count (ReplicaSpec.BatchSlots or EngineSignals.BatchSlots).
+	CacheSlots
+)
 
 // EngineSignals are the slow signals scraped from an engine's /metrics.
 type EngineSignals struct {
@@ -55,6 +76,7 @@ type EngineSignals struct {
 	KVUsage          float64 // fraction of KV cache in use, 0..1
 	KVCapacityTokens int     // block_size * num_gpu_blocks; 0 = unknown
 	BatchSlots       int     // requests the engine runs at once (llama.cpp total_slots); 0 = unknown
+	SlotCaches       bool    // each slot caches only its own last prompt (llama.cpp): see CacheSlots
 	At               int64   // when scraped, nanoseconds on the caller's clock
 }
 
@@ -102,6 +124,7 @@ type Flight struct {
 	busy       int32   // requests on the replica at Begin (this one not counted)
 	buffered   bool    // Request.Buffered: no rate sample at FirstToken
 	cont       bool    // the replica's held prefix ended at a finished request's tail
+	slotSeq    uint64  // the flight's number in the replica's slot model; 0 = none
 	decoding   bool    // counted in the replica's decoding sums (FirstToken) until End
 }
 

@@ -38,6 +38,13 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		hs = hs[:p.capEff]
 	}
 	held := r.idx.insert(id, hs)
+	// An engine with per-slot caches reuses what the slot it gives the
+	// request holds (slotcache.go), the index standing in for its RAM cache.
+	var seq uint64
+	if sc, n := p.slotModel(); sc != nil {
+		held = min(sc.predict(n, req.Hashes, held), len(hs))
+		seq = sc.begin(n, req.Hashes)
+	}
 	cached := min(held*r.bt, req.PromptTokens)
 	// The prefill the replica is expected to do: the index's hit, plus the
 	// continuation credit where the match ends at a request that finished
@@ -70,6 +77,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		f.tail = hs[len(hs)-1]
 	}
 	f.cont = cont
+	f.slotSeq = seq
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
@@ -225,6 +233,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		return
 	}
 	p.inFlight.Add(-1)
+	p.slotc.end(f.slotSeq)
 	if f.decoding {
 		p.decStart.Add(-(f.FirstTokenAt - p.pendBase.Load()))
 		p.decN.Add(-1)

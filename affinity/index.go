@@ -567,6 +567,18 @@ func (s *matchSet) raise(id ReplicaID, blocks int32) {
 	}
 }
 
+// set makes id's match exactly blocks (the slot model's prediction
+// replacing the index's).
+func (s *matchSet) set(id ReplicaID, blocks int32) {
+	if int(id) >= len(s.m) {
+		return
+	}
+	if s.m[id] == 0 && blocks != 0 {
+		s.touched = append(s.touched, id)
+	}
+	s.m[id] = blocks
+}
+
 // longest fills s with each replica's longest held prefix of hashes, in
 // blocks, by binary search over the chain (see the file comment).
 func (x *index) longest(hashes []uint64, s *matchSet) {

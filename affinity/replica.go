@@ -34,6 +34,39 @@ type replica struct {
 	model ttftModel // the TTFT model's colder state (ttft.go)
 
 	peers []PeerLoad // by peer slot; written under Router.mu (peer.go)
+
+	// The slot model of an engine with per-slot caches (slotcache.go):
+	// on while slotMode (spec CacheSlots, or CacheAuto and the engine's
+	// signals say so, slotSig).
+	slotMode atomic.Bool
+	slotSig  atomic.Bool
+	slotc    slotCache
+}
+
+// updateSlotMode sets p.slotMode from its spec and signals, keeping the
+// Router's count of replicas in slot mode.
+func (r *Router) updateSlotMode(p *replica) {
+	on := p.spec.CacheModel == CacheSlots || p.spec.CacheModel == CacheAuto && p.slotSig.Load()
+	if p.slotMode.Swap(on) != on {
+		if on {
+			r.slotReps.Add(1)
+		} else {
+			r.slotReps.Add(-1)
+		}
+	}
+}
+
+// slotModel is p's slot model and its slot count when it is in slot mode
+// with a known count, else nil.
+func (p *replica) slotModel() (*slotCache, int) {
+	if !p.slotMode.Load() {
+		return nil, 0
+	}
+	n := int(p.slots())
+	if n <= 0 {
+		return nil, 0
+	}
+	return &p.slotc, n
 }
 
 // repHot is what the cost policy reads of a candidate: four cache lines,

@@ -26,6 +26,8 @@ type Router struct {
 	sink     PeerSink     // SetPeerSink; nil = single router
 	tailSink PeerTailSink // sink, when it also takes finished tails
 
+	slotReps atomic.Int32 // replicas in slot mode (replica.slotMode)
+
 	mu     sync.RWMutex
 	reps   []*replica          // by ReplicaID; nil = free slot
 	hot    []*[hotChunk]repHot // by ReplicaID in chunks: each replica's repHot
@@ -209,6 +211,8 @@ func (r *Router) validSpec(spec *ReplicaSpec) error {
 		return fmt.Errorf("replica %s: max in flight %d: want >= 0", spec.Name, spec.MaxInFlight)
 	case spec.BatchSlots < 0:
 		return fmt.Errorf("replica %s: batch slots %d: want >= 0", spec.Name, spec.BatchSlots)
+	case spec.CacheModel < CacheAuto || spec.CacheModel > CacheSlots:
+		return fmt.Errorf("replica %s: cache model %d: want CacheAuto, CacheShared or CacheSlots", spec.Name, spec.CacheModel)
 	}
 	for _, m := range spec.Models {
 		if m == "" {
@@ -284,6 +288,7 @@ func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 	p.capMax = r.capBlocks(&spec, int(p.sigKVCap.Load()))
 	p.capEff = p.capMax
 	r.idx.setCap(p.id, p.capEff)
+	r.updateSlotMode(p)
 }
 
 // UpdateReplica replaces a replica's spec (models, weight, capacity, rate,
@@ -319,6 +324,9 @@ func (r *Router) RemoveReplica(id ReplicaID) {
 		return
 	}
 	r.idx.dropReplica(id)
+	if p.slotMode.Swap(false) {
+		r.slotReps.Add(-1)
+	}
 	delete(r.byName, p.spec.Name)
 	r.reps[id] = nil
 	p.repHot = new(repHot) // the slot goes to the ID's next replica
@@ -414,6 +422,10 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigOwnPend.Store(pending)
 	p.sigAt.Store(s.At)
 	p.slotsSig.Store(clamp32(int64(max(s.BatchSlots, 0))))
+	if s.At != 0 {
+		p.slotSig.Store(s.SlotCaches)
+		r.updateSlotMode(p)
+	}
 	p.learnSlots(s.Running, s.Waiting, s.KVUsage < r.cfg.KVHighWater)
 	resize := s.KVCapacityTokens > 0 && p.spec.KVCapacityTokens == 0 &&
 		int64(s.KVCapacityTokens) != p.sigKVCap.Load()
@@ -436,7 +448,8 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 func (r *Router) ResetCache(id ReplicaID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.rep(id) != nil {
+	if p := r.rep(id); p != nil {
+		p.slotc.reset()
 		r.idx.dropReplica(id)
 		if r.sink != nil {
 			r.sink.PeerReset(id)

@@ -162,6 +162,21 @@ func (v *View) match() {
 		return
 	}
 	v.r.idx.longest(v.req.Hashes, &v.ms)
+	if v.r.slotReps.Load() > 0 {
+		v.slotMatch()
+	}
+}
+
+// slotMatch replaces the index's match with the slot model's prediction
+// for every candidate whose engine has per-slot caches (slotcache.go).
+func (v *View) slotMatch() {
+	for _, id := range v.cands {
+		sc, n := v.r.reps[id].slotModel()
+		if sc == nil {
+			continue
+		}
+		v.ms.set(id, int32(sc.predict(n, v.req.Hashes, int(v.ms.m[id]))))
+	}
 }
 
 // CachedBlocks is the predicted number of leading request blocks cached on

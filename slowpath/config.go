@@ -157,6 +157,12 @@ type ReplicaConfig struct {
 	// llama.cpp's /props total_slots, else learned from scrapes that show a
 	// full batch (running with requests waiting).
 	BatchSlots int `yaml:"batch_slots"`
+	// CacheModel is how the engine keeps prompts: "auto" (or empty)
+	// discovers it (llama.cpp, seen from its /metrics and /props: slots),
+	// "shared" (one prefix cache for every request: vLLM, SGLang), "slots"
+	// (each batch slot keeps only its own last prompt and the engine picks
+	// the slot: llama.cpp; the router replays that choice to predict hits).
+	CacheModel string `yaml:"cache_model"`
 	// Host is the IPv4 address of the GPU host the fast path steers this
 	// replica's promoted clients to (the engine listens there on the VIP
 	// port). Empty: Address's host when it is an IPv4 literal; otherwise
@@ -437,6 +443,9 @@ func (c *Config) Validate() error {
 		if r.BatchSlots < 0 {
 			v.addf(f+".batch_slots", "must be >= 0 (0 = discover from the engine), got %d", r.BatchSlots)
 		}
+		if _, ok := cacheModels[r.CacheModel]; !ok {
+			v.addf(f+".cache_model", "must be auto, shared or slots, got %q", r.CacheModel)
+		}
 		if r.KVCapacityTokens < 0 {
 			v.addf(f+".kv_capacity_tokens", "must be >= 0 (0 = from engine metrics), got %d", r.KVCapacityTokens)
 		}
@@ -648,4 +657,10 @@ func checkAddr(field, addr string) error {
 		return fieldErrorf(field, "port must be in [0, 65535], got %q", port)
 	}
 	return nil
+}
+
+// cacheModels maps ReplicaConfig.CacheModel to the router's.
+var cacheModels = map[string]affinity.CacheModel{
+	"": affinity.CacheAuto, "auto": affinity.CacheAuto,
+	"shared": affinity.CacheShared, "slots": affinity.CacheSlots,
 }

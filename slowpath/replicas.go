@@ -110,6 +110,7 @@ func (s *Server) spec(rc *ReplicaConfig) affinity.ReplicaSpec {
 		KVCapacityTokens:    rc.KVCapacityTokens,
 		PrefillTokensPerSec: rc.PrefillTokensPerSec,
 		BatchSlots:          rc.BatchSlots,
+		CacheModel:          cacheModels[rc.CacheModel],
 		MaxInFlight:         s.maxInFlight(rc),
 	}
 }
@@ -150,7 +151,7 @@ func (s *Server) applyReplicas(list []ReplicaConfig) error {
 			if slices.Equal(cur.Models, rc.Models) && sameEngineConn(cur, &rc) {
 				if cur.Weight == rc.Weight && cur.KVCapacityTokens == rc.KVCapacityTokens &&
 					cur.MaxInFlight == rc.MaxInFlight && cur.PrefillTokensPerSec == rc.PrefillTokensPerSec &&
-					cur.BatchSlots == rc.BatchSlots && r.maxInFlight() == int64(s.maxInFlight(&rc)) {
+					cur.BatchSlots == rc.BatchSlots && cur.CacheModel == rc.CacheModel && r.maxInFlight() == int64(s.maxInFlight(&rc)) {
 					continue
 				}
 				if err := s.brain.UpdateReplica(r.id, s.spec(&rc)); err != nil {
@@ -498,6 +499,7 @@ func (s *Server) scrape(r *replica) {
 		KVUsage:          sm.KVUsage,
 		KVCapacityTokens: sm.KVCapacityTokens,
 		BatchSlots:       r.props.TotalSlots,
+		SlotCaches:       sm.Llama,
 		At:               s.now(),
 	})
 }

@@ -438,7 +438,10 @@ type AffinityStatus struct {
 	// reported), trust in predicted hits (the realised share of them,
 	// 0..1), the TTFT each request already on the replica adds to a new
 	// one's (learned over its pool; 0 = not yet), and TTFT predictions
-	// checked with their mean |ln(predicted / measured TTFT)|.
+	// checked with their mean |ln(predicted / measured TTFT)|. CacheModel
+	// is how hits are predicted: "shared" (the prefix index) or "slots"
+	// (the replica's per-slot caches replayed: llama.cpp).
+	CacheModel          string  `json:"cache_model"`
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
@@ -508,7 +511,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
 				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
-				BusyCostSeconds: finite(a.BusyCostSeconds),
+				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches),
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
@@ -571,4 +574,11 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...))
+}
+
+func cacheModelName(slots bool) string {
+	if slots {
+		return "slots"
+	}
+	return "shared"
 }

@@ -184,6 +184,10 @@ func TestWarmpathInFront(t *testing.T) {
 				Stale     bool      `json:"stale"`
 				Error     string    `json:"error"`
 			} `json:"engine"`
+			Affinity struct {
+				CacheModel string `json:"cache_model"`
+				BatchSlots int    `json:"batch_slots"`
+			} `json:"affinity"`
 		} `json:"replicas"`
 	}
 	done := time.Now()
@@ -211,6 +215,11 @@ func TestWarmpathInFront(t *testing.T) {
 	for _, r := range rs.Replicas {
 		if !r.Healthy || !r.Engine.ScrapedAt.After(start) || r.Engine.Stale || r.Engine.Error != "" {
 			t.Errorf("replica %s: healthy %v, engine %+v", r.Name, r.Healthy, r.Engine)
+		}
+		// Discovered from llama.cpp's /metrics and /props: hits come from
+		// the slot model (affinity/slotcache.go).
+		if r.Affinity.CacheModel != "slots" || r.Affinity.BatchSlots < 1 {
+			t.Errorf("replica %s: cache model %q with %d batch slots, want slots discovered", r.Name, r.Affinity.CacheModel, r.Affinity.BatchSlots)
 		}
 	}
 	if err := f.Failure(); err != nil {

@@ -1,0 +1,176 @@
+package affinity
+
+import (
+	"testing"
+)
+
+// Conversations for the slot-model tests: every prompt starts with the
+// same 32-block (2,048-token) system prompt; turn k of conversation c is
+// that plus 8+4k blocks of its own history, so turn k+1 extends turn k
+// and the system prompt is over half of every prompt (as in the live
+// bench's multi-turn workload: 74%).
+const slotSysBlocks = 32
+
+func convTurn(c uint64, k int) []uint64 {
+	return chainOf(0x5157, 0xc0<<8|c, slotSysBlocks, slotSysBlocks+8+4*k)
+}
+
+// TestSlotCacheReplaysEngineChoice: the slot model picks slots as
+// llama.cpp's get_available_slot does and predicts what it reuses.
+func TestSlotCacheReplaysEngineChoice(t *testing.T) {
+	var c slotCache
+	const n = 2
+	a1, b1, c1 := convTurn(1, 0), convTurn(2, 0), convTurn(3, 0)
+	a2 := convTurn(1, 1)
+	fa := c.begin(n, a1) // empty slots: the least recently used, slot 0
+	fb := c.begin(n, b1) // slot 1
+	if got := c.predict(n, a2, len(a1)); got != len(a1) {
+		t.Fatalf("every slot busy, first to free holds a1: predicted %d blocks, want %d", got, len(a1))
+	}
+	c.end(fa)
+	c.end(fb)
+	if got := c.predict(n, a2, 0); got != len(a1) {
+		t.Fatalf("a's own slot is idle: predicted %d blocks, want its whole history %d", got, len(a1))
+	}
+	// A new conversation shares only the system prompt with both idle
+	// slots: the engine takes the first, a's, and keeps over half of it
+	// (no RAM cache lookup).
+	fc := c.begin(n, c1)
+	c.end(fc)
+	if got := c.predict(n, a2, len(a1)); got != slotSysBlocks {
+		t.Fatalf("a's slot overwritten: predicted %d blocks, want the system prompt %d (the index's %d stands for a RAM cache the engine does not consult)",
+			got, slotSysBlocks, len(a1))
+	}
+	// A prompt sharing under half of the chosen slot's tokens (under the
+	// similarity threshold here: the least recently used slot) makes the
+	// engine consult its RAM cache: the index's match counts.
+	other := chainOf(0x77, 0x78, 0, 40)
+	if got := c.predict(n, other, 30); got != 30 {
+		t.Fatalf("unrelated prompt: predicted %d blocks, want the RAM cache's 30", got)
+	}
+	// Busy slots wait in order: with both slots taken, a third request
+	// waits and gets the first one to free.
+	f1 := c.begin(n, convTurn(4, 0))
+	f2 := c.begin(n, convTurn(5, 0))
+	f3 := c.begin(n, convTurn(6, 0))
+	if len(c.waiting) != 1 {
+		t.Fatalf("waiting %d, want 1", len(c.waiting))
+	}
+	c.end(f1)
+	if len(c.waiting) != 0 || c.slots[0].owner != f3 && c.slots[1].owner != f3 {
+		t.Fatalf("the waiting request did not take the freed slot: %+v", c.slots)
+	}
+	c.end(f2)
+	c.end(f3)
+	c.end(f3) // idempotent
+	for i, s := range c.slots {
+		if s.owner != 0 {
+			t.Fatalf("slot %d still owned by %d", i, s.owner)
+		}
+	}
+	c.reset()
+	if got := c.predict(n, a2, 7); got != 0 {
+		t.Fatalf("after reset: predicted %d, want 0 (every slot empty: the engine skips its RAM cache)", got)
+	}
+}
+
+// TestSlotCacheMovesTurnOffLostHome: conversation a ran on r0 and left;
+// two other conversations then ran there one after the other (each taking
+// the slot sharing the most: a's), and one more is running there. The
+// prefix index still says r0 holds a's 2,560-token prompt; a llama.cpp
+// server would give a's next turn its other, empty slot and compute it
+// all. r1 holds the system prompt and is idle. With the slot model (the engine says it
+// has per-slot caches, or the spec says CacheSlots) the cost policy sees
+// equal hits and takes the idle replica; with the prefix index alone (the
+// old prediction, CacheShared) it keeps the turn on the busy r0 for a hit
+// the engine will not give.
+func TestSlotCacheMovesTurnOffLostHome(t *testing.T) {
+	for _, mode := range []struct {
+		name   string
+		spec   CacheModel
+		signal bool
+		wantR1 bool
+	}{
+		{"signals", CacheAuto, true, true},
+		{"spec", CacheSlots, false, true},
+		{"shared", CacheShared, true, false},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			r, err := NewRouter(Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids [2]ReplicaID
+			for i := range ids {
+				spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"},
+					PrefillTokensPerSec: 2000, CacheModel: mode.spec, BatchSlots: 2}
+				if ids[i], err = r.AddReplica(spec); err != nil {
+					t.Fatal(err)
+				}
+				r.SetSignals(ids[i], EngineSignals{BatchSlots: 2, SlotCaches: mode.signal, At: 1})
+			}
+			bt := r.bt
+			run := func(id ReplicaID, h []uint64, now int64) *Flight {
+				f := new(Flight)
+				r.Begin(id, &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * bt, Now: now}, nil, f)
+				return f
+			}
+			// First tokens as a 2,000 tokens/s engine gives them, the
+			// answer 0.5 s later.
+			first := func(f *Flight) int64 { return f.Start + int64(float64(f.UncachedTokens)/2000*1e9) }
+			done := func(f *Flight) {
+				r.FirstToken(f, first(f))
+				r.EndWith(f, first(f)+5e8, Outcome{OK: true, CachedTokens: -1})
+			}
+			const s = int64(1e9)
+			done(run(ids[0], convTurn(1, 0), 1*s))
+			done(run(ids[1], convTurn(9, 0), 1*s)) // r1 holds the system prompt
+			done(run(ids[0], convTurn(2, 0), 3*s)) // takes a's slot (the first sharing the most)
+			done(run(ids[0], convTurn(3, 0), 4*s))
+			busy := run(ids[0], convTurn(4, 0), 6*s) // running on r0
+			r.FirstToken(busy, first(busy))
+
+			req := &Request{Model: []byte("m"), Hashes: convTurn(1, 1), PromptTokens: len(convTurn(1, 1)) * bt, Now: 8 * s}
+			var d Decision
+			if err := r.Decide(req, &d); err != nil {
+				t.Fatal(err)
+			}
+			cached := map[ReplicaID]int{}
+			for i, id := range d.Ranked {
+				cached[id] = d.CachedTokens[i]
+			}
+			if got := d.Ranked[0] == ids[1]; got != mode.wantR1 {
+				t.Fatalf("picked %v (cached tokens %v), want r1: %v", d.Ranked[0], cached, mode.wantR1)
+			}
+			// r0's one idle slot is empty: the engine computes the whole
+			// prompt (an empty slot does not consult the RAM cache).
+			if mode.wantR1 && (cached[ids[0]] != 0 || cached[ids[1]] != slotSysBlocks*bt) {
+				t.Fatalf("predicted cached tokens %v, want r0 0 and r1 the system prompt's %d", cached, slotSysBlocks*bt)
+			}
+			if st := r.Replicas()[0]; st.SlotCaches != mode.wantR1 {
+				t.Fatalf("ReplicaStatus.SlotCaches %v, want %v", st.SlotCaches, mode.wantR1)
+			}
+		})
+	}
+}
+
+// TestSlotCacheBeginEndAllocs: the slot model's Begin and End allocate
+// nothing once its buffers are warm.
+func TestSlotCacheBeginEndAllocs(t *testing.T) {
+	var c slotCache
+	hs := [][]uint64{convTurn(1, 0), convTurn(2, 3), convTurn(3, 1)}
+	cycle := func() {
+		var owners [3]uint64
+		for i, h := range hs {
+			owners[i] = c.begin(2, h) // the third waits
+		}
+		_ = c.predict(2, hs[0], 3)
+		for _, o := range owners {
+			c.end(o)
+		}
+	}
+	cycle()
+	if a := testing.AllocsPerRun(100, cycle); a != 0 {
+		t.Fatalf("%v allocations per cycle", a)
+	}
+}
