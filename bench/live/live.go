@@ -131,7 +131,19 @@ type Options struct {
 	// count at the decision), named fleet_workload_rps_policy_rROUND.jsonl,
 	// and its /debug/replicas at the end of the row (.replicas.json).
 	RouterLogs string
+	// Warmup, when above 0, sends each routing row that many requests of
+	// the same workload drawn with another seed (Seed + warmupSeed, same
+	// rate) before the measured ones, through the same router to the same
+	// engines, and waits for them to finish: the measured requests meet
+	// warm engine caches and a router whose learned models (prefill rate,
+	// batch slots, busy cost, confidence) have samples, as in a running
+	// deployment. They are not counted; the router's access log and
+	// /metrics include them.
+	Warmup int
 }
+
+// warmupSeed offsets the warm-up workload's seed from the measured one's.
+const warmupSeed = 1 << 20
 
 func (o Options) withDefaults() Options {
 	pick := func(full, smoke int) int {
@@ -501,6 +513,17 @@ func runPoint(ctx context.Context, o Options, tmp, nginx string, f fleet, name s
 			return nil, fmt.Errorf("workload %s not generated for seed %d", name, ro.Seed)
 		}
 		w := atRate(fleetWorkloads(ro, f)[i], rps)
+		var warm *workload.Workload
+		if o.Warmup > 0 {
+			wo := ro
+			wo.Seed += warmupSeed
+			for _, ww := range fleetWorkloads(wo, f) {
+				if ww.Name == name {
+					warm = atRate(ww, rps)
+					warm.Requests = warm.Requests[:min(o.Warmup, len(warm.Requests))]
+				}
+			}
+		}
 		if round == 0 {
 			wr.Params, wr.Requests = w.Params, len(w.Requests)
 		}
@@ -510,7 +533,7 @@ func runPoint(ctx context.Context, o Options, tmp, nginx string, f fleet, name s
 			if c.direct() && round > 0 {
 				continue
 			}
-			row, err := runConfig(ctx, ro, tmp, nginx, f, c, w, fmt.Sprintf("%s_%s_%g_%s_r%d", f.name, name, rps, c.policy, round+1))
+			row, err := runConfig(ctx, ro, tmp, nginx, f, c, w, warm, fmt.Sprintf("%s_%s_%g_%s_r%d", f.name, name, rps, c.policy, round+1))
 			if err != nil {
 				return nil, fmt.Errorf("%s (round %d): %w", c.name, round+1, err)
 			}
@@ -542,9 +565,10 @@ func poolRounds(c config, rounds []*RoutingRow, seed uint64) RoutingRow {
 }
 
 // runConfig starts fresh engines (cold caches) and the router, sends the
-// workload, and stops everything it started.
+// warm-up workload (when not nil) and then the measured one, and stops
+// everything it started.
 // logName names the row's files in Options.RouterLogs.
-func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c config, w *workload.Workload, logName string) (*RoutingRow, error) {
+func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c config, w, warm *workload.Workload, logName string) (*RoutingRow, error) {
 	var g child.Group
 	defer g.Stop()
 	addrs, engineFailure, stopEngines, err := startEngines(ctx, o, f, c.engines, &g)
@@ -579,6 +603,17 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 		url = "http://" + listen
 	default:
 		w = everyNth(w, f.engines)
+		if warm != nil {
+			warm = everyNth(warm, f.engines)
+		}
+	}
+	if warm != nil && len(warm.Requests) > 0 {
+		if _, err := loadgen.Run(ctx, loadgen.Config{
+			URL: url, Workload: warm, TimeScale: f.timeScale, Stream: true,
+			MaxDuration: 3 * time.Minute, RequestTimeout: time.Minute,
+		}); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
 	}
 	res, err := loadgen.Run(ctx, loadgen.Config{
 		URL: url, Workload: w, TimeScale: f.timeScale, Stream: true,

@@ -96,6 +96,9 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 		"The direct row sends one engine the share of the workload an even split would give it "+
 		"(every Nth request, or whole conversations), at the same arrival times.\n",
 		o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale)
+	if o.Warmup > 0 {
+		fmt.Fprintf(b, "\nWarm-up (`--warmup %d`): before its measured requests every row sends the first %d requests of the same workload drawn with another seed, at the same rate, through the same router to the same engines, and waits for them; they are not counted (the TTFT model's error table includes them).\n", o.Warmup, o.Warmup)
+	}
 	for _, f := range r.Fleets {
 		fmt.Fprintf(b, "\n### Fleet %s\n\n%s.", f.Name, f.About)
 		if f.Skipped != "" {

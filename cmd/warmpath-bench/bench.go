@@ -108,6 +108,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin)")
 	workloads := fs.String("workloads", "", "routing workloads, comma-separated (\"\" = all); of "+strings.Join(live.Workloads(), ", "))
 	routerLogs := fs.String("router-logs", "", "`folder` for every warmpath routing row's access log (JSON lines with the router's predictions) and final /debug/replicas; \"\" = none")
+	warmup := fs.Int("warmup", 0, "`requests` each routing row sends first (the same workload with another seed, not counted), so engines' caches and the router's learned models are warm (0 = none)")
 	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.1; --smoke: 0.05; the tenants scenario keeps its own 0.5): larger runs slower and makes the router's own latency a smaller share of a model second")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -117,6 +118,9 @@ func runLive(ctx context.Context, args []string, e env) error {
 	}
 	if *routingRounds < 0 {
 		return fmt.Errorf("live: --routing-rounds: must be >= 0, got %d", *routingRounds)
+	}
+	if *warmup < 0 {
+		return fmt.Errorf("live: --warmup: must be >= 0, got %d", *warmup)
 	}
 	pol, err := parsePolicies(*policies)
 	if err != nil {
@@ -141,7 +145,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
 		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario,
-		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale, RouterLogs: *routerLogs})
+		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale, RouterLogs: *routerLogs, Warmup: *warmup})
 	if err != nil {
 		return err
 	}

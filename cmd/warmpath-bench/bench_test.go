@@ -91,6 +91,7 @@ func TestParseFleets(t *testing.T) {
 		{"--policies cost,nope", `--policies: unknown policy "nope" (have cost,`},
 		{"--policies cost,cost", `--policies: policy "cost" twice`},
 		{"--routing-rounds -1", `--routing-rounds: must be >= 0, got -1`},
+		{"--warmup -1", `--warmup: must be >= 0, got -1`},
 		{"--workloads one-company,nope", `--workloads: unknown workload "nope" (have shared-prefix,`},
 		{"--time-scale -1", `--time-scale: must be a number >= 0, got -1`},
 		{"--time-scale NaN", `--time-scale: must be a number >= 0, got NaN`},
