@@ -39,10 +39,10 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	}
 	held := r.idx.insert(id, hs)
 	// An engine with per-slot caches reuses what the slot it gives the
-	// request holds (slotcache.go), the index standing in for its RAM cache.
+	// request holds, or its RAM cache (slotcache.go).
 	var seq uint64
 	if sc, n := p.slotModel(); sc != nil {
-		held = min(sc.predict(n, req.Hashes, held), len(hs))
+		held = min(sc.predict(n, req.Hashes), len(hs))
 		seq = sc.begin(n, req.Hashes)
 	}
 	cached := min(held*r.bt, req.PromptTokens)

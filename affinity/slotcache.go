@@ -23,12 +23,15 @@ import "sync"
 // replica will reuse it": with a shared system prompt every idle slot
 // matches at least that, the engine takes one of them, keeps over half its
 // tokens and recomputes the conversation's history even when another slot
-// or its RAM cache holds it. slotCache replays that choice on the requests
-// this router sent: which prompt each slot holds and which slots are busy.
-// The prediction for a request is the prefix the slot it would get shares
-// with it, or the index's match (standing in for the RAM cache) where the
-// engine would consult that cache. Requests other routers send to the
-// engine are not seen (their slots read as this router's last prompts).
+// or its RAM cache holds it; and a prompt still being computed in one slot
+// is in no other slot and not in the RAM cache. slotCache replays the
+// engine's choices on the requests this router sent: which prompt each
+// slot holds, which slots are busy, and which prompts the engine saved to
+// its RAM cache (the last ramPrompts of them). The prediction for a request
+// is the prefix the slot it would get shares with it, or the best saved
+// prompt's where the engine would consult that cache. Requests other
+// routers send to the engine are not seen (their slots read as this
+// router's last prompts).
 type slotCache struct {
 	mu    sync.Mutex
 	slots []slotEntry
@@ -38,7 +41,19 @@ type slotCache struct {
 	waiting []slotEntry
 	seq     uint64 // last flight number given out
 	tick    int64  // logical clock for least-recently-used
+	// ram are the prompts the engine saved to its RAM cache, a ring of at
+	// most ramPrompts; ramNext is the entry the next save overwrites once
+	// full.
+	ram     []slotEntry
+	ramNext int
 }
+
+// ramPrompts bounds the RAM cache model. llama.cpp's cache holds what fits
+// in --cache-ram (8 GiB by default): a few prompts of a large model, many
+// of a small one; the router does not know the KV bytes per token, so it
+// keeps the last ramPrompts saves, and the replica's confidence discounts
+// hits that do not come true.
+const ramPrompts = 32
 
 type slotEntry struct {
 	hashes []uint64 // the prompt's block chain (owned: copied in)
@@ -122,15 +137,14 @@ func (c *slotCache) pick(hashes []uint64) (slot, shared int, ram bool) {
 	return -1, 0, false
 }
 
-// predict is the number of leading blocks of hashes the engine would reuse,
-// given idx, the prefix index's match there (what its RAM cache may hold).
+// predict is the number of leading blocks of hashes the engine would reuse.
 // With every slot busy the request takes the first slot to free: the one
 // whose request began longest ago, past those the waiting requests take.
-func (c *slotCache) predict(n int, hashes []uint64, idx int) int {
+func (c *slotCache) predict(n int, hashes []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if n <= 0 {
-		return idx
+		return 0
 	}
 	if len(c.slots) != n {
 		c.resize(n)
@@ -139,12 +153,50 @@ func (c *slotCache) predict(n int, hashes []uint64, idx int) int {
 	if slot < 0 {
 		e := c.freedNext(len(c.waiting))
 		shared = lcp(e.hashes, hashes)
-		ram = 2*shared < len(e.hashes)
+		ram = len(e.hashes) > 0 && 2*shared < len(e.hashes)
 	}
 	if ram {
-		shared = max(shared, idx)
+		shared = max(shared, c.ramMatch(hashes))
 	}
 	return shared
+}
+
+// ramMatch is the longest prefix of hashes a saved prompt holds. Callers
+// hold mu.
+func (c *slotCache) ramMatch(hashes []uint64) int {
+	best := 0
+	for i := range c.ram {
+		best = max(best, lcp(c.ram[i].hashes, hashes))
+	}
+	return best
+}
+
+// save records that the engine saved prompt to its RAM cache: a saved
+// prompt it extends is replaced, and one that already covers it is kept
+// instead. Callers hold mu.
+func (c *slotCache) save(prompt []uint64) {
+	if len(prompt) == 0 {
+		return
+	}
+	at := -1
+	for i := range c.ram {
+		switch k := lcp(c.ram[i].hashes, prompt); {
+		case k == len(prompt):
+			return
+		case k == len(c.ram[i].hashes):
+			at = i
+		}
+	}
+	if at < 0 {
+		if len(c.ram) < ramPrompts {
+			c.ram = append(c.ram, slotEntry{})
+			at = len(c.ram) - 1
+		} else {
+			at = c.ramNext
+			c.ramNext = (c.ramNext + 1) % ramPrompts
+		}
+	}
+	c.ram[at].hashes = append(c.ram[at].hashes[:0], prompt...)
 }
 
 // freedNext is the busy slot the k-th request from now to need one gets:
@@ -188,8 +240,8 @@ func (c *slotCache) begin(n int, hashes []uint64) uint64 {
 	if len(c.slots) != n {
 		c.resize(n)
 	}
-	if slot, _, _ := c.pick(hashes); slot >= 0 {
-		c.assign(slot, c.seq, hashes)
+	if slot, _, ram := c.pick(hashes); slot >= 0 {
+		c.assign(slot, c.seq, hashes, ram)
 		return c.seq
 	}
 	k := len(c.waiting)
@@ -204,10 +256,14 @@ func (c *slotCache) begin(n int, hashes []uint64) uint64 {
 	return c.seq
 }
 
-// assign runs flight owner with hashes in slot i. Callers hold mu.
-func (c *slotCache) assign(i int, owner uint64, hashes []uint64) {
+// assign runs flight owner with hashes in slot i; with ram, the engine
+// first saves the slot's prompt to its RAM cache. Callers hold mu.
+func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	c.tick++
 	e := &c.slots[i]
+	if ram {
+		c.save(e.hashes)
+	}
 	e.hashes = append(e.hashes[:0], hashes...)
 	e.owner, e.used = owner, c.tick
 }
@@ -230,8 +286,8 @@ func (c *slotCache) end(owner uint64) {
 		if len(c.waiting) > 0 {
 			w := c.waiting[0]
 			c.dropWaiting(0)
-			if slot, _, _ := c.pick(w.hashes); slot >= 0 {
-				c.assign(slot, w.owner, w.hashes)
+			if slot, _, ram := c.pick(w.hashes); slot >= 0 {
+				c.assign(slot, w.owner, w.hashes, ram)
 			}
 		}
 		return
@@ -253,12 +309,15 @@ func (c *slotCache) dropWaiting(i int) {
 	c.waiting = c.waiting[:n]
 }
 
-// reset forgets every slot's prompt (the engine restarted); flights
-// keep their slots.
+// reset forgets every slot's prompt and the RAM cache (the engine
+// restarted); flights keep their slots.
 func (c *slotCache) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range c.slots {
 		c.slots[i].hashes = c.slots[i].hashes[:0]
+	}
+	for i := range c.ram {
+		c.ram[i].hashes = c.ram[i].hashes[:0]
 	}
 }

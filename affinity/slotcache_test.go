@@ -23,30 +23,30 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	a1, b1, c1 := convTurn(1, 0), convTurn(2, 0), convTurn(3, 0)
 	a2 := convTurn(1, 1)
 	fa := c.begin(n, a1) // empty slots: the least recently used, slot 0
+	// A second request of the same prompt while the first computes it:
+	// the other slot is empty, and nothing is in the RAM cache yet.
+	if got := c.predict(n, a1); got != 0 {
+		t.Fatalf("a1 still computing in slot 0: predicted %d blocks for a copy, want 0", got)
+	}
 	fb := c.begin(n, b1) // slot 1
-	if got := c.predict(n, a2, len(a1)); got != len(a1) {
+	if got := c.predict(n, a2); got != len(a1) {
 		t.Fatalf("every slot busy, first to free holds a1: predicted %d blocks, want %d", got, len(a1))
 	}
 	c.end(fa)
 	c.end(fb)
-	if got := c.predict(n, a2, 0); got != len(a1) {
+	if got := c.predict(n, a2); got != len(a1) {
 		t.Fatalf("a's own slot is idle: predicted %d blocks, want its whole history %d", got, len(a1))
 	}
 	// A new conversation shares only the system prompt with both idle
 	// slots: the engine takes the first, a's, and keeps over half of it
-	// (no RAM cache lookup).
+	// (so saves nothing to its RAM cache).
 	fc := c.begin(n, c1)
 	c.end(fc)
-	if got := c.predict(n, a2, len(a1)); got != slotSysBlocks {
-		t.Fatalf("a's slot overwritten: predicted %d blocks, want the system prompt %d (the index's %d stands for a RAM cache the engine does not consult)",
-			got, slotSysBlocks, len(a1))
+	if got := c.predict(n, a2); got != slotSysBlocks {
+		t.Fatalf("a's slot overwritten: predicted %d blocks, want the system prompt %d", got, slotSysBlocks)
 	}
-	// A prompt sharing under half of the chosen slot's tokens (under the
-	// similarity threshold here: the least recently used slot) makes the
-	// engine consult its RAM cache: the index's match counts.
-	other := chainOf(0x77, 0x78, 0, 40)
-	if got := c.predict(n, other, 30); got != 30 {
-		t.Fatalf("unrelated prompt: predicted %d blocks, want the RAM cache's 30", got)
+	if len(c.ram) != 0 {
+		t.Fatalf("%d prompts saved to RAM, want none", len(c.ram))
 	}
 	// Busy slots wait in order: with both slots taken, a third request
 	// waits and gets the first one to free.
@@ -69,8 +69,38 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 		}
 	}
 	c.reset()
-	if got := c.predict(n, a2, 7); got != 0 {
-		t.Fatalf("after reset: predicted %d, want 0 (every slot empty: the engine skips its RAM cache)", got)
+	if got := c.predict(n, a2); got != 0 {
+		t.Fatalf("after reset: predicted %d, want 0", got)
+	}
+
+	// The RAM cache: one slot; x and y share 4 of 40 blocks (a share of
+	// the request not above the 0.10 threshold), so y takes the slot as
+	// the least recently used and the engine first saves x to RAM. x's
+	// next turn then finds y in the slot, under half of it shared, and
+	// loads x from RAM.
+	var r slotCache
+	x1, y1 := chainOf(0x99, 1, 4, 40), chainOf(0x99, 2, 4, 40)
+	x2 := chainOf(0x99, 1, 4, 44)
+	r.end(r.begin(1, x1))
+	r.end(r.begin(1, y1))
+	if len(r.ram) != 1 {
+		t.Fatalf("%d prompts saved to RAM, want x1", len(r.ram))
+	}
+	if got := r.predict(1, x2); got != len(x1) {
+		t.Fatalf("x's next turn: predicted %d blocks, want x1's %d from the RAM cache", got, len(x1))
+	}
+	// Saving a prompt that extends a saved one replaces it; saving one
+	// a saved prompt covers changes nothing.
+	r.save(x2)
+	r.save(x1)
+	if len(r.ram) != 1 || len(r.ram[0].hashes) != len(x2) {
+		t.Fatalf("RAM entries %d (first %d blocks), want x2 alone", len(r.ram), len(r.ram[0].hashes))
+	}
+	for i := range ramPrompts + 5 {
+		r.save(chainOf(7, uint64(1000+i), 0, 8))
+	}
+	if len(r.ram) != ramPrompts {
+		t.Fatalf("RAM model holds %d prompts, want at most %d", len(r.ram), ramPrompts)
 	}
 }
 
@@ -158,13 +188,13 @@ func TestSlotCacheMovesTurnOffLostHome(t *testing.T) {
 // nothing once its buffers are warm.
 func TestSlotCacheBeginEndAllocs(t *testing.T) {
 	var c slotCache
-	hs := [][]uint64{convTurn(1, 0), convTurn(2, 3), convTurn(3, 1)}
+	hs := [][]uint64{convTurn(1, 0), chainOf(0x99, 2, 4, 40), convTurn(3, 1)} // the second saves a prompt to RAM
 	cycle := func() {
 		var owners [3]uint64
 		for i, h := range hs {
 			owners[i] = c.begin(2, h) // the third waits
 		}
-		_ = c.predict(2, hs[0], 3)
+		_ = c.predict(2, hs[0])
 		for _, o := range owners {
 			c.end(o)
 		}

@@ -175,7 +175,7 @@ func (v *View) slotMatch() {
 		if sc == nil {
 			continue
 		}
-		v.ms.set(id, int32(sc.predict(n, v.req.Hashes, int(v.ms.m[id]))))
+		v.ms.set(id, int32(sc.predict(n, v.req.Hashes)))
 	}
 }
 
