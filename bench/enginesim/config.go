@@ -51,6 +51,16 @@ type Config struct {
 	// largest fraction of the request, above --slot-prompt-similarity 0.1,
 	// else the least recently used idle slot). 0: vLLM's paged cache.
 	Slots int
+	// CacheRAMTokens is the slot model's host prompt cache (llama.cpp
+	// --cache-ram), in tokens: when the engine gives a request the least
+	// recently used slot, or a slot that keeps under half its tokens, it
+	// saves the slot's prompt there (oldest prompts evicted past the
+	// budget) and reuses the cached prompt sharing the most with the
+	// request if that beats the slot (server get_available_slot,
+	// prompt_save / prompt_load, b11669). An empty slot consults nothing.
+	// 0: no host cache (--cache-ram 0). llama.cpp's default is 8 GiB:
+	// 65,536 tokens of Llama-3.1-8B's 128 KiB per token (bf16).
+	CacheRAMTokens int
 
 	// TimeScale maps model time to wall time in the HTTP server: wall =
 	// model × TimeScale. 1 is real time, 0.01 runs 100× faster than life.
@@ -200,6 +210,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxNumSeqs < 1 {
 		bad("MaxNumSeqs: %d must be >= 1", c.MaxNumSeqs)
+	}
+	if c.CacheRAMTokens < 0 {
+		bad("CacheRAMTokens: %d, want >= 0", c.CacheRAMTokens)
 	}
 	if c.Slots < 0 || (c.Slots > 0 && c.Slots > c.NumGPUBlocks) {
 		bad("Slots: %d not in [0, NumGPUBlocks=%d]", c.Slots, c.NumGPUBlocks)

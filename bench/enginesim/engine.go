@@ -195,6 +195,10 @@ type Engine struct {
 	seed      uint64
 	capTokens int
 	slots     []slot // llama.cpp slot model; nil: paged prefix cache
+	// ram is the slot model's host prompt cache (Config.CacheRAMTokens),
+	// oldest first; ramBlocks their total blocks, ramCap the budget.
+	ram               [][]uint64
+	ramBlocks, ramCap int
 
 	pool    *blockPool
 	waiting seqQueue
@@ -271,6 +275,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		e.slots = make([]slot, cfg.Slots)
 		e.maxSeqs = cfg.Slots
 		e.capTokens = cfg.NumGPUBlocks / cfg.Slots * cfg.BlockSize
+		e.ramCap = cfg.CacheRAMTokens / cfg.BlockSize
 	}
 	return e, nil
 }
@@ -510,10 +515,13 @@ func (e *Engine) plan(t int64) {
 			break
 		}
 		e.hits = e.hits[:0]
-		computed, sl := 0, -1
+		computed, sl, save := 0, -1, false
 		if e.slots != nil {
 			var hit int
-			sl, hit = e.pickSlot(s)
+			sl, hit, save = e.pickSlot(s)
+			if save && e.ramCap > 0 {
+				hit = max(hit, e.ramHit(s))
+			}
 			computed = hit * e.bs
 		} else if e.caching {
 			maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
@@ -551,6 +559,9 @@ func (e *Engine) plan(t int64) {
 		}
 		if sl >= 0 {
 			s.slot = sl
+			if save && e.ramCap > 0 {
+				e.ramSave(e.slots[sl].hashes)
+			}
 			e.slots[sl].busy = true
 			s.committed = computed / e.bs
 		}
@@ -777,7 +788,12 @@ func (e *Engine) Release() {
 // reuses from it (at most all but the last prompt token, as llama.cpp
 // always evaluates the last one). The caller checks a slot is free
 // (running < Slots).
-func (e *Engine) pickSlot(s *seq) (int, int) {
+//
+// save reports whether llama.cpp then saves the slot's prompt to its host
+// prompt cache and looks there for a better one (Config.CacheRAMTokens):
+// the slot was taken as least recently used, or keeps under half its
+// tokens; never for an empty slot.
+func (e *Engine) pickSlot(s *seq) (slot, hit int, save bool) {
 	maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
 	best, bestHit, lru := -1, 0, -1
 	for i := range e.slots {
@@ -797,13 +813,56 @@ func (e *Engine) pickSlot(s *seq) (int, int) {
 		}
 	}
 	if best >= 0 {
-		return best, bestHit
+		return best, bestHit, 2*bestHit < len(e.slots[best].hashes)
 	}
-	hit := 0
 	for hit < maxHit && hit < len(e.slots[lru].hashes) && e.slots[lru].hashes[hit] == s.hashes[hit] {
 		hit++
 	}
-	return lru, hit
+	return lru, hit, len(e.slots[lru].hashes) > 0
+}
+
+// ramHit is the longest prefix of s's blocks a prompt in the host cache
+// holds (at most all but the last prompt token).
+func (e *Engine) ramHit(s *seq) int {
+	maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
+	best := 0
+	for _, h := range e.ram {
+		k := 0
+		for k < maxHit && k < len(h) && h[k] == s.hashes[k] {
+			k++
+		}
+		best = max(best, k)
+	}
+	return best
+}
+
+// ramSave puts prompt in the host cache, replacing a cached prompt it
+// extends (one that covers it already keeps it out), and evicts the oldest
+// past the budget.
+func (e *Engine) ramSave(prompt []uint64) {
+	if len(prompt) == 0 || len(prompt) > e.ramCap {
+		return
+	}
+	for i, h := range e.ram {
+		k := 0
+		for k < len(h) && k < len(prompt) && h[k] == prompt[k] {
+			k++
+		}
+		if k == len(prompt) {
+			return
+		}
+		if k == len(h) {
+			e.ramBlocks -= len(h)
+			e.ram = append(e.ram[:i], e.ram[i+1:]...)
+			break
+		}
+	}
+	e.ram = append(e.ram, append([]uint64(nil), prompt...))
+	e.ramBlocks += len(prompt)
+	for e.ramBlocks > e.ramCap {
+		e.ramBlocks -= len(e.ram[0])
+		e.ram = e.ram[1:]
+	}
 }
 
 // releaseSlot frees s's slot (llama.cpp model), keeping the first keep

@@ -143,3 +143,31 @@ func TestSlotModel(t *testing.T) {
 		t.Errorf("prompt longer than a slot's context: %v, want ErrKVCapacity", err)
 	}
 }
+
+// TestSlotModelHostCache: with llama.cpp's host prompt cache
+// (CacheRAMTokens), a slot given to an unrelated prompt first saves its
+// own there, and a later request that finds no slot sharing enough loads
+// it back; without the cache that prompt is lost.
+func TestSlotModelHostCache(t *testing.T) {
+	for _, ram := range []int{0, 1024} {
+		e := newTestEngine(t, func(c *Config) { c.Slots = 2; c.NumGPUBlocks = 2 * 64; c.CacheRAMTokens = ram })
+		var now int64
+		run := func(id uint64, tag, q string) *Request {
+			t.Helper()
+			r := &Request{ID: id, Prompt: append(prompt(tag, 256), prompt(q, 16)...), MaxTokens: 4}
+			submit(t, e, r, now)
+			now = drain(t, e, nil)
+			return r
+		}
+		run(1, "A", "q1")
+		run(2, "B", "q2") // the other, empty slot: nothing to save
+		run(3, "C", "q3") // A's slot, the least recently used: A saved
+		want := 0
+		if ram > 0 {
+			want = 256
+		}
+		if r := run(4, "A", "q4"); r.CachedTokens != want {
+			t.Errorf("cache-ram %d: A after C took its slot: cached %d, want %d", ram, r.CachedTokens, want)
+		}
+	}
+}

@@ -22,7 +22,7 @@ func Fleets() []FleetInfo {
 		{"batch-64", "vLLM with --max-num-seqs 64"},
 		{"hetero", "mixed generations: of every 4 replicas 2 at full speed, 1 at 2x and 1 at 3x the step times (an A100-class GPU is ~2-3x slower than an H100)"},
 		{"no-cache", "vLLM with --no-enable-prefix-caching"},
-		{"llamacpp", "llama.cpp server -np 4 -c 131072 -b 2048: 4 slots of 32768 tokens, each caching only its last prompt"},
+		{"llamacpp", "llama.cpp server -np 4 -c 131072 -b 2048: 4 slots of 32768 tokens, each caching only its last prompt, and the default 8 GiB host prompt cache (65,536 tokens)"},
 	}
 }
 
@@ -48,6 +48,7 @@ func FleetEngines(name string, n int) ([]enginesim.Config, error) {
 			e.DisablePrefixCaching = true
 		case "llamacpp":
 			e.Slots = 4
+			e.CacheRAMTokens = 65536 // --cache-ram 8192 (MiB, the default) at 128 KiB per token
 			e.NumGPUBlocks = 131072 / e.BlockSize
 			e.MaxNumBatchedTokens = 2048
 		default:

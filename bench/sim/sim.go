@@ -34,6 +34,11 @@ type Config struct {
 	Engines []enginesim.Config
 	// Fleet names the fleet in the Result (reports); "" means "vllm".
 	Fleet string
+	// CacheModel is every replica's ReplicaSpec.CacheModel, as a
+	// deployment's cache_model sets it: CacheAuto (the default) discovers
+	// llama.cpp's per-slot caches from its signals; CacheShared routes
+	// every fleet with the prefix index alone (an ablation).
+	CacheModel affinity.CacheModel
 	// Policy names the router policy: one of Policies(). "" means "cost".
 	Policy string
 	// Router configures warmpath's affinity.Router (hashing, cost-policy
@@ -305,7 +310,7 @@ func newCluster(cfg Config, w *workload.Workload) (*cluster, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sim: engine: %w", err)
 		}
-		spec := affinity.ReplicaSpec{Name: fmt.Sprintf("engine-%d", i), Models: models}
+		spec := affinity.ReplicaSpec{Name: fmt.Sprintf("engine-%d", i), Models: models, CacheModel: cfg.CacheModel}
 		c.specs = append(c.specs, spec)
 		// every router knows the replicas in the same order, so replica IDs
 		// agree and peer updates need no translation
@@ -641,14 +646,15 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 // scrape reads replica i's signals at now, as slowpath's scrape does:
 // vLLM's waiting, running, KV usage ratio and KV capacity (its
 // cache_config_info: block_size x num_gpu_blocks); llama.cpp's deferred,
-// processing and KV usage ratio, with its slots from /props and no
-// capacity.
+// processing and KV usage ratio, with its slots from /props, no capacity,
+// and per-slot caches (affinity.EngineSignals.SlotCaches).
 func (c *cluster) scrape(i int, now int64) {
 	e := c.engines[i]
 	st := e.Stats()
 	sig := affinity.EngineSignals{Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage(), At: now}
 	if c.llama[i] {
 		sig.BatchSlots = c.cfg.engine(i).Slots
+		sig.SlotCaches = true // the proxy's: llama.cpp's /metrics
 	} else {
 		sig.KVCapacityTokens = st.TotalBlocks * e.BlockSize()
 	}
