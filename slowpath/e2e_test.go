@@ -66,6 +66,7 @@ type routed struct {
 	got  []int
 	// prompt: the engine's reported prompt tokens (-1 when not reported)
 	prompt []int
+	pttft  []float64 // the router's predicted TTFT, seconds
 }
 
 func (r *routed) ObserveRouted(ev *slowpath.RoutedEvent) {
@@ -75,6 +76,7 @@ func (r *routed) ObserveRouted(ev *slowpath.RoutedEvent) {
 	r.pred = append(r.pred, ev.PredictedCachedTokens)
 	r.got = append(r.got, ev.CachedTokens)
 	r.prompt = append(r.prompt, ev.ReportedPromptTokens)
+	r.pttft = append(r.pttft, ev.PredictedTTFT)
 }
 
 func (r *routed) counts() map[string]int {
@@ -224,7 +226,9 @@ func TestE2ESharedPrefixSameReplicaAndCached(t *testing.T) {
 	}
 	counts := obs.counts()
 	if len(counts) != 1 {
-		t.Fatalf("requests sharing a system prompt spread over %d replicas: %v", len(counts), counts)
+		obs.mu.Lock()
+		t.Fatalf("requests sharing a system prompt spread over %d replicas: %v\nper request: replica %v predicted cached %v engine cached %v predicted TTFT %v",
+			len(counts), counts, obs.reps, obs.pred, obs.got, obs.pttft)
 	}
 	for i, ct := range cached[1:] {
 		if ct <= 0 {
