@@ -198,7 +198,13 @@ func TestE2EOpenAIClient(t *testing.T) {
 
 func TestE2ESharedPrefixSameReplicaAndCached(t *testing.T) {
 	engines := startEngines(t, 3, nil)
-	_, c, obs := startE2E(t, engines, nil)
+	// Probes that time out after 20 ms (e2eConfig) take a replica out on a
+	// loaded machine (two in a row, under -race): the prefix's home, out
+	// for one request, sent the next to another replica. This test is
+	// about routing, so its probes have the defaults' patience.
+	_, c, obs := startE2E(t, engines, func(cfg *slowpath.Config) {
+		cfg.Health.Interval, cfg.Health.Timeout = time.Second, time.Second
+	})
 	sys := longSystem(80) // ~4 KB: many 64-token blocks
 	var cached []int64
 	for i := range 8 {
