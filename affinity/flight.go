@@ -42,8 +42,9 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	// request holds, or its RAM cache (slotcache.go).
 	var seq uint64
 	if sc, n := p.slotModel(); sc != nil {
-		held = min(sc.predict(n, req.Hashes), len(hs))
-		seq = sc.begin(n, req.Hashes)
+		var shared int
+		seq, shared = sc.begin(n, req.Hashes)
+		held = min(shared, len(hs))
 	}
 	cached := min(held*r.bt, req.PromptTokens)
 	// The prefill the replica is expected to do: the index's hit, plus the

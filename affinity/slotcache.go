@@ -137,19 +137,26 @@ func (c *slotCache) pick(hashes []uint64) (slot, shared int, ram bool) {
 	return -1, 0, false
 }
 
-// predict is the number of leading blocks of hashes the engine would reuse.
-// With every slot busy the request takes the first slot to free: the one
-// whose request began longest ago, past those the waiting requests take.
+// predict is the number of leading blocks of hashes the engine would reuse
+// on an engine with n > 0 slots.
 func (c *slotCache) predict(n int, hashes []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n <= 0 {
-		return 0
-	}
+	shared, _, _ := c.predictLocked(n, hashes)
+	return shared
+}
+
+// predictLocked is predict, with the slot the request would take (-1:
+// every slot busy, it waits) and whether the engine would first save that
+// slot to RAM. With every slot busy the request takes the first slot to
+// free: the one whose request began longest ago, past those the waiting
+// requests take. Callers hold mu.
+func (c *slotCache) predictLocked(n int, hashes []uint64) (shared, slot int, ram bool) {
 	if len(c.slots) != n {
 		c.resize(n)
 	}
-	slot, shared, ram := c.pick(hashes)
+	slot, shared, ram = c.pick(hashes)
+	pickRAM := ram
 	if slot < 0 {
 		e := c.freedNext(len(c.waiting))
 		shared = lcp(e.hashes, hashes)
@@ -158,7 +165,7 @@ func (c *slotCache) predict(n int, hashes []uint64) int {
 	if ram {
 		shared = max(shared, c.ramMatch(hashes))
 	}
-	return shared
+	return shared, slot, pickRAM
 }
 
 // ramMatch is the longest prefix of hashes a saved prompt holds. Callers
@@ -227,22 +234,18 @@ func (c *slotCache) freedNext(k int) *slotEntry {
 	return e
 }
 
-// begin places a new flight's request on an engine with n slots: in the
-// slot the engine would pick, or at the back of the waiting list. It
-// returns the flight's number.
-func (c *slotCache) begin(n int, hashes []uint64) uint64 {
+// begin places a new flight's request on an engine with n > 0 slots: in
+// the slot the engine would pick, or at the back of the waiting list. It
+// returns the flight's number and predict's answer, taken before the
+// placement.
+func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seq++
-	if n <= 0 {
-		return c.seq
-	}
-	if len(c.slots) != n {
-		c.resize(n)
-	}
-	if slot, _, ram := c.pick(hashes); slot >= 0 {
+	shared, slot, ram := c.predictLocked(n, hashes)
+	if slot >= 0 {
 		c.assign(slot, c.seq, hashes, ram)
-		return c.seq
+		return c.seq, shared
 	}
 	k := len(c.waiting)
 	if k < cap(c.waiting) {
@@ -253,7 +256,7 @@ func (c *slotCache) begin(n int, hashes []uint64) uint64 {
 	w := &c.waiting[k]
 	w.hashes = append(w.hashes[:0], hashes...)
 	w.owner = c.seq
-	return c.seq
+	return c.seq, shared
 }
 
 // assign runs flight owner with hashes in slot i; with ram, the engine

@@ -22,13 +22,13 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	const n = 2
 	a1, b1, c1 := convTurn(1, 0), convTurn(2, 0), convTurn(3, 0)
 	a2 := convTurn(1, 1)
-	fa := c.begin(n, a1) // empty slots: the least recently used, slot 0
+	fa, _ := c.begin(n, a1) // empty slots: the least recently used, slot 0
 	// A second request of the same prompt while the first computes it:
 	// the other slot is empty, and nothing is in the RAM cache yet.
 	if got := c.predict(n, a1); got != 0 {
 		t.Fatalf("a1 still computing in slot 0: predicted %d blocks for a copy, want 0", got)
 	}
-	fb := c.begin(n, b1) // slot 1
+	fb, _ := c.begin(n, b1) // slot 1
 	if got := c.predict(n, a2); got != len(a1) {
 		t.Fatalf("every slot busy, first to free holds a1: predicted %d blocks, want %d", got, len(a1))
 	}
@@ -40,7 +40,7 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	// A new conversation shares only the system prompt with both idle
 	// slots: the engine takes the first, a's, and keeps over half of it
 	// (so saves nothing to its RAM cache).
-	fc := c.begin(n, c1)
+	fc, _ := c.begin(n, c1)
 	c.end(fc)
 	if got := c.predict(n, a2); got != slotSysBlocks {
 		t.Fatalf("a's slot overwritten: predicted %d blocks, want the system prompt %d", got, slotSysBlocks)
@@ -50,9 +50,9 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	}
 	// Busy slots wait in order: with both slots taken, a third request
 	// waits and gets the first one to free.
-	f1 := c.begin(n, convTurn(4, 0))
-	f2 := c.begin(n, convTurn(5, 0))
-	f3 := c.begin(n, convTurn(6, 0))
+	f1, _ := c.begin(n, convTurn(4, 0))
+	f2, _ := c.begin(n, convTurn(5, 0))
+	f3, _ := c.begin(n, convTurn(6, 0))
 	if len(c.waiting) != 1 {
 		t.Fatalf("waiting %d, want 1", len(c.waiting))
 	}
@@ -81,8 +81,10 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	var r slotCache
 	x1, y1 := chainOf(0x99, 1, 4, 40), chainOf(0x99, 2, 4, 40)
 	x2 := chainOf(0x99, 1, 4, 44)
-	r.end(r.begin(1, x1))
-	r.end(r.begin(1, y1))
+	x, _ := r.begin(1, x1)
+	r.end(x)
+	y, _ := r.begin(1, y1)
+	r.end(y)
 	if len(r.ram) != 1 {
 		t.Fatalf("%d prompts saved to RAM, want x1", len(r.ram))
 	}
@@ -192,7 +194,7 @@ func TestSlotCacheBeginEndAllocs(t *testing.T) {
 	cycle := func() {
 		var owners [3]uint64
 		for i, h := range hs {
-			owners[i] = c.begin(2, h) // the third waits
+			owners[i], _ = c.begin(2, h) // the third waits
 		}
 		_ = c.predict(2, hs[0])
 		for _, o := range owners {
