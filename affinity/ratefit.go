@@ -19,7 +19,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		uncached = max(0, f.PromptTokens-o.CachedTokens)
 	}
 	if o.PrefillSeconds > 0 {
-		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds)
+		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds, f.FirstTokenAt)
 	}
 	switch priced, _ := p.prefill(); {
 	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:

@@ -110,7 +110,7 @@ type repHot struct {
 	fleetPrefill *fleetPrefill
 	hitReal      atomic.Uint64 // float64 bits: realised share of predicted hits (confidence)
 	hitN         atomic.Uint64 // requests with a predicted hit and a reported one
-	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate EWMA, 0 = none
+	engRate      atomic.Uint64 // float64 bits: engine-reported prefill rate (sampleEngineRate), 0 = none
 	slotsSig     atomic.Int32  // engine-reported batch slots; 0 = none
 	slotsLearned atomic.Int32  // learned from full-batch scrapes; 0 = none
 	// runSeen is ttftModel.maxRunning for readers outside learnMu (the

@@ -87,6 +87,12 @@ const (
 	// engineRateMinTokens: engine prefill timings of fewer tokens are too
 	// coarse (ms resolution) to give a rate.
 	engineRateMinTokens = 16
+	// engineRateWeight: the engine rate's sums remember about 10 samples.
+	engineRateWeight = 0.1
+	// engineLineWeight, engineLineMin: the engine's prefill line remembers
+	// about 100 busy periods, and gives a rate from its 8th on.
+	engineLineWeight = 0.01
+	engineLineMin    = 8
 )
 
 // ttftErrBuckets are the upper bounds of the actual/predicted TTFT ratio
@@ -100,6 +106,16 @@ type ttftModel struct {
 	cleanN      int           // intercept samples without queueing (under replica.fitMu)
 	streamed    int           // streamed answers sampled (under replica.fitMu)
 	pendBaseSet bool          // repHot.pendBase is set (Router write lock)
+
+	// The engine-reported prefill rate's state (sampleEngineRate, under
+	// replica.fitMu): the open prefill busy periods, their decaying sums of
+	// tokens and seconds and their count, and the line through them
+	// (engLineOK: it gives the rate).
+	engTok, engSec float64
+	engN           int
+	engLine        moments
+	engLineOK      bool
+	engPer         enginePeriods
 
 	learnMu     sync.Mutex
 	maxRunning  int64 // the most requests any scrape saw running
@@ -717,17 +733,137 @@ func (p *replica) sampleSlot(sec float64) {
 	}
 }
 
-// sampleEngineRate folds an engine-reported prefill (tokens in seconds)
-// into P_r's engine estimate, clipped to within 4x of the current one.
-func (p *replica) sampleEngineRate(tokens int, sec float64) {
-	if tokens < engineRateMinTokens || !(sec > 0) {
+// sampleEngineRate folds an engine-reported prefill (tokens, and the
+// seconds up to the request's first token at ft, the router's clock) into
+// P_r's engine estimate. An engine that prefills several slots' prompts in
+// the same batch steps (llama.cpp) reports each request's prefill as the
+// wall time of the steps it was in: four cold 4,096-token prompts begun
+// within a second on one server each report 1-2.5 s, a third of the
+// server's real 6,000 tokens/s. And a short prompt costs a whole step
+// however few its tokens (60 new tokens after a cached 4,096-token prefix
+// take 30-40 ms there: "1,700 tokens/s"). So the samples are the engine's
+// prefill busy periods, not requests: the reported prefill intervals are
+// merged where they overlap (enginePeriods), and each period, once no
+// later prefill can join it, gives (its tokens, its length). The rate is
+// the slope of a line through those (seconds = a + tokens / rate; a, the
+// steps' fixed cost, is in the TTFT model's overhead), with a long memory
+// so that the occasional long prompt keeps it identifiable; until it is
+// (a spread of tokens), the ratio of the periods' decaying sums of tokens
+// and seconds. Each period's seconds are clipped to within 4x of the
+// current estimate's.
+func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
+	if tokens <= 0 || !(sec > 0) || ft == 0 {
 		return
 	}
-	r := float64(tokens) / sec
-	if cur := loadF(&p.engRate); cur > 0 {
-		r = min(max(r, cur/4), cur*4)
+	m := &p.model
+	p.fitMu.Lock()
+	defer p.fitMu.Unlock()
+	// A prefill that ends (its End comes after its decode) up to two slot
+	// times after a later one began can still join that one's period.
+	grace := int64(2 * p.slotSeconds() * 1e9)
+	for _, d := range m.engPer.add(ft-int64(sec*1e9), ft, tokens, grace) {
+		m.enginePeriod(p, float64(d.tokens), float64(d.end-d.start)/1e9)
 	}
-	ewma(&p.engRate, r, 0.1)
+	if m.engN == 0 && tokens >= engineRateMinTokens {
+		// No period closed yet: the request's own rate is a start.
+		storeF(&p.engRate, min(max(float64(tokens)/sec, rateFloor), rateCeil))
+	}
+}
+
+// enginePeriod folds one finished prefill busy period (x tokens in y
+// seconds) into the engine rate (sampleEngineRate). Callers hold fitMu.
+func (m *ttftModel) enginePeriod(p *replica, x, y float64) {
+	if x < engineRateMinTokens || !(y > 0) {
+		return
+	}
+	if cur := loadF(&p.engRate); cur > 0 {
+		pred := x / cur // the current estimate's seconds for the period
+		if m.engLineOK {
+			pred += max(m.engLine.my-m.engLine.mx/cur, 0)
+		}
+		y = min(max(y, pred/4), 4*pred)
+	}
+	m.engN++
+	w := max(1/float64(m.engN), engineRateWeight)
+	m.engTok += w * (x - m.engTok)
+	m.engSec += w * (y - m.engSec)
+	rate := m.engTok / m.engSec
+	l := &m.engLine
+	l.add1(x, y, engineLineWeight)
+	varx := l.mxx - l.mx*l.mx
+	m.engLineOK = false
+	if l.n >= engineLineMin && varx > fitSpread*fitSpread*l.mx*l.mx {
+		if b := (l.mxy - l.mx*l.my) / varx; b > 0 && l.my-l.mx*b >= 0 {
+			rate, m.engLineOK = 1/b, true
+		}
+	}
+	storeF(&p.engRate, min(max(rate, rateFloor), rateCeil))
+}
+
+// enginePeriod is one prefill busy period of an engine: the union of
+// overlapping reported prefill intervals (nanoseconds, the router's clock)
+// and their tokens.
+type enginePeriod struct {
+	start, end int64
+	tokens     int
+}
+
+// enginePeriods holds the periods that a prefill reported later may still
+// join, oldest first: Ends arrive in the order requests finish decoding,
+// not in the order their prefills ran.
+type enginePeriods struct {
+	open [enginePeriodsOpen]enginePeriod
+	n    int
+	done [enginePeriodsOpen + 1]enginePeriod // add's result, reused
+}
+
+// enginePeriodsOpen: periods kept open at most (the oldest is closed
+// beyond it).
+const enginePeriodsOpen = 8
+
+// add merges [start, end] (tokens) into the open periods and returns those
+// that closed: every one that ended more than grace before the latest
+// start seen, and the oldest beyond enginePeriodsOpen.
+func (e *enginePeriods) add(start, end int64, tokens int, grace int64) []enginePeriod {
+	nw := enginePeriod{start, end, tokens}
+	// Merge with every open period it overlaps (it may bridge several).
+	k := 0
+	for i := 0; i < e.n; i++ {
+		o := e.open[i]
+		if o.start <= nw.end && nw.start <= o.end {
+			nw.start, nw.end, nw.tokens = min(nw.start, o.start), max(nw.end, o.end), nw.tokens+o.tokens
+			continue
+		}
+		e.open[k] = o
+		k++
+	}
+	e.n = k
+	done := e.done[:0]
+	if e.n == len(e.open) {
+		done = append(done, e.open[0])
+		copy(e.open[:], e.open[1:e.n])
+		e.n--
+	}
+	// Insert in start order.
+	i := e.n
+	for i > 0 && e.open[i-1].start > nw.start {
+		e.open[i] = e.open[i-1]
+		i--
+	}
+	e.open[i] = nw
+	e.n++
+	latest := e.open[e.n-1].start
+	k = 0
+	for i := 0; i < e.n; i++ {
+		if o := e.open[i]; o.end+grace < latest {
+			done = append(done, o)
+			continue
+		}
+		e.open[k] = e.open[i]
+		k++
+	}
+	e.n = k
+	return done
 }
 
 // TTFTStats is one replica's prediction record for metrics.

@@ -3,6 +3,7 @@ package affinity
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -890,5 +891,115 @@ func checkColdPrediction(t *testing.T, r *Router, id ReplicaID, now int64, token
 	defer r.End(&f, now+1e9, 0, true)
 	if p := f.PredictedTTFT(); math.Abs(p/want-1) > tol {
 		t.Fatalf("predicted %.3f s for a cold %d-token prompt on an idle replica, want %.3f s within %.0f%%", p, tokens, want, tol*100)
+	}
+}
+
+// TestEngineRateFromSharedBatches: an engine that prefills its slots'
+// prompts in shared batch steps (llama.cpp: each step takes up to 2,048
+// prompt tokens, slot by slot, and costs a fixed 5 ms plus its tokens at
+// 8,000 tokens/s) reports each prompt's prefill as the wall time of the
+// steps it was in. Mostly short prompts, now and then a long one, often
+// overlapping: the estimate is the engine's marginal 8,000 tokens/s within
+// a quarter, where an EWMA of the per-request rates (the estimate before
+// busy periods) is off by more (0.6x here).
+func TestEngineRateFromSharedBatches(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	type job struct {
+		f          Flight
+		left       int
+		start, end float64
+		arrive     float64
+		tokens     int
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var jobs []*job
+	at := 0.0
+	for range 400 {
+		at += rng.ExpFloat64() * 0.25
+		n := 40 + rng.IntN(60)
+		if rng.IntN(8) == 0 {
+			n = 2000 + rng.IntN(3000)
+		}
+		jobs = append(jobs, &job{arrive: at, tokens: n, left: n, start: -1})
+	}
+	const step0, rate, budget = 0.005, 8000.0, 2048
+	now, next := 0.0, 0
+	var active []*job
+	ns := func(s float64) int64 { return int64(s * 1e9) }
+	var old float64
+	for next < len(jobs) || len(active) > 0 {
+		for next < len(jobs) && jobs[next].arrive <= now {
+			j := jobs[next]
+			req := &Request{Model: []byte("m"), PromptTokens: j.tokens, Now: ns(j.arrive)}
+			r.Begin(ids[0], req, nil, &j.f)
+			active = append(active, j)
+			next++
+		}
+		if len(active) == 0 {
+			now = jobs[next].arrive
+			continue
+		}
+		take, in := 0, []*job{}
+		for _, j := range active {
+			if take == budget {
+				break
+			}
+			k := min(j.left, budget-take)
+			take += k
+			j.left -= k
+			if j.start < 0 {
+				j.start = now
+			}
+			in = append(in, j)
+		}
+		now += step0 + float64(take)/rate
+		keep := active[:0]
+		for _, j := range active {
+			if j.left > 0 {
+				keep = append(keep, j)
+				continue
+			}
+			sec := now - j.start
+			r.FirstToken(&j.f, ns(now))
+			r.EndWith(&j.f, ns(now)+1e8, Outcome{OK: true, CachedTokens: 0, PrefillTokens: j.tokens, PrefillSeconds: sec})
+			if j.tokens >= 16 { // what the EWMA of per-request rates took
+				if old == 0 {
+					old = float64(j.tokens) / sec
+				} else {
+					old += 0.1 * (min(max(float64(j.tokens)/sec, old/4), old*4) - old)
+				}
+			}
+		}
+		active = keep
+	}
+	got := r.Replicas()[0].EnginePrefillRate
+	t.Logf("engine rate %.0f tokens/s; an EWMA of per-request rates: %.0f", got, old)
+	if got < 0.75*rate || got > 1.25*rate {
+		t.Fatalf("engine rate %.0f tokens/s, want the engine's %.0f within a quarter", got, rate)
+	}
+	if old >= 0.75*rate {
+		t.Fatalf("an EWMA of per-request rates gives %.0f tokens/s: the test no longer shares batches", old)
+	}
+}
+
+// TestEnginePeriodsMergeOutOfOrder: prefill intervals reported in the
+// order their requests finished decoding, not the order they prefilled,
+// still merge into one busy period, which closes only once a prefill
+// begins more than the grace after it ended.
+func TestEnginePeriodsMergeOutOfOrder(t *testing.T) {
+	var e enginePeriods
+	const grace = 100
+	if d := e.add(50, 80, 10, grace); len(d) != 0 { // the second prefill reports first
+		t.Fatalf("closed %v early", d)
+	}
+	if d := e.add(0, 60, 20, grace); len(d) != 0 {
+		t.Fatalf("closed %v early", d)
+	}
+	if d := e.add(150, 160, 5, grace); len(d) != 0 { // within the grace of 80
+		t.Fatalf("closed %v within the grace", d)
+	}
+	d := e.add(300, 310, 5, grace)
+	if len(d) != 2 || d[0] != (enginePeriod{0, 80, 30}) || d[1] != (enginePeriod{150, 160, 5}) {
+		t.Fatalf("closed %v, want [{0 80 30} {150 160 5}]", d)
 	}
 }
