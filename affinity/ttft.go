@@ -31,8 +31,9 @@ import (
 //	     last token - first token + own prefill (streamed), else the whole
 //	     duration minus the predicted slot wait (buffered); the router's
 //	     fleet mean, else defaultSlotSeconds, until the first sample
-//	P_r  the engine's reported prefill rate (llama.cpp prompt_n / prompt_ms,
-//	     EWMA, in the router's tokens) when it reports one, else the pool's
+//	P_r  the engine's reported prefill rate (llama.cpp prompt_n, prompt_ms,
+//	     over its prefill busy periods: sampleEngineRate; in the router's
+//	     tokens) when it reports one, else the pool's
 //	     line through clean samples (requests that met no queue and a surely
 //	     free slot, their uncached tokens the engine's count in the router's
 //	     tokens: fleetPrefill.sampleClean), else the mean of the replicas'
