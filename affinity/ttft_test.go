@@ -905,11 +905,11 @@ func checkColdPrediction(t *testing.T, r *Router, id ReplicaID, now int64, token
 func TestEngineRateFromSharedBatches(t *testing.T) {
 	r, ids := buildRouter(t, Config{}, state{n: 1})
 	type job struct {
-		f          Flight
-		left       int
-		start, end float64
-		arrive     float64
-		tokens     int
+		f      Flight
+		left   int
+		start  float64
+		arrive float64
+		tokens int
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	var jobs []*job
@@ -939,7 +939,7 @@ func TestEngineRateFromSharedBatches(t *testing.T) {
 			now = jobs[next].arrive
 			continue
 		}
-		take, in := 0, []*job{}
+		take := 0
 		for _, j := range active {
 			if take == budget {
 				break
@@ -950,7 +950,6 @@ func TestEngineRateFromSharedBatches(t *testing.T) {
 			if j.start < 0 {
 				j.start = now
 			}
-			in = append(in, j)
 		}
 		now += step0 + float64(take)/rate
 		keep := active[:0]
