@@ -311,3 +311,39 @@ func TestHTTP10StreamDrain(t *testing.T) {
 	}
 	waitFor(t, "the exchange finished", func() bool { return s.inflight.Load() == 0 })
 }
+
+// TestServeAfterShutdownReturns: a Serve whose goroutine runs only after
+// Shutdown (a loaded machine schedules it late) returns at once and closes
+// its listener, instead of accepting forever: fasthttp's shutdown closes
+// only the listeners it already knows. It hung a test's cleanup for 12
+// minutes under the race detector.
+func TestServeAfterShutdownReturns(t *testing.T) {
+	s, err := New(testConfig("127.0.0.1:1"), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = ln.Close()
+		t.Fatal("Serve after Shutdown still accepting after 10 s")
+	}
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatal("the listener still accepts connections")
+	}
+}

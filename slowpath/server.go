@@ -77,7 +77,12 @@ type Server struct {
 
 	closing   chan struct{}
 	closeOnce sync.Once
-	wg        sync.WaitGroup
+	// lns are the API listeners Serve was given, closed by Shutdown: a
+	// Serve that had not yet handed its listener to fasthttp when
+	// Shutdown ran would otherwise accept forever.
+	lnMu sync.Mutex
+	lns  []net.Listener
+	wg   sync.WaitGroup
 
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -246,6 +251,16 @@ func (s *Server) Cluster() *cluster.Node { return s.cluster }
 // Serve serves the OpenAI API on ln until Shutdown. It returns nil after a
 // Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	s.lnMu.Lock()
+	select {
+	case <-s.closing:
+		s.lnMu.Unlock()
+		_ = ln.Close()
+		return nil
+	default:
+	}
+	s.lns = append(s.lns, ln)
+	s.lnMu.Unlock()
 	var l net.Listener = &connListener{
 		Listener: ln, stall: s.cfg.Limits.StallTimeout, log: s.log, m: s.connM,
 		maxConns: int64(s.maxConns), perClient: s.cfg.Limits.MaxConnectionsPerClient,
@@ -289,8 +304,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.DrainTimeout)
 		defer cancel()
 	}
+	s.lnMu.Lock()
 	s.closeOnce.Do(func() { close(s.closing) })
+	s.lnMu.Unlock()
 	err := s.srv.ShutdownWithContext(ctx)
+	s.lnMu.Lock()
+	for _, ln := range s.lns {
+		_ = ln.Close()
+	}
+	s.lnMu.Unlock()
 	if err == nil {
 		// fasthttp does not wait for hijacked connections (HTTP/1.0
 		// streams): the exchanges still in flight are theirs.
