@@ -110,10 +110,9 @@ type ttftModel struct {
 
 	// The engine-reported prefill rate's state (sampleEngineRate, under
 	// replica.fitMu): the open prefill busy periods, their decaying sums of
-	// tokens and seconds and their count, and the line through them
-	// (engLineOK: it gives the rate).
+	// tokens and seconds, and the line through them (its n counts them;
+	// engLineOK: it gives the rate).
 	engTok, engSec float64
-	engN           int
 	engLine        moments
 	engLineOK      bool
 	engPer         enginePeriods
@@ -603,12 +602,8 @@ func (c *cleanFit) add(x, y float64) (rate, over float64, ok bool) {
 	// prediction (a request held up by what the filter missed).
 	c.clip(x, &y, c.rate, c.over)
 	c.add1(x, y, cleanWeight)
-	varx := c.mxx - c.mx*c.mx
-	if c.n < cleanMinSamples || !(varx > fitSpread*fitSpread*c.mx*c.mx) {
-		return 0, 0, false
-	}
-	b := (c.mxy - c.mx*c.my) / varx
-	if !(b > 0) {
+	b, ok := c.slope(cleanMinSamples)
+	if !ok {
 		return 0, 0, false
 	}
 	rate = min(max(1/b, rateFloor), rateCeil)
@@ -765,7 +760,7 @@ func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
 	for _, d := range m.engPer.add(ft-int64(sec*1e9), ft, tokens, grace) {
 		m.enginePeriod(p, float64(d.tokens), float64(d.end-d.start)/1e9)
 	}
-	if m.engN == 0 && tokens >= engineRateMinTokens {
+	if m.engLine.n == 0 && tokens >= engineRateMinTokens {
 		// No period closed yet: the request's own rate is a start.
 		storeF(&p.engRate, min(max(float64(tokens)/sec, rateFloor), rateCeil))
 	}
@@ -784,19 +779,15 @@ func (m *ttftModel) enginePeriod(p *replica, x, y float64) {
 		}
 		y = min(max(y, pred/4), 4*pred)
 	}
-	m.engN++
-	w := max(1/float64(m.engN), engineRateWeight)
+	l := &m.engLine
+	l.add1(x, y, engineLineWeight)
+	w := max(1/l.n, engineRateWeight)
 	m.engTok += w * (x - m.engTok)
 	m.engSec += w * (y - m.engSec)
 	rate := m.engTok / m.engSec
-	l := &m.engLine
-	l.add1(x, y, engineLineWeight)
-	varx := l.mxx - l.mx*l.mx
 	m.engLineOK = false
-	if l.n >= engineLineMin && varx > fitSpread*fitSpread*l.mx*l.mx {
-		if b := (l.mxy - l.mx*l.my) / varx; b > 0 && l.my-l.mx*b >= 0 {
-			rate, m.engLineOK = 1/b, true
-		}
+	if b, ok := l.slope(engineLineMin); ok && l.my-l.mx*b >= 0 {
+		rate, m.engLineOK = 1/b, true
 	}
 	storeF(&p.engRate, min(max(rate, rateFloor), rateCeil))
 }
