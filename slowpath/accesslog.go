@@ -48,6 +48,10 @@ type accessLine struct {
 	predCached int
 	predTTFT   time.Duration
 	busy       int
+	// The engine's reported prefill (RoutedEvent.EnginePrefillTokens and
+	// EnginePrefillSeconds); engPrefill 0 = not reported.
+	engTokens  int
+	engPrefill time.Duration
 }
 
 // openAccessLog opens the destination of log.access (see LogConfig) and
@@ -95,7 +99,8 @@ func (a *accessLog) push(l accessLine) {
 func (a *accessLog) routed(ev *RoutedEvent) {
 	l := accessLine{at: time.Now(), client: ev.Client, model: string(ev.Model), replica: ev.Replica, status: ev.Status,
 		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens,
-		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart}
+		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart,
+		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9)}
 	if ev.FirstToken > 0 {
 		l.ttft = time.Duration(ev.FirstToken - ev.Arrival)
 	}
@@ -137,7 +142,7 @@ func (a *accessLog) write() {
 
 func (a *accessLog) line(l *accessLine) {
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
-	attrs := make([]slog.Attr, 0, 14)
+	attrs := make([]slog.Attr, 0, 16)
 	attrs = append(attrs, slog.String("client", l.client.String()), slog.String("model", l.model),
 		slog.String("replica", l.replica), slog.Int("status", l.status))
 	if l.code != "" {
@@ -157,6 +162,9 @@ func (a *accessLog) line(l *accessLine) {
 	if l.predTTFT > 0 {
 		attrs = append(attrs, slog.Float64("predicted_ttft_ms", ms(l.predTTFT)), slog.Int("predicted_cached_tokens", l.predCached),
 			slog.Int("busy_at_start", l.busy))
+	}
+	if l.engPrefill > 0 {
+		attrs = append(attrs, slog.Int("engine_prefill_tokens", l.engTokens), slog.Float64("engine_prefill_ms", ms(l.engPrefill)))
 	}
 	attrs = append(attrs, slog.Float64("duration_ms", ms(l.duration)))
 	r := slog.NewRecord(l.at, slog.LevelInfo, "request", 0)

@@ -462,6 +462,8 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			FirstToken:            ex.firstAt,
 			ReportedPromptTokens:  ex.promptRep,
 			OutputTokens:          ex.outTok,
+			EnginePrefillTokens:   o.PrefillTokens,
+			EnginePrefillSeconds:  o.PrefillSeconds,
 		}
 		if obs != nil {
 			obs.ObserveRouted(&ex.ev)

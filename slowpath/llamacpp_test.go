@@ -1,8 +1,11 @@
 package slowpath
 
 import (
+	"bytes"
+	"encoding/json"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,7 +124,10 @@ func startFakeLlama(t *testing.T) *fakeLlama {
 // buffered answer's timings feed the replica's prefill rate and slot time.
 func TestLlamaCppDiscovery(t *testing.T) {
 	e := startFakeLlama(t)
-	s, url := newTestServer(t, testConfig(e.addr))
+	cfg := testConfig(e.addr)
+	access := filepath.Join(t.TempDir(), "access.log")
+	cfg.Log = LogConfig{Format: LogFormatJSON, Access: access}
+	s, url := newTestServer(t, cfg)
 	waitFor(t, "batch slots from /props", func() bool {
 		st := replicaStatus(t, s, e.addr)
 		return st.Engine.BatchSlots == 2 && st.Affinity != nil && st.Affinity.BatchSlots == 2
@@ -141,6 +147,25 @@ func TestLlamaCppDiscovery(t *testing.T) {
 	}
 	if d := st.Affinity.SlotSeconds; d < 0.024 || d > 0.0245 {
 		t.Fatalf("slot seconds %.4f, want 0.0244", d)
+	}
+	// The access log shows the engine's own prefill beside the TTFT.
+	var lines []map[string]any
+	waitFor(t, "3 access log lines", func() bool {
+		raw, _ := os.ReadFile(access)
+		lines = lines[:0]
+		for l := range bytes.Lines(raw) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil {
+				lines = append(lines, m)
+			}
+		}
+		return len(lines) == 3
+	})
+	for i, l := range lines {
+		if l["engine_prefill_tokens"] != 44.0 || l["engine_prefill_ms"] != 14.762 {
+			t.Fatalf("access line %d: engine_prefill_tokens %v, engine_prefill_ms %v, want 44 and 14.762 (%v)",
+				i, l["engine_prefill_tokens"], l["engine_prefill_ms"], l)
+		}
 	}
 	time.Sleep(10 * testConfig().Scrape.Interval) // several more scrapes
 	if n := e.props.Load(); n != 1 {

@@ -39,6 +39,13 @@ type RoutedEvent struct {
 	FirstToken            int64    // the first output token (whole answer when not streamed), same clock; 0 = none
 	ReportedPromptTokens  int      // usage.prompt_tokens from the engine; -1 = not reported
 	OutputTokens          int      // usage.completion_tokens from the engine; -1 = not reported
+	// The engine's own account of its prefill, where it gives one
+	// (llama.cpp's timings.prompt_n and prompt_ms): the tokens it computed
+	// and how long that took; 0 = not reported. The first token less this
+	// is the time the request spent elsewhere (queued for a slot, the
+	// router, the network).
+	EnginePrefillTokens  int
+	EnginePrefillSeconds float64
 }
 
 // FirstBlock is Hashes[0], or 0 without a prompt (embeddings).
