@@ -155,6 +155,34 @@ func (r *rawIO) sessionRead(p []byte) (int, error) {
 	}
 }
 
+// peerClosed reports whether the peer has closed the connection: its FIN
+// (or a reset) waits to be read. One non-blocking peek, through Control:
+// it neither clears the poller's readiness nor meets a deadline in force.
+// Bytes waiting are not a close (a TLS peer may send a session ticket).
+//
+// Why: llama.cpp's server (cpp-httplib) closes a connection after each
+// streamed answer, though its headers offer keep-alive, and keeps it
+// half-closed for about 100 ms. A request sent on such a pooled
+// connection meets no reset: its wait for the first byte found the FIN's
+// readiness already consumed and slept until the client poll (100 ms)
+// before the stale connection was seen and the request sent again.
+func (r *rawIO) peerClosed() bool {
+	closed := false
+	err := r.rc.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+			if e == syscall.EINTR {
+				continue
+			}
+			closed = e == 0 && n == 0 || e != 0 && e != syscall.EAGAIN
+			return
+		}
+	})
+	return closed || err != nil
+}
+
 // write is net.Conn.Write: all of p, or the bytes written and an error.
 // A peer that closed answers EPIPE (the runtime ignores the SIGPIPE of a
 // socket write, as for net.Conn's).

@@ -16,5 +16,6 @@ func newRawIO(net.Conn) *rawIO { return nil }
 func (*rawIO) read([]byte) (int, error)  { panic("slowpath: rawIO without Linux") }
 func (*rawIO) write([]byte) (int, error) { panic("slowpath: rawIO without Linux") }
 func (*rawIO) session(func() bool) error { panic("slowpath: rawIO without Linux") }
+func (*rawIO) peerClosed() bool          { panic("slowpath: rawIO without Linux") }
 
 var errWouldBlock = errors.New("rawio: nothing to read now")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 )
 
 // rawPair is a loopback TCP connection: the raw side's rawIO, and its peer.
@@ -131,6 +132,68 @@ func TestRawIOResetIsECONNRESET(t *testing.T) {
 	if _, err := raw.write([]byte("more")); !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("write after a reset: %v; want EPIPE or ECONNRESET", err)
 	}
+}
+
+// TestRawIOPeerClosed: peerClosed says closed for a FIN or a reset waiting
+// (and a closed socket), open for a quiet or a talking peer, and consumes
+// nothing: the bytes a peer sent are still there to read.
+func TestRawIOPeerClosed(t *testing.T) {
+	c, raw, peer := rawPair(t)
+	if raw.peerClosed() {
+		t.Fatal("quiet open connection reads as closed")
+	}
+	if _, err := peer.Write([]byte("ticket")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the bytes to arrive", func() bool {
+		n, err := unix.IoctlGetInt(sysfd(t, c), unix.SIOCINQ)
+		return err == nil && n == len("ticket")
+	})
+	if raw.peerClosed() {
+		t.Fatal("a peer's unread bytes read as a close")
+	}
+	if p := make([]byte, 16); func() bool { n, err := raw.read(p); return err != nil || string(p[:n]) != "ticket" }() {
+		t.Fatal("peerClosed consumed the peer's bytes")
+	}
+	// Half-closed (FIN), the socket left open, as llama.cpp's server leaves it.
+	if err := peer.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the FIN", raw.peerClosed)
+
+	// A reset waiting.
+	_, raw2, peer2 := rawPair(t)
+	if _, err := raw2.write([]byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the bytes at the peer", func() bool {
+		n, err := unix.IoctlGetInt(sysfd(t, peer2.(*net.TCPConn)), unix.SIOCINQ)
+		return err == nil && n == len("unread")
+	})
+	peer2.(*net.TCPConn).SetLinger(0)
+	peer2.Close()
+	waitFor(t, "the reset", raw2.peerClosed)
+
+	// Our own side closed.
+	c3, raw3, _ := rawPair(t)
+	c3.Close()
+	if !raw3.peerClosed() {
+		t.Fatal("a closed connection reads as open")
+	}
+}
+
+// sysfd is c's socket descriptor (for ioctls; c stays usable).
+func sysfd(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
 }
 
 func TestRawIOOnlyForTCP(t *testing.T) {

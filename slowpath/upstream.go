@@ -91,6 +91,14 @@ func (s *Server) attemptOnce(ctx *fasthttp.RequestCtx, ex *exchange, hc *fasthtt
 	}
 	conn := cc.Conn()
 	reused := !cc.LastUseTime().IsZero()
+	if reused {
+		// A pooled connection the engine has closed since (rawIO.peerClosed):
+		// a fresh one at once, not a request that waits out the client poll.
+		if ic := idleOf(conn.LocalAddr()); ic != nil && ic.raw != nil && ic.raw.peerClosed() {
+			hc.CloseConn(cc)
+			return false, true, fasthttp.ErrConnectionClosed
+		}
+	}
 	uresp.ParseNetConn(conn)
 	now := time.Now()
 	// On a raw upstream connection the request's last bytes are written
