@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,11 @@ type rawEngine struct {
 	pieces [][]byte
 	gap    time.Duration
 	close  bool // close the connection after the answer
+	// half: after the answer, close only the write side (llama.cpp's
+	// server after a stream) and count what still arrives (late) until
+	// the client closes (ended).
+	half        bool
+	late, ended atomic.Int32
 	// next, when set, paces the pieces instead of gap: each piece after the
 	// first waits for a value (the client received the one before).
 	next chan struct{}
@@ -62,7 +68,7 @@ func startRawEngine(tb testing.TB) *rawEngine {
 
 func (e *rawEngine) set(gap time.Duration, pieces ...[]byte) {
 	e.mu.Lock()
-	e.pieces, e.gap, e.close, e.next = pieces, gap, false, nil
+	e.pieces, e.gap, e.close, e.half, e.next = pieces, gap, false, false, nil
 	e.mu.Unlock()
 }
 
@@ -71,6 +77,14 @@ func (e *rawEngine) setClosing(gap time.Duration, pieces ...[]byte) {
 	e.set(gap, pieces...)
 	e.mu.Lock()
 	e.close = true
+	e.mu.Unlock()
+}
+
+// setHalfClosing is set, half-closing the connection after each answer.
+func (e *rawEngine) setHalfClosing(pieces ...[]byte) {
+	e.set(0, pieces...)
+	e.mu.Lock()
+	e.half = true
 	e.mu.Unlock()
 }
 
@@ -93,7 +107,7 @@ func (e *rawEngine) serve(c net.Conn) {
 			continue
 		}
 		e.mu.Lock()
-		pieces, gap, closing, next := e.pieces, e.gap, e.close, e.next
+		pieces, gap, closing, half, next := e.pieces, e.gap, e.close, e.half, e.next
 		e.mu.Unlock()
 		for i, p := range pieces {
 			switch {
@@ -112,6 +126,18 @@ func (e *rawEngine) serve(c net.Conn) {
 		}
 		if closing {
 			return
+		}
+		if half {
+			_ = c.(*net.TCPConn).CloseWrite()
+			buf := make([]byte, 4096)
+			for {
+				n, err := br.Read(buf)
+				e.late.Add(int32(n))
+				if err != nil {
+					e.ended.Add(1)
+					return
+				}
+			}
 		}
 	}
 }
