@@ -49,6 +49,9 @@ type rawIO struct {
 	sfd       uintptr
 	sf        func() bool        // the session's step
 	sfn       func(uintptr) bool // rawIO.sessionFD, bound once: a closure per session would be garbage per request
+
+	pclosed bool          // peekFD's answer
+	pfn     func(uintptr) // rawIO.peekFD, bound once
 }
 
 // newRawIO returns c's raw reader and writer, or nil when c is not a TCP
@@ -63,7 +66,7 @@ func newRawIO(c net.Conn) *rawIO {
 		return nil
 	}
 	r := &rawIO{rc: rc, laddr: tc.LocalAddr(), raddr: tc.RemoteAddr()}
-	r.rfn, r.wfn, r.sfn = r.readFD, r.writeFD, r.sessionFD
+	r.rfn, r.wfn, r.sfn, r.pfn = r.readFD, r.writeFD, r.sessionFD, r.peekFD
 	return r
 }
 
@@ -167,20 +170,22 @@ func (r *rawIO) sessionRead(p []byte) (int, error) {
 // readiness already consumed and slept until the client poll (100 ms)
 // before the stale connection was seen and the request sent again.
 func (r *rawIO) peerClosed() bool {
-	closed := false
-	err := r.rc.Control(func(fd uintptr) {
-		var b [1]byte
-		for {
-			n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
-				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-			if e == syscall.EINTR {
-				continue
-			}
-			closed = e == 0 && n == 0 || e != 0 && e != syscall.EAGAIN
-			return
+	r.pclosed = false
+	err := r.rc.Control(r.pfn)
+	return r.pclosed || err != nil
+}
+
+func (r *rawIO) peekFD(fd uintptr) {
+	var b [1]byte
+	for {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		if e == syscall.EINTR {
+			continue
 		}
-	})
-	return closed || err != nil
+		r.pclosed = e == 0 && n == 0 || e != 0 && e != syscall.EAGAIN
+		return
+	}
 }
 
 // write is net.Conn.Write: all of p, or the bytes written and an error.

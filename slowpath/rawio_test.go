@@ -174,6 +174,10 @@ func TestRawIOPeerClosed(t *testing.T) {
 	peer2.Close()
 	waitFor(t, "the reset", raw2.peerClosed)
 
+	if n := testing.AllocsPerRun(100, func() { raw2.peerClosed() }); n != 0 {
+		t.Errorf("peerClosed allocates %v times per call, want 0 (it runs per reused connection)", n)
+	}
+
 	// Our own side closed.
 	c3, raw3, _ := rawPair(t)
 	c3.Close()
