@@ -126,6 +126,15 @@ type moments struct {
 
 // add1 folds one sample (x, y) in: weight 1/n over the first samples,
 // then floor (a memory of about 1/floor samples).
+func (m *moments) add1(x, y, floor float64) {
+	m.n++
+	w := max(1/m.n, floor)
+	m.mx += w * (x - m.mx)
+	m.my += w * (y - m.my)
+	m.mxx += w * (x*x - m.mxx)
+	m.mxy += w * (x*y - m.mxy)
+}
+
 // slope is the least-squares line's slope through the samples, ok when it
 // is identifiable and positive: at least minN samples, x spread (std at
 // least fitSpread of its mean), slope above 0.
@@ -136,15 +145,6 @@ func (m *moments) slope(minN float64) (b float64, ok bool) {
 	}
 	b = (m.mxy - m.mx*m.my) / varx
 	return b, b > 0
-}
-
-func (m *moments) add1(x, y, floor float64) {
-	m.n++
-	w := max(1/m.n, floor)
-	m.mx += w * (x - m.mx)
-	m.my += w * (y - m.my)
-	m.mxx += w * (x*x - m.mxx)
-	m.mxy += w * (x*y - m.mxy)
 }
 
 const (
