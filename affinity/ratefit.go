@@ -45,9 +45,10 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	y := max(dt-f.slotWait, dt/4)
 	rate, over0 := p.ownPrefill()
 	p.fitMu.Lock()
-	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, loadF(&p.engRate))
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, p.engineRateShrunk())
+	m := &p.model
 	if !p.fitted.Load() {
-		storeF(&p.overhead, over0)
+		m.ownOver = over0
 		p.fitted.Store(true)
 	}
 	storeF(&p.rate, rate)
@@ -57,17 +58,18 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		// The line's intercept absorbs queueing the model missed (a burst
 		// before the slot count was learned), and a replica whose
 		// intercept is inflated gets no traffic to correct it.
-		over = loadF(&p.overhead)
+		over = m.ownOver
 		if f.queued == 0 && int64(f.busy) < s {
 			over = max(dt-float64(uncached)/rate, 0)
-			if p.model.cleanN++; p.model.cleanN > 1 {
-				over = loadF(&p.overhead) + 0.1*(over-loadF(&p.overhead))
+			if m.cleanN++; m.cleanN > 1 {
+				over = m.ownOver + cleanOverWeight*(over-m.ownOver)
 			}
-		} else if p.model.cleanN == 0 {
+		} else if m.cleanN == 0 {
 			over = 0
 		}
 	}
-	storeF(&p.overhead, over)
+	m.ownOver = over
+	storeF(&p.overhead, p.overheadShrunk(over))
 	// An engine's first answers carry its warm-up (graph capture, first
 	// allocations): they are not clean samples.
 	warm := p.model.streamed >= cleanWarmup
@@ -89,6 +91,34 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		dtc := min(dt, f.predTTFT*fitClip)
 		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSeconds(), p.specRate || loadF(&p.engRate) > 0)
 	}
+}
+
+// cleanOverWeight is the EWMA weight of a clean intercept sample.
+const cleanOverWeight = 0.1
+
+// overheadShrunk is the overhead O_r a replica whose engine reports its
+// prefill rate is priced with: its own intercept (own) drawn toward its
+// pool's as engineRateShrunk draws the rate, weight n/(n+engineShrinkN) on
+// its own, n its intercept samples up to their memory. The intercept takes
+// what the rate misses on the samples that set it (a cold prompt whose
+// steps were shared with other slots' decoding runs slower than the
+// rate's line says), so identical llama.cpp servers ended bench rounds at
+// 0.06 and 0.75 s, 0.12 and 0.31 s, where a cached question's first token
+// takes 50-100 ms; the one with the larger intercept then looked dearer
+// for every request. Other replicas are priced with the pool's model
+// (prefill) or their configured rate's fit, and keep own. Callers hold
+// fitMu.
+func (p *replica) overheadShrunk(own float64) float64 {
+	f := p.fleetPrefill
+	if !(loadF(&p.engRate) > 0) || p.specRate || f == nil || f.n.Load() == 0 {
+		return own
+	}
+	n := min(p.fit.n, 1/fitWeight)
+	if p.slots() > 0 {
+		n = min(float64(p.model.cleanN), 1/cleanOverWeight)
+	}
+	w := n / (n + engineShrinkN)
+	return w*own + (1-w)*loadF(&f.over)
 }
 
 // cleanWarmup: a replica's streamed answers before its samples join its

@@ -105,6 +105,7 @@ var ttftErrBuckets = [...]float64{0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8}
 type ttftModel struct {
 	errEWMA     atomic.Uint64 // float64 bits: mean |ln ratio| of TTFT predictions (errSlack is hot)
 	cleanN      int           // intercept samples without queueing (under replica.fitMu)
+	ownOver     float64       // the replica's own intercept, before overheadShrunk (under replica.fitMu)
 	streamed    int           // streamed answers sampled (under replica.fitMu)
 	pendBaseSet bool          // repHot.pendBase is set (Router write lock)
 
@@ -765,6 +766,33 @@ func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
 		storeF(&p.engRate, min(max(float64(tokens)/sec, rateFloor), rateCeil))
 	}
 }
+
+// engineRateShrunk is the engine-reported rate P_r is priced with: the
+// replica's own estimate (sampleEngineRate) drawn toward its pool's rate
+// (fleetPrefill's geometric mean over its replicas' updates) while it rests
+// on few busy periods: in log terms, weight n/(n+engineShrinkN) on its
+// own, n its periods up to the line's memory. A busy period that shares
+// its steps with other slots' decoding reads slower than the server
+// prefills alone, so a few periods are noise as much as speed: two
+// identical llama.cpp servers ended one bench round at 1,953 and 3,107
+// tokens/s, and a burst of a new shared prompt piled onto the one read
+// faster while the other had free slots. A replica that really is slower
+// still shows it once its own periods outweigh the pool.
+// 0 when the engine reports no rate. Callers hold fitMu.
+func (p *replica) engineRateShrunk() float64 {
+	own := loadF(&p.engRate)
+	f := p.fleetPrefill
+	if !(own > 0) || f == nil || f.n.Load() == 0 {
+		return own
+	}
+	n := min(p.model.engLine.n, 1/engineLineWeight)
+	w := n / (n + engineShrinkN)
+	return math.Exp(w*math.Log(own) + (1-w)*loadF(&f.logRate))
+}
+
+// engineShrinkN: the busy periods after which a replica's own engine rate
+// weighs as much as its pool's.
+const engineShrinkN = 16
 
 // enginePeriod folds one finished prefill busy period (x tokens in y
 // seconds) into the engine rate (sampleEngineRate). Callers hold fitMu.

@@ -1002,3 +1002,63 @@ func TestEnginePeriodsMergeOutOfOrder(t *testing.T) {
 		t.Fatalf("closed %v, want [{0 80 30} {150 160 5}]", d)
 	}
 }
+
+// TestEngineRateShrinksTowardPool: two replicas of one model whose engines
+// report 4,000 and 2,000 tokens/s. After a few busy periods each, the rates
+// they are priced with are nearer each other than their own estimates (a
+// few periods are noise as much as speed), and so are their overheads
+// (the second's first tokens come 0.2 s after its engine's prefill);
+// after 200 periods each, the slower one is priced near its own rate.
+func TestEngineRateShrinksTowardPool(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	speeds := []float64{4000, 2000}
+	extra := []float64{0, 0.2} // the second's first tokens come 0.2 s after its prefill
+	now := int64(1e9)
+	feed := func(periods int) {
+		for i := range periods {
+			for k, id := range ids {
+				tokens := 500 + 1500*(i%3)
+				req := &Request{Model: []byte("m"), PromptTokens: tokens, Now: now}
+				var f Flight
+				r.Begin(id, req, nil, &f)
+				sec := 0.02 + float64(tokens)/speeds[k]
+				ft := now + int64((sec+extra[k])*1e9)
+				r.FirstToken(&f, ft)
+				r.EndWith(&f, ft+1e8, Outcome{OK: true, CachedTokens: 0, PrefillTokens: tokens, PrefillSeconds: sec})
+				now = ft + 5e9 // far past the grace: each prefill its own period
+			}
+		}
+	}
+	priced := func() (own, got [2]float64) {
+		for i, st := range r.Replicas() {
+			own[i], got[i] = st.EnginePrefillRate, st.PrefillTokensPerSec
+		}
+		return
+	}
+	feed(4)
+	own, got := priced()
+	t.Logf("after 4 periods: own %.0f / %.0f, priced %.0f / %.0f", own[0], own[1], got[0], got[1])
+	if !(own[0]/own[1] > 1.5) {
+		t.Fatalf("own rates %.0f / %.0f: the engines' speeds not measured", own[0], own[1])
+	}
+	if !(got[0]/got[1] < 0.8*own[0]/own[1]) || !(got[1] > own[1]) || !(got[0] < own[0]) {
+		t.Fatalf("priced %.0f / %.0f, not drawn toward each other from %.0f / %.0f", got[0], got[1], own[0], own[1])
+	}
+	overs := func() (own, got [2]float64) {
+		for i, id := range ids {
+			own[i], got[i] = r.reps[id].model.ownOver, r.Replicas()[i].OverheadSeconds
+		}
+		return
+	}
+	ownO, gotO := overs()
+	t.Logf("overheads: own %.3f / %.3f, priced %.3f / %.3f", ownO[0], ownO[1], gotO[0], gotO[1])
+	if !(gotO[1] < ownO[1]-0.05) || !(gotO[0] > ownO[0]) {
+		t.Fatalf("overheads priced %.3f / %.3f, not drawn toward each other from %.3f / %.3f", gotO[0], gotO[1], ownO[0], ownO[1])
+	}
+	feed(196)
+	own, got = priced()
+	t.Logf("after 200 periods: own %.0f / %.0f, priced %.0f / %.0f", own[0], own[1], got[0], got[1])
+	if !(got[1] < 1.2*own[1]) || !(got[0]/got[1] > 1.6) {
+		t.Fatalf("priced %.0f / %.0f after 200 periods each, want near own %.0f / %.0f", got[0], got[1], own[0], own[1])
+	}
+}
