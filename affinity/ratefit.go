@@ -52,6 +52,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		p.fitted.Store(true)
 	}
 	storeF(&p.rate, rate)
+	nOver := min(p.fit.n, 1/fitWeight) // the intercept's samples, up to their memory
 	if s := p.slots(); s > 0 {
 		// With known slots the intercept comes from clean samples only:
 		// requests that found a free slot and no prefill queued ahead.
@@ -67,9 +68,10 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		} else if m.cleanN == 0 {
 			over = 0
 		}
+		nOver = min(float64(m.cleanN), 1/cleanOverWeight)
 	}
 	m.ownOver = over
-	storeF(&p.overhead, p.overheadShrunk(over))
+	storeF(&p.overhead, p.overheadShrunk(over, nOver))
 	// An engine's first answers carry its warm-up (graph capture, first
 	// allocations): they are not clean samples.
 	warm := p.model.streamed >= cleanWarmup
@@ -99,7 +101,8 @@ const cleanOverWeight = 0.1
 // overheadShrunk is the overhead O_r a replica whose engine reports its
 // prefill rate is priced with: its own intercept (own) drawn toward its
 // pool's as engineRateShrunk draws the rate, weight n/(n+engineShrinkN) on
-// its own, n its intercept samples up to their memory. The intercept takes
+// its own, n its intercept samples up to their memory (clean samples where
+// the slot count is known, else the fit's). The intercept takes
 // what the rate misses on the samples that set it (a cold prompt whose
 // steps were shared with other slots' decoding runs slower than the
 // rate's line says), so identical llama.cpp servers ended bench rounds at
@@ -108,16 +111,12 @@ const cleanOverWeight = 0.1
 // for every request. Other replicas are priced with the pool's model
 // (prefill) or their configured rate's fit, and keep own. Callers hold
 // fitMu.
-func (p *replica) overheadShrunk(own float64) float64 {
+func (p *replica) overheadShrunk(own, n float64) float64 {
 	f := p.fleetPrefill
 	if !(loadF(&p.engRate) > 0) || p.specRate || f == nil || f.n.Load() == 0 {
 		return own
 	}
-	n := min(p.fit.n, 1/fitWeight)
-	if p.slots() > 0 {
-		n = min(float64(p.model.cleanN), 1/cleanOverWeight)
-	}
-	w := n / (n + engineShrinkN)
+	w := ownWeight(n)
 	return w*own + (1-w)*loadF(&f.over)
 }
 

@@ -785,13 +785,16 @@ func (p *replica) engineRateShrunk() float64 {
 	if !(own > 0) || f == nil || f.n.Load() == 0 {
 		return own
 	}
-	n := min(p.model.engLine.n, 1/engineLineWeight)
-	w := n / (n + engineShrinkN)
+	w := ownWeight(min(p.model.engLine.n, 1/engineLineWeight))
 	return math.Exp(w*math.Log(own) + (1-w)*loadF(&f.logRate))
 }
 
-// engineShrinkN: the busy periods after which a replica's own engine rate
-// weighs as much as its pool's.
+// ownWeight is the weight of a replica's own estimate against its pool's
+// when it rests on n samples (engineRateShrunk, overheadShrunk).
+func ownWeight(n float64) float64 { return n / (n + engineShrinkN) }
+
+// engineShrinkN: the samples after which a replica's own estimate weighs
+// as much as its pool's.
 const engineShrinkN = 16
 
 // enginePeriod folds one finished prefill busy period (x tokens in y
