@@ -577,10 +577,12 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 	}
 	defer stopEngines()
 	url := "http://" + addrs[0]
-	adminURL := ""
+	adminURL, access := "", ""
 	switch {
 	case c.policy != "":
-		access := ""
+		// The access log is always written: the TTFT model's error is read
+		// from it (ttftErrorFromLog).
+		access = filepath.Join(tmp, logName+".jsonl")
 		if o.RouterLogs != "" {
 			access = filepath.Join(o.RouterLogs, logName+".jsonl")
 		}
@@ -634,6 +636,14 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 		// The router's own record of its TTFT model; a failed scrape
 		// leaves the row without it.
 		row.TTFTModel, row.Imbalance, _ = scrapeRouter(ctx, adminURL+"/metrics")
+		skip := 0
+		if warm != nil {
+			skip = len(warm.Requests)
+		}
+		if m, err := ttftErrorFromLog(access, skip, skip+len(w.Requests)); err == nil {
+			m.cum = row.TTFTModel.cum
+			row.TTFTModel = m
+		}
 		if o.RouterLogs != "" {
 			if err := saveURL(ctx, adminURL+"/debug/replicas", filepath.Join(o.RouterLogs, logName+".replicas.json")); err != nil {
 				return nil, fmt.Errorf("router logs: %w", err)

@@ -225,6 +225,11 @@ func TestRoutingRounds(t *testing.T) {
 				t.Fatalf("%s %s: pooled sent %d ok %d mean %g, rounds %+v", wl.Name, row.Config, row.Sent, row.OK, row.TTFT.Mean, row.Rounds)
 			}
 			if policy, ok := strings.CutPrefix(row.Config, "warmpath "); ok {
+				// The TTFT model's error is read from the access logs: one
+				// prediction per measured (streamed) request, rounds pooled.
+				if m := row.TTFTModel; !m.Exact || m.Checked != uint64(row.OK) || !(m.P10 > 0 && m.P10 <= m.P50 && m.P50 <= m.P90) || m.AbsP50 < 1 || m.AbsP90 < m.AbsP50 {
+					t.Fatalf("%s %s: TTFT model error %+v, want the exact figures of %d requests", wl.Name, row.Config, m, row.OK)
+				}
 				for i, rd := range row.Rounds {
 					// The router answered the warm-up too; the row counts
 					// only the measured requests.

@@ -97,7 +97,7 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 		"(every Nth request, or whole conversations), at the same arrival times.\n",
 		o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale)
 	if o.Warmup > 0 {
-		fmt.Fprintf(b, "\nWarm-up (`--warmup %d`): before its measured requests every row sends the first %d requests of the same workload drawn with another seed, at the same rate, through the same router to the same engines, and waits for them; they are not counted (the TTFT model's error table includes them).\n", o.Warmup, o.Warmup)
+		fmt.Fprintf(b, "\nWarm-up (`--warmup %d`): before its measured requests every row sends the first %d requests of the same workload drawn with another seed, at the same rate, through the same router to the same engines, and waits for them; they are not counted (nor in the TTFT model's error table, unless a row marked * there).\n", o.Warmup, o.Warmup)
 	}
 	for _, f := range r.Fleets {
 		fmt.Fprintf(b, "\n### Fleet %s\n\n%s.", f.Name, f.About)
@@ -380,13 +380,20 @@ func atMost1(xs []float64) int {
 // writeTTFTModel writes, per fleet, how far warmpath cost's TTFT model was
 // from the TTFTs it measured, pooled over that fleet's rows.
 func (r *Results) writeTTFTModel(b *bufio.Writer) {
-	fmt.Fprintf(b, "\n### The TTFT model's error per fleet\n\nFrom each `warmpath cost` row's own `/metrics` (`warmpath_affinity_ttft_prediction_ratio`: measured / predicted TTFT of every streamed request, all replicas): the median and 90th percentile of the ratio, each as the upper bound of its histogram bucket (0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8).\n\n")
-	fmt.Fprintf(b, "| fleet | workload | req/s | checked | p50 | p90 |\n|---|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "\n### The TTFT model's error per fleet\n\nMeasured / predicted TTFT of every streamed request of each `warmpath cost` row, all replicas, rounds pooled: "+
+		"read from the row's access log (the router's `predicted_ttft_ms` beside its `ttft_ms`, the measured requests only), the ratio's 10th, 50th and 90th percentiles, "+
+		"and the error's size whichever way it misses (exp |ln ratio|: 1.25 is a quarter over or a fifth under). "+
+		"A row marked * had no readable log: its figures are the router's `warmpath_affinity_ttft_prediction_ratio` histogram (warm-up included), each the upper bound of its bucket (0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8).\n\n")
+	fmt.Fprintf(b, "| fleet | workload | req/s | checked | ratio p10 | p50 | p90 | error p50 | error p90 |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, h := range r.headline() {
 		if h.cost == nil || h.cost.TTFTModel.Checked == 0 {
 			continue
 		}
 		m := h.cost.TTFTModel
-		fmt.Fprintf(b, "| %s | %s | %g | %d | %s | %s |\n", h.fleet, h.workload, h.rps, m.Checked, fmtRatio(m.P50), fmtRatio(m.P90))
+		if !m.Exact {
+			fmt.Fprintf(b, "| %s | %s | %g | %d* | — | %s | %s | — | — |\n", h.fleet, h.workload, h.rps, m.Checked, fmtRatio(m.P50), fmtRatio(m.P90))
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %s | %g | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", h.fleet, h.workload, h.rps, m.Checked, m.P10, m.P50, m.P90, m.AbsP50, m.AbsP90)
 	}
 }

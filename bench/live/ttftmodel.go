@@ -1,7 +1,9 @@
 package live
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -13,32 +15,54 @@ import (
 	"time"
 )
 
-// TTFTModelError summarises warmpath's warmpath_affinity_ttft_prediction_ratio
-// histogram (measured / predicted TTFT of streamed requests, every replica
-// summed): how many predictions were checked and the ratio's median and
-// 90th percentile, each read as the upper bound of the bucket it falls in
-// (-1 past the last finite bound, 8: JSON has no +Inf).
+// TTFTModelError is how far warmpath's TTFT predictions were from the TTFTs
+// it measured (measured / predicted, streamed requests, every replica):
+// how many predictions were checked, and the ratio's median and 90th
+// percentile. Exact: read from the row's access log, the measured
+// requests only (their predicted_ttft_ms and ttft_ms), with P10 and the
+// error's size whichever way it misses (AbsP50, AbsP90: exp|ln ratio|, 1
+// is exact, 1.25 a quarter over or a fifth under). Otherwise from the
+// router's warmpath_affinity_ttft_prediction_ratio histogram (warm-up
+// included), each quantile read as the upper bound of the bucket it falls
+// in (-1 past the last finite bound, 8: JSON has no +Inf).
 type TTFTModelError struct {
-	Checked  uint64
-	P50, P90 float64
+	Checked        uint64
+	P50, P90       float64
+	Exact          bool    `json:",omitempty"`
+	P10            float64 `json:",omitempty"`
+	AbsP50, AbsP90 float64 `json:",omitempty"`
 
-	cum map[float64]float64 // cumulative count per bucket bound, for merge
+	cum    map[float64]float64 // cumulative count per bucket bound, for merge
+	ratios []float64           // Exact: every ratio, for merge
 }
 
-// merge pools two histograms' buckets (rows of several rounds).
+// merge pools two rows' predictions (rows of several rounds): their
+// ratios when both are exact, else their histograms' buckets (both keep
+// them: an exact row has its histogram too, when it was scraped).
 func (e TTFTModelError) merge(o TTFTModelError) TTFTModelError {
-	if len(o.cum) == 0 {
+	if o.Checked == 0 && len(o.cum) == 0 {
 		return e
 	}
-	if len(e.cum) == 0 {
+	if e.Checked == 0 && len(e.cum) == 0 {
 		return o
 	}
-	cum := make(map[float64]float64, len(e.cum))
-	for b, n := range e.cum {
-		cum[b] = n
+	var cum map[float64]float64
+	if len(e.cum) > 0 && len(o.cum) > 0 {
+		cum = make(map[float64]float64, len(e.cum))
+		for b, n := range e.cum {
+			cum[b] = n
+		}
+		for b, n := range o.cum {
+			cum[b] += n
+		}
 	}
-	for b, n := range o.cum {
-		cum[b] += n
+	if e.Exact && o.Exact {
+		out := summarizeRatios(append(slices.Clip(e.ratios), o.ratios...))
+		out.cum = cum
+		return out
+	}
+	if cum == nil { // one round had neither its log nor its histogram
+		return TTFTModelError{}
 	}
 	return summarizeRatio(cum)
 }
@@ -153,6 +177,86 @@ func summarizeRatio(cum map[float64]float64) TTFTModelError {
 		out.P50, out.P90 = q(0.5), q(0.9)
 	}
 	return out
+}
+
+// summarizeRatios is the exact TTFTModelError of measured / predicted
+// ratios (all > 0).
+func summarizeRatios(ratios []float64) TTFTModelError {
+	out := TTFTModelError{Checked: uint64(len(ratios)), Exact: true, ratios: ratios}
+	if len(ratios) == 0 {
+		return out
+	}
+	r := slices.Sorted(slices.Values(ratios))
+	abs := make([]float64, len(r))
+	for i, x := range r {
+		abs[i] = math.Exp(math.Abs(math.Log(x)))
+	}
+	slices.Sort(abs)
+	out.P10, out.P50, out.P90 = quantile(r, 0.1), quantile(r, 0.5), quantile(r, 0.9)
+	out.AbsP50, out.AbsP90 = quantile(abs, 0.5), quantile(abs, 0.9)
+	return out
+}
+
+// quantile is the p-quantile of sorted x (nearest rank).
+func quantile(x []float64, p float64) float64 {
+	i := int(math.Ceil(p*float64(len(x)))) - 1
+	return x[min(max(i, 0), len(x)-1)]
+}
+
+// ttftErrorFromLog reads a row's access log (JSON lines, log.format json)
+// for the TTFT model's error over its measured requests: the first skip
+// request lines are the warm-up's (it finishes before the measured
+// requests begin), and want is how many request lines the row makes in
+// all. The router writes its lines from a queue, so the last ones may
+// land just after the load generator has its answers: the log is read
+// again until it has want lines, for at most two seconds. Requests
+// without a prediction (buffered answers, a failure) are not checked.
+func ttftErrorFromLog(path string, skip, want int) (TTFTModelError, error) {
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		m, lines, err := readTTFTLog(path, skip)
+		if err != nil || lines >= want || time.Now().After(deadline) {
+			return m, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// readTTFTLog is one read of ttftErrorFromLog's log; lines counts its
+// request lines, the skipped ones included.
+func readTTFTLog(path string, skip int) (_ TTFTModelError, lines int, _ error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return TTFTModelError{}, 0, err
+	}
+	defer f.Close()
+	var ratios []float64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l struct {
+			Msg       string  `json:"msg"`
+			Status    int     `json:"status"`
+			TTFT      float64 `json:"ttft_ms"`
+			Predicted float64 `json:"predicted_ttft_ms"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) != nil || l.Msg != "request" {
+			continue
+		}
+		if lines++; skip > 0 {
+			skip--
+			continue
+		}
+		if l.Status == 200 && l.TTFT > 0 && l.Predicted > 0 {
+			ratios = append(ratios, l.TTFT/l.Predicted)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return TTFTModelError{}, lines, err
+	}
+	if len(ratios) == 0 {
+		return TTFTModelError{}, lines, fmt.Errorf("%s: no request with a predicted TTFT", path)
+	}
+	return summarizeRatios(ratios), lines, nil
 }
 
 // fmtRatio prints a TTFTModelError quantile.

@@ -1,8 +1,14 @@
 package live
 
 import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseTTFTModel(t *testing.T) {
@@ -57,3 +63,52 @@ func TestTTFTModelMerge(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// The exact error comes from the access log: warm-up lines skipped, lines
+// without a prediction or not requests ignored, quantiles by nearest rank,
+// and a line the router writes late (its queue) still counted.
+func TestTTFTErrorFromLog(t *testing.T) {
+	line := func(ttft, pred float64) string {
+		return fmt.Sprintf(`{"time":"x","level":"INFO","msg":"request","status":200,"ttft_ms":%g,"predicted_ttft_ms":%g}`+"\n", ttft, pred)
+	}
+	var b strings.Builder
+	b.WriteString(line(1000, 1)) // warm-up: a ratio of 1000, skipped
+	b.WriteString(line(1000, 1))
+	b.WriteString(`{"msg":"reloaded"}` + "\n")
+	for _, r := range []float64{0.5, 0.8, 1, 1, 1.1, 1.2, 1.25, 1.5, 2} {
+		b.WriteString(line(100*r, 100))
+	}
+	b.WriteString(`{"msg":"request","status":200,"ttft_ms":5,"predicted_ttft_ms":0}` + "\n") // buffered: no prediction
+	b.WriteString(`{"msg":"request","status":502,"ttft_ms":0,"predicted_ttft_ms":40}` + "\n")
+	path := filepath.Join(t.TempDir(), "row.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The last line comes late, as from the router's writer goroutine.
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err == nil {
+			f.WriteString(line(400, 100)) // ratio 4
+			f.Close()
+		}
+	}()
+	m, err := ttftErrorFromLog(path, 2, 14)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ratios 0.5 0.8 1 1 1.1 1.2 1.25 1.5 2 4: p10 the 1st, p50 the 5th,
+	// p90 the 9th; |errors| 1 1 1.1 1.2 1.25 1.25 1.5 2 2 4: p50 1.25, p90 2.
+	if !m.Exact || m.Checked != 10 || m.P10 != 0.5 || m.P50 != 1.1 || m.P90 != 2 || m.AbsP50 != 1.25 || math.Abs(m.AbsP90-2) > 1e-12 {
+		t.Fatalf("%+v", m)
+	}
+	// Rounds pool their ratios.
+	// Pooled: 0.5 0.8, twelve 1s, 1.1 1.2 1.25 1.5 2 4: p50 the 10th, p90 the 18th.
+	m2 := summarizeRatios([]float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1})
+	if p := m.merge(m2); !p.Exact || p.Checked != 20 || p.P50 != 1 || p.P90 != 1.5 || len(m.ratios) != 10 {
+		t.Fatalf("merged %+v", p)
+	}
+	if _, err := ttftErrorFromLog(filepath.Join(t.TempDir(), "none.jsonl"), 0, 1); err == nil {
+		t.Fatal("no log: want an error")
+	}
+}
