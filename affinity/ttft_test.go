@@ -1062,3 +1062,77 @@ func TestEngineRateShrinksTowardPool(t *testing.T) {
 		t.Fatalf("priced %.0f / %.0f after 200 periods each, want near own %.0f / %.0f", got[0], got[1], own[0], own[1])
 	}
 }
+
+// TestPrefillAttentionLearned: an engine whose prefill time grows with the
+// square of the context (llama.cpp's timings on a small model: a 4,000-token
+// cold prompt costs 20x its per-token work, 60 new tokens after 4,000 cached
+// 13x theirs) teaches the pool its attention term γ from requests that ran
+// alone, and with it cold prompts of 1,000 and 4,000 tokens are predicted
+// within a fifth of their time and a short cached question within half,
+// where the linear price missed by 2x and more. An engine whose prefill is
+// linear learns no term, and is priced as before.
+func TestPrefillAttentionLearned(t *testing.T) {
+	const perTok, perPair, base = 1.0 / 30000, 8e-8, 0.005
+	seed := uint64(7)
+	noise := func() float64 { // ±4%, deterministic
+		seed = seed*6364136223846793005 + 1442695040888963407
+		return 0.96 + 0.08*float64(seed>>11)/float64(1<<53)
+	}
+	feed := func(r *Router, id ReplicaID, now *int64, quad float64, n int) {
+		shapes := [][2]int{{500, 0}, {1000, 0}, {2000, 0}, {4000, 0}, {40, 2000}, {80, 4000}, {300, 3000}, {1500, 1000}}
+		for i := range n {
+			s := shapes[i%len(shapes)]
+			u, c := float64(s[0]), float64(s[1])
+			sec := (base + u*perTok + quad*u*(c+u/2)) * noise()
+			var f Flight
+			r.Begin(id, &Request{Model: []byte("m"), PromptTokens: s[0] + s[1], Now: *now}, nil, &f)
+			ft := *now + int64((sec+0.001)*1e9)
+			r.FirstToken(&f, ft)
+			r.EndWith(&f, ft+1e8, Outcome{OK: true, CachedTokens: s[1], PromptTokens: s[0] + s[1], PrefillTokens: s[0], PrefillSeconds: sec})
+			*now = ft + 5e9 // alone: each prefill its own busy period
+		}
+	}
+	// predicted is the model's TTFT for u uncached tokens after c cached on
+	// an idle replica, as Begin prices it.
+	predicted := func(r *Router, id ReplicaID, u, c float64) float64 {
+		h := r.hotOf(id)
+		return h.predictTTFT(h.effTokens(u, c), 0)
+	}
+
+	r, ids := buildRouter(t, Config{}, state{n: 2})
+	now := int64(1e9)
+	feed(r, ids[0], &now, perPair, 120)
+	feed(r, ids[1], &now, perPair, 120)
+	want := perPair / perTok
+	st := r.Replicas()[0]
+	t.Logf("γ learned %.3g, true %.3g; rate %.0f, overhead %.4f s", st.PrefillAttention, want, st.PrefillTokensPerSec, st.OverheadSeconds)
+	// Cold prompts within a fifth; the cached question (26 ms) within half:
+	// a 2% error in γ moves a 4,000-token prompt's price by 10 ms, which the
+	// intercept takes. Priced linearly (γ held at 0) the same engine gives
+	// 1000 cold 2.1x and the cached question 0.38x their times.
+	for _, tc := range []struct{ u, c, tol float64 }{{4000, 0, 0.2}, {1000, 0, 0.2}, {60, 4000, 0.5}} {
+		truth := base + 0.001 + tc.u*perTok + perPair*tc.u*(tc.c+tc.u/2)
+		got := predicted(r, ids[0], tc.u, tc.c)
+		t.Logf("%g uncached after %g cached: predicted %.3f s, true %.3f s", tc.u, tc.c, got, truth)
+		if math.Abs(got/truth-1) > tc.tol {
+			t.Errorf("%g uncached after %g cached: predicted %.3f s, true %.3f s", tc.u, tc.c, got, truth)
+		}
+	}
+	if g := st.PrefillAttention; math.Abs(g/want-1) > 0.2 {
+		t.Fatalf("γ = %.3g, want %.3g within 20%%", g, want)
+	}
+
+	// A linear engine: no attention term, prices as the linear model.
+	r2, ids2 := buildRouter(t, Config{}, state{n: 1})
+	now = 1e9
+	feed(r2, ids2[0], &now, 0, 120)
+	if g := r2.Replicas()[0].PrefillAttention; g > 1e-5 {
+		t.Fatalf("linear engine: γ = %.3g, want about 0", g)
+	}
+	for _, tc := range []struct{ u, c float64 }{{4000, 0}, {60, 4000}} {
+		truth := base + 0.001 + tc.u*perTok
+		if got := predicted(r2, ids2[0], tc.u, tc.c); math.Abs(got/truth-1) > 0.25 {
+			t.Fatalf("linear engine, %g uncached after %g cached: predicted %.3f s, true %.3f s", tc.u, tc.c, got, truth)
+		}
+	}
+}
