@@ -115,7 +115,6 @@ type Flight struct {
 	FirstTokenAt   int64 // 0 until FirstToken is called
 
 	predCached int     // the index's predicted cached tokens at Begin, undiscounted
-	work       int     // UncachedTokens' prefill work in tokens at the replica's rate (repHot.effTokens), in its pending prefill
 	gen        uint32  // replica generation at Begin (IDs are reused)
 	newBlocks  int32   // blocks Begin inserted speculatively
 	queued     int64   // replica's pending prefill tokens at Begin
@@ -158,7 +157,7 @@ type Policy interface {
 //	func (r *Router) ResetCache(id ReplicaID)              // engine restarted: forget its cached prefixes
 //	func (r *Router) Decide(req *Request, d *Decision) error // ErrModelNotFound / ErrNoReplica
 //	func (r *Router) Begin(id ReplicaID, req *Request, d *Decision, f *Flight) // speculative index insert, in-flight++
-//	func (r *Router) FirstToken(f *Flight, now int64)       // prefill done: pending prefill -= its work (f.UncachedTokens priced), rate measured
+//	func (r *Router) FirstToken(f *Flight, now int64)       // prefill done: pending prefill -= f.UncachedTokens, rate measured
 //	func (r *Router) End(f *Flight, now int64, cachedTokens int, ok bool) // cachedTokens<0: unknown; else corrects the index
 //	func (r *Router) EndWith(f *Flight, now int64, o Outcome)  // End with the engine's own timings (llama.cpp)
 //	func (r *Router) Models() []string                      // union over healthy replicas (allocates; not hot path)

@@ -59,14 +59,10 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		hit = min(hit+loadF(&r.contCredit), float64(req.PromptTokens))
 	}
 	unc := max(req.PromptTokens-int(p.confidence()*hit), 0)
-	// Its prefill work in tokens at the replica's rate (effTokens): what
-	// it adds to the replica's pending prefill and its predicted TTFT.
-	work := int(p.effTokens(float64(unc), float64(req.PromptTokens-unc)) + 0.5)
 	wait := p.slotWait(p.totalInFlight(), req.Now)
 	*f = Flight{
 		Replica:        id,
 		UncachedTokens: unc,
-		work:           work,
 		PromptTokens:   req.PromptTokens,
 		predCached:     cached,
 		Start:          req.Now,
@@ -74,7 +70,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		queued:         p.totalPending(),
 		newBlocks:      int32(len(hs) - held),
 		buffered:       req.Buffered,
-		predTTFT:       p.predictTTFT(float64(work), req.Now),
+		predTTFT:       p.predictTTFT(float64(unc), req.Now),
 		slotWait:       wait,
 		busy:           int32(min(p.totalInFlight(), 1<<30)),
 	}
@@ -84,12 +80,12 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	f.cont = cont
 	f.slotSeq = seq
 	p.inFlight.Add(1)
-	p.pending.Add(int64(work))
+	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
 	p.pend(f)
 	r.promptTokens.Add(uint64(max(req.PromptTokens, 0)))
 	r.cachedTokens.Add(uint64(cached))
-	ewma(&p.uncachedAvg, float64(work), 0.1)
+	ewma(&p.uncachedAvg, float64(unc), 0.1)
 	if r.onBegin != nil {
 		r.onBegin.OnBegin(id, req)
 	}
@@ -112,7 +108,7 @@ func (r *Router) live(f *Flight) *replica {
 }
 
 // FirstToken records the end of prefill: the replica's pending prefill drops
-// by the flight's prefill work (f.UncachedTokens in tokens at its rate). Its time is kept in f: End, once the engine's real
+// by f.UncachedTokens. Its time is kept in f: End, once the engine's real
 // cached tokens are known, gives the replica's rate fit the sample (tokens
 // queued ahead at Begin + the real uncached tokens, FirstTokenAt - Start),
 // unless the request was Buffered (see rateFit and sampleRate).
@@ -127,7 +123,7 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	if p == nil {
 		return
 	}
-	p.pending.Add(-int64(f.work))
+	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
 	p.unpend(f)
 	p.decStart.Add(f.FirstTokenAt - p.pendBase.Load())
@@ -245,7 +241,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		f.decoding = false
 	}
 	if f.FirstTokenAt == 0 {
-		p.pending.Add(-int64(f.work))
+		p.pending.Add(-int64(f.UncachedTokens))
 		p.pendingReqs.Add(-1)
 		p.unpend(f)
 	} else if ok {

@@ -5,16 +5,14 @@ import "math"
 // CostPolicy (the default) ranks by estimated time to first token plus the
 // delay the request's own prefill imposes on the requests queued behind it:
 //
-//	est_r = O_r + max(slotWait_r, backlog_r) + Q_r / P_r + E_r / P_r   the TTFT model (ttft.go)
-//	      + (X_r - 1) * E_r / P_r                                       externality: the queue it delays
+//	est_r = O_r + max(slotWait_r, backlog_r) + Q_r / P_r + (T - c_r C_r) / P_r   the TTFT model (ttft.go)
+//	      + (X_r - 1) * (T - c_r C_r) / P_r                                       externality: the queue it delays
 //	      + max(LoadPenaltySeconds, β_r) * B_r / W_r                               decode work sharing the batch
 //	      + KVPenaltySeconds * max(0, (U_r - KVHighWater) / (1 - KVHighWater))
 //
 // slotWait_r the expected wait for a batch slot, backlog_r how far this
 // router's pending requests there are past their predictions, Q_r queued
-// prefill tokens (Load.QueuedTokens), E_r = effTokens(T - c_r C_r, c_r C_r)
-// its own uncached tokens' prefill work (with the attention term γ, once
-// learned: u(1 + γ(c + u/2)); else u), P_r and O_r the prefill rate and
+// prefill tokens (Load.QueuedTokens), P_r and O_r the prefill rate and
 // overhead it is priced with (configured or engine-reported, else pooled
 // over the replicas serving its model: replica.prefill), T the request's
 // prompt tokens, C_r its predicted cached prefix on r (the index's match, plus the measured
@@ -126,7 +124,6 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		if c != 0 {
 			e.unc = max(t-h.confidence()*c, 0)
 		}
-		e.unc = h.effTokens(e.unc, t-e.unc) // its prefill work at P_r (attention)
 		e.inv = inv
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
 		e.pen = max(cfg.LoadPenaltySeconds, h.busyCost()) * float64(busy) * h.invWeight
@@ -262,7 +259,7 @@ type costCand struct {
 	busy       int64   // B_r
 	slots      int64   // S_r
 	over       float64 // O_r
-	unc        float64 // E_r: T - c_r C_r (at least 0) as prefill work
+	unc        float64 // T - c_r C_r, at least 0
 	inv        float64 // 1 / P_r
 	qinv       float64 // Q_r / P_r
 	pen        float64 // the load penalty

@@ -14,30 +14,18 @@ package affinity
 // slot wait; every request gives a slot-time sample, and a
 // streamed one checks the TTFT prediction made at Begin.
 func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
-	// The prefill's work in tokens at the rate (effTokens), from the
-	// engine's cached count where known.
-	work := float64(f.work)
+	uncached := f.UncachedTokens
 	if o.CachedTokens >= 0 {
-		u := max(0, f.PromptTokens-o.CachedTokens)
-		work = p.effTokens(float64(u), float64(o.CachedTokens))
+		uncached = max(0, f.PromptTokens-o.CachedTokens)
 	}
 	if o.PrefillSeconds > 0 {
-		// The attention term is learned from requests that prefilled
-		// alone; every engine-timed prefill feeds the rate, in work.
-		if fp := p.fleetPrefill; fp != nil && f.busy == 0 && f.queued == 0 && o.CachedTokens >= 0 {
-			fp.sampleAttn(float64(o.PrefillTokens), float64(o.CachedTokens), o.PrefillSeconds)
-		}
-		ptok := float64(o.PrefillTokens)
-		if o.CachedTokens >= 0 {
-			ptok = p.effTokens(ptok, float64(o.CachedTokens))
-		}
-		p.sampleEngineRate(int(ptok+0.5), o.PrefillSeconds, f.FirstTokenAt)
+		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds, f.FirstTokenAt)
 	}
 	switch priced, _ := p.prefill(); {
 	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
 		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
 	case f.FirstTokenAt != 0 && !f.buffered:
-		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + work/priced)
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/priced)
 	default:
 		p.sampleSlot(float64(now-f.Start)/1e9 - f.slotWait)
 	}
@@ -57,7 +45,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	y := max(dt-f.slotWait, dt/4)
 	rate, over0 := p.ownPrefill()
 	p.fitMu.Lock()
-	rate, over := p.fit.add(float64(f.queued)+work, y, rate, over0, p.engineRateShrunk())
+	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, p.engineRateShrunk())
 	m := &p.model
 	if !p.fitted.Load() {
 		m.ownOver = over0
@@ -73,7 +61,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		// intercept is inflated gets no traffic to correct it.
 		over = m.ownOver
 		if f.queued == 0 && int64(f.busy) < s {
-			over = max(dt-work/rate, 0)
+			over = max(dt-float64(uncached)/rate, 0)
 			if m.cleanN++; m.cleanN > 1 {
 				over = m.ownOver + cleanOverWeight*(over-m.ownOver)
 			}
@@ -91,7 +79,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	p.fitMu.Unlock()
 	p.fleetPrefill.sample(rate, over)
 	if clean && warm {
-		p.fleetPrefill.sampleClean(work, dt)
+		p.fleetPrefill.sampleClean(float64(uncached), dt)
 	}
 	// What the model left unexplained, against the requests the replica
 	// had, for the pool's busy line (β); a request that waited for a batch

@@ -30,7 +30,6 @@ type ReplicaStatus struct {
 	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
 	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
 	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
-	PrefillAttention     float64   // γ: its pool's attention work per uncached token and token of context, in per-token work (effTokens); 0 = none learned
 	SlotCaches           bool      // hits predicted by the slot model (CacheSlots, or discovered), not the prefix index
 	TTFT                 TTFTStats // predicted vs measured TTFT
 }
@@ -75,7 +74,6 @@ func (r *Router) Replicas() []ReplicaStatus {
 			EnginePrefillRate: loadF(&p.engRate),
 			Confidence:        p.confidence(),
 			BusyCostSeconds:   p.busyCost(),
-			PrefillAttention:  p.attention(),
 			SlotCaches:        p.slotMode.Load(),
 			TTFT:              p.ttftStats(),
 		})

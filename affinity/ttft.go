@@ -13,9 +13,7 @@ import (
 //	slotWait_r(B) = B >= S_r ? (B - S_r + 1) * D_r / S_r : 0
 //
 // x the prefill tokens ahead of and including the request's own uncached
-// tokens, each request's counted as its prefill work (effTokens: with the
-// attention term γ once the pool's engine timings show one), B the
-// requests already on the replica, S_r its batch slots (the
+// tokens, B the requests already on the replica, S_r its batch slots (the
 // engine's max_num_seqs, llama.cpp's total_slots), D_r the mean time a
 // request holds a slot (its prefill and decode: decode-bound, unlike the
 // prefill queue), O_r and P_r the fitted overhead and prefill rate. Queued
@@ -303,10 +301,8 @@ func (p *replica) sampleEarlyHit(f *Flight) {
 	// UncachedTokens of its c tokens): the TTFTs with all of it and
 	// with none, so that a confidence already low still learns.
 	rate, _ := p.prefill()
-	pt := float64(f.PromptTokens)
-	all := p.effTokens(pt-c, c) // the work with all of the hit
-	withHit := max(f.predTTFT-(float64(f.work)-all)/rate, p.errFloor())
-	without := withHit + (p.effTokens(pt, 0)-all)/rate
+	withHit := max(f.predTTFT-(c-float64(f.PromptTokens-f.UncachedTokens))/rate, p.errFloor())
+	without := withHit + c/rate
 	dt := float64(f.FirstTokenAt-f.Start) / 1e9
 	x := 1.0
 	if dt*dt > withHit*without {
@@ -452,11 +448,6 @@ type fleetPrefill struct {
 	// replica of the pool adds to a new one's (busyFit; 0 until known).
 	busyCost atomic.Uint64
 
-	// attn: float64 bits, γ, the prefill's attention work per uncached
-	// token and token of context, in units of its per-token work (attnFit;
-	// 0 until learned): see effTokens.
-	attn atomic.Uint64
-
 	// mu orders the writers of rate and over, and guards clean, the
 	// pool's line over clean samples (cleanOK: that line gives them), and
 	// busyFit.
@@ -465,7 +456,6 @@ type fleetPrefill struct {
 	cleanOK bool
 	busyFit moments
 	busyYY  float64 // the busy line's mean y*y, weighted as busyFit
-	attnFit attnFit
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
@@ -684,111 +674,6 @@ func (p *repHot) predictWith(rate, over, unc float64, now int64) float64 {
 func (p *repHot) predictWithSlots(rate, over, unc float64, s, now int64) float64 {
 	return over + p.slotWaitSlots(s, p.totalInFlight(), now) +
 		(float64(max(p.totalPending(), 0))+unc)/rate
-}
-
-// effTokens is the prefill work of u uncached tokens after c cached ones,
-// in tokens at P_r: u * (1 + γ(c + u/2)), γ the pool's attention term
-// (fleetPrefill.attn). A prefill token attends to every token before it,
-// so a prompt's attention work grows with its square (about u(c + u/2)
-// query-key pairs), beside its per-token work: on a 7-8B model at a few
-// thousand tokens a small share, on a long context or a small model most
-// of it (a tiny llama.cpp model: a 4,000-token prompt 7x its 1,000-token
-// start's time, 60 new tokens after 4,000 cached 15x those tokens alone).
-// Priced linearly, long cold prompts look cheap and short cached ones
-// dear, and the intercept takes the difference. γ is 0, and effTokens u,
-// until the pool's engines have reported prefill timings that show it.
-func (p *repHot) effTokens(u, c float64) float64 {
-	if f := p.fleetPrefill; f != nil {
-		if g := loadF(&f.attn); g > 0 && u > 0 {
-			return u * (1 + g*(max(c, 0)+u/2))
-		}
-	}
-	return u
-}
-
-// attention is γ, p's pool's attention term (0: none learned).
-func (p *repHot) attention() float64 {
-	if f := p.fleetPrefill; f != nil {
-		return loadF(&f.attn)
-	}
-	return 0
-}
-
-// sampleAttn folds one request's engine-reported prefill (u uncached
-// tokens after c cached, sec seconds) into the pool's attention fit. Only
-// a request that met nothing on its replica (no other request busy there,
-// nothing queued) times its own prefill alone.
-func (f *fleetPrefill) sampleAttn(u, c, sec float64) {
-	if !(u >= engineRateMinTokens) || !(sec >= attnMinSeconds) || c < 0 {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if g, ok := f.attnFit.add(u, u*(c+u/2), sec); ok {
-		storeF(&f.attn, g)
-	}
-}
-
-// attnFit fits a prefill's engine-reported time t to a + b·u + g·A over
-// requests that ran alone (u uncached tokens, A = u(c + u/2) the attention
-// pairs after c cached ones), least squares on the relative error (each
-// sample's row divided by its t: a 50 ms cached question counts as much
-// as a 2 s cold prompt), with a decaying memory; γ = g/b. u is taken in
-// thousands and A in millions so the normal equations stay well scaled.
-type attnFit struct {
-	m [6]float64 // Σ w x_i x_j, upper triangle: 00 01 02 11 12 22
-	v [3]float64 // Σ w x_i
-	n float64    // samples, up to the memory
-}
-
-const (
-	attnWeight     = 0.02 // the fit remembers about 50 samples
-	attnMinSamples = 16   // before which γ stays 0
-	attnMinSeconds = 1e-3 // shorter prefills are timer noise
-	attnMax        = 0.01 // γ's bound: past any engine measured
-)
-
-// add folds a sample and returns γ once the fit has attnMinSamples and a
-// well-conditioned spread of sizes; γ is 0 when the fit finds no positive
-// attention term (a linear engine), and ok false while it cannot say.
-func (a *attnFit) add(u, pairs, t float64) (gamma float64, ok bool) {
-	x := [3]float64{1 / t, u / 1e3 / t, pairs / 1e6 / t}
-	for i := range a.m {
-		a.m[i] *= 1 - attnWeight
-	}
-	for i := range a.v {
-		a.v[i] *= 1 - attnWeight
-	}
-	a.m[0] += x[0] * x[0]
-	a.m[1] += x[0] * x[1]
-	a.m[2] += x[0] * x[2]
-	a.m[3] += x[1] * x[1]
-	a.m[4] += x[1] * x[2]
-	a.m[5] += x[2] * x[2]
-	a.v[0] += x[0]
-	a.v[1] += x[1]
-	a.v[2] += x[2]
-	a.n = min(a.n+1, 1/attnWeight)
-	if a.n < attnMinSamples {
-		return 0, false
-	}
-	// Cramer's rule on the symmetric 3x3 system.
-	m00, m01, m02, m11, m12, m22 := a.m[0], a.m[1], a.m[2], a.m[3], a.m[4], a.m[5]
-	c00 := m11*m22 - m12*m12
-	c01 := m02*m12 - m01*m22
-	c02 := m01*m12 - m02*m11
-	det := m00*c00 + m01*c01 + m02*c02
-	// A spread of sizes too narrow to separate the terms: the determinant
-	// vanishes against the diagonal's product.
-	if !(math.Abs(det) > 1e-9*m00*m11*m22) {
-		return 0, false
-	}
-	b := (a.v[0]*c01 + a.v[1]*(m00*m22-m02*m02) + a.v[2]*(m01*m02-m00*m12)) / det
-	g := (a.v[0]*c02 + a.v[1]*(m01*m02-m00*m12) + a.v[2]*(m00*m11-m01*m01)) / det
-	if !(b > 0) || !(g > 0) {
-		return 0, true
-	}
-	return min(g/b*1e-3, attnMax), true
 }
 
 // clamp32 is n as an int32, saturated.

@@ -459,8 +459,7 @@ type AffinityStatus struct {
 	// holds one, fitted overhead, the engine's own prefill rate (0 = not
 	// reported), trust in predicted hits (the realised share of them,
 	// 0..1), the TTFT each request already on the replica adds to a new
-	// one's (learned over its pool; 0 = not yet), the prefill's attention
-	// term γ (its pool's, from engine timings; 0 = none learned), and TTFT predictions
+	// one's (learned over its pool; 0 = not yet), and TTFT predictions
 	// checked with their mean |ln(predicted / measured TTFT)|. CacheModel
 	// is how hits are predicted: "shared" (the prefix index) or "slots"
 	// (the replica's per-slot caches replayed: llama.cpp).
@@ -471,7 +470,6 @@ type AffinityStatus struct {
 	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
 	Confidence          float64 `json:"confidence"`
 	BusyCostSeconds     float64 `json:"busy_cost_seconds"`
-	PrefillAttention    float64 `json:"prefill_attention_per_token"`
 	TTFTPredictions     uint64  `json:"ttft_predictions"`
 	TTFTMeanAbsLogError float64 `json:"ttft_mean_abs_log_error"`
 }
@@ -535,7 +533,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
 				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
-				BusyCostSeconds: finite(a.BusyCostSeconds), PrefillAttention: finite(a.PrefillAttention), CacheModel: cacheModelName(a.SlotCaches),
+				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches),
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
