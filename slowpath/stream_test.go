@@ -109,6 +109,9 @@ func (e *rawEngine) serve(c net.Conn) {
 		e.mu.Lock()
 		pieces, gap, closing, half, next := e.pieces, e.gap, e.close, e.half, e.next
 		e.mu.Unlock()
+		if half {
+			corkForFIN(c) // the answer's last bytes leave with the FIN
+		}
 		for i, p := range pieces {
 			switch {
 			case i > 0 && next != nil:
