@@ -111,4 +111,21 @@ func TestTTFTErrorFromLog(t *testing.T) {
 	if _, err := ttftErrorFromLog(filepath.Join(t.TempDir(), "none.jsonl"), 0, 1); err == nil {
 		t.Fatal("no log: want an error")
 	}
+	// A log that holds only the warm-up when first read: its measured
+	// lines, written late, are still what it reports.
+	late := filepath.Join(t.TempDir(), "late.jsonl")
+	if err := os.WriteFile(late, []byte(line(1000, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		f, err := os.OpenFile(late, os.O_APPEND|os.O_WRONLY, 0)
+		if err == nil {
+			f.WriteString(line(150, 100) + line(50, 100))
+			f.Close()
+		}
+	}()
+	if m, err := ttftErrorFromLog(late, 1, 3); err != nil || m.Checked != 2 || m.P90 != 1.5 {
+		t.Fatalf("late measured lines: %+v, %v", m, err)
+	}
 }
