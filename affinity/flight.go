@@ -304,20 +304,62 @@ func (r *Router) finishedTail(h uint64, id ReplicaID) bool {
 // replica's uncached tokens.
 func (r *Router) ContinuationCredit() float64 { return loadF(&r.contCredit) }
 
-// pend adds f, just begun, to the pending sums. Called with the Router's
-// write lock held.
+// pendEntry is one request of replica.pendQ.
+type pendEntry struct {
+	start, pred int64 // Begin time, predicted TTFT (ns)
+	done        bool  // first token seen, or ended without one
+}
+
+// pend queues f, just begun, behind the replica's other requests awaiting
+// a first token. Called with the Router's write lock held.
 func (p *replica) pend(f *Flight) {
 	if !p.model.pendBaseSet { // Begin holds the Router's write lock
 		p.pendBase.Store(f.Start)
 		p.model.pendBaseSet = true
 	}
-	p.pendStart.Add(f.Start - p.pendBase.Load())
-	p.pendPred.Add(int64(f.predTTFT * 1e9))
+	p.pendMu.Lock()
+	n := p.pendHi - p.pendLo
+	if n == uint64(len(p.pendQ)) {
+		q := make([]pendEntry, max(8, 2*len(p.pendQ)))
+		for s := p.pendLo; s < p.pendHi; s++ {
+			q[s&uint64(len(q)-1)] = p.pendQ[s&uint64(len(p.pendQ)-1)]
+		}
+		p.pendQ = q
+	}
+	f.pendSeq = p.pendHi
+	p.pendQ[p.pendHi&uint64(len(p.pendQ)-1)] = pendEntry{start: f.Start, pred: int64(f.predTTFT * 1e9)}
+	p.pendHi++
+	if n == 0 {
+		p.publishHead()
+	}
+	p.pendMu.Unlock()
 }
 
-// unpend removes f from the pending sums (its first token came, or it
-// ended without one).
+// unpend takes f out of the queue (its first token came, or it ended
+// without one); when it was the oldest, the next still waiting becomes the
+// front.
 func (p *replica) unpend(f *Flight) {
-	p.pendStart.Add(-(f.Start - p.pendBase.Load()))
-	p.pendPred.Add(-int64(f.predTTFT * 1e9))
+	p.pendMu.Lock()
+	if f.pendSeq >= p.pendLo && f.pendSeq < p.pendHi {
+		mask := uint64(len(p.pendQ) - 1)
+		p.pendQ[f.pendSeq&mask].done = true
+		if f.pendSeq == p.pendLo {
+			for p.pendLo < p.pendHi && p.pendQ[p.pendLo&mask].done {
+				p.pendLo++
+			}
+			p.publishHead()
+		}
+	}
+	p.pendMu.Unlock()
+}
+
+// publishHead stores pendQ's front for backlog. Called with pendMu held.
+func (p *replica) publishHead() {
+	if p.pendLo == p.pendHi {
+		p.pendHead.Store(0)
+		return
+	}
+	e := &p.pendQ[p.pendLo&uint64(len(p.pendQ)-1)]
+	p.pendHeadPred.Store(e.pred)
+	p.pendHead.Store(e.start - p.pendBase.Load() + 1)
 }

@@ -31,6 +31,16 @@ type replica struct {
 
 	fitMu sync.Mutex // End's rate fit
 	fit   rateFit
+
+	// pendQ is this router's requests on the replica awaiting their first
+	// token, in Begin order (a ring of Begin sequence numbers pendLo up to
+	// pendHi; a request that leaves out of order is marked done and
+	// dropped once it reaches the front). Its front is the oldest, whose
+	// lateness is the backlog (repHot.pendHead).
+	pendMu         sync.Mutex
+	pendQ          []pendEntry
+	pendLo, pendHi uint64
+
 	model ttftModel // the TTFT model's colder state (ttft.go)
 
 	peers []PeerLoad // by peer slot; written under Router.mu (peer.go)
@@ -88,17 +98,17 @@ type repHot struct {
 	uncachedAvg     atomic.Uint64 // float64 bits: EWMA of uncached tokens per request
 	sigAt           atomic.Int64  // 0 = never
 
-	// line 1: the backlog's sums and the prefill line
-	// Over this router's requests awaiting their first token (as many as
-	// pendingReqs): the sums of their Begin times (after pendBase, the
-	// first Begin's, so the sum cannot overflow) and of their predicted
-	// TTFTs, in nanoseconds, for backlog.
-	pendBase, pendStart, pendPred atomic.Int64
-	errN                          atomic.Uint64 // TTFT predictions checked
-	errSlack                      atomic.Uint64 // float64 bits: exp(2 errEWMA), backlog's slack
-	overhead                      atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
-	rate                          atomic.Uint64 // float64 bits: prefill tokens/s estimate
-	invWeight                     float64       // 1 / weight (Router write lock)
+	// line 1: the backlog's oldest request and the prefill line
+	// The oldest of this router's requests awaiting their first token
+	// (replica.pendQ's front): its Begin time after pendBase (the first
+	// Begin's) plus 1, 0 = none, and its predicted TTFT in nanoseconds,
+	// for backlog.
+	pendBase, pendHead, pendHeadPred atomic.Int64
+	errN                             atomic.Uint64 // TTFT predictions checked
+	errSlack                         atomic.Uint64 // float64 bits: exp(2 errEWMA), backlog's slack
+	overhead                         atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
+	rate                             atomic.Uint64 // float64 bits: prefill tokens/s estimate
+	invWeight                        float64       // 1 / weight (Router write lock)
 
 	// line 2: the pool, confidence and batch slots
 	// fleetSlot is the Router's slotSec: every replica's slot-time samples,

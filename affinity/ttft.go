@@ -389,24 +389,27 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 	}
 }
 
-// backlog is how far this router's requests still awaiting a first token
-// on p are behind their predictions, on average, at now, beyond the
-// model's usual error: the queueing the model has not explained (a batch
-// limit not learned yet, a stalled engine), seen before any of them
-// finishes. A request counts as late past exp(2e) times its prediction, e
-// the replica's mean |ln(actual/predicted)| (its predictions' usual spread),
-// plus the error floor. 0 when they are on time.
+// backlog is how far the oldest of this router's requests still awaiting
+// a first token on p is behind its prediction at now, beyond the model's
+// usual error: the queueing the model has not explained (a batch limit not
+// learned yet, a stalled engine), seen before any of them finishes. The
+// oldest, not the mean: a burst just sent to a late replica would pull a
+// mean down, as if its queue had shrunk, and draw the next requests there
+// too; requests served in order wait at least as long behind the oldest.
+// It counts as late past exp(2e) times its prediction, e the replica's
+// mean |ln(actual/predicted)| (its predictions' usual spread), plus the
+// error floor. 0 when it is on time.
 func (p *repHot) backlog(now int64) float64 {
-	n := p.pendingReqs.Load()
-	if n <= 0 {
+	h := p.pendHead.Load()
+	if h == 0 {
 		return 0
 	}
 	slack := 1.0
 	if p.errN.Load() >= fitMinSamples {
 		slack = loadF(&p.errSlack)
 	}
-	age := float64(now-p.pendBase.Load())/1e9 - float64(p.pendStart.Load())/float64(n)/1e9
-	pred := float64(p.pendPred.Load()) / float64(n) / 1e9
+	age := float64(now-p.pendBase.Load()-(h-1)) / 1e9
+	pred := float64(p.pendHeadPred.Load()) / 1e9
 	return max(age-slack*pred-p.errFloor(), 0)
 }
 

@@ -312,6 +312,74 @@ func TestBacklogSpreadsBeforeSlotsAreKnown(t *testing.T) {
 	}
 }
 
+// TestBacklogIsTheOldestRequest: a burst just sent to a replica whose
+// oldest request waits far past its prediction does not make the replica
+// look less late. Averaged over every pending request, the fresh ones
+// pulled the backlog down as they arrived, so a late replica drew the rest
+// of the burst (the simulator's 16-slot fleet at one-company's peak: 13
+// requests in a row onto the replica just sent the most, TTFT 0.4 s).
+func TestBacklogIsTheOldestRequest(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 3})
+	system := strings.Repeat("company instructions. ", 373)[:8192]
+	warm(r, ids[0], hotRequest(t, system, 0))
+	var old Flight
+	r.Begin(ids[0], hotRequest(t, system, 1), nil, &old) // waits from t0 on
+	for u := 2; u <= 9; u++ {                            // a burst 0.5 s later, just begun
+		req := hotRequest(t, system, u)
+		req.Now += 5e8
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+	}
+	late := hotRequest(t, system, 100)
+	late.Now += 5e8 + 1e6
+	if d := decide(t, r, late); d.Ranked[0] == ids[0] {
+		t.Fatalf("home's oldest request 0.5 s behind its prediction, ranked first: %v", d.Ranked)
+	}
+	// Once the oldest has its first token, the burst is on time.
+	r.FirstToken(&old, late.Now)
+	if d := decide(t, r, late); d.Ranked[0] != ids[0] {
+		t.Fatalf("every pending request on time: went to %d, want the home", d.Ranked[0])
+	}
+}
+
+// TestPendQueueFront: the backlog's front is the oldest request still
+// awaiting its first token, whatever order they get them in (an engine that
+// prefills slots in slot order, a request ended without one), through the
+// queue's growth past its first size.
+func TestPendQueueFront(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1})
+	p := r.rep(ids[0])
+	const n = 40
+	fs := make([]*Flight, n)
+	for i := range fs {
+		fs[i] = &Flight{}
+		r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 64, Now: int64(1000 + i)}, nil, fs[i])
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	done := make([]bool, n)
+	for _, i := range rng.Perm(n) {
+		if i%3 == 0 {
+			r.End(fs[i], 5000, -1, false) // no first token
+		} else {
+			r.FirstToken(fs[i], 5000)
+		}
+		done[i] = true
+		want := int64(0)
+		for j := range done {
+			if !done[j] {
+				want = int64(1000+j) - p.pendBase.Load() + 1
+				break
+			}
+		}
+		if got := p.pendHead.Load(); got != want {
+			t.Fatalf("after request %d left: front %d, want %d", i, got, want)
+		}
+	}
+	if p.pendLo != p.pendHi {
+		t.Fatalf("queue not empty: %d..%d", p.pendLo, p.pendHi)
+	}
+}
+
 // TestEngineBusyCountsOnlyTheExcess: the engine's running count is as old
 // as its scrape; the router's own count is current. A replica whose
 // requests finished since the scrape is not still busy with them.
