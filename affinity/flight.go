@@ -361,5 +361,7 @@ func (p *replica) publishHead() {
 	}
 	e := &p.pendQ[p.pendLo&uint64(len(p.pendQ)-1)]
 	p.pendHeadPred.Store(e.pred)
-	p.pendHead.Store(e.start - p.pendBase.Load() + 1)
+	// Begins can reach the lock out of their clocks' order, so a start
+	// may precede pendBase; clamped, it cannot read as the 0 of "none".
+	p.pendHead.Store(max(e.start-p.pendBase.Load(), 0) + 1)
 }
