@@ -35,6 +35,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 	}
 	cs := make([]cand, len(cands))
 	best := 0.0
+	home := -1
 	var l Load
 	for i, id := range cands {
 		rp := v.r.reps[id]
@@ -46,6 +47,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 			c = min(float64(m[id])*bt, t)
 			if credit > 0 && int(m[id]) < len(req.Hashes) && v.r.finishedTail(req.Hashes[m[id]-1], id) {
 				c = min(c+credit, t)
+				home = i
 			}
 		}
 		best = max(best, c)
@@ -65,6 +67,15 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		e.kv = l.KVUsage > cfg.KVHighWater
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+		}
+	}
+	// a continuation whose home has room for as many again: busy
+	// requests at their measured cost
+	if home >= 0 && refRoom(v.r.reps[cands[home]].repHot, now, maxAge) {
+		for i, id := range cands {
+			rp := v.r.reps[id]
+			rp.queueLoad(&l, now, maxAge)
+			cs[i].pen = rp.busyCost() * float64(l.Busy()) * rp.invWeight
 		}
 	}
 	var coldQueued, cold int64
@@ -95,6 +106,20 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		sc[i] = est
 	}
 	v.RankLowest(d)
+}
+
+// refRoom is roomAtHome as its comment writes it.
+func refRoom(p *repHot, now, maxAge int64) bool {
+	var l Load
+	p.queueLoad(&l, now, maxAge)
+	need := 2 * (int64(l.Busy()) + 1)
+	switch s, v := p.slots(), int64(p.runSeen.Load()); {
+	case s > 0:
+		return need <= s
+	case v < 0:
+		return need <= -v
+	}
+	return true
 }
 
 // refFull is costCand.isFull as the formula writes it.

@@ -78,6 +78,13 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		f.tail = hs[len(hs)-1]
 	}
 	f.cont = cont
+	if cont {
+		// A finished request's tail continues once: a conversation's next
+		// turn follows its previous one. Taken here, a second request
+		// sharing the same prefix (other users of one template) is not
+		// read as that request's continuation (policy_cost.go).
+		r.takeTail(hs[held-1], id)
+	}
 	f.slotSeq = seq
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
@@ -251,7 +258,11 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		p.sampleHit(predicted, cachedTokens)
 	}
 	if ok {
-		if f.tail != 0 {
+		// Only a request that extended the replica's chain leaves a tail
+		// to continue: one whose every block was held already (a shared
+		// template, a question within its last partial block) ends where
+		// other requests' prompts end too.
+		if f.tail != 0 && f.newBlocks > 0 {
 			k := tailKey(f.tail, f.Replica)
 			r.tails[k%tailSlots].Store(k)
 			if r.tailSink != nil {
@@ -294,6 +305,13 @@ func tailKey(h uint64, id ReplicaID) uint64 { return pairKey(h, id) | 1 }
 func (r *Router) finishedTail(h uint64, id ReplicaID) bool {
 	k := tailKey(h, id)
 	return r.tails[k%tailSlots].Load() == k
+}
+
+// takeTail forgets that block h ended a finished request on replica id,
+// if it is still recorded.
+func (r *Router) takeTail(h uint64, id ReplicaID) {
+	k := tailKey(h, id)
+	r.tails[k%tailSlots].CompareAndSwap(k, 0)
 }
 
 // ContinuationCredit is the measured number of tokens a replica caches
