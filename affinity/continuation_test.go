@@ -7,6 +7,45 @@ import (
 	"testing"
 )
 
+// chatTurn is conversation c's turn k (0 or 1) of a chat with a 1024-token
+// system prompt, 96-token questions and 160-token answers.
+func chatTurn(t *testing.T, c, k int) *Request {
+	t.Helper()
+	sys := strings.Repeat("You are a helpful assistant. ", 142)[:4096]
+	question := func(k int) string { return fmt.Sprintf("%-384s", fmt.Sprintf("conversation %d question %d", c, k)) }
+	answer := func(k int) string { return fmt.Sprintf("%-640s", fmt.Sprintf("conversation %d answer %d", c, k)) }
+	if k == 0 {
+		return request(t, chatBody("m", sys, question(0)), 1)
+	}
+	return request(t, chatBody("m", sys, question(0), answer(0), question(1)), 2)
+}
+
+// learnCredit runs conversations 1..5 through two turns on home, the
+// engines reporting each second turn's answer cached when answerKept (the
+// router learns the continuation credit) or only the predicted hit; then
+// conversation 8's first turn on other (which so holds the system prompt)
+// and 9's on home.
+func learnCredit(t *testing.T, r *Router, home, other ReplicaID, answerKept bool) {
+	t.Helper()
+	end := func(id ReplicaID, req *Request, cached func(f *Flight) int) {
+		var f Flight
+		r.Begin(id, req, nil, &f)
+		r.End(&f, req.Now, cached(&f), true)
+	}
+	predicted := func(f *Flight) int { return f.PromptTokens - f.UncachedTokens }
+	for c := 1; c <= 5; c++ {
+		end(home, chatTurn(t, c, 0), predicted)
+		end(home, chatTurn(t, c, 1), func(f *Flight) int {
+			if !answerKept {
+				return predicted(f)
+			}
+			return f.PromptTokens - 97 // all but the new question
+		})
+	}
+	end(other, chatTurn(t, 8, 0), predicted)
+	end(home, chatTurn(t, 9, 0), predicted)
+}
+
 // TestCostKeepsChatHome: a chat's next turn carries the previous answer,
 // which the engine cached but the router never hashed (it only inserts prompt
 // blocks). The index alone sees the conversation's replica ahead of a replica
@@ -17,13 +56,6 @@ import (
 // turn stays home. Where the engines report no such surplus there is no
 // credit and the busy term decides as before.
 func TestCostKeepsChatHome(t *testing.T) {
-	sys := strings.Repeat("You are a helpful assistant. ", 142)[:4096] // 1024 tokens
-	question := func(c, k int) string { return fmt.Sprintf("%-384s", fmt.Sprintf("conversation %d question %d", c, k)) }
-	answer := func(c, k int) string { return fmt.Sprintf("%-640s", fmt.Sprintf("conversation %d answer %d", c, k)) } // 160 tokens
-	turn0 := func(c int) *Request { return request(t, chatBody("m", sys, question(c, 0)), 1) }
-	turn1 := func(c int) *Request {
-		return request(t, chatBody("m", sys, question(c, 0), answer(c, 0), question(c, 1)), 2)
-	}
 	for _, tc := range []struct {
 		name       string
 		answerKept bool // engines report the previous answer cached
@@ -35,24 +67,7 @@ func TestCostKeepsChatHome(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r, ids := newTestRouter(t, Config{}, 2)
 			home, other := ids[0], ids[1]
-			end := func(id ReplicaID, req *Request, cached func(f *Flight) int) {
-				t.Helper()
-				var f Flight
-				r.Begin(id, req, nil, &f)
-				r.End(&f, req.Now, cached(&f), true)
-			}
-			predicted := func(f *Flight) int { return f.PromptTokens - f.UncachedTokens }
-			// Conversations 1..5 run two turns on home; the engine reports
-			// the second turn's cached tokens.
-			for c := 1; c <= 5; c++ {
-				end(home, turn0(c), predicted)
-				end(home, turn1(c), func(f *Flight) int {
-					if !tc.answerKept {
-						return predicted(f)
-					}
-					return f.PromptTokens - 97 // all but the new question
-				})
-			}
+			learnCredit(t, r, home, other, tc.answerKept)
 			credit := r.ContinuationCredit()
 			if tc.answerKept && (credit < 150 || credit > 250) || !tc.answerKept && credit != 0 {
 				t.Fatalf("continuation credit %.0f tokens", credit)
@@ -63,14 +78,12 @@ func TestCostKeepsChatHome(t *testing.T) {
 			}
 			// The other replica holds the system prompt; home holds
 			// conversation 9's first turn and two more busy requests.
-			end(other, turn0(8), predicted)
-			end(home, turn0(9), predicted)
 			for i := range 2 {
 				var f Flight
 				r.Begin(home, &Request{Model: []byte("m"), PromptTokens: 64, Hashes: []uint64{0xb0 + uint64(i)}}, nil, &f)
 				r.FirstToken(&f, 1)
 			}
-			req := turn1(9)
+			req := chatTurn(t, 9, 1)
 			d := decide(t, r, req)
 			if got := d.Ranked[0] == home; got != tc.wantHome {
 				t.Fatalf("ranked %v (cached %v), want home first: %v", d.Ranked, d.CachedTokens, tc.wantHome)
@@ -173,13 +186,6 @@ func TestTailIsContinuedOnce(t *testing.T) {
 // Near a known limit the floor stays: turns kept at full homes make the
 // next ones wait for a slot.
 func TestContinuationPricesMeasuredLoad(t *testing.T) {
-	sys := strings.Repeat("You are a helpful assistant. ", 142)[:4096] // 1024 tokens
-	question := func(c, k int) string { return fmt.Sprintf("%-384s", fmt.Sprintf("conversation %d question %d", c, k)) }
-	answer := func(c, k int) string { return fmt.Sprintf("%-640s", fmt.Sprintf("conversation %d answer %d", c, k)) }
-	turn0 := func(c int) *Request { return request(t, chatBody("m", sys, question(c, 0)), 1) }
-	turn1 := func(c int) *Request {
-		return request(t, chatBody("m", sys, question(c, 0), answer(c, 0), question(c, 1)), 2)
-	}
 	for _, tc := range []struct {
 		name     string
 		slots    int // the home's batch slots; 0 = unknown
@@ -204,21 +210,7 @@ func TestContinuationPricesMeasuredLoad(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			end := func(id ReplicaID, req *Request, cached func(f *Flight) int) {
-				t.Helper()
-				var f Flight
-				r.Begin(id, req, nil, &f)
-				r.End(&f, req.Now, cached(&f), true)
-			}
-			predicted := func(f *Flight) int { return f.PromptTokens - f.UncachedTokens }
-			// the engines report each second turn's answer cached: the
-			// router learns the continuation credit
-			for c := 1; c <= 5; c++ {
-				end(home, turn0(c), predicted)
-				end(home, turn1(c), func(f *Flight) int { return f.PromptTokens - 97 })
-			}
-			end(other, turn0(8), predicted)
-			end(home, turn0(9), predicted)
+			learnCredit(t, r, home, other, true)
 			for i := range tc.busy {
 				var f Flight
 				r.Begin(home, &Request{Model: []byte("m"), PromptTokens: 64, Hashes: []uint64{0xb0 + uint64(i)}}, nil, &f)
@@ -227,7 +219,7 @@ func TestContinuationPricesMeasuredLoad(t *testing.T) {
 			if b := r.Replicas()[0].BusyCostSeconds; b != 0 {
 				t.Fatalf("β %g: the case needs none measured", b)
 			}
-			d := decide(t, r, turn1(9))
+			d := decide(t, r, chatTurn(t, 9, 1))
 			if got := d.Ranked[0] == home; got != tc.wantHome {
 				t.Fatalf("ranked %v (cached %v), want home first: %v", d.Ranked, d.CachedTokens, tc.wantHome)
 			}
