@@ -283,19 +283,46 @@ func testUnescapePlain(t *testing.T, path string) {
 					src[i] = alpha[rng.IntN(len(alpha))]
 				}
 			}
-			for i := range dst {
-				dst[i] = 0xEE
-			}
-			c, w := unescapePlain(dst, src)
-			rc, rout := unescapePlainRef(src)
-			if c != rc || w != len(rout) || !bytes.Equal(dst[:w], rout) {
-				t.Fatalf("%s: %q: consumed %d wrote %q, want %d %q", path, src, c, dst[:w], rc, rout)
-			}
-			for i := n; i < len(dst); i++ {
-				if dst[i] != 0xEE {
-					t.Fatalf("%s: %q: wrote dst[%d]", path, src, i)
+			checkUnescapePlain(t, path, src, dst)
+		}
+	}
+	// Escape-rich text: runs of plain bytes and valid two-byte escapes
+	// with now and then what ends a whole-chunk decode (\u, \\, an
+	// invalid escape, a quote), at every alignment.
+	escs := []string{`\"`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`}
+	odd := []string{`\u0041`, `\\`, `\x`, `"`, `\`}
+	for n := 0; n <= 300; n++ {
+		for range 20 {
+			src := make([]byte, 0, n+8)
+			rate := 1 + rng.IntN(6) // an escape in rate+1 tokens
+			for len(src) < n {
+				switch r := rng.IntN(100 * (rate + 1)); {
+				case r < 3:
+					src = append(src, odd[rng.IntN(len(odd))]...)
+				case r < 100:
+					src = append(src, escs[rng.IntN(len(escs))]...)
+				default:
+					src = append(src, 'a'+byte(rng.IntN(26)))
 				}
 			}
+			checkUnescapePlain(t, path, src[:n], dst)
+		}
+	}
+}
+
+func checkUnescapePlain(t *testing.T, path string, src, dst []byte) {
+	t.Helper()
+	for i := range dst {
+		dst[i] = 0xEE
+	}
+	c, w := unescapePlain(dst, src)
+	rc, rout := unescapePlainRef(src)
+	if c != rc || w != len(rout) || !bytes.Equal(dst[:w], rout) {
+		t.Fatalf("%s: %q: consumed %d wrote %q, want %d %q", path, src, c, dst[:w], rc, rout)
+	}
+	for i := len(src); i < len(dst); i++ {
+		if dst[i] != 0xEE {
+			t.Fatalf("%s: %q: wrote dst[%d]", path, src, i)
 		}
 	}
 }
