@@ -43,6 +43,10 @@ type PerfShape struct {
 	Replicas int
 	// PromptBytes is the size of the request's prompt (0 = a short chat).
 	PromptBytes int
+	// Prose: the long prompt is lines of prose and code, as documents and
+	// source files are, so its JSON has an escape every line or two (\n,
+	// \t, \"); otherwise one phrase repeated, with no escape.
+	Prose bool
 	// Requests and Concurrency size the CPU phase; LatencyRequests the
 	// concurrency-1 phase.
 	Requests, Concurrency, LatencyRequests int
@@ -78,6 +82,9 @@ func perfShapes(smoke bool) []PerfShape {
 			Requests: n(320, 16), Concurrency: 16, LatencyRequests: n(40, 4), head: perfSSEHead, pieces: ev, gap: 1600 * time.Microsecond},
 		{Name: "prompt-400KB", About: "a 400 KB (100k-token) prompt, 100 replicas (cost policy), a short JSON answer",
 			Replicas: 100, PromptBytes: 400_000, Requests: n(600, 20), Concurrency: 4, LatencyRequests: n(200, 10),
+			head: perfJSONHead(len(fastBody)), pieces: [][]byte{fastBody}},
+		{Name: "prompt-400KB-prose", About: "the same with prose and code lines: a \\n escape every line, quotes and tabs now and then",
+			Replicas: 100, PromptBytes: 400_000, Prose: true, Requests: n(600, 20), Concurrency: 4, LatencyRequests: n(200, 10),
 			head: perfJSONHead(len(fastBody)), pieces: [][]byte{fastBody}},
 	}
 	for i := range shapes {
@@ -444,6 +451,11 @@ func perfRequestBody(sh *PerfShape) []byte {
 	b.WriteString(`"max_tokens":64,"messages":[{"role":"system","content":"You are a helpful assistant. Answer briefly."},{"role":"user","content":"`)
 	if sh.PromptBytes > 0 {
 		words := "the quick brown fox jumps over the lazy dog, "
+		if sh.Prose {
+			// JSON-escaped lines of a document and of code
+			words = `The router reads the prompt once; the \"engine\" renders it with its template.\n` +
+				`\tif n := len(blocks); n > 0 {\n\t\treturn blocks[n-1]\n\t}\n`
+		}
 		for b.Len() < sh.PromptBytes {
 			b.WriteString(words)
 		}
