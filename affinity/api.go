@@ -55,8 +55,8 @@ type ReplicaSpec struct {
 type CacheModel int8
 
 const (
-	// CacheAuto: from the engine's signals (EngineSignals.SlotCaches),
-	// else CacheShared.
+	// CacheAuto: from the engine's signals (EngineSignals.SlotCaches,
+	// EngineSignals.NoPrefixCache), else CacheShared.
 	CacheAuto CacheModel = iota
 	// CacheShared: one prefix cache shared by every request (vLLM's and
 	// SGLang's paged KV cache with prefix caching); the router's prefix
@@ -67,6 +67,11 @@ const (
 	// that choice to predict hits (slotcache.go). Needs the batch slot
 	// count (ReplicaSpec.BatchSlots or EngineSignals.BatchSlots).
 	CacheSlots
+	// CacheNone: the engine keeps nothing between requests (vLLM
+	// --no-enable-prefix-caching, SGLang --disable-radix-cache): no hit is
+	// predicted there, so every policy weighs such a replica as cold and
+	// the cost policy balances load over it.
+	CacheNone
 )
 
 // EngineSignals are the slow signals scraped from an engine's /metrics.
@@ -77,6 +82,7 @@ type EngineSignals struct {
 	KVCapacityTokens int     // block_size * num_gpu_blocks; 0 = unknown
 	BatchSlots       int     // requests the engine runs at once (llama.cpp total_slots); 0 = unknown
 	SlotCaches       bool    // each slot caches only its own last prompt (llama.cpp): see CacheSlots
+	NoPrefixCache    bool    // the engine reports its prefix cache off (vLLM enable_prefix_caching="False"): see CacheNone
 	At               int64   // when scraped, nanoseconds on the caller's clock
 }
 

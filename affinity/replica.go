@@ -51,10 +51,16 @@ type replica struct {
 	slotMode atomic.Bool
 	slotSig  atomic.Bool
 	slotc    slotCache
+
+	// noCache: the engine keeps nothing between requests (spec CacheNone,
+	// or CacheAuto and its signals say prefix caching is off, noCacheSig),
+	// so View.match predicts no hit on it.
+	noCache    atomic.Bool
+	noCacheSig atomic.Bool
 }
 
-// updateSlotMode sets p.slotMode from its spec and signals, keeping the
-// Router's count of replicas in slot mode.
+// updateSlotMode sets p.slotMode and p.noCache from its spec and signals,
+// keeping the Router's counts of replicas in each mode.
 func (r *Router) updateSlotMode(p *replica) {
 	on := p.spec.CacheModel == CacheSlots || p.spec.CacheModel == CacheAuto && p.slotSig.Load()
 	if p.slotMode.Swap(on) != on {
@@ -62,6 +68,14 @@ func (r *Router) updateSlotMode(p *replica) {
 			r.slotReps.Add(1)
 		} else {
 			r.slotReps.Add(-1)
+		}
+	}
+	none := p.spec.CacheModel == CacheNone || p.spec.CacheModel == CacheAuto && p.noCacheSig.Load() && !on
+	if p.noCache.Swap(none) != none {
+		if none {
+			r.noCacheReps.Add(1)
+		} else {
+			r.noCacheReps.Add(-1)
 		}
 	}
 }

@@ -27,6 +27,9 @@ type Router struct {
 	tailSink PeerTailSink // sink, when it also takes finished tails
 
 	slotReps atomic.Int32 // replicas in slot mode (replica.slotMode)
+	// noCacheReps counts replicas whose engine caches nothing
+	// (replica.noCache).
+	noCacheReps atomic.Int32
 
 	mu     sync.RWMutex
 	reps   []*replica          // by ReplicaID; nil = free slot
@@ -211,8 +214,8 @@ func (r *Router) validSpec(spec *ReplicaSpec) error {
 		return fmt.Errorf("replica %s: max in flight %d: want >= 0", spec.Name, spec.MaxInFlight)
 	case spec.BatchSlots < 0:
 		return fmt.Errorf("replica %s: batch slots %d: want >= 0", spec.Name, spec.BatchSlots)
-	case spec.CacheModel < CacheAuto || spec.CacheModel > CacheSlots:
-		return fmt.Errorf("replica %s: cache model %d: want CacheAuto, CacheShared or CacheSlots", spec.Name, spec.CacheModel)
+	case spec.CacheModel < CacheAuto || spec.CacheModel > CacheNone:
+		return fmt.Errorf("replica %s: cache model %d: want CacheAuto, CacheShared, CacheSlots or CacheNone", spec.Name, spec.CacheModel)
 	}
 	for _, m := range spec.Models {
 		if m == "" {
@@ -327,6 +330,9 @@ func (r *Router) RemoveReplica(id ReplicaID) {
 	if p.slotMode.Swap(false) {
 		r.slotReps.Add(-1)
 	}
+	if p.noCache.Swap(false) {
+		r.noCacheReps.Add(-1)
+	}
 	delete(r.byName, p.spec.Name)
 	r.reps[id] = nil
 	p.repHot = new(repHot) // the slot goes to the ID's next replica
@@ -424,6 +430,7 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.slotsSig.Store(clamp32(int64(max(s.BatchSlots, 0))))
 	if s.At != 0 {
 		p.slotSig.Store(s.SlotCaches)
+		p.noCacheSig.Store(s.NoPrefixCache)
 		r.updateSlotMode(p)
 	}
 	p.learnSlots(s.Running, s.Waiting, s.KVUsage < r.cfg.KVHighWater)

@@ -31,6 +31,7 @@ type ReplicaStatus struct {
 	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
 	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
 	SlotCaches           bool      // hits predicted by the slot model (CacheSlots, or discovered), not the prefix index
+	NoPrefixCache        bool      // no hit predicted: the engine caches nothing (CacheNone, or discovered)
 	TTFT                 TTFTStats // predicted vs measured TTFT
 }
 
@@ -66,6 +67,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 				KVCapacityTokens: int(p.sigKVCap.Load()),
 				BatchSlots:       int(p.slotsSig.Load()),
 				SlotCaches:       p.slotSig.Load(),
+				NoPrefixCache:    p.noCacheSig.Load(),
 				At:               p.sigAt.Load(),
 			},
 			Mispredictions:    p.mispredicts.Load(),
@@ -75,6 +77,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			Confidence:        p.confidence(),
 			BusyCostSeconds:   p.busyCost(),
 			SlotCaches:        p.slotMode.Load(),
+			NoPrefixCache:     p.noCache.Load(),
 			TTFT:              p.ttftStats(),
 		})
 	}

@@ -165,6 +165,15 @@ func (v *View) match() {
 	if v.r.slotReps.Load() > 0 {
 		v.slotMatch()
 	}
+	if v.r.noCacheReps.Load() > 0 {
+		// an engine that caches nothing holds no prefix, whatever was
+		// routed to it
+		for _, id := range v.ms.touched {
+			if p := v.r.reps[id]; p != nil && p.noCache.Load() {
+				v.ms.m[id] = 0
+			}
+		}
+	}
 }
 
 // slotMatch replaces the index's match with the slot model's prediction

@@ -161,7 +161,11 @@ type ReplicaConfig struct {
 	// discovers it (llama.cpp, seen from its /metrics and /props: slots),
 	// "shared" (one prefix cache for every request: vLLM, SGLang), "slots"
 	// (each batch slot keeps only its own last prompt and the engine picks
-	// the slot: llama.cpp; the router replays that choice to predict hits).
+	// the slot: llama.cpp; the router replays that choice to predict hits),
+	// "none" (no prefix caching: vLLM --no-enable-prefix-caching, SGLang
+	// --disable-radix-cache; no hit is predicted, so the replica is
+	// weighed by load alone). auto also finds "none" where vLLM's
+	// cache_config_info says enable_prefix_caching="False".
 	CacheModel string `yaml:"cache_model"`
 	// Host is the IPv4 address of the GPU host the fast path steers this
 	// replica's promoted clients to (the engine listens there on the VIP
@@ -444,7 +448,7 @@ func (c *Config) Validate() error {
 			v.addf(f+".batch_slots", "must be >= 0 (0 = discover from the engine), got %d", r.BatchSlots)
 		}
 		if _, ok := cacheModels[r.CacheModel]; !ok {
-			v.addf(f+".cache_model", "must be auto, shared or slots, got %q", r.CacheModel)
+			v.addf(f+".cache_model", "must be auto, shared, slots or none, got %q", r.CacheModel)
 		}
 		if r.KVCapacityTokens < 0 {
 			v.addf(f+".kv_capacity_tokens", "must be >= 0 (0 = from engine metrics), got %d", r.KVCapacityTokens)
@@ -662,5 +666,5 @@ func checkAddr(field, addr string) error {
 // cacheModels maps ReplicaConfig.CacheModel to the router's.
 var cacheModels = map[string]affinity.CacheModel{
 	"": affinity.CacheAuto, "auto": affinity.CacheAuto,
-	"shared": affinity.CacheShared, "slots": affinity.CacheSlots,
+	"shared": affinity.CacheShared, "slots": affinity.CacheSlots, "none": affinity.CacheNone,
 }

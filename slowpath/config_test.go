@@ -109,7 +109,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"NaN weight", "replicas:\n  - {address: 127.0.0.1:1, models: [m], weight: .nan}", "replicas[0].weight: must be in [0, 1000] (0 means 1), got NaN"},
 		{"negative prefill rate", "replicas:\n  - {address: 127.0.0.1:1, models: [m], prefill_tokens_per_sec: -5}", "replicas[0].prefill_tokens_per_sec: must be >= 0 (0 = routing default), got -5"},
 		{"negative batch slots", "replicas:\n  - {address: 127.0.0.1:1, models: [m], batch_slots: -1}", "replicas[0].batch_slots: must be >= 0 (0 = discover from the engine), got -1"},
-		{"unknown cache model", "replicas:\n  - {address: 127.0.0.1:1, models: [m], cache_model: paged}", "replicas[0].cache_model: must be auto, shared or slots, got \"paged\""},
+		{"unknown cache model", "replicas:\n  - {address: 127.0.0.1:1, models: [m], cache_model: paged}", "replicas[0].cache_model: must be auto, shared, slots or none, got \"paged\""},
 		{"tiny body limit", "limits:\n  max_body_bytes: 10", "limits.max_body_bytes: must be in [1024, 1073741824], got 10"},
 		{"bad on_limit", "limits:\n  on_limit: drop", `limits.on_limit: must be "reject" or "queue", got "drop"`},
 		{"max attempts", "upstream:\n  max_attempts: 0", "upstream.max_attempts: must be in [1, 16], got 0"},

@@ -38,6 +38,9 @@ type fakeEngine struct {
 	DieMidStream atomic.Bool
 	// Unhealthy makes /health answer 503; MetricsDown makes /metrics 500.
 	Unhealthy, MetricsDown atomic.Bool
+	// NoPrefixCache: /metrics says enable_prefix_caching="False", as vLLM
+	// --no-enable-prefix-caching does.
+	NoPrefixCache atomic.Bool
 
 	gateOnce sync.Once
 	mu       sync.Mutex
@@ -104,7 +107,11 @@ func (e *fakeEngine) handle(ctx *fasthttp.RequestCtx) {
 			ctx.SetStatusCode(500)
 			return
 		}
-		fmt.Fprintf(ctx, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:num_requests_running{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n", e.waiting.Load())
+		prefix := "True"
+		if e.NoPrefixCache.Load() {
+			prefix = "False"
+		}
+		fmt.Fprintf(ctx, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:num_requests_running{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\nvllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"%s\",num_gpu_blocks=\"100\"} 1\n", e.waiting.Load(), prefix)
 		return
 	}
 	e.requests.Add(1)

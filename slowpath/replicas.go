@@ -500,6 +500,7 @@ func (s *Server) scrape(r *replica) {
 		KVCapacityTokens: sm.KVCapacityTokens,
 		BatchSlots:       r.props.TotalSlots,
 		SlotCaches:       sm.Llama,
+		NoPrefixCache:    sm.NoPrefixCache,
 		At:               s.now(),
 	})
 }

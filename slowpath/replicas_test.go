@@ -115,6 +115,13 @@ func TestScrapeFeedsSignalsAndGoesStale(t *testing.T) {
 	if st.Affinity == nil || st.Affinity.Signals.Waiting != 5 || st.Affinity.Signals.KVCapacityTokens != 1600 {
 		t.Fatalf("signals did not reach affinity: %+v", st.Affinity)
 	}
+	if st.Affinity.CacheModel != "shared" {
+		t.Fatalf("cache model %q with prefix caching on, want shared", st.Affinity.CacheModel)
+	}
+	// An engine restarted with --no-enable-prefix-caching: no hit is
+	// predicted there from the next scrape on.
+	e.NoPrefixCache.Store(true)
+	waitFor(t, "cache model none", func() bool { return replicaStatus(t, s, e.addr).Affinity.CacheModel == "none" })
 	e.MetricsDown.Store(true)
 	waitFor(t, "stale", func() bool { return replicaStatus(t, s, e.addr).Engine.Stale })
 	st = replicaStatus(t, s, e.addr)

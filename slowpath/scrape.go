@@ -25,6 +25,10 @@ type engineSample struct {
 	PrefixQueries, PrefixHits, HitRatio float64
 	Known                               bool // at least one known gauge was present
 	Llama                               bool // llama.cpp's names: its /props gives the batch slots
+	// NoPrefixCache: cache_config_info says enable_prefix_caching="False"
+	// (vLLM --no-enable-prefix-caching): the engine keeps nothing between
+	// requests.
+	NoPrefixCache bool
 }
 
 // metric families we read, by engine.
@@ -57,6 +61,7 @@ var (
 	lblNumBlocks = []byte("num_gpu_blocks")
 	lblPageSize  = []byte("page_size")
 	lblMaxTokens = []byte("max_total_num_tokens")
+	lblPrefixOn  = []byte("enable_prefix_caching")
 )
 
 // parseEngineMetrics reads the Prometheus text exposition of a vLLM, SGLang
@@ -96,6 +101,11 @@ func parseEngineMetrics(body []byte) engineSample {
 		case bytes.Equal(name, mVLLMCacheInfo), bytes.Equal(name, mSGLCacheInfo):
 			if c := capacityFromLabels(labels); c > 0 {
 				s.KVCapacityTokens = c
+			}
+			// Python's str(False); any other value (True, None, absent)
+			// leaves the prefix cache presumed on
+			if v := labelValue(labels, lblPrefixOn); v != nil && bytes.EqualFold(v, []byte("false")) {
+				s.NoPrefixCache = true
 			}
 		case bytes.Equal(name, mVLLMQueries), bytes.Equal(name, mVLLMGPUQuery):
 			s.PrefixQueries = max(s.PrefixQueries, 0) + val

@@ -18,6 +18,9 @@ vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",num_gpu_blocks="2048",num_cpu_blocks="None"} 1.0
 vllm:prompt_tokens_total{engine="0",model_name="llama"} 12345.0
 `, engineSample{Waiting: 3, Running: 12, KVUsage: 0.42, KVCapacityTokens: 32768, Counter: 12345, Known: true}},
+		{"vllm without prefix caching", `vllm:num_requests_waiting{engine="0",model_name="llama"} 1.0
+vllm:cache_config_info{block_size="16",enable_prefix_caching="False",num_gpu_blocks="100"} 1.0
+`, engineSample{Waiting: 1, KVCapacityTokens: 1600, Counter: -1, Known: true, NoPrefixCache: true}},
 		{"vllm old names, two models summed", `vllm:num_requests_waiting{model_name="a"} 1
 vllm:num_requests_waiting{model_name="b"} 2
 vllm:num_requests_running{model_name="a"} 4 1700000000000

@@ -461,8 +461,9 @@ type AffinityStatus struct {
 	// 0..1), the TTFT each request already on the replica adds to a new
 	// one's (learned over its pool; 0 = not yet), and TTFT predictions
 	// checked with their mean |ln(predicted / measured TTFT)|. CacheModel
-	// is how hits are predicted: "shared" (the prefix index) or "slots"
-	// (the replica's per-slot caches replayed: llama.cpp).
+	// is how hits are predicted: "shared" (the prefix index), "slots"
+	// (the replica's per-slot caches replayed: llama.cpp) or "none" (no
+	// prefix caching: none predicted).
 	CacheModel          string  `json:"cache_model"`
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
@@ -533,7 +534,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
 				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
-				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches),
+				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
@@ -598,9 +599,12 @@ func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...))
 }
 
-func cacheModelName(slots bool) string {
-	if slots {
+func cacheModelName(slots, none bool) string {
+	switch {
+	case slots:
 		return "slots"
+	case none:
+		return "none"
 	}
 	return "shared"
 }

@@ -206,6 +206,16 @@ func newRouter(name string, cfg affinity.Config, st *simState, engineBlock int) 
 	return affinity.NewRouterWithPolicy(cfg, p)
 }
 
+// readsPrefixCacheFlag reports whether the router of the named policy
+// learns that an engine runs without prefix caching (the simulator then
+// passes vLLM's enable_prefix_caching="False" on in its signals):
+// warmpath's policies read it from cache_config_info, and Dynamo sees it
+// as the absence of KV events. The SGLang gateway's and llm-d's
+// approximate trackers of routed prompts read no such signal.
+func readsPrefixCacheFlag(policy string) bool {
+	return policy != "sglang-cache-aware" && policy != "llm-d"
+}
+
 var (
 	_ affinity.Policy = Random{}
 	_ affinity.Policy = (*SGLangCacheAware)(nil)

@@ -645,7 +645,8 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 
 // scrape reads replica i's signals at now, as slowpath's scrape does:
 // vLLM's waiting, running, KV usage ratio and KV capacity (its
-// cache_config_info: block_size x num_gpu_blocks); llama.cpp's deferred,
+// cache_config_info: block_size x num_gpu_blocks, and whether prefix
+// caching is on); llama.cpp's deferred,
 // processing and KV usage ratio, with its slots from /props, no capacity,
 // and per-slot caches (affinity.EngineSignals.SlotCaches).
 func (c *cluster) scrape(i int, now int64) {
@@ -657,6 +658,9 @@ func (c *cluster) scrape(i int, now int64) {
 		sig.SlotCaches = true // the proxy's: llama.cpp's /metrics
 	} else {
 		sig.KVCapacityTokens = st.TotalBlocks * e.BlockSize()
+		// cache_config_info's enable_prefix_caching label, for the
+		// routers that read it (readsPrefixCacheFlag)
+		sig.NoPrefixCache = c.cfg.engine(i).DisablePrefixCaching && readsPrefixCacheFlag(c.cfg.Policy)
 	}
 	if c.onSignals != nil {
 		c.onSignals(i, sig)
