@@ -15,16 +15,17 @@ import (
 
 // Fleet names (Options.Fleets).
 const (
-	FleetEnginesim = "enginesim"        // Options.Engines enginesim processes, defaults
-	FleetSeqs4     = "enginesim-seqs4"  // the same with --max-num-seqs 4: engines queue early
-	FleetSeqs16    = "enginesim-seqs16" // --max-num-seqs 16
-	FleetHetero    = "enginesim-hetero" // the last engine HeteroSlowdown times slower
-	FleetLlamacpp  = "llamacpp"         // real llama-server processes (bench/llamacpp), one core each
+	FleetEnginesim = "enginesim"         // Options.Engines enginesim processes, defaults
+	FleetSeqs4     = "enginesim-seqs4"   // the same with --max-num-seqs 4: engines queue early
+	FleetSeqs16    = "enginesim-seqs16"  // --max-num-seqs 16
+	FleetHetero    = "enginesim-hetero"  // the last engine HeteroSlowdown times slower
+	FleetNoCache   = "enginesim-nocache" // --no-enable-prefix-caching: nothing cached between requests
+	FleetLlamacpp  = "llamacpp"          // real llama-server processes (bench/llamacpp), one core each
 )
 
 // Fleets lists every fleet, in report order.
 func Fleets() []string {
-	return []string{FleetEnginesim, FleetSeqs4, FleetSeqs16, FleetHetero, FleetLlamacpp}
+	return []string{FleetEnginesim, FleetSeqs4, FleetSeqs16, FleetHetero, FleetNoCache, FleetLlamacpp}
 }
 
 // fleet is one kind of engine cluster behind the routers.
@@ -66,6 +67,9 @@ func fleetSpec(o Options, name string) (fleet, error) {
 			return []string{"--step-base", d(t.StepBase), "--per-prefill-token", d(t.PerPrefillToken),
 				"--per-decode-seq", d(t.PerDecodeSeq), "--per-context-token", d(t.PerContextToken)}
 		}
+	case FleetNoCache:
+		f.about = fmt.Sprintf("%d enginesim engines, `--no-enable-prefix-caching` (their /metrics say so in cache_config_info)", f.engines)
+		f.args = func(int) []string { return []string{"--no-enable-prefix-caching"} }
 	case FleetLlamacpp:
 		f.engines, f.timeScale, f.llama = o.LlamaServers, 1, true
 		f.about = fmt.Sprintf("%d llama.cpp llama-server processes (tiny random-weight model, %d slots x %d tokens, one core each)",

@@ -32,6 +32,7 @@ var (
 	fullRds = flag.Int("live.rounds", 0, "overhead and perf rounds (0 = default)")
 	fullRR  = flag.Int("live.routing-rounds", 0, "rounds of every routing point (0 = default)")
 	perfShp = flag.String("live.perf-shapes", "", "comma-separated proxy-cost shapes (\"\" = all)")
+	fullWl  = flag.String("live.workloads", "", "comma-separated routing workloads (\"\" = all)")
 )
 
 func TestFull(t *testing.T) {
@@ -47,11 +48,15 @@ func TestFull(t *testing.T) {
 	if *fullFl != "" {
 		fleets = strings.Split(*fullFl, ",")
 	}
+	var wls []string
+	if *fullWl != "" {
+		wls = strings.Split(*fullWl, ",")
+	}
 	var shapes []string
 	if *perfShp != "" {
 		shapes = strings.Split(*perfShp, ",")
 	}
-	opts := Options{PerfShapes: shapes, Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, RoutingOnly: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
+	opts := Options{PerfShapes: shapes, Workloads: wls, Out: *fullOut, Fleets: fleets, RPS: rps, Progress: testWriter{t}, RoutingOnly: *noOver, Policies: pols, SkipNginx: *noNginx, TimeScale: *fullTS,
 		WarmpathBin: *fullWP, EnginesimBin: *fullES, Commit: *fullC,
 		PerfOnly: *perfOne, BaselineWarmpathBin: *perfBL, BaselineLabel: *perfBLN, Rounds: *fullRds, RoutingRounds: *fullRR,
 		Command: "go test -tags livefull -run TestFull -timeout 30m -v ./bench/live -live.out ../results/live"}
