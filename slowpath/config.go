@@ -154,8 +154,9 @@ type ReplicaConfig struct {
 	// BatchSlots is how many requests the engine runs at once (vLLM
 	// --max-num-seqs, SGLang --max-running-requests, llama.cpp -np); the
 	// cost policy prices the wait for a slot beyond them. 0 = discover it:
-	// llama.cpp's /props total_slots, else learned from scrapes that show a
-	// full batch (running with requests waiting).
+	// llama.cpp's /props total_slots, SGLang's /get_server_info
+	// max_running_requests, else learned from scrapes that show a full
+	// batch (running with requests waiting).
 	BatchSlots int `yaml:"batch_slots"`
 	// CacheModel is how the engine keeps prompts: "auto" (or empty)
 	// discovers it (llama.cpp, seen from its /metrics and /props: slots),
@@ -165,7 +166,8 @@ type ReplicaConfig struct {
 	// "none" (no prefix caching: vLLM --no-enable-prefix-caching, SGLang
 	// --disable-radix-cache; no hit is predicted, so the replica is
 	// weighed by load alone). auto also finds "none" where vLLM's
-	// cache_config_info says enable_prefix_caching="False".
+	// cache_config_info says enable_prefix_caching="False" or SGLang's
+	// /get_server_info says disable_radix_cache.
 	CacheModel string `yaml:"cache_model"`
 	// Host is the IPv4 address of the GPU host the fast path steers this
 	// replica's promoted clients to (the engine listens there on the VIP

@@ -57,8 +57,9 @@ type replica struct {
 	sample       engineSample
 	stale        bool
 	lastCounter  float64
-	// props is what llama.cpp's /props said (batch slots, context per
-	// slot); read once per engine start.
+	// props is what llama.cpp's /props or SGLang's /get_server_info said
+	// (batch slots; llama.cpp's context per slot, SGLang's radix cache
+	// switch); read once per engine start.
 	props     engineProps
 	propsRead bool
 }
@@ -453,20 +454,24 @@ func (s *Server) scrape(r *replica) {
 		}
 	}
 	r.mu.Lock()
-	needProps := err == nil && sm.Llama && (!r.propsRead || (r.lastCounter >= 0 && sm.Counter >= 0 && sm.Counter < r.lastCounter))
+	needProps := err == nil && (sm.Llama || sm.SGLang) && (!r.propsRead || (r.lastCounter >= 0 && sm.Counter >= 0 && sm.Counter < r.lastCounter))
 	r.mu.Unlock()
 	var props engineProps
 	var perr error
 	if needProps {
-		props, perr = s.readProps(r, resp)
+		props, perr = s.readProps(r, resp, sm.SGLang)
 	}
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if needProps {
-		if perr != nil {
-			r.log.Debug("llama.cpp /props unreadable", "err", perr)
-		} else {
+		switch {
+		case perr != nil:
+			r.log.Debug("engine description unreadable", "err", perr)
+		case sm.SGLang:
+			r.props, r.propsRead = props, true
+			r.log.Info("engine batch slots from /get_server_info", "max_running_requests", props.TotalSlots, "disable_radix_cache", props.NoPrefixCache)
+		default:
 			r.props, r.propsRead = props, true
 			r.log.Info("engine batch slots from /props", "total_slots", props.TotalSlots, "n_ctx_per_slot", props.SlotContext)
 		}
@@ -500,19 +505,24 @@ func (s *Server) scrape(r *replica) {
 		KVCapacityTokens: sm.KVCapacityTokens,
 		BatchSlots:       r.props.TotalSlots,
 		SlotCaches:       sm.Llama,
-		NoPrefixCache:    sm.NoPrefixCache,
+		NoPrefixCache:    sm.NoPrefixCache || r.props.NoPrefixCache,
 		At:               s.now(),
 	})
 }
 
-// readProps reads llama.cpp's /props with resp (reset first).
-func (s *Server) readProps(r *replica, resp *fasthttp.Response) (engineProps, error) {
+// readProps reads the engine's own description with resp (reset first):
+// llama.cpp's /props, or SGLang's /get_server_info.
+func (s *Server) readProps(r *replica, resp *fasthttp.Response, sglang bool) (engineProps, error) {
 	resp.Reset()
-	if err := s.get(r, "/props", s.conf().Scrape.Timeout, resp); err != nil {
+	path, parse := "/props", parseProps
+	if sglang {
+		path, parse = "/get_server_info", parseServerInfo
+	}
+	if err := s.get(r, path, s.conf().Scrape.Timeout, resp); err != nil {
 		return engineProps{}, err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {
-		return engineProps{}, fmt.Errorf("status %d", resp.StatusCode())
+		return engineProps{}, fmt.Errorf("%s: status %d", path, resp.StatusCode())
 	}
-	return parseProps(resp.Body())
+	return parse(resp.Body())
 }

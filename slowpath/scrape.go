@@ -25,6 +25,7 @@ type engineSample struct {
 	PrefixQueries, PrefixHits, HitRatio float64
 	Known                               bool // at least one known gauge was present
 	Llama                               bool // llama.cpp's names: its /props gives the batch slots
+	SGLang                              bool // SGLang's names: its /get_server_info gives the batch slots
 	// NoPrefixCache: cache_config_info says enable_prefix_caching="False"
 	// (vLLM --no-enable-prefix-caching): the engine keeps nothing between
 	// requests.
@@ -90,6 +91,7 @@ func parseEngineMetrics(body []byte) engineSample {
 			s.Waiting += int(val)
 			s.Known = true
 			s.Llama = s.Llama || bytes.Equal(name, mLlamaWaiting)
+			s.SGLang = s.SGLang || bytes.Equal(name, mSGLWaiting)
 		case bytes.Equal(name, mVLLMRunning), bytes.Equal(name, mSGLRunning), bytes.Equal(name, mLlamaRunning):
 			s.Running += int(val)
 			s.Known = true
@@ -234,10 +236,14 @@ func capacityFromLabels(labels []byte) int {
 	return b * n
 }
 
-// engineProps is what llama.cpp's GET /props says about capacity.
+// engineProps is what an engine's own description says about capacity:
+// llama.cpp's GET /props, SGLang's GET /get_server_info.
 type engineProps struct {
-	TotalSlots  int // total_slots: requests run at once (-np)
-	SlotContext int // default_generation_settings.n_ctx: context per slot
+	TotalSlots  int // requests run at once: llama.cpp total_slots (-np), SGLang max_running_requests
+	SlotContext int // llama.cpp default_generation_settings.n_ctx: context per slot
+	// NoPrefixCache: SGLang's disable_radix_cache (--disable-radix-cache),
+	// which its /metrics do not show.
+	NoPrefixCache bool
 }
 
 // maxPropsSlots bounds a believable total_slots.
@@ -258,4 +264,35 @@ func parseProps(body []byte) (engineProps, error) {
 		return engineProps{}, fmt.Errorf("props: total_slots missing or out of range 1..%d", maxPropsSlots)
 	}
 	return engineProps{TotalSlots: *v.TotalSlots, SlotContext: max(v.Default.NCtx, 0)}, nil
+}
+
+// parseServerInfo reads SGLang's /get_server_info body: its server
+// arguments at the top level, and each scheduler's effective values in
+// internal_states (max_running_requests is null among the arguments
+// unless --max-running-requests was given, and the scheduler's figure
+// is what it runs). Control plane: encoding/json.
+func parseServerInfo(body []byte) (engineProps, error) {
+	var v struct {
+		MaxRunning        *int  `json:"max_running_requests"`
+		DisableRadixCache *bool `json:"disable_radix_cache"`
+		Internal          []struct {
+			MaxRunning *int `json:"max_running_requests"`
+		} `json:"internal_states"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return engineProps{}, fmt.Errorf("get_server_info: %w", err)
+	}
+	n := 0
+	for _, st := range v.Internal {
+		if st.MaxRunning != nil && *st.MaxRunning > n {
+			n = *st.MaxRunning
+		}
+	}
+	if n == 0 && v.MaxRunning != nil {
+		n = *v.MaxRunning
+	}
+	if n < 1 || n > maxPropsSlots {
+		return engineProps{}, fmt.Errorf("get_server_info: max_running_requests missing or out of range 1..%d", maxPropsSlots)
+	}
+	return engineProps{TotalSlots: n, NoPrefixCache: v.DisableRadixCache != nil && *v.DisableRadixCache}, nil
 }

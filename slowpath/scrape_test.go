@@ -32,7 +32,7 @@ sglang:num_running_reqs{model_name="qwen"} 9.0
 sglang:token_usage{model_name="qwen"} 0.28
 sglang:cache_config_info{model_name="qwen",page_size="1",max_total_num_tokens="500000"} 1.0
 sglang:prompt_tokens_total{model_name="qwen"} 8.128902e+06
-`, engineSample{Waiting: 7, Running: 9, KVUsage: 0.28, KVCapacityTokens: 500000, Counter: 8128902, Known: true}},
+`, engineSample{Waiting: 7, Running: 9, KVUsage: 0.28, KVCapacityTokens: 500000, Counter: 8128902, Known: true, SGLang: true}},
 		{"llama.cpp", `# HELP llamacpp:requests_processing Number of requests processing.
 llamacpp:requests_processing 2
 llamacpp:requests_deferred 5

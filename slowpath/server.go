@@ -428,7 +428,7 @@ type ReplicaStatus struct {
 		Running          int       `json:"running"`
 		KVUsage          float64   `json:"kv_usage_ratio"` // 0..1
 		KVCapacityTokens int       `json:"kv_capacity_tokens"`
-		BatchSlots       int       `json:"batch_slots"` // llama.cpp /props total_slots; 0 = not reported
+		BatchSlots       int       `json:"batch_slots"` // llama.cpp /props total_slots, SGLang /get_server_info max_running_requests; 0 = not reported
 		SlotContext      int       `json:"slot_context_tokens"`
 		ScrapedAt        time.Time `json:"scraped_at,omitzero"`
 		Stale            bool      `json:"stale"`
@@ -483,7 +483,7 @@ type SignalsStatus struct {
 	Running          int     `json:"running"`
 	KVUsage          float64 `json:"kv_usage_ratio"` // 0..1
 	KVCapacityTokens int     `json:"kv_capacity_tokens"`
-	BatchSlots       int     `json:"batch_slots"` // engine-reported (llama.cpp /props); 0 = none
+	BatchSlots       int     `json:"batch_slots"` // engine-reported (llama.cpp /props, SGLang /get_server_info); 0 = none
 	// ScrapedAt is when the signals were taken; zero (omitted) when there
 	// are none the brain trusts (never scraped, or withdrawn as stale).
 	ScrapedAt time.Time `json:"scraped_at,omitzero"`
