@@ -21,19 +21,8 @@ func TestNoPrefixCacheSpreadsBurst(t *testing.T) {
 		{"no-signal", CacheAuto, false, false},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			r, err := NewRouter(Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ids [2]ReplicaID
-			for i := range ids {
-				spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"},
-					PrefillTokensPerSec: 10000, CacheModel: mode.spec}
-				if ids[i], err = r.AddReplica(spec); err != nil {
-					t.Fatal(err)
-				}
-				r.SetSignals(ids[i], EngineSignals{NoPrefixCache: mode.signal, At: 1})
-			}
+			r, ids := twoReplicas(t, ReplicaSpec{PrefillTokensPerSec: 10000, CacheModel: mode.spec},
+				EngineSignals{NoPrefixCache: mode.signal, At: 1})
 			bt := r.bt
 			h := chainOf(0xdead, 0xbeef, 64, 66) // a 4k-token shared prompt, a 2-block question
 			req := &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * bt, Now: 1e9}
@@ -68,4 +57,23 @@ func TestNoPrefixCacheSpreadsBurst(t *testing.T) {
 			}
 		})
 	}
+}
+
+// twoReplicas is a Router with replicas r0 and r1 of model m, each spec
+// (Name and Models set here) and signals sig.
+func twoReplicas(t *testing.T, spec ReplicaSpec, sig EngineSignals) (*Router, [2]ReplicaID) {
+	t.Helper()
+	r, err := NewRouter(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids [2]ReplicaID
+	for i := range ids {
+		spec.Name, spec.Models = []string{"r0", "r1"}[i], []string{"m"}
+		if ids[i], err = r.AddReplica(spec); err != nil {
+			t.Fatal(err)
+		}
+		r.SetSignals(ids[i], sig)
+	}
+	return r, ids
 }

@@ -128,19 +128,8 @@ func TestSlotCacheMovesTurnOffLostHome(t *testing.T) {
 		{"shared", CacheShared, true, false},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			r, err := NewRouter(Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ids [2]ReplicaID
-			for i := range ids {
-				spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"},
-					PrefillTokensPerSec: 2000, CacheModel: mode.spec, BatchSlots: 2}
-				if ids[i], err = r.AddReplica(spec); err != nil {
-					t.Fatal(err)
-				}
-				r.SetSignals(ids[i], EngineSignals{BatchSlots: 2, SlotCaches: mode.signal, At: 1})
-			}
+			r, ids := twoReplicas(t, ReplicaSpec{PrefillTokensPerSec: 2000, CacheModel: mode.spec, BatchSlots: 2},
+				EngineSignals{BatchSlots: 2, SlotCaches: mode.signal, At: 1})
 			bt := r.bt
 			run := func(id ReplicaID, h []uint64, now int64) *Flight {
 				f := new(Flight)
