@@ -646,9 +646,9 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 // scrape reads replica i's signals at now, as slowpath's scrape does:
 // vLLM's waiting, running, KV usage ratio and KV capacity (its
 // cache_config_info: block_size x num_gpu_blocks, and whether prefix
-// caching is on); llama.cpp's deferred,
-// processing and KV usage ratio, with its slots from /props, no capacity,
-// and per-slot caches (affinity.EngineSignals.SlotCaches).
+// caching is on); llama.cpp's deferred, processing and KV usage ratio,
+// with its slots from /props, no capacity, and per-slot caches
+// (affinity.EngineSignals.SlotCaches).
 func (c *cluster) scrape(i int, now int64) {
 	e := c.engines[i]
 	st := e.Stats()
