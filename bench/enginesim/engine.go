@@ -619,9 +619,7 @@ func (e *Engine) preempt(v *seq) {
 // freeBlocks releases s's blocks tail first, so its last blocks are
 // evicted before its first ones (vLLM frees in reverse order).
 func (e *Engine) freeBlocks(s *seq) {
-	for i := len(s.blocks) - 1; i >= 0; i-- {
-		e.pool.release(s.blocks[i])
-	}
+	e.pool.releaseAll(s.blocks)
 	s.blocks = s.blocks[:0]
 }
 

@@ -269,6 +269,27 @@ func (p *blockPool) release(b int32) {
 	}
 }
 
+// releaseAll releases blocks last first, as that many release calls
+// would: the ring has room for all of them once (compacted first if
+// not), so the loop only reads each block and writes it and the ring.
+func (p *blockPool) releaseAll(blocks []int32) {
+	if p.tail-p.head+uint32(len(blocks)) > uint32(len(p.fq)) {
+		p.compact()
+	}
+	blk, fq, mask, t := p.blk, p.fq, p.fqMask, p.tail
+	for i := len(blocks) - 1; i >= 0; i-- {
+		b := blocks[i]
+		k := &blk[b]
+		if k.ref--; k.ref == 0 {
+			fq[t&mask] = b
+			k.ref = stamp(t)
+			t++
+		}
+	}
+	p.nfree += int(t - p.tail)
+	p.tail = t
+}
+
 // commit records that block b holds the content hashed h, unless a block
 // already caches h (then b stays anonymous, as in vLLM), and returns the
 // block caching h. prev is the block caching h's parent, as for
