@@ -62,6 +62,12 @@ type replica struct {
 	// switch); read once per engine start.
 	props     engineProps
 	propsRead bool
+	// propsFails counts reads of it that failed in a row; the next is not
+	// tried before propsNext (a back-off from the scrape interval to a
+	// minute: an engine that refuses it, such as SGLang with an admin key
+	// on /get_server_info, is not asked every scrape).
+	propsFails int
+	propsNext  time.Time
 }
 
 // modelMetrics returns the children for model, or the first model's.
@@ -454,7 +460,8 @@ func (s *Server) scrape(r *replica) {
 		}
 	}
 	r.mu.Lock()
-	needProps := err == nil && (sm.Llama || sm.SGLang) && (!r.propsRead || (r.lastCounter >= 0 && sm.Counter >= 0 && sm.Counter < r.lastCounter))
+	needProps := err == nil && (sm.Llama || sm.SGLang) && (!r.propsRead || (r.lastCounter >= 0 && sm.Counter >= 0 && sm.Counter < r.lastCounter)) &&
+		!time.Now().Before(r.propsNext)
 	r.mu.Unlock()
 	var props engineProps
 	var perr error
@@ -465,9 +472,15 @@ func (s *Server) scrape(r *replica) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if needProps {
+		if perr != nil {
+			r.propsFails++
+			r.propsNext = now.Add(min(sc.Interval<<min(r.propsFails, 12), time.Minute))
+		} else {
+			r.propsFails, r.propsNext = 0, time.Time{}
+		}
 		switch {
 		case perr != nil:
-			r.log.Debug("engine description unreadable", "err", perr)
+			r.log.Debug("engine description unreadable", "err", perr, "failures", r.propsFails, "next", r.propsNext)
 		case sm.SGLang:
 			r.props, r.propsRead = props, true
 			r.log.Info("engine batch slots from /get_server_info", "max_running_requests", props.TotalSlots, "disable_radix_cache", props.NoPrefixCache)
