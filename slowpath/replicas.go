@@ -472,20 +472,16 @@ func (s *Server) scrape(r *replica) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if needProps {
-		if perr != nil {
-			r.propsFails++
-			r.propsNext = now.Add(min(sc.Interval<<min(r.propsFails, 12), time.Minute))
-		} else {
-			r.propsFails, r.propsNext = 0, time.Time{}
-		}
 		switch {
 		case perr != nil:
+			r.propsFails++
+			r.propsNext = now.Add(min(sc.Interval<<min(r.propsFails, 12), time.Minute))
 			r.log.Debug("engine description unreadable", "err", perr, "failures", r.propsFails, "next", r.propsNext)
 		case sm.SGLang:
-			r.props, r.propsRead = props, true
+			r.props, r.propsRead, r.propsFails, r.propsNext = props, true, 0, time.Time{}
 			r.log.Info("engine batch slots from /get_server_info", "max_running_requests", props.TotalSlots, "disable_radix_cache", props.NoPrefixCache)
 		default:
-			r.props, r.propsRead = props, true
+			r.props, r.propsRead, r.propsFails, r.propsNext = props, true, 0, time.Time{}
 			r.log.Info("engine batch slots from /props", "total_slots", props.TotalSlots, "n_ctx_per_slot", props.SlotContext)
 		}
 	}

@@ -146,17 +146,6 @@ func (p *blockPool) free(b int32) bool { return p.blk[b].ref <= 0 }
 // live reports whether free-queue entry s is its block's live entry.
 func (p *blockPool) live(s uint32) bool { return p.blk[p.fq[s&p.fqMask]].ref == stamp(s) }
 
-// pushTail appends free block b to the free queue.
-func (p *blockPool) pushTail(b int32) {
-	if p.tail-p.head == uint32(len(p.fq)) {
-		p.compact()
-	}
-	p.fq[p.tail&p.fqMask] = b
-	p.blk[b].ref = stamp(p.tail)
-	p.tail++
-	p.nfree++
-}
-
 // compact drops the stale entries of a full ring, keeping the live ones in
 // order (renumbered from the head). The ring has twice as many entries as
 // there are blocks, so at least half of a full ring is stale.
@@ -261,13 +250,7 @@ func (p *blockPool) allocN(dst []int32, n int) []int32 {
 
 // release drops one reference; a block nobody references joins the free
 // queue's tail, still cached.
-func (p *blockPool) release(b int32) {
-	k := &p.blk[b]
-	k.ref--
-	if k.ref == 0 {
-		p.pushTail(b)
-	}
-}
+func (p *blockPool) release(b int32) { p.releaseAll([]int32{b}) }
 
 // releaseAll releases blocks last first, as that many release calls
 // would: the ring has room for all of them once (compacted first if
