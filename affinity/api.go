@@ -84,6 +84,22 @@ type EngineSignals struct {
 	SlotCaches       bool    // each slot caches only its own last prompt (llama.cpp): see CacheSlots
 	NoPrefixCache    bool    // the engine reports its prefix cache off (vLLM enable_prefix_caching="False"): see CacheNone
 	At               int64   // when scraped, nanoseconds on the caller's clock
+	// Mark is this router's load on the replica when the scrape was sent
+	// (Router.MarkSignals). The engine counted between sending and this
+	// call; with the mark, requests that began in that window count as
+	// this router's, so one that ended before the reply was read is not
+	// taken for another router's. Zero: the load at SetSignals (a caller
+	// that reads the engine synchronously, as the simulator does).
+	Mark SignalMark
+}
+
+// SignalMark is a replica's load as this router sees it at one moment
+// (Router.MarkSignals), for EngineSignals.Mark.
+type SignalMark struct {
+	busy, pend int64  // in flight and awaiting a first token: this router's and its peers'
+	began      uint64 // this router's Begins on the replica so far
+	gen        uint32 // the replica's generation (IDs are reused)
+	set        bool
 }
 
 // Request is what the Router decides on. Callers reuse one per goroutine.
@@ -160,6 +176,7 @@ type Policy interface {
 //	func (r *Router) RemoveReplica(id ReplicaID)           // index entries dropped; in-flight Flights may still End
 //	func (r *Router) SetHealthy(id ReplicaID, healthy bool)
 //	func (r *Router) SetDraining(id ReplicaID, draining bool)
+//	func (r *Router) MarkSignals(id ReplicaID) SignalMark   // before a scrape is sent: EngineSignals.Mark
 //	func (r *Router) SetSignals(id ReplicaID, s EngineSignals)
 //	func (r *Router) ResetCache(id ReplicaID)              // engine restarted: forget its cached prefixes
 //	func (r *Router) Decide(req *Request, d *Decision) error // ErrModelNotFound / ErrNoReplica

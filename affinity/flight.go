@@ -330,6 +330,15 @@ type pendEntry struct {
 
 // pend queues f, just begun, behind the replica's other requests awaiting
 // a first token. Called with the Router's write lock held.
+// begunSince returns how many requests Begin routed to p after its
+// count was n (n = 0: all of them).
+func (p *replica) begunSince(n uint64) uint64 {
+	p.pendMu.Lock()
+	hi := p.pendHi
+	p.pendMu.Unlock()
+	return hi - min(n, hi)
+}
+
 func (p *replica) pend(f *Flight) {
 	if !p.model.pendBaseSet { // Begin holds the Router's write lock
 		p.pendBase.Store(f.Start)

@@ -411,6 +411,24 @@ func (r *Router) SetDraining(id ReplicaID, draining bool) {
 	r.mu.RUnlock()
 }
 
+// MarkSignals returns the replica's load now, for the EngineSignals.Mark
+// of a scrape about to be sent; the zero mark for an unknown id.
+func (r *Router) MarkSignals(id ReplicaID) SignalMark {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	p := r.rep(id)
+	if p == nil {
+		return SignalMark{}
+	}
+	return SignalMark{
+		busy:  p.totalInFlight(),
+		pend:  max(p.totalPendingReqs(), 0),
+		began: p.begunSince(0),
+		gen:   p.gen,
+		set:   true,
+	}
+}
+
 // SetSignals records engine signals. A KVCapacityTokens report sizes the
 // replica's index when its spec gives no capacity.
 func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
@@ -423,8 +441,14 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigWaiting.Store(int64(s.Waiting))
 	p.sigRunning.Store(int64(s.Running))
 	storeF(&p.sigKV, s.KVUsage)
-	pending := max(p.totalPendingReqs(), 0)
-	p.sigOwnBusy.Store(p.totalInFlight())
+	busy, pending := p.totalInFlight(), max(p.totalPendingReqs(), 0)
+	if m := s.Mark; m.set && m.gen == p.gen {
+		// The engine counted at some moment since the mark: this router
+		// then had at most the mark's requests plus those begun since.
+		began := int64(p.begunSince(m.began))
+		busy, pending = max(busy, m.busy+began), max(pending, m.pend+began)
+	}
+	p.sigOwnBusy.Store(busy)
 	p.sigOwnPend.Store(pending)
 	p.sigAt.Store(s.At)
 	p.slotsSig.Store(clamp32(int64(max(s.BatchSlots, 0))))

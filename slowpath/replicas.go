@@ -447,6 +447,7 @@ func (s *Server) scrape(r *replica) {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	sc := &s.conf().Scrape
+	mark := s.brain.MarkSignals(r.id)
 	err := s.get(r, sc.Path, sc.Timeout, resp)
 	err = s.scrapeSize(r, err)
 	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
@@ -516,6 +517,7 @@ func (s *Server) scrape(r *replica) {
 		SlotCaches:       sm.Llama,
 		NoPrefixCache:    sm.NoPrefixCache || r.props.NoPrefixCache,
 		At:               s.now(),
+		Mark:             mark,
 	})
 }
 
