@@ -22,9 +22,10 @@ import "math"
 // KV usage, β_r the measured TTFT each busy request adds there (fitted over
 // its pool beside the TTFT model: fleetPrefill.sampleBusy; where it is
 // larger, the measurement replaces the constant; for a continuation whose
-// home has batch slots to spare, β_r alone: roomAtHome). X_r = 1 + max(N_r, N): N_r the requests queued for prefill on
-// r (Load.QueuedRequests), which a batching engine prefills in the steps
-// this request's prefill joins, N the mean of N_c over the candidates not
+// home has batch slots to spare, β_r alone: roomAtHome). X_r = 1 + max(N_r, N): N_r the requests on r awaiting
+// their first token (Load.QueuedRequests), whose prefill steps, or, for
+// those waiting for a batch slot, whose slots' decode steps this request's
+// prefill joins, N the mean of N_c over the candidates not
 // holding the prefix (less than half the best hit; every candidate when
 // none holds it), the queue those that will join r while it prefills find
 // on a replica that could take a recompute. The prefix's own homes are not
@@ -119,7 +120,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		inv := 1 / rate
 		e := &cs[i]
 		e.cached = c
-		e.queuedReqs = int64(queuedRequests(int(s), pendReqs, busy, other))
+		e.queuedReqs = int64(queuedRequests(pendReqs, other))
 		e.busy = int64(busy)
 		e.slots = s
 		e.over = over

@@ -89,20 +89,19 @@ func (l *Load) otherWaiting() int {
 	return max(l.Waiting-l.SignalPending, 0)
 }
 
-// QueuedRequests is N_r, the number of requests waiting for prefill ahead
-// of a new one, not counting those waiting for a batch slot: with known
-// slots, PendingRequests less the busy requests beyond the slots; without,
-// PendingRequests plus the fresh scrape's waiting requests of other routers
-// (otherWaiting).
+// QueuedRequests is N_r, the requests on the replica still awaiting their
+// first token: PendingRequests (this router's and its peers') plus the
+// fresh scrape's waiting requests of other routers (otherWaiting). Those
+// waiting for a batch slot count too: a new prefill shares the engine's
+// steps with the running requests' decoding, so their slots free later by
+// about its prefill time, and every request waiting for one waits that
+// much longer, as a request queued for prefill does.
 func (l *Load) QueuedRequests() int {
-	return queuedRequests(l.BatchSlots, l.PendingRequests, l.Busy(), l.otherWaiting())
+	return queuedRequests(l.PendingRequests, l.otherWaiting())
 }
 
 // queuedRequests is QueuedRequests of its inputs.
-func queuedRequests(slots, pending, busy, otherWaiting int) int {
-	if slots > 0 {
-		return max(pending-max(busy-slots, 0), 0)
-	}
+func queuedRequests(pending, otherWaiting int) int {
 	return pending + otherWaiting
 }
 

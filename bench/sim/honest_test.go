@@ -151,6 +151,14 @@ func TestFleetsDeterministic(t *testing.T) {
 			if a.Completed == 0 || a.Fleet != f.Name {
 				t.Fatalf("completed %d, fleet %q", a.Completed, a.Fleet)
 			}
+			// Each outcome carries the router's prediction and the
+			// engine's first scheduling, in order with its arrival and
+			// first token.
+			for _, o := range a.Outcomes {
+				if o.OK && (!(o.PredictedTTFT > 0) || o.Scheduled < o.Arrival || o.Scheduled > o.Arrival+o.TTFT || o.Busy < 0) {
+					t.Fatalf("outcome %+v: prediction, busy count or scheduling out of order", o)
+				}
+			}
 			switch f.Name {
 			case "no-cache":
 				if a.HitRate != 0 {

@@ -82,6 +82,13 @@ type Outcome struct {
 	TTFT, E2E    float64 // seconds
 	CachedTokens int     // engine-reported prefix hit
 	Predicted    int     // router-predicted cached tokens
+	// PredictedTTFT is the router's TTFT model at Begin (seconds);
+	// Busy the requests on the replica then (this one not counted);
+	// Scheduled when the engine first gave it a batch slot (seconds of
+	// virtual time).
+	PredictedTTFT float64
+	Busy          int
+	Scheduled     float64
 	PromptTokens int     // as the engine counted them
 	Arrival      float64 // seconds of virtual time
 	Finish       float64
@@ -717,7 +724,8 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 		c.res.Outcomes = append(c.res.Outcomes, Outcome{ID: f.wreq.ID, Replica: f.replica, OK: ok,
 			TTFT: float64(r.FirstTokenAt-r.Arrival) / 1e9, E2E: float64(r.FinishedAt-r.Arrival) / 1e9,
 			CachedTokens: r.CachedTokens, Predicted: f.predicted, PromptTokens: r.PromptTokens,
-			Arrival: float64(r.Arrival) / 1e9, Finish: float64(r.FinishedAt) / 1e9, Router: f.router})
+			Arrival: float64(r.Arrival) / 1e9, Finish: float64(r.FinishedAt) / 1e9, Router: f.router,
+			PredictedTTFT: f.fl.PredictedTTFT(), Busy: f.fl.BusyAtBegin(), Scheduled: float64(r.ScheduledAt) / 1e9})
 	}
 	if !ok {
 		c.res.Failed++
