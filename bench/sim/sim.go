@@ -82,18 +82,17 @@ type Outcome struct {
 	TTFT, E2E    float64 // seconds
 	CachedTokens int     // engine-reported prefix hit
 	Predicted    int     // router-predicted cached tokens
-	// PredictedTTFT is the router's TTFT model at Begin (seconds);
-	// Busy the requests on the replica then (this one not counted);
-	// Scheduled when the engine first gave it a batch slot (seconds of
-	// virtual time).
-	PredictedTTFT float64
-	Busy          int
-	Scheduled     float64
 	PromptTokens int     // as the engine counted them
 	Arrival      float64 // seconds of virtual time
 	Finish       float64
 	OK           bool
 	Router       int `json:",omitempty"` // the router instance that decided (Config.Routers > 1)
+	// PredictedTTFT is the router's TTFT model at Begin (seconds); Busy
+	// the requests on the replica then (this one not counted); Scheduled
+	// when the engine first gave it a batch slot (seconds of virtual time).
+	PredictedTTFT float64
+	Busy          int
+	Scheduled     float64
 }
 
 func (c Config) withDefaults() Config {
