@@ -328,8 +328,6 @@ type pendEntry struct {
 	done        bool  // first token seen, or ended without one
 }
 
-// pend queues f, just begun, behind the replica's other requests awaiting
-// a first token. Called with the Router's write lock held.
 // begunSince returns how many requests Begin routed to p after its
 // count was n (n = 0: all of them).
 func (p *replica) begunSince(n uint64) uint64 {
@@ -339,6 +337,8 @@ func (p *replica) begunSince(n uint64) uint64 {
 	return hi - min(n, hi)
 }
 
+// pend queues f, just begun, behind the replica's other requests awaiting
+// a first token. Called with the Router's write lock held.
 func (p *replica) pend(f *Flight) {
 	if !p.model.pendBaseSet { // Begin holds the Router's write lock
 		p.pendBase.Store(f.Start)

@@ -155,7 +155,7 @@ type repHot struct {
 	sigWaiting     atomic.Int64
 	sigRunning     atomic.Int64
 	sigKV          atomic.Uint64 // float64 bits
-	sigOwnBusy     atomic.Int64  // this router's and peers' in flight when the signals were set
+	sigOwnBusy     atomic.Int64  // this router's and peers' in flight when the engine counted (at most: EngineSignals.Mark)
 	sigOwnPend     atomic.Int64  // their requests without a first token then
 }
 
