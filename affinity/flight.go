@@ -265,6 +265,7 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		if f.tail != 0 && f.newBlocks > 0 {
 			k := tailKey(f.tail, f.Replica)
 			r.tails[k%tailSlots].Store(k)
+			r.noteTurn(f.tail, f.Replica)
 			if r.tailSink != nil {
 				r.tailSink.PeerTail(f.Replica, f.tail)
 			}
@@ -305,6 +306,30 @@ func tailKey(h uint64, id ReplicaID) uint64 { return pairKey(h, id) | 1 }
 func (r *Router) finishedTail(h uint64, id ReplicaID) bool {
 	k := tailKey(h, id)
 	return r.tails[k%tailSlots].Load() == k
+}
+
+// turnEntry packs a turns slot: the tail hash's high 32 bits (its low bits
+// chose the slot) and the replica.
+func turnEntry(h uint64, id ReplicaID) uint64 { return h&^0xFFFFFFFF | uint64(uint32(id)) }
+
+// noteTurn records that a finished request's prompt ended with block h on
+// replica id.
+func (r *Router) noteTurn(h uint64, id ReplicaID) {
+	r.turns[h%tailSlots].Store(turnEntry(h, id))
+}
+
+// takeTurn returns the replica that served the latest finished request
+// whose prompt ended with block h, if it is still recorded, and forgets
+// it: a turn continues once, so other requests that share the prefix up
+// to that block (users of one template) are not read as that
+// conversation's next turns.
+func (r *Router) takeTurn(h uint64) (ReplicaID, bool) {
+	s := &r.turns[h%tailSlots]
+	e := s.Load()
+	if e == 0 || e&^0xFFFFFFFF != h&^0xFFFFFFFF || !s.CompareAndSwap(e, 0) {
+		return NoReplica, false
+	}
+	return ReplicaID(int32(uint32(e))), true
 }
 
 // takeTail forgets that block h ended a finished request on replica id,

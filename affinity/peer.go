@@ -164,6 +164,7 @@ func (r *Router) ApplyPeer(peer int, ups []PeerUpdate) error {
 			if u.Tail != 0 {
 				k := tailKey(u.Tail, u.Replica)
 				r.tails[k%tailSlots].Store(k)
+				r.noteTurn(u.Tail, u.Replica)
 			}
 		}
 	}

@@ -355,4 +355,9 @@ func TestPeerTailShared(t *testing.T) {
 	if b.finishedTail(turn2.Hashes[held-1], idOf(t, b, "r0")) {
 		t.Fatal("tail recorded for the wrong replica")
 	}
+	// and which replica served it, for keeping the next turn there on
+	// slot engines (CostPolicy.keepTurn)
+	if id, ok := b.takeTurn(turn2.Hashes[held-1]); !ok || id != r1b {
+		t.Fatalf("b's record of turn 1's replica: %v %v, want %v", id, ok, r1b)
+	}
 }

@@ -1,6 +1,9 @@
 package affinity
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // CostPolicy (the default) ranks by estimated time to first token plus the
 // delay the request's own prefill imposes on the requests queued behind it:
@@ -36,7 +39,10 @@ import "math"
 // best predicted hit is (costCand.isFull: no free batch slot, or a backlog),
 // X_r = 1, so a prefix too hot for its homes' batches is computed once
 // more where a slot is free instead of waiting for
-// decodes to finish. Ties break at random.
+// decodes to finish. Ties break at random. On engines that cache whole
+// prompts per slot, a conversation's later turn then goes back to its
+// previous turn's replica when that costs at most a quarter more
+// (keepTurn).
 // Above Config.MaxScan candidates it scores a random window of them plus
 // every prefix holder (View.Sample). See README.md for intent and the
 // guards.
@@ -54,6 +60,84 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	}
 	cs, lowest := p.score(v, req)
 	v.rankPruned(cs, lowest, d)
+	p.keepTurn(v, req, cs, d)
+}
+
+// turnLookback is how many blocks back from a prompt's end keepTurn looks
+// for the block its previous turn ended with: the answer and the new
+// question between them, up to 2,048 tokens at 64-token blocks.
+const turnLookback = 32
+
+// keepTurnSlack is how much longer than the best a kept turn's estimate
+// may be, in parts of the best: 0.25, a quarter more.
+const keepTurnSlack = 0.25
+
+// keepTurn puts a conversation's later turn back on the replica that
+// served its previous turn (Router.takeTurn) when that replica's engine
+// caches whole prompts per batch slot (slot mode: llama.cpp), no other
+// replica is predicted to hold more of the turn's history, and its
+// estimate is within keepTurnSlack of the best's.
+//
+// Such an engine keeps a few whole prompts (one per slot, and a host
+// cache of some more), and every conversation passing through pushes
+// one out. Left to the estimate alone, a turn whose history is gone
+// everywhere goes to the least loaded replica, and one whose history is
+// still at home but behind a queue of slot waiters goes where a slot is
+// free; over many conversations every replica serves every conversation,
+// each holds a smaller share of their histories, and leaving a replica
+// costs less and less because less is left there: the churn feeds
+// itself. Kept where it was, a conversation meets fewer others, and its
+// history is there more often for its next turn (the simulator's
+// llama.cpp fleet at 80% load: hit rate 0.66 to 0.72, mean TTFT 0.80 to
+// 0.67 s). Engines with paged caches are left to the estimate: their
+// caches keep the shared blocks of many conversations, and keeping turns
+// there made TTFT worse where the cache was small (affinity/README.md).
+func (p *CostPolicy) keepTurn(v *View, req *Request, cs []costCand, d *Decision) {
+	hs := req.Hashes
+	if len(d.Ranked) == 0 || len(hs) < 2 || v.r.slotReps.Load() == 0 {
+		return
+	}
+	id := NoReplica
+	for j := len(hs) - 2; j >= max(0, len(hs)-1-turnLookback); j-- {
+		if r, ok := v.r.takeTurn(hs[j]); ok {
+			id = r
+			break
+		}
+	}
+	if id == NoReplica || d.Ranked[0] == id {
+		return
+	}
+	cands := v.Candidates()
+	at, best := -1, -1
+	for i, c := range cands {
+		if c == id {
+			at = i
+		}
+		if c == d.Ranked[0] {
+			best = i
+		}
+	}
+	if at < 0 || best < 0 || !v.r.reps[id].slotMode.Load() {
+		return
+	}
+	e := &cs[at]
+	bt := float64(v.r.bt)
+	for i := range cs {
+		if cs[i].cached > e.cached+bt {
+			return
+		}
+	}
+	eb := cs[best].est(v.r.hotOf(d.Ranked[0]), req.Now)
+	if e.est(v.r.hotOf(id), req.Now) > eb+keepTurnSlack*eb {
+		return
+	}
+	if i := slices.Index(d.Ranked, id); i > 0 {
+		copy(d.Ranked[1:i+1], d.Ranked[:i])
+	} else {
+		d.Ranked = append(d.Ranked[:len(d.Ranked)-1], 0)
+		copy(d.Ranked[1:], d.Ranked)
+	}
+	d.Ranked[0] = id
 }
 
 // score prepares every candidate's estimate: cs[i] holds candidate i's

@@ -60,6 +60,12 @@ type Router struct {
 	// direct-mapped table of pairKey values (0 = empty): a collision only
 	// forgets a credit.
 	tails [tailSlots]atomic.Uint64
+	// turns remembers which replica a finished request's prompt ended on,
+	// keyed by that tail block alone: the conversation's last server, which
+	// a later turn finds by the block its prompt continues from, even after
+	// the index has aged that history out (CostPolicy.keepTurn). Lossy and
+	// direct-mapped like tails: turnEntry values, 0 = empty.
+	turns [tailSlots]atomic.Uint64
 	// contCredit (float64 bits) is the EWMA of the cached tokens the engines
 	// reported beyond the index's prediction on requests whose held prefix
 	// ended at such a tail: what a continuation is worth (a chat's previous
