@@ -21,11 +21,14 @@ const (
 	FleetHetero    = "enginesim-hetero"  // the last engine HeteroSlowdown times slower
 	FleetNoCache   = "enginesim-nocache" // --no-enable-prefix-caching: nothing cached between requests
 	FleetLlamacpp  = "llamacpp"          // real llama-server processes (bench/llamacpp), one core each
+	// FleetLlamaSmallCache: the same with a host prompt cache that holds
+	// a few prompts (--cache-ram 4), and four times the conversations.
+	FleetLlamaSmallCache = "llamacpp-smallcache"
 )
 
 // Fleets lists every fleet, in report order.
 func Fleets() []string {
-	return []string{FleetEnginesim, FleetSeqs4, FleetSeqs16, FleetHetero, FleetNoCache, FleetLlamacpp}
+	return []string{FleetEnginesim, FleetSeqs4, FleetSeqs16, FleetHetero, FleetNoCache, FleetLlamacpp, FleetLlamaSmallCache}
 }
 
 // fleet is one kind of engine cluster behind the routers.
@@ -39,6 +42,8 @@ type fleet struct {
 	prefillRate float64              // warmpath's seed prefill rate, tokens per wall second
 	rps         []float64
 	requests    int
+	llamaArgs   []string // extra llama-server flags
+	chats       int      // multi-turn conversations; 0 = the fleet kind's default
 }
 
 // fleetSpec describes fleet name under o (defaults filled in).
@@ -75,6 +80,20 @@ func fleetSpec(o Options, name string) (fleet, error) {
 		f.about = fmt.Sprintf("%d llama.cpp llama-server processes (tiny random-weight model, %d slots x %d tokens, one core each)",
 			o.LlamaServers, o.LlamaSlots, o.LlamaCtxPerSlot)
 		f.kvTokens, f.prefillRate, f.rps, f.requests = o.LlamaSlots*o.LlamaCtxPerSlot, 6000, o.LlamaRPS, o.LlamaRequests
+	case FleetLlamaSmallCache:
+		// The tiny model's KV is 1 KiB a token, so llama.cpp's default 8 GiB
+		// host cache holds every prompt a run sends and no conversation's
+		// history is ever lost. An 8B model's is 128 KiB a token: there the
+		// default holds 65,536 tokens, some 18 of the simulator's
+		// conversations. 4 MiB holds 4,096 tokens here, two or three of
+		// these conversations' prompts, and with 24 conversations the
+		// slots and host caches of two servers hold about half of them.
+		f.engines, f.timeScale, f.llama = o.LlamaServers, 1, true
+		f.llamaArgs, f.chats = []string{"--cache-ram", "4"}, 24
+		f.about = fmt.Sprintf("%d llama.cpp llama-server processes (tiny random-weight model, %d slots x %d tokens, one core each), "+
+			"`--cache-ram 4`: a host prompt cache of 4,096 tokens, a few prompts, as an 8B model's default 8 GiB holds some 18 long ones; "+
+			"multi-turn with 24 conversations of 6-8 turns whose own history outweighs the system prompt", o.LlamaServers, o.LlamaSlots, o.LlamaCtxPerSlot)
+		f.kvTokens, f.prefillRate, f.rps, f.requests = o.LlamaSlots*o.LlamaCtxPerSlot, 6000, o.LlamaRPS, 4*o.LlamaRequests
 	default:
 		return fleet{}, fmt.Errorf("unknown fleet %q (have %v)", name, Fleets())
 	}
@@ -86,7 +105,7 @@ func fleetSpec(o Options, name string) (fleet, error) {
 // hold (llama-server fleets).
 func startEngines(ctx context.Context, o Options, f fleet, n int, g *child.Group) ([]string, func() error, func(), error) {
 	if f.llama {
-		lf, err := llamacpp.Start(ctx, llamacpp.Options{N: n, Slots: o.LlamaSlots, CtxPerSlot: o.LlamaCtxPerSlot, Alias: workload.DefaultModel})
+		lf, err := llamacpp.Start(ctx, llamacpp.Options{N: n, Slots: o.LlamaSlots, CtxPerSlot: o.LlamaCtxPerSlot, Alias: workload.DefaultModel, Args: f.llamaArgs})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -130,6 +149,12 @@ func fleetWorkloads(o Options, f fleet) []*workload.Workload {
 		mt.Conversations, mt.MinTurns, mt.MaxTurns, mt.QuestionTokens, mt.AnswerTokens, mt.ThinkSeconds = 8, 4, 6, 64, 32, 2
 		ns.MaxTokens, ns.OutputTokens = 2048, 32
 	}
+	if f.chats > 0 {
+		// chats whose own history outweighs the system prompt (up to
+		// 512 + 8 x 192 tokens), so losing it costs what it does in
+		// long conversations
+		mt.Conversations, mt.SharedTokens, mt.QuestionTokens, mt.AnswerTokens, mt.MinTurns, mt.MaxTurns = f.chats, 512, 128, 64, 6, 8
+	}
 	if o.Smoke {
 		sp.Groups, sp.PromptsPerGroup, sp.SystemTokens, sp.OutputTokens = 6, 8, 1024, 16
 		oc.InstructionTokens, oc.OutputTokens, oc.BurstSize = 2048, 16, 8
@@ -147,7 +172,8 @@ func fleetWorkloads(o Options, f fleet) []*workload.Workload {
 		add(workload.NoSharing(ns))
 	}
 	out = slices.DeleteFunc(out, func(w *workload.Workload) bool {
-		return len(o.Workloads) > 0 && !slices.Contains(o.Workloads, w.Name)
+		// a fleet sized for its conversations runs only them
+		return len(o.Workloads) > 0 && !slices.Contains(o.Workloads, w.Name) || f.chats > 0 && w.Name != "multi-turn"
 	})
 	for _, w := range out {
 		if len(w.Requests) > f.requests {
