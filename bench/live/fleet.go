@@ -22,7 +22,8 @@ const (
 	FleetNoCache   = "enginesim-nocache" // --no-enable-prefix-caching: nothing cached between requests
 	FleetLlamacpp  = "llamacpp"          // real llama-server processes (bench/llamacpp), one core each
 	// FleetLlamaSmallCache: the same with a host prompt cache that holds
-	// a few prompts (--cache-ram 4), and four times the conversations.
+	// a few prompts (--cache-ram 4), running multi-turn alone with three
+	// times the conversations and longer histories.
 	FleetLlamaSmallCache = "llamacpp-smallcache"
 )
 

@@ -288,6 +288,49 @@ func checkRouterLog(t *testing.T, base string, want int) {
 	}
 }
 
+// TestSmallCacheFleet: the llamacpp-smallcache fleet starts its servers
+// with a small host cache and runs multi-turn alone, with more and longer
+// conversations than the llamacpp fleet, within its request cap.
+func TestSmallCacheFleet(t *testing.T) {
+	o := Options{}.withDefaults()
+	f, err := fleetSpec(o, FleetLlamaSmallCache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.llama || strings.Join(f.llamaArgs, " ") != "--cache-ram 4" || f.requests != 4*o.LlamaRequests {
+		t.Fatalf("fleet %+v: want llama-server with --cache-ram 4 and 4x the request cap", f)
+	}
+	plain, err := fleetSpec(o, FleetLlamacpp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plain.llamaArgs) != 0 {
+		t.Fatalf("llamacpp fleet's extra flags %v, want none", plain.llamaArgs)
+	}
+	ws := fleetWorkloads(o, f)
+	if len(ws) != 1 || ws[0].Name != "multi-turn" {
+		t.Fatalf("%d workloads, want multi-turn alone", len(ws))
+	}
+	convs := map[int]bool{}
+	for _, r := range ws[0].Requests {
+		convs[r.Conversation] = true
+	}
+	var base int
+	for _, w := range fleetWorkloads(o, plain) {
+		if w.Name == "multi-turn" {
+			seen := map[int]bool{}
+			for _, r := range w.Requests {
+				seen[r.Conversation] = true
+			}
+			base = len(seen)
+		}
+	}
+	if len(ws[0].Requests) > f.requests || len(convs) != 24 || base >= len(convs) {
+		t.Fatalf("%d requests (cap %d) of %d conversations (llamacpp's: %d), want 24 within the cap",
+			len(ws[0].Requests), f.requests, len(convs), base)
+	}
+}
+
 // TestWorkloadsFilter: Workloads() names every routing workload, in the
 // order they run, and Options.Workloads keeps only those it names.
 func TestWorkloadsFilter(t *testing.T) {
