@@ -1,6 +1,8 @@
 package affinity
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -89,6 +91,18 @@ func TestKeepTurnOnSlotEngines(t *testing.T) {
 			}
 			if len(d.Ranked) != 2 || d.Ranked[0] == d.Ranked[1] {
 				t.Fatalf("ranked %v: want both replicas once", d.Ranked)
+			}
+			// kept against the estimate's first choice: counted and exported
+			want := 0
+			if tc.wantHome {
+				want = 1
+			}
+			if n := r.Stats().TurnsKept; n != uint64(want) {
+				t.Fatalf("Stats().TurnsKept %d, want %d", n, want)
+			}
+			text := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_turns_kept_total"})
+			if !strings.Contains(text, fmt.Sprintf("warmpath_affinity_turns_kept_total %d\n", want)) {
+				t.Fatalf("metric:\n%s\nwant %d", text, want)
 			}
 		})
 	}

@@ -138,6 +138,7 @@ func (p *CostPolicy) keepTurn(v *View, req *Request, cs []costCand, d *Decision)
 		copy(d.Ranked[1:], d.Ranked)
 	}
 	d.Ranked[0] = id
+	v.r.turnsKept.Add(1)
 }
 
 // score prepares every candidate's estimate: cs[i] holds candidate i's

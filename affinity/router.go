@@ -51,6 +51,7 @@ type Router struct {
 	noReplica     atomic.Uint64
 	mispredicts   atomic.Uint64
 	rollbacks     atomic.Uint64
+	turnsKept     atomic.Uint64 // CostPolicy.keepTurn's moves
 	promptTokens  atomic.Uint64
 	cachedTokens  atomic.Uint64
 

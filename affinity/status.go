@@ -91,6 +91,7 @@ type Stats struct {
 	NoReplica      uint64 // Decide calls that returned ErrNoReplica
 	Mispredictions uint64 // End reports far below the predicted cached tokens
 	Rollbacks      uint64 // speculative inserts undone (failed before first token)
+	TurnsKept      uint64 // chat turns put back on their previous turn's replica (CostPolicy.keepTurn)
 	Evictions      uint64 // (block, replica) pairs evicted by LRU bounds
 	TrackedBlocks  int    // distinct block hashes in the index
 	TrackedPairs   int    // (block, replica) pairs in the index
@@ -109,6 +110,7 @@ func (r *Router) Stats() Stats {
 		NoReplica:      r.noReplica.Load(),
 		Mispredictions: r.mispredicts.Load(),
 		Rollbacks:      r.rollbacks.Load(),
+		TurnsKept:      r.turnsKept.Load(),
 		Evictions:      r.idx.evictions,
 		TrackedBlocks:  len(r.idx.blocks),
 		TrackedPairs:   len(r.idx.pairs),
