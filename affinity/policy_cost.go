@@ -75,8 +75,8 @@ const keepTurnSlack = 0.25
 // keepTurn puts a conversation's later turn back on the replica that
 // served its previous turn (Router.takeTurn) when that replica's engine
 // caches whole prompts per batch slot (slot mode: llama.cpp), no other
-// replica is predicted to hold more of the turn's history, and its
-// estimate is within keepTurnSlack of the best's.
+// replica is predicted to hold more than a block more of the turn's
+// prompt, and its estimate is within keepTurnSlack of the best's.
 //
 // Such an engine keeps a few whole prompts (one per slot, and a host
 // cache of some more), and every conversation passing through pushes
