@@ -109,11 +109,11 @@ func (p *CostPolicy) keepTurn(v *View, req *Request, cs []costCand, d *Decision)
 	}
 	cands := v.Candidates()
 	at, best := -1, -1
-	for i, c := range cands {
-		if c == id {
+	for i := 0; i < len(cands) && (at < 0 || best < 0); i++ {
+		switch cands[i] {
+		case id:
 			at = i
-		}
-		if c == d.Ranked[0] {
+		case d.Ranked[0]:
 			best = i
 		}
 	}
