@@ -520,7 +520,8 @@ func (e *Engine) plan(t int64) {
 			var hit int
 			sl, hit, save = e.pickSlot(s)
 			if save && e.ramCap > 0 {
-				hit = max(hit, e.ramHit(s))
+				_, k := e.ramBest(s, e.slots[sl].hashes)
+				hit = max(hit, min(k, (s.numTokens-1)/e.bs))
 			}
 			computed = hit * e.bs
 		} else if e.caching {
@@ -560,7 +561,14 @@ func (e *Engine) plan(t int64) {
 		if sl >= 0 {
 			s.slot = sl
 			if save && e.ramCap > 0 {
-				e.ramSave(e.slots[sl].hashes)
+				// llama.cpp saves the slot's prompt, loads the best
+				// cached one (it leaves the cache), then evicts
+				own := e.slots[sl].hashes
+				e.ramSave(own)
+				if at, _ := e.ramBest(s, own); at >= 0 {
+					e.ramDrop(at)
+				}
+				e.ramEvict()
 			}
 			e.slots[sl].busy = true
 			s.committed = computed / e.bs
@@ -819,47 +827,75 @@ func (e *Engine) pickSlot(s *seq) (slot, hit int, save bool) {
 	return lru, hit, len(e.slots[lru].hashes) > 0
 }
 
-// ramHit is the longest prefix of s's blocks a prompt in the host cache
-// holds (at most all but the last prompt token).
-func (e *Engine) ramHit(s *seq) int {
-	maxHit := min((s.numTokens-1)/e.bs, len(s.hashes))
-	best := 0
-	for _, h := range e.ram {
-		k := 0
-		for k < maxHit && k < len(h) && h[k] == s.hashes[k] {
-			k++
-		}
-		best = max(best, k)
-	}
-	return best
-}
-
-// ramSave puts prompt in the host cache, replacing a cached prompt it
-// extends (one that covers it already keeps it out), and evicts the oldest
-// past the budget.
-func (e *Engine) ramSave(prompt []uint64) {
-	if len(prompt) == 0 || len(prompt) > e.ramCap {
-		return
+// ramBest is the host-cache prompt llama.cpp loads for s into a slot
+// holding own (server_prompt_cache::load): from the oldest, each cached
+// prompt sharing at least a quarter of itself with s that beats the best
+// so far (own first) on both the part of itself it keeps and the part of
+// s it covers. It returns its index (-1: none) and the blocks it shares.
+func (e *Engine) ramBest(s *seq, own []uint64) (at, shared int) {
+	at, shared = -1, commonBlocks(own, s.hashes)
+	keep := -1.0
+	if len(own) > 0 {
+		keep = float64(shared) / float64(len(own))
 	}
 	for i, h := range e.ram {
-		k := 0
-		for k < len(h) && k < len(prompt) && h[k] == prompt[k] {
-			k++
+		k := commonBlocks(h, s.hashes)
+		f := float64(k) / float64(len(h))
+		if f < 0.25 {
+			continue
 		}
-		if k == len(prompt) {
-			return
-		}
-		if k == len(h) {
-			e.ramBlocks -= len(h)
-			e.ram = append(e.ram[:i], e.ram[i+1:]...)
-			break
+		if keep < f && shared < k {
+			at, shared, keep = i, k, f
 		}
 	}
-	e.ram = append(e.ram, append([]uint64(nil), prompt...))
+	return at, shared
+}
+
+// commonBlocks is how many leading blocks a and b share.
+func commonBlocks(a, b []uint64) int {
+	k := 0
+	for k < len(a) && k < len(b) && a[k] == b[k] {
+		k++
+	}
+	return k
+}
+
+// ramSave puts prompt in the host cache (server_prompt_cache::alloc):
+// nothing when a cached prompt covers it, else the cached prompts it
+// covers leave and it is added as the newest. Eviction is ramEvict's.
+func (e *Engine) ramSave(prompt []uint64) {
+	if len(prompt) == 0 {
+		return
+	}
+	for _, h := range e.ram {
+		if commonBlocks(h, prompt) == len(prompt) {
+			return
+		}
+	}
+	kept := e.ram[:0]
+	for _, h := range e.ram {
+		if commonBlocks(h, prompt) == len(h) {
+			e.ramBlocks -= len(h)
+			continue
+		}
+		kept = append(kept, h)
+	}
+	clear(e.ram[len(kept):])
+	e.ram = append(kept, append([]uint64(nil), prompt...))
 	e.ramBlocks += len(prompt)
-	for e.ramBlocks > e.ramCap {
-		e.ramBlocks -= len(e.ram[0])
-		e.ram = e.ram[1:]
+}
+
+// ramDrop takes cached prompt i out of the host cache (loaded into a slot).
+func (e *Engine) ramDrop(i int) {
+	e.ramBlocks -= len(e.ram[i])
+	e.ram = append(e.ram[:i], e.ram[i+1:]...)
+}
+
+// ramEvict drops the oldest cached prompts past the budget, always keeping
+// the newest (server_prompt_cache::update).
+func (e *Engine) ramEvict() {
+	for len(e.ram) > 1 && e.ramBlocks > e.ramCap {
+		e.ramDrop(0)
 	}
 }
 

@@ -169,5 +169,53 @@ func TestSlotModelHostCache(t *testing.T) {
 		if r := run(4, "A", "q4"); r.CachedTokens != want {
 			t.Errorf("cache-ram %d: A after C took its slot: cached %d, want %d", ram, r.CachedTokens, want)
 		}
+		// A's slot-mate B was saved to make room, and A, loaded, left
+		// the cache (server_prompt_cache::load erases what it loads).
+		if ram > 0 && (len(e.ram) != 1 || e.ramBlocks != len(e.ram[0]) || e.ram[0][0] == e.ram[0][1]) {
+			t.Errorf("host cache after A's load: %d prompts, %d blocks; want B's alone", len(e.ram), e.ramBlocks)
+		}
+	}
+}
+
+// TestSlotModelHostCacheRules: the host cache keeps llama.cpp's rules: a
+// cached prompt sharing under a quarter of itself with the request is not
+// loaded, one a new save covers leaves, and past the budget the oldest go
+// but the newest always stays.
+func TestSlotModelHostCacheRules(t *testing.T) {
+	e := newTestEngine(t, func(c *Config) { c.Slots = 1; c.NumGPUBlocks = 64; c.CacheRAMTokens = 10 * 16 })
+	// chain(tag, shared, n): n blocks, the first shared of them common
+	// to every chain, the rest the tag's own
+	chain := func(tag uint64, shared, n int) []uint64 {
+		h := make([]uint64, n)
+		for i := range h {
+			h[i] = uint64(i+1)<<8 | 1
+			if i >= shared {
+				h[i] = uint64(i+1)<<8 | tag
+			}
+		}
+		return h
+	}
+	e.ramSave(chain(2, 8, 8))
+	s := &seq{hashes: chain(3, 1, 8)} // shares 1 of the saved prompt's 8 blocks
+	if at, k := e.ramBest(s, nil); at != -1 || k != 0 {
+		t.Errorf("an eighth shared: loaded %d (%d blocks), want none", at, k)
+	}
+	s.hashes = chain(4, 2, 8) // shares 2 of 8: a quarter
+	if at, k := e.ramBest(s, nil); at != 0 || k != 2 {
+		t.Errorf("a quarter shared: loaded %d (%d blocks), want entry 0, 2 blocks", at, k)
+	}
+	e.ramSave(chain(2, 9, 9)) // covers the first save
+	if len(e.ram) != 1 || e.ramBlocks != 9 {
+		t.Errorf("after a covering save: %d prompts, %d blocks; want 1, 9", len(e.ram), e.ramBlocks)
+	}
+	e.ramSave(chain(5, 0, 6))
+	e.ramEvict()
+	if len(e.ram) != 1 || e.ramBlocks != 6 {
+		t.Errorf("15 blocks in a 10-block cache: %d prompts, %d blocks; want the newest 6 alone", len(e.ram), e.ramBlocks)
+	}
+	e.ramSave(chain(6, 0, 12))
+	e.ramEvict()
+	if len(e.ram) != 1 || e.ramBlocks != 12 {
+		t.Errorf("a 12-block save in a 10-block cache: %d prompts, %d blocks; want it kept alone", len(e.ram), e.ramBlocks)
 	}
 }
