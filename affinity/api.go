@@ -147,6 +147,7 @@ type Flight struct {
 	buffered   bool    // Request.Buffered: no rate sample at FirstToken
 	cont       bool    // the replica's held prefix ended at a finished request's tail
 	slotSeq    uint64  // the flight's number in the replica's slot model; 0 = none
+	ram        ramUse  // what the slot model expected the engine to load from its RAM cache
 	pendSeq    uint64  // the flight's number in the replica's pendQ
 	decoding   bool    // counted in the replica's decoding sums (FirstToken) until End
 }

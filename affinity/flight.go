@@ -41,9 +41,10 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	// An engine with per-slot caches reuses what the slot it gives the
 	// request holds, or its RAM cache (slotcache.go).
 	var seq uint64
+	var use ramUse
 	if sc, n := p.slotModel(); sc != nil {
 		var shared int
-		seq, shared = sc.begin(n, req.Hashes)
+		seq, shared, use = sc.begin(n, req.Hashes)
 		held = min(shared, len(hs))
 	}
 	cached := min(held*r.bt, req.PromptTokens)
@@ -85,7 +86,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		// read as that request's continuation (policy_cost.go).
 		r.takeTail(hs[held-1], id)
 	}
-	f.slotSeq = seq
+	f.slotSeq, f.ram = seq, use
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
@@ -242,6 +243,9 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	}
 	p.inFlight.Add(-1)
 	p.slotc.end(f.slotSeq)
+	if ok {
+		p.slotc.learnRAM(f.ram, cachedTokens, r.bt)
+	}
 	if f.decoding {
 		p.decStart.Add(-(f.FirstTokenAt - p.pendBase.Load()))
 		p.decN.Add(-1)

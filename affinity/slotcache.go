@@ -27,9 +27,10 @@ import "sync"
 // is in no other slot and not in the RAM cache. slotCache replays the
 // engine's choices on the requests this router sent: which prompt each
 // slot holds, which slots are busy, and which prompts the engine saved to
-// its RAM cache (the last ramPrompts of them). The prediction for a request
-// is the prefix the slot it would get shares with it, or the best saved
-// prompt's where the engine would consult that cache. Requests other
+// its RAM cache (ramModel: the saves as llama.cpp keeps them, its size
+// learned). The prediction for a request is the prefix the slot it would
+// get shares with it, or the prompt it would load from that cache where
+// the engine would consult it. Requests other
 // routers send to the engine are not seen (their slots read as this
 // router's last prompts).
 type slotCache struct {
@@ -41,19 +42,43 @@ type slotCache struct {
 	waiting []slotEntry
 	seq     uint64 // last flight number given out
 	tick    int64  // logical clock for least-recently-used
-	// ram are the prompts the engine saved to its RAM cache, a ring of at
-	// most ramPrompts; ramNext is the entry the next save overwrites once
-	// full.
-	ram     []slotEntry
-	ramNext int
+	// ram are the last ramPrompts prompts the engine saved to its RAM
+	// cache, oldest first, ramBlocks their blocks; entries past len keep
+	// their buffers for reuse. ramCap is the cache's size in blocks as
+	// learned from the engine's answers (learnRAM), 0 while unknown: a
+	// saved prompt is predicted there while it and the newer saves fit
+	// in it. Older saves stay in the model as ghosts, so an answer that
+	// reuses one shows the size was set too small. ramHits are the
+	// sizes the last loads the engine confirmed needed.
+	ram       []slotEntry
+	ramBlocks int
+	ramCap    int
+	ramHits   [8]int
+	ramHitAt  int
 }
 
-// ramPrompts bounds the RAM cache model. llama.cpp's cache holds what fits
-// in --cache-ram (8 GiB by default): a few prompts of a large model, many
-// of a small one; the router does not know the KV bytes per token, so it
-// keeps the last ramPrompts saves, and the replica's confidence discounts
-// hits that do not come true.
+// ramPrompts bounds the RAM cache model's entries. llama.cpp's cache holds
+// what fits in --cache-ram (8 GiB by default): a few prompts of a large
+// model, many of a small one. The router does not know the KV bytes per
+// token, so it starts from the last ramPrompts saves and learns the size
+// from what the engine reuses (learnRAM).
 const ramPrompts = 32
+
+// ramKeepMin is llama.cpp's floor for loading a saved prompt: it must
+// share at least this part of its own tokens with the request
+// (server_prompt_cache::load, "don't trash large prompts").
+const ramKeepMin = 0.25
+
+// ramUse is what the slot model expects of the RAM cache for one request:
+// the saved prompt it loads, how many blocks it shares with the request
+// against the slot's own, and the blocks of that prompt and every newer
+// save (what the cache must hold for it to be there). With ghost, the
+// prompt it would load were the cache larger than learned: predicted not
+// loaded. Zero when the request would not load from RAM.
+type ramUse struct {
+	shared, own, suffix int
+	ghost               bool
+}
 
 type slotEntry struct {
 	hashes []uint64 // the prompt's block chain (owned: copied in)
@@ -142,68 +167,178 @@ func (c *slotCache) pick(hashes []uint64) (slot, shared int, ram bool) {
 func (c *slotCache) predict(n int, hashes []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	shared, _, _ := c.predictLocked(n, hashes)
+	shared, _, _, _ := c.predictLocked(n, hashes)
 	return shared
 }
 
 // predictLocked is predict, with the slot the request would take (-1:
-// every slot busy, it waits) and whether the engine would first save that
-// slot to RAM. With every slot busy the request takes the first slot to
-// free: the one whose request began longest ago, past those the waiting
-// requests take. Callers hold mu.
-func (c *slotCache) predictLocked(n int, hashes []uint64) (shared, slot int, ram bool) {
+// every slot busy, it waits), whether the engine would first save that
+// slot to RAM, and what it would load from RAM. With every slot busy the
+// request takes the first slot to free: the one whose request began
+// longest ago, past those the waiting requests take. Callers hold mu.
+func (c *slotCache) predictLocked(n int, hashes []uint64) (shared, slot int, ram bool, use ramUse) {
 	if len(c.slots) != n {
 		c.resize(n)
 	}
 	slot, shared, ram = c.pick(hashes)
 	pickRAM := ram
-	if slot < 0 {
+	var own []uint64
+	if slot >= 0 {
+		own = c.slots[slot].hashes
+	} else {
 		e := c.freedNext(len(c.waiting))
-		shared = lcp(e.hashes, hashes)
-		ram = len(e.hashes) > 0 && 2*shared < len(e.hashes)
+		own = e.hashes
+		shared = lcp(own, hashes)
+		ram = len(own) > 0 && 2*shared < len(own)
 	}
 	if ram {
-		shared = max(shared, c.ramMatch(hashes))
+		if at, k, suffix := c.ramBest(hashes, own, c.ramCap); at >= 0 {
+			use = ramUse{shared: k, own: shared, suffix: suffix}
+			shared = k
+		} else if c.ramCap > 0 {
+			if at, k, suffix := c.ramBest(hashes, own, 0); at >= 0 {
+				use = ramUse{shared: k, own: shared, suffix: suffix, ghost: true}
+			}
+		}
 	}
-	return shared, slot, pickRAM
+	return shared, slot, pickRAM, use
 }
 
-// ramMatch is the longest prefix of hashes a saved prompt holds. Callers
-// hold mu.
-func (c *slotCache) ramMatch(hashes []uint64) int {
-	best := 0
+// ramBest is the saved prompt llama.cpp would load for a request with
+// hashes into a slot holding own (server_prompt_cache::load): from the
+// oldest save, each one sharing at least ramKeepMin of its own blocks with
+// the request that beats the best so far (the slot's own prompt first) on
+// both the part of itself it keeps and the part of the request it covers.
+// Saves whose suffix (their blocks and every newer save's) is over size
+// blocks are not there (size 0: no bound). It returns the entry's index
+// (-1: none), the blocks it shares, and its suffix. Callers hold mu.
+func (c *slotCache) ramBest(hashes, own []uint64, size int) (at, shared, suffix int) {
+	at, shared = -1, lcp(own, hashes)
+	keep := -1.0
+	if len(own) > 0 {
+		keep = float64(shared) / float64(len(own))
+	}
+	rest := c.ramBlocks // entry i's suffix
 	for i := range c.ram {
-		best = max(best, lcp(c.ram[i].hashes, hashes))
+		h := c.ram[i].hashes
+		s := rest
+		rest -= len(h)
+		if size > 0 && s > size {
+			continue
+		}
+		k := lcp(h, hashes)
+		f := float64(k) / float64(len(h))
+		if f < ramKeepMin {
+			continue
+		}
+		if keep < f && shared < k {
+			at, shared, keep, suffix = i, k, f, s
+		}
 	}
-	return best
+	return at, shared, suffix
 }
 
-// save records that the engine saved prompt to its RAM cache: a saved
-// prompt it extends is replaced, and one that already covers it is kept
-// instead. Callers hold mu.
+// save records that the engine saved prompt to its RAM cache
+// (server_prompt_cache::alloc): nothing when a saved prompt covers it
+// already, else saved prompts it covers are dropped and it is added as
+// the newest. A ghost (past the learned size, ramBest) is not there to
+// cover it: it is dropped instead. Eviction waits for evictRAM, as the
+// engine's waits for its load. Callers hold mu.
 func (c *slotCache) save(prompt []uint64) {
 	if len(prompt) == 0 {
 		return
 	}
-	at := -1
+	rest := c.ramBlocks
 	for i := range c.ram {
-		switch k := lcp(c.ram[i].hashes, prompt); {
-		case k == len(prompt):
+		h := c.ram[i].hashes
+		ghost := c.ramCap > 0 && rest > c.ramCap
+		rest -= len(h)
+		if !ghost && lcp(h, prompt) == len(prompt) {
 			return
-		case k == len(c.ram[i].hashes):
-			at = i
 		}
 	}
-	if at < 0 {
-		if len(c.ram) < ramPrompts {
-			c.ram = append(c.ram, slotEntry{})
-			at = len(c.ram) - 1
-		} else {
-			at = c.ramNext
-			c.ramNext = (c.ramNext + 1) % ramPrompts
+	for i := 0; i < len(c.ram); {
+		h := c.ram[i].hashes
+		if k := lcp(h, prompt); k == len(h) || k == len(prompt) {
+			c.dropRAM(i)
+			continue
+		}
+		i++
+	}
+	k := len(c.ram)
+	if k < cap(c.ram) {
+		c.ram = c.ram[:k+1]
+	} else {
+		c.ram = append(c.ram, slotEntry{})
+	}
+	c.ram[k].hashes = append(c.ram[k].hashes[:0], prompt...)
+	c.ramBlocks += len(prompt)
+}
+
+// dropRAM removes saved prompt i, keeping its buffer past len for reuse.
+// Callers hold mu.
+func (c *slotCache) dropRAM(i int) {
+	e := c.ram[i]
+	c.ramBlocks -= len(e.hashes)
+	copy(c.ram[i:], c.ram[i+1:])
+	n := len(c.ram) - 1
+	c.ram[n] = slotEntry{hashes: e.hashes[:0]}
+	c.ram = c.ram[:n]
+}
+
+// evictRAM drops the oldest saves past ramPrompts, always keeping the
+// newest, as server_prompt_cache::update does past its byte limit (the
+// learned size, ramCap, is applied by ramBest: older saves stay as
+// ghosts). Callers hold mu.
+func (c *slotCache) evictRAM() {
+	for len(c.ram) > ramPrompts {
+		c.dropRAM(0)
+	}
+}
+
+// learnRAM takes the engine's answer to a request whose slot-model
+// prediction loaded a saved prompt, or would have with a larger cache
+// (use): cachedTokens reused, blocks of bt tokens. Reuse nearer the saved
+// prompt's share than the slot's own says the cache held use.suffix
+// blocks: a smaller learned size rises to it. Reuse nearer the slot's own
+// where the model predicted the load says the prompt had been evicted:
+// the size is set just below use.suffix, unless one of the last loads
+// the engine confirmed needed as much (then the model's slot choice was
+// off, not its size: the engine chose its slot later, or another router's
+// request took it). Answers where the two differ by under two blocks say
+// nothing.
+func (c *slotCache) learnRAM(use ramUse, cachedTokens, bt int) {
+	if use.suffix <= 0 || use.shared-use.own < 2 || cachedTokens < 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if 2*cachedTokens >= (use.shared+use.own)*bt {
+		c.ramHits[c.ramHitAt%len(c.ramHits)] = use.suffix
+		c.ramHitAt++
+		if c.ramCap > 0 && c.ramCap < use.suffix {
+			c.ramCap = use.suffix
+		}
+		return
+	}
+	if use.ghost {
+		return
+	}
+	for _, h := range c.ramHits {
+		if h >= use.suffix {
+			return
 		}
 	}
-	c.ram[at].hashes = append(c.ram[at].hashes[:0], prompt...)
+	if c.ramCap == 0 || c.ramCap >= use.suffix {
+		c.ramCap = max(use.suffix-1, 1)
+	}
+}
+
+// ramSize is the learned RAM cache size in blocks (0: unknown).
+func (c *slotCache) ramSize() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ramCap
 }
 
 // freedNext is the busy slot the k-th request from now to need one gets:
@@ -237,15 +372,15 @@ func (c *slotCache) freedNext(k int) *slotEntry {
 // begin places a new flight's request on an engine with n > 0 slots: in
 // the slot the engine would pick, or at the back of the waiting list. It
 // returns the flight's number and predict's answer, taken before the
-// placement.
-func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int) {
+// placement, with what it expects the engine to load from RAM.
+func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int, use ramUse) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seq++
-	shared, slot, ram := c.predictLocked(n, hashes)
+	shared, slot, ram, use := c.predictLocked(n, hashes)
 	if slot >= 0 {
 		c.assign(slot, c.seq, hashes, ram)
-		return c.seq, shared
+		return c.seq, shared, use
 	}
 	k := len(c.waiting)
 	if k < cap(c.waiting) {
@@ -256,16 +391,22 @@ func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int) {
 	w := &c.waiting[k]
 	w.hashes = append(w.hashes[:0], hashes...)
 	w.owner = c.seq
-	return c.seq, shared
+	return c.seq, shared, use
 }
 
 // assign runs flight owner with hashes in slot i; with ram, the engine
-// first saves the slot's prompt to its RAM cache. Callers hold mu.
+// first saves the slot's prompt to its RAM cache, loads the saved prompt
+// that suits the request best (taking it out of the cache), then evicts
+// past the cache's size. Callers hold mu.
 func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	c.tick++
 	e := &c.slots[i]
 	if ram {
 		c.save(e.hashes)
+		if at, _, _ := c.ramBest(hashes, e.hashes, c.ramCap); at >= 0 {
+			c.dropRAM(at)
+		}
+		c.evictRAM()
 	}
 	e.hashes = append(e.hashes[:0], hashes...)
 	e.owner, e.used = owner, c.tick
@@ -313,14 +454,15 @@ func (c *slotCache) dropWaiting(i int) {
 }
 
 // reset forgets every slot's prompt and the RAM cache (the engine
-// restarted); flights keep their slots.
+// restarted); flights keep their slots, and the cache's learned size
+// stays (a restart keeps the engine's flags).
 func (c *slotCache) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range c.slots {
 		c.slots[i].hashes = c.slots[i].hashes[:0]
 	}
-	for i := range c.ram {
-		c.ram[i].hashes = c.ram[i].hashes[:0]
+	for len(c.ram) > 0 {
+		c.dropRAM(len(c.ram) - 1)
 	}
 }

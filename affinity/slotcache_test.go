@@ -22,13 +22,13 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	const n = 2
 	a1, b1, c1 := convTurn(1, 0), convTurn(2, 0), convTurn(3, 0)
 	a2 := convTurn(1, 1)
-	fa, _ := c.begin(n, a1) // empty slots: the least recently used, slot 0
+	fa, _, _ := c.begin(n, a1) // empty slots: the least recently used, slot 0
 	// A second request of the same prompt while the first computes it:
 	// the other slot is empty, and nothing is in the RAM cache yet.
 	if got := c.predict(n, a1); got != 0 {
 		t.Fatalf("a1 still computing in slot 0: predicted %d blocks for a copy, want 0", got)
 	}
-	fb, _ := c.begin(n, b1) // slot 1
+	fb, _, _ := c.begin(n, b1) // slot 1
 	if got := c.predict(n, a2); got != len(a1) {
 		t.Fatalf("every slot busy, first to free holds a1: predicted %d blocks, want %d", got, len(a1))
 	}
@@ -40,7 +40,7 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	// A new conversation shares only the system prompt with both idle
 	// slots: the engine takes the first, a's, and keeps over half of it
 	// (so saves nothing to its RAM cache).
-	fc, _ := c.begin(n, c1)
+	fc, _, _ := c.begin(n, c1)
 	c.end(fc)
 	if got := c.predict(n, a2); got != slotSysBlocks {
 		t.Fatalf("a's slot overwritten: predicted %d blocks, want the system prompt %d", got, slotSysBlocks)
@@ -50,9 +50,9 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	}
 	// Busy slots wait in order: with both slots taken, a third request
 	// waits and gets the first one to free.
-	f1, _ := c.begin(n, convTurn(4, 0))
-	f2, _ := c.begin(n, convTurn(5, 0))
-	f3, _ := c.begin(n, convTurn(6, 0))
+	f1, _, _ := c.begin(n, convTurn(4, 0))
+	f2, _, _ := c.begin(n, convTurn(5, 0))
+	f3, _, _ := c.begin(n, convTurn(6, 0))
 	if len(c.waiting) != 1 {
 		t.Fatalf("waiting %d, want 1", len(c.waiting))
 	}
@@ -81,9 +81,9 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	var r slotCache
 	x1, y1 := chainOf(0x99, 1, 4, 40), chainOf(0x99, 2, 4, 40)
 	x2 := chainOf(0x99, 1, 4, 44)
-	x, _ := r.begin(1, x1)
+	x, _, _ := r.begin(1, x1)
 	r.end(x)
-	y, _ := r.begin(1, y1)
+	y, _, _ := r.begin(1, y1)
 	r.end(y)
 	if len(r.ram) != 1 {
 		t.Fatalf("%d prompts saved to RAM, want x1", len(r.ram))
@@ -100,9 +100,161 @@ func TestSlotCacheReplaysEngineChoice(t *testing.T) {
 	}
 	for i := range ramPrompts + 5 {
 		r.save(chainOf(7, uint64(1000+i), 0, 8))
+		r.evictRAM()
 	}
 	if len(r.ram) != ramPrompts {
 		t.Fatalf("RAM model holds %d prompts, want at most %d", len(r.ram), ramPrompts)
+	}
+}
+
+// slotConv is turn k of conversation c for the one-slot RAM tests: a
+// 4-block system prompt then 36+4k blocks of its own, so two
+// conversations share a tenth of a first turn (not above llama.cpp's
+// similarity threshold: a new one takes the slot as the least recently
+// used, and the engine saves the slot's prompt to RAM first).
+func slotConv(c uint64, k int) []uint64 { return chainOf(0x77, 0x700|c, 4, 40+4*k) }
+
+// TestSlotCacheRAMAsLlamaCpp: the RAM cache model keeps what
+// server_prompt_cache keeps: a loaded prompt leaves the cache (the slot
+// holds it now), and a saved prompt sharing under a quarter of itself
+// with the request is not loaded.
+func TestSlotCacheRAMAsLlamaCpp(t *testing.T) {
+	var c slotCache
+	run := func(h []uint64) { o, _, _ := c.begin(1, h); c.end(o) }
+	run(slotConv(1, 0))
+	run(slotConv(2, 0)) // saves conversation 1
+	if got := c.predict(1, slotConv(1, 1)); got != 40 {
+		t.Fatalf("conversation 1's next turn: predicted %d blocks, want its first turn's 40 from RAM", got)
+	}
+	_, shared, use := c.begin(1, slotConv(1, 1)) // saves 2, loads 1
+	if shared != 40 || use != (ramUse{shared: 40, own: 4, suffix: 40}) {
+		t.Fatalf("begin: shared %d, RAM use %+v; want 40 and {40 4 40}", shared, use)
+	}
+	if len(c.ram) != 1 || lcp(c.ram[0].hashes, slotConv(2, 0)) != 40 || c.ramBlocks != 40 {
+		t.Fatalf("RAM holds %d prompts (%d blocks), want conversation 2's alone: the loaded one leaves it", len(c.ram), c.ramBlocks)
+	}
+
+	// A saved 100-block prompt sharing 20 of its blocks with a request
+	// (a fifth of itself) is left where it is; sharing 30 it is loaded.
+	var d slotCache
+	long := chainOf(0x88, 1, 100, 100)
+	d.save(long)
+	d.slots = []slotEntry{{hashes: chainOf(0x88, 2, 2, 60), used: 1}} // shares 2 blocks with both requests
+	if got := d.predict(1, chainOf(0x88, 3, 20, 60)); got != 2 {
+		t.Fatalf("saved prompt shares a fifth of itself: predicted %d blocks, want the slot's own 2", got)
+	}
+	if got := d.predict(1, chainOf(0x88, 3, 30, 60)); got != 30 {
+		t.Fatalf("saved prompt shares 0.3 of itself: predicted %d blocks, want 30 from RAM", got)
+	}
+}
+
+// TestSlotCacheLearnsRAMSize: the model starts with the last ramPrompts
+// saves; an answer that reused only the system prompt where the model
+// expected a saved prompt bounds the cache below the blocks that prompt
+// and the newer saves take, so older saves are no longer predicted; an
+// answer that reused such a save (a ghost) or one past the bound raises
+// it; a miss a recent confirmed load contradicts changes nothing.
+func TestSlotCacheLearnsRAMSize(t *testing.T) {
+	const bt = 64
+	var c slotCache
+	for i := range 10 {
+		o, _, _ := c.begin(1, slotConv(uint64(i), 0))
+		c.end(o)
+	}
+	if len(c.ram) != 9 || c.ramBlocks != 360 {
+		t.Fatalf("RAM model: %d prompts, %d blocks; want conversations 0-8, 360 blocks", len(c.ram), c.ramBlocks)
+	}
+	if got := c.predict(1, slotConv(1, 1)); got != 40 {
+		t.Fatalf("before learning: predicted %d blocks for conversation 1, want 40 from RAM", got)
+	}
+	o, _, use := c.begin(1, slotConv(0, 1))
+	// The engine saves the slot's prompt (conversation 9) before it
+	// loads and evicts after: conversation 0 is there if the cache held
+	// it and the 8 newer saves, 360 blocks.
+	if use != (ramUse{shared: 40, own: 4, suffix: 360}) {
+		t.Fatalf("RAM use %+v, want {40 4 360}", use)
+	}
+	// A difference under two blocks says nothing.
+	c.learnRAM(ramUse{shared: 5, own: 4, suffix: 100}, 4*bt, bt)
+	if c.ramSize() != 0 {
+		t.Fatalf("learned %d blocks from an answer one block from both predictions", c.ramSize())
+	}
+	c.learnRAM(use, 4*bt+10, bt) // the engine reused the system prompt only
+	c.end(o)
+	if c.ramSize() != 359 {
+		t.Fatalf("after a miss at 360 blocks: size %d, want 359", c.ramSize())
+	}
+	if got := c.predict(1, slotConv(1, 1)); got != 4 {
+		t.Fatalf("conversation 1 is past the learned size: predicted %d blocks, want the system prompt's 4", got)
+	}
+	if got := c.predict(1, slotConv(2, 1)); got != 40 {
+		t.Fatalf("conversation 2 is within it: predicted %d blocks, want 40", got)
+	}
+	// Conversation 1 stays in the model as a ghost: its next turn is
+	// predicted the system prompt only, and records what it would load.
+	o, shared, use := c.begin(1, slotConv(1, 1))
+	if shared != 4 || !use.ghost || use.shared != 40 || use.suffix != 360 {
+		t.Fatalf("conversation 1 past the size: shared %d, RAM use %+v; want 4 and a ghost load of 40 blocks at 360", shared, use)
+	}
+	// The engine had it after all: the size rises to what it needed.
+	c.learnRAM(use, 40*bt, bt)
+	c.end(o)
+	if c.ramSize() != 360 {
+		t.Fatalf("a ghost's load confirmed at 360 blocks: size %d, want 360", c.ramSize())
+	}
+	// A miss at a size a recent confirmed load needed is the model's
+	// slot choice being off, not the cache's size.
+	c.learnRAM(ramUse{shared: 40, own: 4, suffix: 300}, 4*bt, bt)
+	if c.ramSize() != 360 {
+		t.Fatalf("a miss at 300 blocks after a load confirmed at 360: size %d, want 360 kept", c.ramSize())
+	}
+	c.learnRAM(ramUse{shared: 40, own: 4, suffix: 500}, 40*bt, bt)
+	if c.ramSize() != 500 {
+		t.Fatalf("a hit at 500 blocks: size %d, want 500", c.ramSize())
+	}
+	c.reset()
+	if len(c.ram) != 0 || c.ramBlocks != 0 || c.ramSize() != 500 {
+		t.Fatalf("after reset: %d prompts, %d blocks, size %d; want none, 0, the learned 500", len(c.ram), c.ramBlocks, c.ramSize())
+	}
+}
+
+// TestRouterLearnsRAMSizeFromAnswers: the same through the Router: Begin
+// records what the model expects from RAM, EndWith's cached tokens teach
+// the size, ReplicaStatus shows it, and decisions predict from it.
+func TestRouterLearnsRAMSizeFromAnswers(t *testing.T) {
+	r, ids := twoReplicas(t, ReplicaSpec{PrefillTokensPerSec: 2000, CacheModel: CacheSlots, BatchSlots: 1}, EngineSignals{BatchSlots: 1, At: 1})
+	bt := r.bt
+	send := func(h []uint64, cached int) {
+		var f Flight
+		r.Begin(ids[0], &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * bt, Now: 1}, nil, &f)
+		r.FirstToken(&f, 2)
+		r.EndWith(&f, 3, Outcome{OK: true, CachedTokens: cached})
+	}
+	for i := range 10 {
+		send(slotConv(uint64(i), 0), 4*bt)
+	}
+	decide := func(h []uint64) int {
+		var d Decision
+		if err := r.Decide(&Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * bt, Now: 4}, &d); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range d.Ranked {
+			if id == ids[0] {
+				return d.CachedTokens[i]
+			}
+		}
+		t.Fatalf("r0 not ranked: %v", d.Ranked)
+		return 0
+	}
+	if got := decide(slotConv(1, 1)); got != 40*bt {
+		t.Fatalf("before learning: r0 predicted %d cached tokens for conversation 1, want %d", got, 40*bt)
+	}
+	send(slotConv(0, 1), 4*bt) // the model expected conversation 0 from RAM; the engine had evicted it
+	if got := r.Replicas()[0].RAMCacheTokens; got != 359*bt {
+		t.Fatalf("RAMCacheTokens %d, want %d", got, 359*bt)
+	}
+	if got := decide(slotConv(1, 1)); got != 4*bt {
+		t.Fatalf("after learning: r0 predicted %d cached tokens for conversation 1, want the system prompt's %d", got, 4*bt)
 	}
 }
 
@@ -183,7 +335,7 @@ func TestSlotCacheBeginEndAllocs(t *testing.T) {
 	cycle := func() {
 		var owners [3]uint64
 		for i, h := range hs {
-			owners[i], _ = c.begin(2, h) // the third waits
+			owners[i], _, _ = c.begin(2, h) // the third waits
 		}
 		_ = c.predict(2, hs[0])
 		for _, o := range owners {

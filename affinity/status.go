@@ -32,6 +32,7 @@ type ReplicaStatus struct {
 	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
 	SlotCaches           bool      // hits predicted by the slot model (CacheSlots, or discovered), not the prefix index
 	NoPrefixCache        bool      // no hit predicted: the engine caches nothing (CacheNone, or discovered)
+	RAMCacheTokens       int       // slot engines: the size of their host RAM prompt cache as learned from the tokens they reuse; 0 = not learned
 	TTFT                 TTFTStats // predicted vs measured TTFT
 }
 
@@ -78,6 +79,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			BusyCostSeconds:   p.busyCost(),
 			SlotCaches:        p.slotMode.Load(),
 			NoPrefixCache:     p.noCache.Load(),
+			RAMCacheTokens:    p.slotc.ramSize() * r.bt,
 			TTFT:              p.ttftStats(),
 		})
 	}

@@ -463,8 +463,11 @@ type AffinityStatus struct {
 	// checked with their mean |ln(predicted / measured TTFT)|. CacheModel
 	// is how hits are predicted: "shared" (the prefix index), "slots"
 	// (the replica's per-slot caches replayed: llama.cpp) or "none" (no
-	// prefix caching: none predicted).
+	// prefix caching: none predicted). RAMCacheTokens is, for "slots",
+	// the engine's host RAM prompt cache size as learned from the tokens
+	// it reuses (0 = not learned yet: the model keeps its last 32 saves).
 	CacheModel          string  `json:"cache_model"`
+	RAMCacheTokens      int     `json:"ram_cache_tokens"`
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
@@ -535,6 +538,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
+				RAMCacheTokens:  a.RAMCacheTokens,
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
