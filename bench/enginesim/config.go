@@ -54,11 +54,11 @@ type Config struct {
 	// CacheRAMTokens is the slot model's host prompt cache (llama.cpp
 	// --cache-ram), in tokens: when the engine gives a request the least
 	// recently used slot, or a slot that keeps under half its tokens, it
-	// saves the slot's prompt there, loads the cached prompt that beats
-	// the slot for the request (it leaves the cache), then evicts the
-	// oldest past the budget, keeping the newest (server
-	// get_available_slot, prompt_save / prompt_load, server_prompt_cache,
-	// b11669). An empty slot consults nothing.
+	// saves the slot's prompt there (evicting the oldest to make room),
+	// then loads the cached prompt that beats the slot for the request
+	// (it leaves the cache) (server get_available_slot, prompt_save /
+	// prompt_load, server_prompt_cache, b11669). An empty slot consults
+	// nothing.
 	// 0: no host cache (--cache-ram 0). llama.cpp's default is 8 GiB:
 	// 65,536 tokens of Llama-3.1-8B's 128 KiB per token (bf16).
 	CacheRAMTokens int

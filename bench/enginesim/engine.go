@@ -561,14 +561,14 @@ func (e *Engine) plan(t int64) {
 		if sl >= 0 {
 			s.slot = sl
 			if save && e.ramCap > 0 {
-				// llama.cpp saves the slot's prompt, loads the best
-				// cached one (it leaves the cache), then evicts
+				// llama.cpp saves the slot's prompt (evicting the
+				// oldest to make room), then loads the best cached one,
+				// which leaves the cache
 				own := e.slots[sl].hashes
 				e.ramSave(own)
 				if at, _ := e.ramBest(s, own); at >= 0 {
 					e.ramDrop(at)
 				}
-				e.ramEvict()
 			}
 			e.slots[sl].busy = true
 			s.committed = computed / e.bs
@@ -861,10 +861,11 @@ func commonBlocks(a, b []uint64) int {
 }
 
 // ramSave puts prompt in the host cache (server_prompt_cache::alloc):
-// nothing when a cached prompt covers it, else the cached prompts it
-// covers leave and it is added as the newest. Eviction is ramEvict's.
+// nothing when a cached prompt covers it or it alone is over the budget,
+// else the cached prompts it covers leave, the oldest go until it fits
+// (the newest stays), and it is added as the newest.
 func (e *Engine) ramSave(prompt []uint64) {
-	if len(prompt) == 0 {
+	if len(prompt) == 0 || len(prompt) > e.ramCap {
 		return
 	}
 	for _, h := range e.ram {
@@ -881,7 +882,11 @@ func (e *Engine) ramSave(prompt []uint64) {
 		kept = append(kept, h)
 	}
 	clear(e.ram[len(kept):])
-	e.ram = append(kept, append([]uint64(nil), prompt...))
+	e.ram = kept
+	for len(e.ram) > 0 && e.ramBlocks+len(prompt) > e.ramCap {
+		e.ramDrop(0)
+	}
+	e.ram = append(e.ram, append([]uint64(nil), prompt...))
 	e.ramBlocks += len(prompt)
 }
 
@@ -889,14 +894,6 @@ func (e *Engine) ramSave(prompt []uint64) {
 func (e *Engine) ramDrop(i int) {
 	e.ramBlocks -= len(e.ram[i])
 	e.ram = append(e.ram[:i], e.ram[i+1:]...)
-}
-
-// ramEvict drops the oldest cached prompts past the budget, always keeping
-// the newest (server_prompt_cache::update).
-func (e *Engine) ramEvict() {
-	for len(e.ram) > 1 && e.ramBlocks > e.ramCap {
-		e.ramDrop(0)
-	}
 }
 
 // releaseSlot frees s's slot (llama.cpp model), keeping the first keep
