@@ -192,11 +192,13 @@ func (c *slotCache) predictLocked(n int, hashes []uint64) (shared, slot int, ram
 		ram = len(own) > 0 && 2*shared < len(own)
 	}
 	if ram {
-		if at, k, suffix := c.ramBest(hashes, own, c.ramCap); at >= 0 {
+		// The engine saves the slot's prompt first, making room for it.
+		extra := c.saveBlocks(own)
+		if at, k, suffix := c.ramBest(hashes, own, c.ramCap, extra); at >= 0 {
 			use = ramUse{shared: k, own: shared, suffix: suffix}
 			shared = k
 		} else if c.ramCap > 0 {
-			if at, k, suffix := c.ramBest(hashes, own, 0); at >= 0 {
+			if at, k, suffix := c.ramBest(hashes, own, 0, extra); at >= 0 {
 				use = ramUse{shared: k, own: shared, suffix: suffix, ghost: true}
 			}
 		}
@@ -209,16 +211,17 @@ func (c *slotCache) predictLocked(n int, hashes []uint64) (shared, slot int, ram
 // oldest save, each one sharing at least ramKeepMin of its own blocks with
 // the request that beats the best so far (the slot's own prompt first) on
 // both the part of itself it keeps and the part of the request it covers.
-// Saves whose suffix (their blocks and every newer save's) is over size
-// blocks are not there (size 0: no bound). It returns the entry's index
-// (-1: none), the blocks it shares, and its suffix. Callers hold mu.
-func (c *slotCache) ramBest(hashes, own []uint64, size int) (at, shared, suffix int) {
+// A save's suffix is its blocks, every newer save's, and extra (blocks
+// saved before the load); one whose suffix is over size blocks is not
+// there (size 0: no bound). It returns the entry's index (-1: none), the
+// blocks it shares, and its suffix. Callers hold mu.
+func (c *slotCache) ramBest(hashes, own []uint64, size, extra int) (at, shared, suffix int) {
 	at, shared = -1, lcp(own, hashes)
 	keep := -1.0
 	if len(own) > 0 {
 		keep = float64(shared) / float64(len(own))
 	}
-	rest := c.ramBlocks // entry i's suffix
+	rest := c.ramBlocks + extra // entry i's suffix
 	for i := range c.ram {
 		h := c.ram[i].hashes
 		s := rest
@@ -238,15 +241,13 @@ func (c *slotCache) ramBest(hashes, own []uint64, size int) (at, shared, suffix 
 	return at, shared, suffix
 }
 
-// save records that the engine saved prompt to its RAM cache
-// (server_prompt_cache::alloc): nothing when a saved prompt covers it
-// already, else saved prompts it covers are dropped and it is added as
-// the newest. A ghost (past the learned size, ramBest) is not there to
-// cover it: it is dropped instead. Eviction waits for evictRAM, as the
-// engine's waits for its load. Callers hold mu.
-func (c *slotCache) save(prompt []uint64) {
-	if len(prompt) == 0 {
-		return
+// saveBlocks is how many blocks saving prompt adds to the RAM cache: none
+// when it is empty, over the learned size (the engine refuses a prompt
+// larger than its whole cache), or covered by a save that is there.
+// Callers hold mu.
+func (c *slotCache) saveBlocks(prompt []uint64) int {
+	if len(prompt) == 0 || c.ramCap > 0 && len(prompt) > c.ramCap {
+		return 0
 	}
 	rest := c.ramBlocks
 	for i := range c.ram {
@@ -254,8 +255,21 @@ func (c *slotCache) save(prompt []uint64) {
 		ghost := c.ramCap > 0 && rest > c.ramCap
 		rest -= len(h)
 		if !ghost && lcp(h, prompt) == len(prompt) {
-			return
+			return 0
 		}
+	}
+	return len(prompt)
+}
+
+// save records that the engine saved prompt to its RAM cache
+// (server_prompt_cache::alloc): nothing when saveBlocks says it adds
+// nothing, else saved prompts it covers, and ghosts (past the learned
+// size: not there) that cover it, are dropped and it is added as the
+// newest. The engine also evicts its oldest to make room; the model keeps
+// them as ghosts (ramBest applies the size). Callers hold mu.
+func (c *slotCache) save(prompt []uint64) {
+	if c.saveBlocks(prompt) == 0 {
+		return
 	}
 	for i := 0; i < len(c.ram); {
 		h := c.ram[i].hashes
@@ -395,15 +409,15 @@ func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int, use r
 }
 
 // assign runs flight owner with hashes in slot i; with ram, the engine
-// first saves the slot's prompt to its RAM cache, loads the saved prompt
-// that suits the request best (taking it out of the cache), then evicts
-// past the cache's size. Callers hold mu.
+// first saves the slot's prompt to its RAM cache (making room for it),
+// then loads the saved prompt that suits the request best, taking it out
+// of the cache. Callers hold mu.
 func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	c.tick++
 	e := &c.slots[i]
 	if ram {
 		c.save(e.hashes)
-		if at, _, _ := c.ramBest(hashes, e.hashes, c.ramCap); at >= 0 {
+		if at, _, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
 			c.dropRAM(at)
 		}
 		c.evictRAM()

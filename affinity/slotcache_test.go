@@ -127,8 +127,10 @@ func TestSlotCacheRAMAsLlamaCpp(t *testing.T) {
 		t.Fatalf("conversation 1's next turn: predicted %d blocks, want its first turn's 40 from RAM", got)
 	}
 	_, shared, use := c.begin(1, slotConv(1, 1)) // saves 2, loads 1
-	if shared != 40 || use != (ramUse{shared: 40, own: 4, suffix: 40}) {
-		t.Fatalf("begin: shared %d, RAM use %+v; want 40 and {40 4 40}", shared, use)
+	// The engine saves conversation 2 (40 blocks) before it loads: 1 is
+	// there if the cache holds both.
+	if shared != 40 || use != (ramUse{shared: 40, own: 4, suffix: 80}) {
+		t.Fatalf("begin: shared %d, RAM use %+v; want 40 and {40 4 80}", shared, use)
 	}
 	if len(c.ram) != 1 || lcp(c.ram[0].hashes, slotConv(2, 0)) != 40 || c.ramBlocks != 40 {
 		t.Fatalf("RAM holds %d prompts (%d blocks), want conversation 2's alone: the loaded one leaves it", len(c.ram), c.ramBlocks)
@@ -168,11 +170,11 @@ func TestSlotCacheLearnsRAMSize(t *testing.T) {
 		t.Fatalf("before learning: predicted %d blocks for conversation 1, want 40 from RAM", got)
 	}
 	o, _, use := c.begin(1, slotConv(0, 1))
-	// The engine saves the slot's prompt (conversation 9) before it
-	// loads and evicts after: conversation 0 is there if the cache held
-	// it and the 8 newer saves, 360 blocks.
-	if use != (ramUse{shared: 40, own: 4, suffix: 360}) {
-		t.Fatalf("RAM use %+v, want {40 4 360}", use)
+	// The engine saves the slot's prompt (conversation 9), evicting the
+	// oldest to make room, before it loads: conversation 0 is there if
+	// the cache holds it, the 8 newer saves and 9's, 400 blocks.
+	if use != (ramUse{shared: 40, own: 4, suffix: 400}) {
+		t.Fatalf("RAM use %+v, want {40 4 400}", use)
 	}
 	// A difference under two blocks says nothing.
 	c.learnRAM(ramUse{shared: 5, own: 4, suffix: 100}, 4*bt, bt)
@@ -181,8 +183,8 @@ func TestSlotCacheLearnsRAMSize(t *testing.T) {
 	}
 	c.learnRAM(use, 4*bt+10, bt) // the engine reused the system prompt only
 	c.end(o)
-	if c.ramSize() != 359 {
-		t.Fatalf("after a miss at 360 blocks: size %d, want 359", c.ramSize())
+	if c.ramSize() != 399 {
+		t.Fatalf("after a miss at 400 blocks: size %d, want 399", c.ramSize())
 	}
 	if got := c.predict(1, slotConv(1, 1)); got != 4 {
 		t.Fatalf("conversation 1 is past the learned size: predicted %d blocks, want the system prompt's 4", got)
@@ -191,26 +193,32 @@ func TestSlotCacheLearnsRAMSize(t *testing.T) {
 		t.Fatalf("conversation 2 is within it: predicted %d blocks, want 40", got)
 	}
 	// Conversation 1 stays in the model as a ghost: its next turn is
-	// predicted the system prompt only, and records what it would load.
+	// predicted the system prompt only, and records what it would load
+	// (conversations 1-9 and the slot's 44-block prompt saved first).
 	o, shared, use := c.begin(1, slotConv(1, 1))
-	if shared != 4 || !use.ghost || use.shared != 40 || use.suffix != 360 {
-		t.Fatalf("conversation 1 past the size: shared %d, RAM use %+v; want 4 and a ghost load of 40 blocks at 360", shared, use)
+	if shared != 4 || !use.ghost || use.shared != 40 || use.suffix != 404 {
+		t.Fatalf("conversation 1 past the size: shared %d, RAM use %+v; want 4 and a ghost load of 40 blocks at 404", shared, use)
 	}
 	// The engine had it after all: the size rises to what it needed.
 	c.learnRAM(use, 40*bt, bt)
 	c.end(o)
-	if c.ramSize() != 360 {
-		t.Fatalf("a ghost's load confirmed at 360 blocks: size %d, want 360", c.ramSize())
+	if c.ramSize() != 404 {
+		t.Fatalf("a ghost's load confirmed at 404 blocks: size %d, want 404", c.ramSize())
 	}
 	// A miss at a size a recent confirmed load needed is the model's
 	// slot choice being off, not the cache's size.
 	c.learnRAM(ramUse{shared: 40, own: 4, suffix: 300}, 4*bt, bt)
-	if c.ramSize() != 360 {
-		t.Fatalf("a miss at 300 blocks after a load confirmed at 360: size %d, want 360 kept", c.ramSize())
+	if c.ramSize() != 404 {
+		t.Fatalf("a miss at 300 blocks after a load confirmed at 404: size %d, want 404 kept", c.ramSize())
 	}
 	c.learnRAM(ramUse{shared: 40, own: 4, suffix: 500}, 40*bt, bt)
 	if c.ramSize() != 500 {
 		t.Fatalf("a hit at 500 blocks: size %d, want 500", c.ramSize())
+	}
+	n := c.ramBlocks
+	c.save(chainOf(0x66, 1, 0, 501)) // over the whole cache: the engine refuses it
+	if c.ramBlocks != n {
+		t.Fatalf("a 501-block save into a 500-block cache: the model holds %d blocks, want %d", c.ramBlocks, n)
 	}
 	c.reset()
 	if len(c.ram) != 0 || c.ramBlocks != 0 || c.ramSize() != 500 {
@@ -250,8 +258,8 @@ func TestRouterLearnsRAMSizeFromAnswers(t *testing.T) {
 		t.Fatalf("before learning: r0 predicted %d cached tokens for conversation 1, want %d", got, 40*bt)
 	}
 	send(slotConv(0, 1), 4*bt) // the model expected conversation 0 from RAM; the engine had evicted it
-	if got := r.Replicas()[0].RAMCacheTokens; got != 359*bt {
-		t.Fatalf("RAMCacheTokens %d, want %d", got, 359*bt)
+	if got := r.Replicas()[0].RAMCacheTokens; got != 399*bt {
+		t.Fatalf("RAMCacheTokens %d, want %d", got, 399*bt)
 	}
 	if got := decide(slotConv(1, 1)); got != 4*bt {
 		t.Fatalf("after learning: r0 predicted %d cached tokens for conversation 1, want the system prompt's %d", got, 4*bt)
