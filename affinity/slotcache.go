@@ -27,8 +27,8 @@ import "sync"
 // is in no other slot and not in the RAM cache. slotCache replays the
 // engine's choices on the requests this router sent: which prompt each
 // slot holds, which slots are busy, and which prompts the engine saved to
-// its RAM cache (ramModel: the saves as llama.cpp keeps them, its size
-// learned). The prediction for a request is the prefix the slot it would
+// its RAM cache (slotCache.ram: the saves as llama.cpp keeps them, the
+// cache's size learned). The prediction for a request is the prefix the slot it would
 // get shares with it, or the prompt it would load from that cache where
 // the engine would consult it. Requests other
 // routers send to the engine are not seen (their slots read as this
@@ -71,8 +71,9 @@ const ramKeepMin = 0.25
 
 // ramUse is what the slot model expects of the RAM cache for one request:
 // the saved prompt it loads, how many blocks it shares with the request
-// against the slot's own, and the blocks of that prompt and every newer
-// save (what the cache must hold for it to be there). With ghost, the
+// against the slot's own, and the blocks of that prompt, every newer save
+// and the slot's prompt saved just before the load (what the cache must
+// hold for it to be there). With ghost, the
 // prompt it would load were the cache larger than learned: predicted not
 // loaded. Zero when the request would not load from RAM.
 type ramUse struct {
@@ -300,10 +301,9 @@ func (c *slotCache) dropRAM(i int) {
 	c.ram = c.ram[:n]
 }
 
-// evictRAM drops the oldest saves past ramPrompts, always keeping the
-// newest, as server_prompt_cache::update does past its byte limit (the
-// learned size, ramCap, is applied by ramBest: older saves stay as
-// ghosts). Callers hold mu.
+// evictRAM drops the oldest saves past ramPrompts, the model's own bound.
+// The engine's, its byte size, is ramCap as learned, which ramBest
+// applies: the saves past it stay in the model as ghosts. Callers hold mu.
 func (c *slotCache) evictRAM() {
 	for len(c.ram) > ramPrompts {
 		c.dropRAM(0)

@@ -862,8 +862,8 @@ func commonBlocks(a, b []uint64) int {
 
 // ramSave puts prompt in the host cache (server_prompt_cache::alloc):
 // nothing when a cached prompt covers it or it alone is over the budget,
-// else the cached prompts it covers leave, the oldest go until it fits
-// (the newest stays), and it is added as the newest.
+// else the cached prompts it covers leave, the oldest go until it fits,
+// and it is added as the newest.
 func (e *Engine) ramSave(prompt []uint64) {
 	if len(prompt) == 0 || len(prompt) > e.ramCap {
 		return
@@ -890,7 +890,8 @@ func (e *Engine) ramSave(prompt []uint64) {
 	e.ramBlocks += len(prompt)
 }
 
-// ramDrop takes cached prompt i out of the host cache (loaded into a slot).
+// ramDrop takes cached prompt i out of the host cache (loaded into a slot,
+// or evicted).
 func (e *Engine) ramDrop(i int) {
 	e.ramBlocks -= len(e.ram[i])
 	e.ram = append(e.ram[:i], e.ram[i+1:]...)
