@@ -30,6 +30,10 @@ type fleet struct {
 	servers []*slowpath.Server
 	urls    []string
 	logs    []*logBuf // each Server's log (warn and above, and cluster info)
+	// settle makes send wait, after each request, until the instance
+	// that routed it has published its updates and every peer has
+	// applied every update published (settled)
+	settle bool
 }
 
 // logBuf is a goroutine-safe log sink.
@@ -137,6 +141,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
+// settled waits until instance k has published updates past sent (its
+// count before the request it routed) and every instance has applied
+// every update any published (each is applied by every other instance).
+// The next decision then sees this one's, whatever this machine's load
+// makes of NATS's propagation, which a sequential test would otherwise
+// race (0.73-0.79 synced hit rates under load, against 0.84-0.87 idle).
+func (f *fleet) settled(t *testing.T, k int, sent float64) {
+	t.Helper()
+	waitFor(t, "the request's updates published", func() bool {
+		return metricSum(t, f.servers[k].Registry(), "warmpath_cluster_updates_sent_total") > sent
+	})
+	waitFor(t, "every update applied by every peer", func() bool {
+		var out, in float64
+		for _, s := range f.servers {
+			out += metricSum(t, s.Registry(), "warmpath_cluster_updates_sent_total")
+			in += metricSum(t, s.Registry(), "warmpath_cluster_updates_received_total")
+		}
+		return in >= float64(len(f.servers)-1)*out
+	})
+}
+
 // sharedPrefix is the test workload: groups sharing a system prompt.
 func sharedPrefix(t *testing.T) *workload.Workload {
 	t.Helper()
@@ -163,7 +188,14 @@ func (f *fleet) send(t *testing.T, reqs []workload.Request, pick []int) (failed 
 			var body []byte
 			for i := range next {
 				body = workload.AppendChatBody(body[:0], &reqs[i], true)
+				sent := 0.0
+				if f.settle {
+					sent = metricSum(t, f.servers[pick[i]].Registry(), "warmpath_cluster_updates_sent_total")
+				}
 				err := post(f.urls[pick[i]], body)
+				if err == nil && f.settle {
+					f.settled(t, pick[i], sent)
+				}
 				if err != nil {
 					mu.Lock()
 					failed++
@@ -288,6 +320,7 @@ func TestFleetHitRate(t *testing.T) {
 			url = cluster.NATSURL(cluster.StartNATS(t, 0))
 		}
 		f := startFleet(t, startEngines(t, 4), instances, url)
+		f.settle = sync
 		if sync {
 			waitFor(t, "instances see each other", func() bool {
 				for _, s := range f.servers {
