@@ -160,6 +160,30 @@ func BenchmarkDecideCold(b *testing.B) {
 	})
 }
 
+// BenchmarkDecideSharedPrefix: Decide at n replicas where every replica
+// holds the request's first 8 blocks (a system prompt the whole fleet has
+// served) and every 8th holds half the prompt.
+func BenchmarkDecideSharedPrefix(b *testing.B) {
+	for _, n := range []int{64, 1024, 4096} {
+		req, _ := benchReq(b, 32<<10)
+		r := benchRouter(b, "cost", n, req)
+		for i := range n {
+			sys := *req
+			sys.Hashes = req.Hashes[:8]
+			warm(r, ReplicaID(i), &sys)
+		}
+		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			var d Decision
+			cpuPerOp(b, func() {
+				if err := r.Decide(req, &d); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
 // parseDecide is the proxy's decision from a raw chat body: ParseChat into
 // pr, the Request q from it, Decide into d.
 func parseDecide(b *testing.B, p *Parser, r *Router, body []byte, pr *Prompt, q *Request, d *Decision) {

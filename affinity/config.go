@@ -126,8 +126,9 @@ type Config struct {
 	KVHighWater      float64 `yaml:"kv_high_water" reload:"live"`
 	KVPenaltySeconds float64 `yaml:"kv_penalty_seconds" reload:"live"`
 	// MaxScan (cost policy) bounds the replicas scored per decision: above
-	// it, a random window of MaxScan candidates plus every candidate holding
-	// part of the request's prefix. 0 means 128; negative scores all.
+	// it, a random window of MaxScan candidates plus the MaxScan candidates
+	// outside it holding the deepest parts of the request's prefix (all of
+	// them when fewer hold any). 0 means 128; negative scores all.
 	MaxScan int `yaml:"max_scan" reload:"live"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.

@@ -524,3 +524,81 @@ func TestCostSample(t *testing.T) {
 		}
 	}
 }
+
+// TestCostSampleBoundsHolders: with a prefix every replica holds (a
+// system prompt the whole fleet has served), the cost policy scores at
+// most 2 MaxScan candidates, not the fleet, and among them every replica
+// holding more of the prompt than that: the 3 deepest holders always,
+// then a random draw of the 40 at the middle depth (every one of them
+// drawn over many decisions), never a replica with the system prompt
+// alone in their place.
+func TestCostSampleBoundsHolders(t *testing.T) {
+	const n, k = 300, 16
+	r, ids := buildRouter(t, Config{MaxScan: k}, state{n: n})
+	req := promptReq(t, strings.Repeat("abcdefgh", 4096), "question") // 8,192 tokens, 128 blocks
+	hs := req.Hashes
+	part := func(blocks int) *Request { q := *req; q.Hashes = hs[:blocks]; return &q }
+	for _, id := range ids {
+		warm(r, id, part(8))
+	}
+	mid, deep := map[ReplicaID]bool{}, map[ReplicaID]bool{}
+	for i := range 40 {
+		mid[ids[7*i+3]] = true
+		warm(r, ids[7*i+3], part(64))
+	}
+	for _, i := range []int{5, 151, 299} { // none of them a middle holder
+		deep[ids[i]] = true
+		warm(r, ids[i], part(120))
+	}
+	seen := map[ReplicaID]bool{}
+	var d Decision
+	for trial := range 1000 {
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatal(err)
+		}
+		cands := d.view.cands
+		if len(cands) > 2*k {
+			t.Fatalf("trial %d: %d candidates scored, want at most %d", trial, len(cands), 2*k)
+		}
+		nDeep, nMid := 0, 0
+		for _, id := range cands {
+			switch {
+			case deep[id]:
+				nDeep++
+			case mid[id]:
+				nMid++
+				seen[id] = true
+			}
+		}
+		if nDeep != len(deep) || nMid < k-len(deep) {
+			t.Fatalf("trial %d: scored %d of %d deepest and %d middle holders, want all and at least %d",
+				trial, nDeep, len(deep), nMid, k-len(deep))
+		}
+		if !deep[d.Ranked[0]] {
+			t.Fatalf("trial %d: picked %d, not a deepest holder", trial, d.Ranked[0])
+		}
+	}
+	if len(seen) != len(mid) {
+		t.Fatalf("%d of the %d middle holders ever scored", len(seen), len(mid))
+	}
+}
+
+// TestKthLargest: the quickselect agrees with a sort, repeats and all.
+func TestKthLargest(t *testing.T) {
+	var v View
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 2000 {
+		a := make([]int32, 1+rng.IntN(60))
+		span := 1 + rng.IntN(8) // few distinct values, as holders' depths
+		for i := range a {
+			a[i] = int32(rng.IntN(span))
+		}
+		want := slices.Clone(a)
+		slices.Sort(want)
+		slices.Reverse(want)
+		k := 1 + rng.IntN(len(a))
+		if got := kthLargest(a, k, &v); got != want[k-1] {
+			t.Fatalf("trial %d: %d-th largest of %v = %d, want %d", trial, k, want, got, want[k-1])
+		}
+	}
+}
