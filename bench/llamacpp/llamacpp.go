@@ -105,6 +105,10 @@ type Options struct {
 	Args []string
 	// ReadyTimeout bounds each server's start-up (60 s).
 	ReadyTimeout time.Duration
+
+	// freeAddr picks a free port's address (nil: child.FreeAddr); tests
+	// hand out a taken one.
+	freeAddr func() (string, error)
 }
 
 func (o Options) withDefaults() Options {
@@ -168,34 +172,62 @@ func Start(ctx context.Context, opts Options) (*Fleet, error) {
 		return nil, fmt.Errorf("llamacpp: no model in %s (run Setup): %w", o.Root, err)
 	}
 	f := &Fleet{opts: o}
-	for i := range o.N {
+	free := o.freeAddr
+	if free == nil {
+		free = child.FreeAddr
+	}
+	// start runs server i (its port picked, unless Port fixes it) and
+	// records it at index i.
+	start := func(i int) error {
 		port := 0
 		if o.Port > 0 {
 			port = o.Port + i
 		} else {
-			addr, err := child.FreeAddr()
+			addr, err := free()
 			if err != nil {
-				f.Stop()
-				return nil, err
+				return err
 			}
 			_, p, _ := strings.Cut(addr, ":")
 			port, _ = strconv.Atoi(p)
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		core := o.Cores[i%len(o.Cores)]
-		p, err := child.Start("llama-server "+addr, "chroot", o.args(port, core)...)
+		p, err := child.Start("llama-server "+addr, "chroot", o.args(port, o.Cores[i%len(o.Cores)])...)
 		if err != nil {
-			f.Stop()
-			return nil, fmt.Errorf("llamacpp: %w", err)
+			return fmt.Errorf("llamacpp: %w", err)
 		}
-		f.g.Add(p)
-		f.addrs = append(f.addrs, addr)
+		if i < len(f.addrs) {
+			f.g.Procs[i], f.addrs[i] = p, addr
+		} else {
+			f.g.Add(p)
+			f.addrs = append(f.addrs, addr)
+		}
+		return nil
 	}
-	// Servers load in parallel; wait for each in turn.
-	for i, p := range f.g.Procs {
-		if err := child.WaitReady(ctx, p, "http://"+f.addrs[i]+"/health", o.ReadyTimeout); err != nil {
+	for i := range o.N {
+		if err := start(i); err != nil {
 			f.Stop()
-			return nil, fmt.Errorf("llamacpp: %w", err)
+			return nil, err
+		}
+	}
+	// Servers load in parallel; wait for each in turn. A free port can be
+	// taken between FreeAddr releasing it and the server binding it (a
+	// client's ephemeral port): the server exits at start-up saying so,
+	// and starts again on another port, up to three times.
+	for i := range o.N {
+		for try := 1; ; try++ {
+			err := child.WaitReady(ctx, f.g.Procs[i], "http://"+f.addrs[i]+"/health", o.ReadyTimeout)
+			if err == nil {
+				break
+			}
+			if o.Port > 0 || try == 3 || !child.BindLost(err) {
+				f.Stop()
+				return nil, fmt.Errorf("llamacpp: %w", err)
+			}
+			f.g.Procs[i].Stop(0) // exited already: reaped
+			if err := start(i); err != nil {
+				f.Stop()
+				return nil, err
+			}
 		}
 	}
 	return f, nil

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -134,6 +135,31 @@ func TestFleet(t *testing.T) {
 	}
 	f.Stop()
 	f.Stop() // idempotent
+}
+
+// TestStartPortTaken: a server whose port was taken between FreeAddr and
+// its bind (here held by a listener of the test's) starts again on another
+// port, and the one that failed leaves nothing running.
+func TestStartPortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	taken, picks := ln.Addr().String(), 0
+	f := startFleet(t, Options{N: 1, Slots: 1, CtxPerSlot: 512, freeAddr: func() (string, error) {
+		if picks++; picks == 1 {
+			return taken, nil
+		}
+		return child.FreeAddr()
+	}})
+	if picks != 2 || len(f.Addrs()) != 1 || f.Addrs()[0] == taken {
+		t.Fatalf("%d port picks, addrs %v (taken %s); want 2 picks and another port", picks, f.Addrs(), taken)
+	}
+	getJSON(t, "http://"+f.Addrs()[0]+"/props", &struct{}{})
+	if err := f.Failure(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func getJSON(t *testing.T, url string, v any) {

@@ -132,11 +132,23 @@ func FreeAddr() (string, error) {
 func RetryBind(start func() error) error {
 	var err error
 	for range 3 {
-		if err = start(); err == nil || !strings.Contains(strings.ToLower(err.Error()), "address already in use") {
+		if err = start(); !BindLost(err) {
 			return err
 		}
 	}
 	return err
+}
+
+// BindLost reports whether err (a child's start-up failure, its output
+// included) says the child could not bind its port: Go's and nginx's
+// "address already in use", llama-server's "couldn't bind HTTP server
+// socket".
+func BindLost(err error) bool {
+	if err == nil {
+		return false
+	}
+	s := strings.ToLower(err.Error())
+	return strings.Contains(s, "address already in use") || strings.Contains(s, "couldn't bind")
 }
 
 // WaitReady polls GET url until it answers 200, the process dies, ctx ends

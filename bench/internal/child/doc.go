@@ -6,7 +6,8 @@
 // nothing outlives a run.
 //
 // Lifecycle hazards: FreeAddr releases the port before the child binds it;
-// a child that loses that race exits at start-up, and WaitReady reports its
-// output. Linux only (process groups, Pdeathsig); elsewhere Start works but
+// a child that loses that race exits at start-up, WaitReady reports its
+// output, and BindLost recognises it so that the starter (RetryBind,
+// llamacpp.Start) tries another port. Linux only (process groups, Pdeathsig); elsewhere Start works but
 // Stop cannot reach grandchildren and Supported is false.
 package child

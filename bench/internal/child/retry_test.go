@@ -5,11 +5,12 @@ import (
 	"testing"
 )
 
-// RetryBind repeats a start whose port was taken (warmpath's and nginx's
-// wordings), up to three times, and no other failure.
+// RetryBind repeats a start whose port was taken (warmpath's, nginx's and
+// llama-server's wordings), up to three times, and no other failure.
 func TestRetryBind(t *testing.T) {
 	for _, msg := range []string{"listen tcp 127.0.0.1:1: bind: address already in use",
-		"nginx: bind() to 127.0.0.1:1 failed (98: Address already in use)"} {
+		"nginx: bind() to 127.0.0.1:1 failed (98: Address already in use)",
+		"llama-server 127.0.0.1:44609 exited (exit status 1): 0.00.014.583 E srv         start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 44609"} {
 		calls := 0
 		err := RetryBind(func() error {
 			if calls++; calls < 3 {
