@@ -108,6 +108,100 @@ func TestKeepTurnOnSlotEngines(t *testing.T) {
 	}
 }
 
+// TestKeepTurnNotIntoFullBatch: a turn whose history is gone everywhere
+// goes back to its previous replica whose four slots are all taken while
+// the wait there is priced small (the batch began 2 s ago, near its end;
+// the other replica runs three of its four): within a quarter of the best
+// estimate. Once the pool's measured waits have run three times what was
+// priced (fleetPrefill.sampleWait), the same wait is priced at three times
+// and the turn goes where a slot is free.
+func TestKeepTurnNotIntoFullBatch(t *testing.T) {
+	spec := ReplicaSpec{PrefillTokensPerSec: 2000, CacheModel: CacheSlots, BatchSlots: 4}
+	sig := EngineSignals{BatchSlots: 4, SlotCaches: true, At: 1}
+	decoding := func(r *Router, id ReplicaID, tag uint64, n int, at int64) {
+		for i := range n {
+			f := new(Flight)
+			h := chainOf(tag, uint64(i), 0, 16)
+			r.Begin(id, &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: at}, nil, f)
+			r.FirstToken(f, at)
+		}
+	}
+	for _, longWaits := range []bool{false, true} {
+		t.Run(fmt.Sprintf("waits measured long: %v", longWaits), func(t *testing.T) {
+			r, ids := keepTurnWorld(t, spec, sig, 0, false)
+			decoding(r, ids[0], 0x77, 4, 4e9)
+			decoding(r, ids[1], 0x78, 3, 5e9)
+			if longWaits {
+				for range 40 {
+					r.hotOf(ids[0]).fleetPrefill.sampleWait(0.1, 0.3)
+				}
+			}
+			d := nextTurn(t, r, ids)
+			if kept := d.Ranked[0] == ids[0]; kept == longWaits {
+				t.Fatalf("ranked %v (home %v): kept %v with every slot busy there, waits measured long %v", d.Ranked, ids[0], kept, longWaits)
+			}
+		})
+	}
+}
+
+// TestSlotWaitScaleLearned: with Config.LearnSlotWaits, requests that
+// found every batch slot taken and waited twice what was priced raise the
+// pool's wait factor to about 2 (the priced wait then matches); waits as
+// priced leave it at 1; the factor is shared by the pool's replicas and
+// stays within [1/2, 8]. Without the setting it stays at 1.
+func TestSlotWaitScaleLearned(t *testing.T) {
+	for _, tc := range []struct {
+		took     float64 // measured wait / priced
+		lo, hi   float64
+		clampsAt float64
+		off      bool // Config.LearnSlotWaits off
+	}{{2, 1.8, 2.2, 0, false}, {1, 0.99, 1.01, 0, false}, {100, 7.9, 8, 8, false}, {0, 0.5, 0.51, 0.5, false},
+		{2, 1, 1, 0, true}} {
+		t.Run(fmt.Sprintf("waits %gx, learning off %v", tc.took, tc.off), func(t *testing.T) {
+			r, err := NewRouter(Config{LearnSlotWaits: !tc.off})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids [2]ReplicaID
+			for i := range ids {
+				if ids[i], err = r.AddReplica(ReplicaSpec{Name: fmt.Sprint("r", i), Models: []string{"m"}, PrefillTokensPerSec: 2000, BatchSlots: 4}); err != nil {
+					t.Fatal(err)
+				}
+				r.SetSignals(ids[i], EngineSignals{BatchSlots: 4, At: 1})
+			}
+			const s = int64(1e9)
+			for i := range 4 { // every slot of r0 decoding, for good
+				f := new(Flight)
+				r.Begin(ids[0], &Request{Model: []byte("m"), Hashes: chainOf(0x55, uint64(i), 0, 4), PromptTokens: 256, Now: s}, nil, f)
+				r.FirstToken(f, s)
+			}
+			now := 2 * s
+			n := 60
+			if tc.clampsAt != 0 {
+				n = 400
+			}
+			for i := range n {
+				f := new(Flight)
+				r.Begin(ids[0], &Request{Model: []byte("m"), Hashes: chainOf(0x66, uint64(i), 0, 4), PromptTokens: 256, Now: now}, nil, f)
+				if !(f.slotWait > 0) {
+					t.Fatalf("request %d: no slot wait priced with every slot busy", i)
+				}
+				// the engine's wait: took times what the priced wait was before scaling
+				raw := f.slotWait / r.hotOf(ids[0]).fleetPrefill.waitScale()
+				first := now + int64((f.predTTFT-f.slotWait+tc.took*raw)*1e9)
+				r.FirstToken(f, first)
+				r.EndWith(f, first+s/10, Outcome{OK: true, CachedTokens: 0})
+				now = first + s/10
+			}
+			for _, id := range ids {
+				if k := r.hotOf(id).fleetPrefill.waitScale(); k < tc.lo || k > tc.hi {
+					t.Fatalf("replica %v: wait factor %.3f after waits of %gx the priced, want [%g, %g]", id, k, tc.took, tc.lo, tc.hi)
+				}
+			}
+		})
+	}
+}
+
 // TestKeepTurnOnce: the record of where a turn ended is used by one
 // decision only, so requests that share a conversation's prompt up to
 // that block (users of one template, a retry after the first was routed)

@@ -34,6 +34,11 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		return
 	}
 	p.checkPrediction(f.predTTFT, dt)
+	if f.slotWait > 0 && r.cfg.LearnSlotWaits {
+		// What the wait for a batch slot took: the TTFT less the rest of
+		// the prediction (waitScale).
+		p.fleetPrefill.sampleWait(f.slotWait, dt-(f.predTTFT-f.slotWait))
+	}
 	// A clean sample for the pool's line (fleetPrefill.sampleClean): no
 	// prefill queued ahead, no slot wait, a free slot, the engine's token
 	// count known.

@@ -217,11 +217,17 @@ func (p *repHot) maxRunSeen() int64 {
 	return max(v, -v)
 }
 
-// slotWaitSlots is slotWait with S_r given (s = p.slots()).
+// slotWaitSlots is slotWait with S_r given (s = p.slots()), scaled by
+// what the pool's measured waits taught (fleetPrefill.waitScale).
 func (p *repHot) slotWaitSlots(s, busy, now int64) float64 {
 	if s <= 0 || busy < s {
 		return 0
 	}
+	return p.fleetPrefill.waitScale() * p.slotWaitRaw(s, busy, now)
+}
+
+// slotWaitRaw is slotWaitSlots before the pool's scale.
+func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
 	d := p.slotSeconds()
 	k := float64(busy - s + 1)
 	n := p.decN.Load()
@@ -450,6 +456,9 @@ type fleetPrefill struct {
 	// busyCost: float64 bits, β, the TTFT each request already on a
 	// replica of the pool adds to a new one's (busyFit; 0 until known).
 	busyCost atomic.Uint64
+	// waitLog: float64 bits, the log of the factor the pool's slot waits
+	// are priced at (sampleWait; 0: as slotWaitSlots computes them).
+	waitLog atomic.Uint64
 
 	// mu orders the writers of rate and over, and guards clean, the
 	// pool's line over clean samples (cleanOK: that line gives them), and
@@ -459,6 +468,54 @@ type fleetPrefill struct {
 	cleanOK bool
 	busyFit moments
 	busyYY  float64 // the busy line's mean y*y, weighted as busyFit
+}
+
+// waitScale is the factor slot waits are priced at on the pool's
+// replicas: 1 until sampleWait has measured otherwise, and for a replica
+// without a pool.
+//
+// The wait for a slot is priced from D_r, the mean time a request holds
+// one, and how long the running batch has run. On an engine whose decode
+// slows with the batch (llama.cpp on a CPU core, where each decode step
+// computes every running request's token) a full batch holds its slots
+// longer than D_r, which mixes light and heavy moments: on the live bench's two
+// llama.cpp servers, requests that found all four slots taken were
+// predicted 132 ms on average and took 199 ms, and the conversations kept
+// on their full replica (keepTurn, within a quarter of the best estimate)
+// waited there while the other replica had slots free. On engines that
+// batch for free the measured waits match the priced ones and the factor
+// stays near 1.
+func (f *fleetPrefill) waitScale() float64 {
+	if f == nil {
+		return 1
+	}
+	if l := loadF(&f.waitLog); l != 0 {
+		return math.Exp(l)
+	}
+	return 1
+}
+
+// waitWeight is the EWMA weight of one slot-wait sample (sampleWait), and
+// waitRatioClip bounds one sample's ratio either way; the factor itself
+// stays within [1/2, 8].
+const (
+	waitWeight    = 0.1
+	waitRatioClip = 4
+)
+
+// sampleWait folds in one request that was priced a slot wait of pred
+// seconds (scaled) and waited measured: its TTFT less the rest of its
+// prediction. The factor moves by waitWeight of the log of their ratio,
+// so a wait priced right leaves it where it is.
+func (f *fleetPrefill) sampleWait(pred, measured float64) {
+	if f == nil || !(pred > 0) || math.IsNaN(measured) {
+		return
+	}
+	r := min(max(measured/pred, 1/float64(waitRatioClip)), waitRatioClip)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := loadF(&f.waitLog) + waitWeight*math.Log(r)
+	storeF(&f.waitLog, min(max(l, math.Log(0.5)), math.Log(8)))
 }
 
 func (f *fleetPrefill) sample(rate, over float64) {
