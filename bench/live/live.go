@@ -589,7 +589,7 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 		p, listen, admin, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 			policy: c.policy, model: workload.DefaultModel, replicas: addrs,
 			kvTokens: f.kvTokens, timeScale: f.timeScale, prefillRate: f.prefillRate, seed: o.Seed,
-			accessLog: access,
+			accessLog: access, learnSlotWaits: f.llama,
 		})
 		if err != nil {
 			return nil, err

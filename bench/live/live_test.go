@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/bench/internal/child"
+	"github.com/warmpath/warmpath/slowpath"
 )
 
 // trackChildren records every child the package starts and, at cleanup,
@@ -469,6 +470,14 @@ func TestWarmpathConfScalesWithTime(t *testing.T) {
 		if !strings.Contains(c, want) {
 			t.Fatalf("config lacks %q:\n%s", want, c)
 		}
+	}
+	if strings.Contains(c, "learn_slot_waits") {
+		t.Fatalf("learn_slot_waits set for enginesim:\n%s", c)
+	}
+	s.learnSlotWaits = true // the llama.cpp fleets, as docs/deploy.md asks
+	c = warmpathConf("127.0.0.1:2", "127.0.0.1:3", s)
+	if _, err := slowpath.ParseConfig([]byte(c)); err != nil || !strings.Contains(c, "  learn_slot_waits: true\n") {
+		t.Fatalf("llama.cpp config (%v):\n%s", err, c)
 	}
 }
 

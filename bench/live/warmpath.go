@@ -29,6 +29,9 @@ type routerSetup struct {
 	// quiet: scrape and health checks every 10s, so the router's own
 	// background work stays out of a CPU-per-request figure.
 	quiet bool
+	// learnSlotWaits sets routing.learn_slot_waits, as docs/deploy.md
+	// asks of llama.cpp on CPU cores (the llama.cpp fleets).
+	learnSlotWaits bool
 }
 
 // warmpathConf renders warmpath's YAML config. The engines run timeScale
@@ -70,6 +73,9 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	fmt.Fprintf(&b, "  default_prefill_tokens_per_sec: %g\n", rate)
 	fmt.Fprintf(&b, "  load_penalty_seconds: %g\n  kv_penalty_seconds: %g\n", 0.005*ts, 0.5*ts)
 	fmt.Fprintf(&b, "  signal_max_age: %s\n", max(time.Second, time.Duration(float64(10*time.Second)*ts)))
+	if s.learnSlotWaits {
+		b.WriteString("  learn_slot_waits: true\n")
+	}
 	if s.accessLog != "" {
 		fmt.Fprintf(&b, "log:\n  format: json\n  access: %q\n", s.accessLog)
 	}
