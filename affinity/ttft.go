@@ -478,13 +478,13 @@ type fleetPrefill struct {
 // one, and how long the running batch has run. On an engine whose decode
 // slows with the batch (llama.cpp on a CPU core, where each decode step
 // computes every running request's token) a full batch holds its slots
-// longer than D_r, which mixes light and heavy moments: on the live bench's two
-// llama.cpp servers, requests that found all four slots taken were
-// predicted 132 ms on average and took 199 ms, and the conversations kept
-// on their full replica (keepTurn, within a quarter of the best estimate)
-// waited there while the other replica had slots free. On engines that
-// batch for free the measured waits match the priced ones and the factor
-// stays near 1.
+// longer than D_r, which mixes light and heavy moments: on the live
+// bench's two llama.cpp servers, requests that found all four slots taken
+// were predicted 132 ms on average and took 199 ms, and the conversations
+// kept on their full replica (keepTurn, within a quarter of the best
+// estimate) waited there while the other replica had slots free. On
+// engines that batch for free the measured waits match the priced ones
+// and the factor stays near 1. Learned only with Config.LearnSlotWaits.
 func (f *fleetPrefill) waitScale() float64 {
 	if f == nil {
 		return 1

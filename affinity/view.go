@@ -328,10 +328,11 @@ func mixID(id ReplicaID, salt uint64) uint64 {
 //
 // Without the bound on holders a prefix every replica has served (a
 // system prompt common to the fleet) made every replica a holder and every
-// decision score the whole fleet (40 us at 1,024 replicas, 160 us at 4,096;
-// 23 and 68 us with it: BenchmarkDecideSharedPrefix). The holders left out are never deeper than
-// one kept: a cache hit is missed only where more than k replicas hold a
-// longer one, and then the k scored are a random draw of them.
+// decision score the whole fleet (40 us at 1,024 replicas, 160 us at
+// 4,096; 23 and 68 us with it: BenchmarkDecideSharedPrefix). The holders
+// left out are never deeper than one kept: a cache hit is missed only
+// where more than k replicas hold a longer one, and then the k scored are
+// a random draw of them.
 func (v *View) Sample(k int) {
 	c := v.cands
 	n := len(c)
