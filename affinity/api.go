@@ -144,6 +144,8 @@ type Flight struct {
 	predTTFT   float64 // the replica's TTFT model at Begin, seconds
 	slotWait   float64 // predicted wait for a batch slot at Begin, seconds
 	busy       int32   // requests on the replica at Begin (this one not counted)
+	ownBusy    int32   // of those, this router's own (replica.loadStep)
+	loadArea   int64   // the replica's load integral at Begin; from End, its growth over the flight (replica.loadStep)
 	buffered   bool    // Request.Buffered: no rate sample at FirstToken
 	cont       bool    // the replica's held prefix ended at a finished request's tail
 	slotSeq    uint64  // the flight's number in the replica's slot model; 0 = none

@@ -130,12 +130,13 @@ type Config struct {
 	// outside it holding the deepest parts of the request's prefix (all of
 	// them when fewer hold any). 0 means 128; negative scores all.
 	MaxScan int `yaml:"max_scan" reload:"live"`
-	// LearnSlotWaits prices the wait for a batch slot at what such waits
-	// measured on the replica's pool (fleetPrefill.waitScale): for engines
-	// whose decode slows as the batch fills, such as llama.cpp on CPU
-	// cores. Off by default: on the simulator's engines, which batch
-	// without slowing, the learned factor moved conversations off their
-	// replicas and cost 5-13% on small-batch fleets (affinity/README.md).
+	// LearnSlotWaits scales the priced wait for a batch slot by what such
+	// waits measured on the replica's pool (fleetPrefill.waitScale). How
+	// slot time grows as the batch fills (σ, llama.cpp on CPU cores) is
+	// learned without it; this corrects what that leaves. Off by default:
+	// on the simulator's engines the learned factor moved conversations
+	// off their replicas and cost 5-13% on small-batch fleets
+	// (affinity/README.md).
 	LearnSlotWaits bool `yaml:"learn_slot_waits"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.

@@ -87,6 +87,8 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		r.takeTail(hs[held-1], id)
 	}
 	f.slotSeq, f.ram = seq, use
+	area, own := p.loadStep(req.Now, 1)
+	f.loadArea, f.ownBusy = area, int32(min(own, 1<<30))
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
@@ -242,6 +244,8 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 		return
 	}
 	p.inFlight.Add(-1)
+	end, _ := p.loadStep(now, -1)
+	f.loadArea = end - f.loadArea
 	p.slotc.end(f.slotSeq)
 	if ok {
 		p.slotc.learnRAM(f.ram, cachedTokens, r.bt)

@@ -21,13 +21,14 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	if o.PrefillSeconds > 0 {
 		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds, f.FirstTokenAt)
 	}
+	shared := p.sharedDuring(f, now)
 	switch priced, _ := p.prefill(); {
 	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
-		p.sampleSlot(o.PrefillSeconds + o.DecodeSeconds)
+		p.sampleSlot(o.PrefillSeconds+o.DecodeSeconds, shared)
 	case f.FirstTokenAt != 0 && !f.buffered:
-		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9 + float64(uncached)/priced)
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9+float64(uncached)/priced, shared)
 	default:
-		p.sampleSlot(float64(now-f.Start)/1e9 - f.slotWait)
+		p.sampleSlot(float64(now-f.Start)/1e9-f.slotWait, shared)
 	}
 	dt := float64(f.FirstTokenAt-f.Start) / 1e9
 	if f.FirstTokenAt == 0 || dt <= 0 || f.buffered {
@@ -96,8 +97,25 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// prediction is clipped to fitClip times it, so a stall moves β little.
 	if warm && f.slotWait == 0 && f.predTTFT > 0 && dt >= f.predTTFT/2 {
 		dtc := min(dt, f.predTTFT*fitClip)
-		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSeconds(), p.specRate || loadF(&p.engRate) > 0)
+		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSecondsAt(float64(max(p.slots()-1, 0))), p.specRate || loadF(&p.engRate) > 0)
 	}
+}
+
+// sharedDuring is how many other requests f shared its replica with, on
+// average over its life (Start to now, at End): this router's from the
+// replica's load integral (which counts f itself throughout), plus the
+// others (peers', other routers' seen in engine signals) as Begin found
+// them; at most a full batch less f where the slot count is known.
+func (p *replica) sharedDuring(f *Flight, now int64) float64 {
+	x := float64(f.busy)
+	if dur := now - f.Start; dur > 0 {
+		own := max(float64(f.loadArea)/float64(dur)-1, 0)
+		x = own + float64(max(f.busy-f.ownBusy, 0))
+	}
+	if s := p.slots(); s > 0 {
+		x = min(x, float64(s-1))
+	}
+	return x
 }
 
 // cleanOverWeight is the EWMA weight of a clean intercept sample.

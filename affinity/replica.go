@@ -32,6 +32,17 @@ type replica struct {
 	fitMu sync.Mutex // End's rate fit
 	fit   rateFit
 
+	// The time integral of this router's requests on the replica
+	// (loadStep): request-nanoseconds up to loadAt, and the count since.
+	loadMu   sync.Mutex
+	loadArea int64
+	loadAt   int64
+	loadN    int64
+
+	// slotRef (float64 bits) is a slow EWMA of D_r's samples, what the
+	// pool's σ line measures slot times against (sampleSlot).
+	slotRef atomic.Uint64
+
 	// pendQ is this router's requests on the replica awaiting their first
 	// token, in Begin order (a ring of Begin sequence numbers pendLo up to
 	// pendHi; a request that leaves out of order is marked done and
@@ -177,6 +188,21 @@ func (r *Router) newHot(id ReplicaID) *repHot {
 	h := r.hotOf(id)
 	*h = repHot{}
 	return h
+}
+
+// loadStep moves the replica's load integral to now and the count by
+// delta (+1 at Begin, -1 at End), returning the integral at now and the
+// count before the step. A clock that steps back adds nothing.
+func (p *replica) loadStep(now, delta int64) (area, before int64) {
+	p.loadMu.Lock()
+	if now > p.loadAt {
+		p.loadArea += p.loadN * (now - p.loadAt)
+		p.loadAt = now
+	}
+	area, before = p.loadArea, p.loadN
+	p.loadN = max(p.loadN+delta, 0)
+	p.loadMu.Unlock()
+	return area, before
 }
 
 func (p *replica) eligible() bool {

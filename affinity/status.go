@@ -26,7 +26,8 @@ type ReplicaStatus struct {
 	Signals              EngineSignals
 	Mispredictions       uint64
 	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
-	SlotSeconds          float64   // D_r: mean time a request holds a batch slot
+	SlotSeconds          float64   // D_r: time a request holds a batch slot alone on the engine
+	SlotLoad             float64   // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
 	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
 	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
 	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
@@ -74,6 +75,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			Mispredictions:    p.mispredicts.Load(),
 			BatchSlots:        int(p.slots()),
 			SlotSeconds:       p.slotSeconds(),
+			SlotLoad:          p.fleetPrefill.slotLoad(),
 			EnginePrefillRate: loadF(&p.engRate),
 			Confidence:        p.confidence(),
 			BusyCostSeconds:   p.busyCost(),

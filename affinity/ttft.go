@@ -30,7 +30,15 @@ import (
 //	     + decode timings where it reports them (llama.cpp `timings`), else
 //	     last token - first token + own prefill (streamed), else the whole
 //	     duration minus the predicted slot wait (buffered); the router's
-//	     fleet mean, else defaultSlotSeconds, until the first sample
+//	     fleet mean, else defaultSlotSeconds, until the first sample. Kept
+//	     as the time alone on the engine, each sample divided by
+//	     1 + σ x (x the requests it shared the engine with); a full batch
+//	     holds its slots D_r (1 + σ (S_r - 1)): slotSecondsAt
+//	σ    the pool's relative slot-time slope per request sharing the
+//	     engine (fleetPrefill.sampleSlotLoad): a one-core llama.cpp server
+//	     decodes each token of four running requests 7-8x slower than of
+//	     one; a GPU engine's steps barely slow with the batch; 0 until the
+//	     samples show it
 //	P_r  the engine's reported prefill rate (llama.cpp prompt_n, prompt_ms,
 //	     over its prefill busy periods: sampleEngineRate; in the router's
 //	     tokens) when it reports one, else the pool's
@@ -75,6 +83,9 @@ const (
 	earlyHitMin = 4
 	// slotWeight is the EWMA weight of a slot-time sample.
 	slotWeight = 0.1
+	// slotRefWeight: the reference σ's samples are measured against
+	// (replica.slotRef) remembers about 100 slot times.
+	slotRefWeight = 0.01
 	// slotLearnRepeat: scrapes showing requests waiting at the largest
 	// running count seen that make it the learned slot count (learnSlots).
 	slotLearnRepeat = 2
@@ -149,8 +160,9 @@ func (p *repHot) slots() int64 {
 	return 0
 }
 
-// slotSeconds is D_r; before its first sample, the fleet's (the mean slot
-// time measured on any replica of this router), else defaultSlotSeconds.
+// slotSeconds is D_r, the slot time alone on the engine; before its first
+// sample, the fleet's (the mean measured on any replica of this router),
+// else defaultSlotSeconds.
 func (p *repHot) slotSeconds() float64 {
 	if d := loadF(&p.slotSec); d > 0 {
 		return d
@@ -162,6 +174,25 @@ func (p *repHot) slotSeconds() float64 {
 	}
 	return defaultSlotSeconds
 }
+
+// slotSecondsAt is the slot time of a request sharing the engine with x
+// others: D_r times slotGrowth.
+func (p *repHot) slotSecondsAt(x float64) float64 {
+	return p.slotSeconds() * p.slotGrowth(x)
+}
+
+// slotGrowth is 1 + σ x, how much longer than alone a request holds its
+// slot sharing the engine with x others, at most slotGrowthMax.
+func (p *repHot) slotGrowth(x float64) float64 {
+	if s := p.fleetPrefill.slotLoad(); s > 0 && x > 0 {
+		return min(1+s*x, slotGrowthMax)
+	}
+	return 1
+}
+
+// slotGrowthMax bounds slotGrowth: the clip of a slot-time sample
+// (sampleSlot) around D_r's prediction for it.
+const slotGrowthMax = 8
 
 // slotWait is the expected wait at now for a batch slot of a request
 // joining a replica with busy requests already on it: it needs busy-S+1
@@ -228,7 +259,8 @@ func (p *repHot) slotWaitSlots(s, busy, now int64) float64 {
 
 // slotWaitRaw is slotWaitSlots before the pool's scale.
 func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
-	d := p.slotSeconds()
+	// The running requests share a full batch: each with s-1 others.
+	d := p.slotSecondsAt(float64(s - 1))
 	k := float64(busy - s + 1)
 	n := p.decN.Load()
 	if n <= 0 {
@@ -459,6 +491,9 @@ type fleetPrefill struct {
 	// waitLog: float64 bits, the log of the factor the pool's slot waits
 	// are priced at (sampleWait; 0: as slotWaitSlots computes them).
 	waitLog atomic.Uint64
+	// slotSlope: float64 bits, σ, the relative growth of a slot time per
+	// request sharing the engine (sampleSlotLoad; 0 until known).
+	slotSlope atomic.Uint64
 
 	// mu orders the writers of rate and over, and guards clean, the
 	// pool's line over clean samples (cleanOK: that line gives them), and
@@ -468,23 +503,24 @@ type fleetPrefill struct {
 	cleanOK bool
 	busyFit moments
 	busyYY  float64 // the busy line's mean y*y, weighted as busyFit
+	slotFit moments // the slot-time line (sampleSlotLoad), under mu
+	slotYY  float64 // its mean y*y
 }
 
 // waitScale is the factor slot waits are priced at on the pool's
 // replicas: 1 until sampleWait has measured otherwise, and for a replica
 // without a pool.
 //
-// The wait for a slot is priced from D_r, the mean time a request holds
-// one, and how long the running batch has run. On an engine whose decode
-// slows with the batch (llama.cpp on a CPU core, where each decode step
-// computes every running request's token) a full batch holds its slots
-// longer than D_r, which mixes light and heavy moments: on the live
-// bench's two llama.cpp servers, requests that found all four slots taken
-// were predicted 132 ms on average and took 199 ms, and the conversations
-// kept on their full replica (keepTurn, within a quarter of the best
-// estimate) waited there while the other replica had slots free. On
-// engines that batch for free the measured waits match the priced ones
-// and the factor stays near 1. Learned only with Config.LearnSlotWaits.
+// The wait for a slot is priced from a full batch's slot time (D_r grown
+// by σ, slotSecondsAt) and how long the running batch has run. Before σ
+// the price took D_r as a mean over light and heavy moments, and on an
+// engine whose decode slows with the batch (llama.cpp on a CPU core) a
+// full batch held its slots longer: on the live bench's two llama.cpp
+// servers, requests that found all four slots taken were predicted 132 ms
+// on average and took 199 ms. This factor corrects what the price still
+// misses, as measured; on engines that batch for free the measured waits
+// match the priced ones and it stays near 1. Learned only with
+// Config.LearnSlotWaits.
 func (f *fleetPrefill) waitScale() float64 {
 	if f == nil {
 		return 1
@@ -606,6 +642,50 @@ func (f *fleetPrefill) sampleBusy(busy, resid, slotSec float64, measuredRate boo
 	beta := slope - busySE*math.Sqrt(res/(nEff*varx))
 	storeF(&f.busyCost, min(max(beta, 0), max(slotSec, 0)))
 }
+
+// slotLoad is σ (sampleSlotLoad); 0 for a replica without a pool.
+func (f *fleetPrefill) slotLoad() float64 {
+	if f == nil {
+		return 0
+	}
+	return loadF(&f.slotSlope)
+}
+
+// sampleSlotLoad folds one finished request into the pool's slot-time
+// line: x the requests it shared the engine with (replica.sharedDuring),
+// y its slot time over its replica's slow reference (replica.slotRef). σ
+// is the line's slope over its intercept (the relative growth per
+// request), the slope taken at its lower confidence bound as β's
+// (sampleBusy): only a growth the samples show clearly prices a full
+// batch dearer. Same memory and thresholds as the busy line.
+func (f *fleetPrefill) sampleSlotLoad(x, y float64) {
+	if f == nil || !(x >= 0) || !(y > 0) || math.IsInf(y, 0) {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := &f.slotFit
+	m.add1(x, y, busyWeight)
+	f.slotYY += max(1/m.n, busyWeight) * (y*y - f.slotYY)
+	varx := m.mxx - m.mx*m.mx
+	if m.n < busyMinSamples || !(varx > busyMinVar) {
+		return
+	}
+	b := (m.mxy - m.mx*m.my) / varx
+	a := m.my - b*m.mx
+	nEff := min(m.n, 2/busyWeight-1)
+	res := max(f.slotYY-m.my*m.my-b*b*varx, 0)
+	b -= busySE * math.Sqrt(res/(nEff*varx))
+	sigma := 0.0
+	if b > 0 && a > 0 {
+		sigma = min(b/a, slotLoadMax)
+	}
+	storeF(&f.slotSlope, sigma)
+}
+
+// slotLoadMax bounds σ: a request sharing the engine with one other holds
+// its slot at most slotGrowthMax times as long.
+const slotLoadMax = slotGrowthMax - 1
 
 const (
 	// busyWeight: the busy line remembers about 50 samples, so β follows
@@ -775,18 +855,31 @@ func (p *replica) checkPrediction(pred, actual float64) {
 	m.ratioHist[i].Add(1)
 }
 
-// sampleSlot folds one request's slot time into D_r, each sample clipped to
-// within 8x of the current mean (a stalled stream does not swamp it).
-func (p *replica) sampleSlot(sec float64) {
+// sampleSlot folds one request's slot time sec, shared with x other
+// requests on the engine, into D_r (as the time alone: sec / slotGrowth(x))
+// and the pool's σ, each sample clipped to within 8x of what D_r predicts
+// for it (a stalled stream does not swamp it).
+func (p *replica) sampleSlot(sec, x float64) {
 	if !(sec > 0) || math.IsInf(sec, 0) {
 		return
 	}
-	if d := loadF(&p.slotSec); d > 0 {
-		sec = min(max(sec, d/8), d*8)
+	if loadF(&p.slotSec) > 0 {
+		at := p.slotSecondsAt(x)
+		sec = min(max(sec, at/8), at*8)
+		// y over the slower reference: D_r follows the load of its last
+		// ten samples, and over it a slowly changing load would show no
+		// growth at all.
+		p.fleetPrefill.sampleSlotLoad(x, sec/loadF(&p.slotRef))
 	}
-	ewma(&p.slotSec, sec, slotWeight)
+	alone := sec / p.slotGrowth(x)
+	ewma(&p.slotSec, alone, slotWeight)
+	if loadF(&p.slotRef) > 0 {
+		ewma(&p.slotRef, alone, slotRefWeight)
+	} else {
+		storeF(&p.slotRef, alone)
+	}
 	if p.fleetSlot != nil {
-		ewma(p.fleetSlot, sec, slotWeight)
+		ewma(p.fleetSlot, alone, slotWeight)
 	}
 }
 
@@ -817,7 +910,7 @@ func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
 	defer p.fitMu.Unlock()
 	// A prefill that ends (its End comes after its decode) up to two slot
 	// times after a later one began can still join that one's period.
-	grace := int64(2 * p.slotSeconds() * 1e9)
+	grace := int64(2 * p.slotSecondsAt(float64(p.totalInFlight())) * 1e9)
 	for _, d := range m.engPer.add(ft-int64(sec*1e9), ft, tokens, grace) {
 		m.enginePeriod(p, float64(d.tokens), float64(d.end-d.start)/1e9)
 	}

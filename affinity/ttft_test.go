@@ -1130,3 +1130,96 @@ func TestEngineRateShrinksTowardPool(t *testing.T) {
 		t.Fatalf("priced %.0f / %.0f after 200 periods each, want near own %.0f / %.0f", got[0], got[1], own[0], own[1])
 	}
 }
+
+// TestSlotTimeGrowsWithSharing: engines whose slot time grows with the
+// requests sharing them (a one-core llama.cpp server decodes each of four
+// requests' tokens several times slower than one's) teach the pool σ, and
+// a full batch's wait is priced from the slot time at a full batch, not
+// from the mean over light and busy moments; engines whose slot time does
+// not grow leave σ at 0.
+func TestSlotTimeGrowsWithSharing(t *testing.T) {
+	const base = 0.05 // seconds a request holds a slot alone
+	for _, sigma := range []float64{0, 1, 3} {
+		t.Run(fmt.Sprintf("sigma %g", sigma), func(t *testing.T) {
+			r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+			rng := rand.New(rand.NewPCG(3, uint64(sigma*10)))
+			s := int64(time.Second)
+			now := s
+			n := 0
+			// Groups of 1 to 4 requests on replica 0 at once, begun and
+			// ended together: each shares the engine with k-1 others for
+			// its whole life. (Counts at Begin and End alone would say
+			// (k-1)/2 on average: 0 for the first begun, k-1 for the last.)
+			for g := range 120 {
+				k := 1 + rng.IntN(4)
+				fs := make([]*Flight, k)
+				for i := range fs {
+					req := promptReq(t, fmt.Sprintf("group %d request %d", g, i), "u")
+					req.Now = now
+					fs[i] = new(Flight)
+					r.Begin(ids[0], req, nil, fs[i])
+					r.FirstToken(fs[i], now+s/100)
+					n++
+				}
+				slot := base * (1 + sigma*float64(k-1))
+				for _, f := range fs {
+					r.EndWith(f, now+int64(slot*1e9), Outcome{OK: true, CachedTokens: 0, PromptTokens: f.PromptTokens,
+						PrefillTokens: f.PromptTokens, PrefillSeconds: 0.01, DecodeSeconds: slot - 0.01})
+				}
+				now += 2 * s
+			}
+			h := r.hotOf(ids[0])
+			got := h.fleetPrefill.slotLoad()
+			if sigma == 0 && got > 0.05 || sigma > 0 && (got < 0.7*sigma || got > 1.1*sigma) {
+				t.Fatalf("σ %.3f learned from %d requests, want about %g", got, n, sigma)
+			}
+			if d := h.slotSeconds(); d < 0.8*base || d > 1.2*base {
+				t.Fatalf("slot time alone %.3fs, want about %gs", d, base)
+			}
+			// Four requests just began decoding on replica 0: a fifth waits
+			// for the first of them to end, about 2/5 of a full batch's
+			// slot time (slotWaitRaw's order statistics).
+			for i := range 4 {
+				req := promptReq(t, fmt.Sprintf("full batch %d", i), "u")
+				req.Now = now
+				f := new(Flight)
+				r.Begin(ids[0], req, nil, f)
+				r.FirstToken(f, now)
+			}
+			req := promptReq(t, "the fifth", "u")
+			req.Now = now
+			f := new(Flight)
+			r.Begin(ids[0], req, nil, f)
+			full := base * (1 + sigma*3)
+			if want := 2 * full / 5; f.slotWait < 0.75*want || f.slotWait > 1.25*want {
+				t.Fatalf("a full batch's wait priced %.3fs, want about %.3fs (2/5 of %.3fs)", f.slotWait, want, full)
+			}
+		})
+	}
+}
+
+// TestSharedDuringIsTimeAveraged: a request's sharing is the time average
+// of the others on its replica over its life, not a count at its Begin
+// or End: A runs 2 s, B joins for its second second, so A shared with 0.5
+// on average (counts at its Begin and End: 0 and 1).
+func TestSharedDuringIsTimeAveraged(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1, slots: []int{4}})
+	s := int64(time.Second)
+	begin := func(tag string, at int64) *Flight {
+		req := promptReq(t, tag, "u")
+		req.Now = at
+		f := new(Flight)
+		r.Begin(ids[0], req, nil, f)
+		return f
+	}
+	a := begin("a", s)
+	b := begin("b", 2*s)
+	r.End(a, 3*s, -1, true)
+	if x := r.rep(ids[0]).sharedDuring(a, 3*s); math.Abs(x-0.5) > 1e-9 {
+		t.Fatalf("A shared with %.3f on average, want 0.5", x)
+	}
+	r.End(b, 4*s, -1, true)
+	if x := r.rep(ids[0]).sharedDuring(b, 4*s); math.Abs(x-0.5) > 1e-9 {
+		t.Fatalf("B shared with %.3f on average, want 0.5", x)
+	}
+}

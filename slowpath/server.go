@@ -455,8 +455,9 @@ type AffinityStatus struct {
 	PeerInFlight      int `json:"peer_in_flight"`
 	PeerPendingTokens int `json:"peer_pending_prefill_tokens"`
 	// The TTFT model (affinity/ttft.go): batch slots in use (configured,
-	// engine-reported or learned; 0 = unknown), mean seconds a request
-	// holds one, fitted overhead, the engine's own prefill rate (0 = not
+	// engine-reported or learned; 0 = unknown), seconds a request holds
+	// one alone on the engine, the relative growth of that per request
+	// sharing it (learned over its pool; 0 = not yet), fitted overhead, the engine's own prefill rate (0 = not
 	// reported), trust in predicted hits (the realised share of them,
 	// 0..1), the TTFT each request already on the replica adds to a new
 	// one's (learned over its pool; 0 = not yet), and TTFT predictions
@@ -470,6 +471,7 @@ type AffinityStatus struct {
 	RAMCacheTokens      int     `json:"ram_cache_tokens"`
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
+	SlotLoad            float64 `json:"slot_load"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
 	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
 	Confidence          float64 `json:"confidence"`
@@ -535,7 +537,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
 				Mispredictions: a.Mispredictions, Signals: s.signalsStatus(a.Signals),
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
-				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), OverheadSeconds: finite(a.OverheadSeconds),
+				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
 				RAMCacheTokens:  a.RAMCacheTokens,
