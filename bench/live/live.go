@@ -131,6 +131,9 @@ type Options struct {
 	// count at the decision), named fleet_workload_rps_policy_rROUND.jsonl,
 	// and its /debug/replicas at the end of the row (.replicas.json).
 	RouterLogs string
+	// LearnSlotWaits sets routing.learn_slot_waits for the llama.cpp
+	// fleets' routers; off, every router runs the defaults.
+	LearnSlotWaits bool
 	// Warmup, when above 0, sends each routing row that many requests of
 	// the same workload drawn with another seed (Seed + warmupSeed, same
 	// rate) before the measured ones, through the same router to the same
@@ -589,7 +592,7 @@ func runConfig(ctx context.Context, o Options, tmp, nginx string, f fleet, c con
 		p, listen, admin, err := startWarmpath(ctx, o.WarmpathBin, tmp, routerSetup{
 			policy: c.policy, model: workload.DefaultModel, replicas: addrs,
 			kvTokens: f.kvTokens, timeScale: f.timeScale, prefillRate: f.prefillRate, seed: o.Seed,
-			accessLog: access, learnSlotWaits: f.llama,
+			accessLog: access, learnSlotWaits: f.llama && o.LearnSlotWaits,
 		})
 		if err != nil {
 			return nil, err

@@ -474,7 +474,7 @@ func TestWarmpathConfScalesWithTime(t *testing.T) {
 	if strings.Contains(c, "learn_slot_waits") {
 		t.Fatalf("learn_slot_waits set for enginesim:\n%s", c)
 	}
-	s.learnSlotWaits = true // the llama.cpp fleets, as docs/deploy.md asks
+	s.learnSlotWaits = true // Options.LearnSlotWaits, for a llama.cpp fleet
 	c = warmpathConf("127.0.0.1:2", "127.0.0.1:3", s)
 	if _, err := slowpath.ParseConfig([]byte(c)); err != nil || !strings.Contains(c, "  learn_slot_waits: true\n") {
 		t.Fatalf("llama.cpp config (%v):\n%s", err, c)

@@ -29,8 +29,8 @@ type routerSetup struct {
 	// quiet: scrape and health checks every 10s, so the router's own
 	// background work stays out of a CPU-per-request figure.
 	quiet bool
-	// learnSlotWaits sets routing.learn_slot_waits, as docs/deploy.md
-	// asks of llama.cpp on CPU cores (the llama.cpp fleets).
+	// learnSlotWaits sets routing.learn_slot_waits (Options.LearnSlotWaits,
+	// for the llama.cpp fleets).
 	learnSlotWaits bool
 }
 

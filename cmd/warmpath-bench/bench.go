@@ -109,6 +109,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	workloads := fs.String("workloads", "", "routing workloads, comma-separated (\"\" = all); of "+strings.Join(live.Workloads(), ", "))
 	routerLogs := fs.String("router-logs", "", "`folder` for every warmpath routing row's access log (JSON lines with the router's predictions) and final /debug/replicas; \"\" = none")
 	warmup := fs.Int("warmup", 0, "`requests` each routing row sends first (the same workload with another seed, not counted), so engines' caches and the router's learned models are warm (0 = none)")
+	learnWaits := fs.Bool("learn-slot-waits", false, "set routing.learn_slot_waits for the llama.cpp fleets' routers (off: every router runs the defaults)")
 	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.1; --smoke: 0.05; the tenants scenario keeps its own 0.5): larger runs slower and makes the router's own latency a smaller share of a model second")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -145,7 +146,8 @@ func runLive(ctx context.Context, args []string, e env) error {
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
 		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario,
-		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale, RouterLogs: *routerLogs, Warmup: *warmup})
+		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale, RouterLogs: *routerLogs, Warmup: *warmup,
+		LearnSlotWaits: *learnWaits})
 	if err != nil {
 		return err
 	}
