@@ -496,15 +496,13 @@ type fleetPrefill struct {
 	slotSlope atomic.Uint64
 
 	// mu orders the writers of rate and over, and guards clean, the
-	// pool's line over clean samples (cleanOK: that line gives them), and
-	// busyFit.
+	// pool's line over clean samples (cleanOK: that line gives them),
+	// busyFit and slotFit.
 	mu      sync.Mutex
 	clean   cleanFit
 	cleanOK bool
-	busyFit moments
-	busyYY  float64 // the busy line's mean y*y, weighted as busyFit
-	slotFit moments // the slot-time line (sampleSlotLoad), under mu
-	slotYY  float64 // its mean y*y
+	busyFit boundedLine
+	slotFit boundedLine // the slot-time line (sampleSlotLoad), under mu
 }
 
 // waitScale is the factor slot waits are priced at on the pool's
@@ -622,25 +620,42 @@ func (f *fleetPrefill) sampleBusy(busy, resid, slotSec float64, measuredRate boo
 	if !measuredRate && !f.cleanOK {
 		return
 	}
-	m := &f.busyFit
-	m.add1(busy, resid, busyWeight)
-	f.busyYY += max(1/m.n, busyWeight) * (resid*resid - f.busyYY)
-	varx := m.mxx - m.mx*m.mx
-	if m.n < busyMinSamples || !(varx > busyMinVar) {
+	// The slope's lower confidence bound (boundedLine): the TTFT model's
+	// own error drifts while it learns (a burst at start-up: the first,
+	// lightly loaded requests far over their predictions, later busier
+	// ones not), and that drift reads as a slope; with the bound, only an
+	// effect the samples show clearly prices load.
+	beta, _, ok := f.busyFit.add(busy, resid)
+	if !ok {
 		return
 	}
-	// The slope's lower confidence bound: the slope less busySE standard
-	// errors (the line's residual spread over the samples' effective
-	// count). The TTFT model's own error drifts while it learns (a burst
-	// at start-up: the first, lightly loaded requests far over their
-	// predictions, later busier ones not), and that drift reads as a
-	// slope; with the bound, only an effect the samples show clearly
-	// prices load.
-	slope := (m.mxy - m.mx*m.my) / varx
-	nEff := min(m.n, 2/busyWeight-1)
-	res := max(f.busyYY-m.my*m.my-slope*slope*varx, 0)
-	beta := slope - busySE*math.Sqrt(res/(nEff*varx))
 	storeF(&f.busyCost, min(max(beta, 0), max(slotSec, 0)))
+}
+
+// boundedLine is a least-squares line (weight busyWeight per sample, about
+// 50 samples of memory) whose slope is published at its lower confidence
+// bound: the slope less busySE standard errors (the line's residual spread
+// over the samples' effective count). Callers hold fleetPrefill.mu.
+type boundedLine struct {
+	m  moments
+	yy float64 // the mean y*y, weighted as m
+}
+
+// add folds (x, y) in and returns the slope's lower bound and the
+// intercept (of the fitted slope), ok once the line has busyMinSamples
+// and x varies by more than busyMinVar.
+func (l *boundedLine) add(x, y float64) (slope, intercept float64, ok bool) {
+	m := &l.m
+	m.add1(x, y, busyWeight)
+	l.yy += max(1/m.n, busyWeight) * (y*y - l.yy)
+	varx := m.mxx - m.mx*m.mx
+	if m.n < busyMinSamples || !(varx > busyMinVar) {
+		return 0, 0, false
+	}
+	b := (m.mxy - m.mx*m.my) / varx
+	nEff := min(m.n, 2/busyWeight-1)
+	res := max(l.yy-m.my*m.my-b*b*varx, 0)
+	return b - busySE*math.Sqrt(res/(nEff*varx)), m.my - b*m.mx, true
 }
 
 // slotLoad is σ (sampleSlotLoad); 0 for a replica without a pool.
@@ -664,18 +679,10 @@ func (f *fleetPrefill) sampleSlotLoad(x, y float64) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := &f.slotFit
-	m.add1(x, y, busyWeight)
-	f.slotYY += max(1/m.n, busyWeight) * (y*y - f.slotYY)
-	varx := m.mxx - m.mx*m.mx
-	if m.n < busyMinSamples || !(varx > busyMinVar) {
+	b, a, ok := f.slotFit.add(x, y)
+	if !ok {
 		return
 	}
-	b := (m.mxy - m.mx*m.my) / varx
-	a := m.my - b*m.mx
-	nEff := min(m.n, 2/busyWeight-1)
-	res := max(f.slotYY-m.my*m.my-b*b*varx, 0)
-	b -= busySE * math.Sqrt(res/(nEff*varx))
 	sigma := 0.0
 	if b > 0 && a > 0 {
 		sigma = min(b/a, slotLoadMax)
