@@ -97,7 +97,10 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// prediction is clipped to fitClip times it, so a stall moves β little.
 	if warm && f.slotWait == 0 && f.predTTFT > 0 && dt >= f.predTTFT/2 {
 		dtc := min(dt, f.predTTFT*fitClip)
-		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSecondsAt(float64(max(p.slots()-1, 0))), p.specRate || loadF(&p.engRate) > 0)
+		// β's bound: a full batch's slot time (the most requests seen
+		// running where the limit is unknown).
+		full := float64(max(p.slots(), p.maxRunSeen(), 1) - 1)
+		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSecondsAt(full), p.specRate || loadF(&p.engRate) > 0)
 	}
 }
 

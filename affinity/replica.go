@@ -34,6 +34,8 @@ type replica struct {
 
 	// The time integral of this router's requests on the replica
 	// (loadStep): request-nanoseconds up to loadAt, and the count since.
+	// Only differences of the integral are read, so its wrapping (after
+	// months at a thousand requests in flight) is harmless.
 	loadMu   sync.Mutex
 	loadArea int64
 	loadAt   int64

@@ -510,15 +510,13 @@ type fleetPrefill struct {
 // without a pool.
 //
 // The wait for a slot is priced from a full batch's slot time (D_r grown
-// by σ, slotSecondsAt) and how long the running batch has run. Before σ
-// the price took D_r as a mean over light and heavy moments, and on an
-// engine whose decode slows with the batch (llama.cpp on a CPU core) a
-// full batch held its slots longer: on the live bench's two llama.cpp
-// servers, requests that found all four slots taken were predicted 132 ms
-// on average and took 199 ms. This factor corrects what the price still
-// misses, as measured; on engines that batch for free the measured waits
-// match the priced ones and it stays near 1. Learned only with
-// Config.LearnSlotWaits.
+// by σ, slotSecondsAt) and how long the running batch has run; this
+// factor corrects what that price still misses, as measured. Priced from
+// D_r alone (a mean over light and busy moments), requests that found all
+// four slots of the live bench's CPU llama.cpp servers taken were
+// predicted 132 ms on average and took 199 ms. On engines that batch for
+// free the measured waits match the priced ones and it stays near 1.
+// Learned only with Config.LearnSlotWaits.
 func (f *fleetPrefill) waitScale() float64 {
 	if f == nil {
 		return 1
