@@ -151,6 +151,9 @@ type Flight struct {
 	slotSeq    uint64  // the flight's number in the replica's slot model; 0 = none
 	ram        ramUse  // what the slot model expected the engine to load from its RAM cache
 	pendSeq    uint64  // the flight's number in the replica's pendQ
+	begunAt    int64   // the replica's begun prefill tokens after this one's (replica.begun)
+	later      int64   // prefill tokens begun there after this one and before its first token
+	prefilled  int64   // the replica's prefilled tokens at this one's first token, its own in (replica.prefilled)
 	decoding   bool    // counted in the replica's decoding sums (FirstToken) until End
 }
 

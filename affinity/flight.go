@@ -92,6 +92,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	p.inFlight.Add(1)
 	p.pending.Add(int64(unc))
 	p.pendingReqs.Add(1)
+	f.begunAt = p.begun.Add(int64(unc))
 	p.pend(f)
 	r.promptTokens.Add(uint64(max(req.PromptTokens, 0)))
 	r.cachedTokens.Add(uint64(cached))
@@ -135,6 +136,8 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	}
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
+	f.later = p.begun.Load() - f.begunAt
+	f.prefilled = p.prefilled.Add(int64(f.UncachedTokens))
 	p.unpend(f)
 	p.decStart.Add(f.FirstTokenAt - p.pendBase.Load())
 	p.decN.Add(1)

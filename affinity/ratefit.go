@@ -18,23 +18,48 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	if o.CachedTokens >= 0 {
 		uncached = max(0, f.PromptTokens-o.CachedTokens)
 	}
+	if now > f.Start {
+		ewma(&p.holdSec, float64(now-f.Start)/1e9, slotWeight)
+	}
 	if o.PrefillSeconds > 0 {
 		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds, f.FirstTokenAt)
 	}
+	// The slot time D_r learns is the decode, after the first token, less
+	// what of the engine's prefill of others' prompts meanwhile held it up
+	// (γ; a request is priced that prefill as queued, x / P_r): with
+	// either prefill in, a replica whose last requests were cold prompts,
+	// or met them, had a slot time several times its identical
+	// neighbour's for the same questions.
 	shared := p.sharedDuring(f, now)
-	switch priced, _ := p.prefill(); {
-	case o.PrefillSeconds > 0 && o.DecodeSeconds > 0:
-		p.sampleSlot(o.PrefillSeconds+o.DecodeSeconds, shared)
+	priced, _ := p.prefill()
+	pre := 0.0 // the others' prefill while f decoded, seconds at P_r
+	if f.FirstTokenAt != 0 {
+		pre = float64(p.prefilled.Load()-f.prefilled) / priced
+	}
+	switch {
+	case o.DecodeSeconds > 0:
+		p.sampleSlot(o.DecodeSeconds, shared, pre)
 	case f.FirstTokenAt != 0 && !f.buffered:
-		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9+float64(uncached)/priced, shared)
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9, shared, pre)
 	default:
-		p.sampleSlot(float64(now-f.Start)/1e9-f.slotWait, shared)
+		dur := float64(now-f.Start) / 1e9
+		p.sampleSlot(max(dur-f.predTTFT, dur/4), shared, 0)
 	}
 	dt := float64(f.FirstTokenAt-f.Start) / 1e9
 	if f.FirstTokenAt == 0 || dt <= 0 || f.buffered {
 		return
 	}
 	p.checkPrediction(f.predTTFT, dt)
+	// alone: no prefill that began after this request's would take more
+	// than a quarter of its time to first token. Prefills that arrive
+	// while one runs may share its engine steps (llama.cpp splits each
+	// batch among the slots prefilling): a cold prompt that began alone
+	// and met three more took four times its time alone, and as a clean
+	// sample that put 1.8 s into the overhead of a server whose cached
+	// questions answer in 50 ms. An engine that serves prefills in order
+	// keeps the first one's time, so such a sample may lower the
+	// overhead but never raise it.
+	alone := float64(f.later)/priced <= dt/4
 	if f.slotWait > 0 && r.cfg.LearnSlotWaits {
 		// What the wait for a batch slot took: the TTFT less the rest of
 		// the prediction (waitScale).
@@ -61,13 +86,17 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	nOver := min(p.fit.n, 1/fitWeight) // the intercept's samples, up to their memory
 	if s := p.slots(); s > 0 {
 		// With known slots the intercept comes from clean samples only:
-		// requests that found a free slot and no prefill queued ahead.
+		// requests that found a free slot and no prefill queued ahead
+		// (and, to raise it, met no prefill begun after them: alone).
 		// The line's intercept absorbs queueing the model missed (a burst
 		// before the slot count was learned), and a replica whose
 		// intercept is inflated gets no traffic to correct it.
 		over = m.ownOver
-		if f.queued == 0 && int64(f.busy) < s {
+		if f.queued == 0 && int64(f.busy) < s && (alone || m.cleanN > 0) {
 			over = max(dt-float64(uncached)/rate, 0)
+			if !alone {
+				over = min(over, m.ownOver)
+			}
 			if m.cleanN++; m.cleanN > 1 {
 				over = m.ownOver + cleanOverWeight*(over-m.ownOver)
 			}

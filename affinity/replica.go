@@ -41,6 +41,20 @@ type replica struct {
 	loadAt   int64
 	loadN    int64
 
+	// begun counts the uncached prefill tokens this router has begun on
+	// the replica: what began between a request's Begin and its first
+	// token (Flight.later) shared its prefill, so its time is no clean
+	// sample of the replica's overhead (sampleRate).
+	begun atomic.Int64
+	// prefilled counts the uncached tokens of this router's requests there
+	// that had their first token: what the engine prefilled while a
+	// request decoded took that time from its decode (sampleRate).
+	prefilled atomic.Int64
+	// holdSec (float64 bits) is an EWMA of this router's requests' whole
+	// time on the replica, Begin to End: how long after a prefill its
+	// report may still come (sampleEngineRate's grace).
+	holdSec atomic.Uint64
+
 	// slotRef (float64 bits) is a slow EWMA of D_r's samples, what the
 	// pool's σ line measures slot times against (sampleSlot).
 	slotRef atomic.Uint64

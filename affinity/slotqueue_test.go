@@ -25,6 +25,9 @@ func TestSlotWaitersDelayedByRecompute(t *testing.T) {
 		{homeWaiting: 6, wantHome: false},
 	} {
 		r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}, inFlight: []int{4, 4}, pending: []int{tc.homeWaiting, 1}})
+		for _, id := range ids {
+			storeF(&r.hotOf(id).slotSec, 0.12) // each request decodes 0.12 s in its slot
+		}
 		warm(r, ids[0], promptReq(t, history, "first question"))
 		d := decide(t, r, promptReq(t, history, "next question"))
 		if home := d.Ranked[0] == ids[0]; home != tc.wantHome {

@@ -28,6 +28,7 @@ type ReplicaStatus struct {
 	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
 	SlotSeconds          float64   // D_r: time a request holds a batch slot alone on the engine
 	SlotLoad             float64   // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
+	SlotPrefillShare     float64   // γ: share of the engine's prefill of others that a decode waits through (its pool's); 0 = not learned
 	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
 	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
 	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
@@ -76,6 +77,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			BatchSlots:        int(p.slots()),
 			SlotSeconds:       p.slotSeconds(),
 			SlotLoad:          p.fleetPrefill.slotLoad(),
+			SlotPrefillShare:  p.fleetPrefill.slotPrefillShare(),
 			EnginePrefillRate: loadF(&p.engRate),
 			Confidence:        p.confidence(),
 			BusyCostSeconds:   p.busyCost(),

@@ -15,8 +15,8 @@ import (
 // x the prefill tokens ahead of and including the request's own uncached
 // tokens, B the requests already on the replica, S_r its batch slots (the
 // engine's max_num_seqs, llama.cpp's total_slots), D_r the mean time a
-// request holds a slot (its prefill and decode: decode-bound, unlike the
-// prefill queue), O_r and P_r the fitted overhead and prefill rate. Queued
+// request holds its slot after its first token (its decode; the prefill
+// before it is in x), O_r and P_r the fitted overhead and prefill rate. Queued
 // prefill and the wait for a batch slot are separate terms: a request
 // waiting for a slot waits for others to finish decoding, however little of
 // its prompt is uncached.
@@ -26,14 +26,18 @@ import (
 //	S_r  ReplicaSpec.BatchSlots > EngineSignals.BatchSlots (llama.cpp /props)
 //	     > learned: the largest running count seen, once scrapes show
 //	     requests waiting at it (learnSlots); 0 = unknown, no slot term
-//	D_r  EWMA of each finished request's slot time: the engine's own prefill
-//	     + decode timings where it reports them (llama.cpp `timings`), else
-//	     last token - first token + own prefill (streamed), else the whole
-//	     duration minus the predicted slot wait (buffered); the router's
-//	     fleet mean, else defaultSlotSeconds, until the first sample. Kept
+//	D_r  EWMA of each finished request's decode time: the engine's own
+//	     decode timing where it reports one (llama.cpp `timings`), else
+//	     last token - first token (streamed), else the whole duration
+//	     minus the predicted TTFT (buffered), less γ times the
+//	     prefill the engine ran for others meanwhile; priced drawn
+//	     toward its pool's (slotSeconds); before its first sample, the
+//	     router's fleet mean, else defaultSlotSeconds. Kept
 //	     as the time alone on the engine, each sample divided by
 //	     1 + σ x (x the requests it shared the engine with); a full batch
 //	     holds its slots D_r (1 + σ (S_r - 1)): slotSecondsAt
+//	γ    the share of the others' prefill a decode waits through, fitted
+//	     with σ (fleetPrefill.sampleSlotLoad); about 1 on llama.cpp
 //	σ    the pool's relative slot-time slope per request sharing the
 //	     engine (fleetPrefill.sampleSlotLoad): a one-core llama.cpp server
 //	     decodes each token of four running requests 7-8x slower than of
@@ -47,7 +51,8 @@ import (
 //	     tokens: fleetPrefill.sampleClean), else the mean of the replicas'
 //	     robust fits below
 //	O_r  the fit's intercept; with known slots, the mean over requests that
-//	     met no queue
+//	     met no queue (one whose prefill met prefills begun after it may
+//	     lower it, never raise it)
 //
 // Beside the model, what it leaves unexplained is fitted against B:
 //
@@ -83,6 +88,10 @@ const (
 	earlyHitMin = 4
 	// slotWeight is the EWMA weight of a slot-time sample.
 	slotWeight = 0.1
+	// slotOwnWeight is the weight of a replica's own slot time against its
+	// pool's (slotSeconds): ownWeight at its samples' memory, as for the
+	// overhead and the engine rate (overheadShrunk, engineRateShrunk).
+	slotOwnWeight = (1 / slotWeight) / (1/slotWeight + engineShrinkN)
 	// slotRefWeight: the reference σ's samples are measured against
 	// (replica.slotRef) remembers about 100 slot times.
 	slotRefWeight = 0.01
@@ -160,11 +169,25 @@ func (p *repHot) slots() int64 {
 	return 0
 }
 
-// slotSeconds is D_r, the slot time alone on the engine; before its first
-// sample, the fleet's (the mean measured on any replica of this router),
-// else defaultSlotSeconds.
+// slotSeconds is D_r, the slot time alone on the engine: the replica's
+// own estimate drawn toward its pool's, weight slotOwnWeight on its own;
+// before its first sample, the fleet's (the mean measured on any replica
+// of this router), else defaultSlotSeconds. Slot times come in bursts (a
+// request that met a burst of cold prompts decodes for seconds, alone for
+// a tenth of one) and an estimate of a replica's own moves only with its
+// traffic: identical llama.cpp servers ended bench rounds with their own
+// at 0.52 and 0.10 s, and the one whose last samples were a burst's, full
+// like the other at the next burst, looked the later to free a slot for
+// every request of it. It is read only where the batch is full (and at
+// End), so the pool's mean is read at decision time, and a replica
+// whose own estimate its traffic no longer moves follows its pool.
 func (p *repHot) slotSeconds() float64 {
 	if d := loadF(&p.slotSec); d > 0 {
+		if f := p.fleetPrefill; f != nil {
+			if m := loadF(&f.slotMean); m > 0 {
+				return slotOwnWeight*d + (1-slotOwnWeight)*m
+			}
+		}
 		return d
 	}
 	if p.fleetSlot != nil {
@@ -263,7 +286,8 @@ func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
 	d := p.slotSecondsAt(float64(s - 1))
 	k := float64(busy - s + 1)
 	n := p.decN.Load()
-	if n <= 0 {
+	if n <= 0 && p.pendingReqs.Load() <= 0 {
+		// Nothing of this router's there to date the batch by.
 		return k * d / float64(s)
 	}
 	// The running requests free their slots over the time they have left:
@@ -273,7 +297,12 @@ func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
 	// later take whole slot times. A replica whose batch is about to finish
 	// is nearer a free slot than one whose batch just started, however
 	// many requests each holds.
-	age := float64(now-p.pendBase.Load())/1e9 - float64(p.decStart.Load())/float64(n)/1e9
+	// This router's requests there all still in prefill: their decodes,
+	// the slot time, are all ahead of them (age 0).
+	age := 0.0
+	if n > 0 {
+		age = float64(now-p.pendBase.Load())/1e9 - float64(p.decStart.Load())/float64(n)/1e9
+	}
 	left := min(max(d-age, d/8), d)
 	first := min(k, float64(s))
 	return first*2*left/float64(s+1) + (k-first)*d/float64(s)
@@ -494,6 +523,12 @@ type fleetPrefill struct {
 	// slotSlope: float64 bits, σ, the relative growth of a slot time per
 	// request sharing the engine (sampleSlotLoad; 0 until known).
 	slotSlope atomic.Uint64
+	// slotMean: float64 bits, the EWMA of the pool's slot-time samples
+	// (as the time alone), what a replica's own is drawn toward.
+	slotMean atomic.Uint64
+	// slotPrefill: float64 bits, γ, the share of the others' prefill time
+	// that a decode waits through (sampleSlotLoad; 0 until known).
+	slotPrefill atomic.Uint64
 
 	// mu orders the writers of rate and over, and guards clean, the
 	// pool's line over clean samples (cleanOK: that line gives them),
@@ -502,7 +537,7 @@ type fleetPrefill struct {
 	clean   cleanFit
 	cleanOK bool
 	busyFit boundedLine
-	slotFit boundedLine // the slot-time line (sampleSlotLoad), under mu
+	slotFit slotPlane // the slot-time fit (sampleSlotLoad), under mu
 }
 
 // waitScale is the factor slot waits are priced at on the pool's
@@ -664,20 +699,35 @@ func (f *fleetPrefill) slotLoad() float64 {
 	return loadF(&f.slotSlope)
 }
 
+// slotPrefillShare is γ (sampleSlotLoad); 0 for a replica without a pool.
+func (f *fleetPrefill) slotPrefillShare() float64 {
+	if f == nil {
+		return 0
+	}
+	return loadF(&f.slotPrefill)
+}
+
 // sampleSlotLoad folds one finished request into the pool's slot-time
-// line: x the requests it shared the engine with (replica.sharedDuring),
-// y its slot time over its replica's slow reference (replica.slotRef). σ
-// is the line's slope over its intercept (the relative growth per
-// request), the slope taken at its lower confidence bound as β's
+// fit: x the requests it shared the engine with (replica.sharedDuring), z
+// the others' prefill the engine ran while it decoded (seconds at P_r),
+// and y its slot time, z and y over its replica's slow reference
+// (replica.slotRef). σ is the fit's x coefficient over its intercept (the
+// relative growth per request), at its lower confidence bound as β's
 // (sampleBusy): only a growth the samples show clearly prices a full
-// batch dearer. Same memory and thresholds as the busy line.
-func (f *fleetPrefill) sampleSlotLoad(x, y float64) {
-	if f == nil || !(x >= 0) || !(y > 0) || math.IsInf(y, 0) {
+// batch dearer. γ is its z coefficient (the share of the others' prefill
+// the decode waited through: about 1 where a prefill holds up the
+// engine's steps, as on llama.cpp, 0 where decodes run beside it) where
+// its lower bound is above 0, else 0: what it takes off a slot-time
+// sample is what the fit shows, and at its lower bound (0.2-0.7 on
+// llama.cpp servers whose decodes wait through all of it) it left the
+// bursts' prefill in D_r. Same memory and thresholds as the busy line.
+func (f *fleetPrefill) sampleSlotLoad(x, z, y float64) {
+	if f == nil || !(x >= 0) || !(z >= 0) || !(y > 0) || math.IsInf(y, 0) || math.IsInf(z, 0) {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b, a, ok := f.slotFit.add(x, y)
+	b, c, cLo, a, ok := f.slotFit.add(x, z, y)
 	if !ok {
 		return
 	}
@@ -686,6 +736,62 @@ func (f *fleetPrefill) sampleSlotLoad(x, y float64) {
 		sigma = min(b/a, slotLoadMax)
 	}
 	storeF(&f.slotSlope, sigma)
+	gamma := 0.0
+	if cLo > 0 {
+		gamma = min(c, 1)
+	}
+	storeF(&f.slotPrefill, gamma)
+}
+
+// slotPlane is a weighted least-squares fit of y = a + b x + c z (the
+// busy line's memory), for the pool's σ and γ (sampleSlotLoad). The two
+// causes come together (a burst both shares the engine and prefills
+// beside the decodes), so each coefficient is taken with the other in
+// the fit; where z does not vary (nothing prefilled during decodes) or
+// moves with x, the fit is the line in x alone and c is 0.
+type slotPlane struct {
+	n                            float64
+	mx, mz, my                   float64
+	mxx, mzz, mxz, mxy, mzy, myy float64
+}
+
+// slotPlaneCollinear: the fit takes z only while x and z share less
+// than 95% of their variance (det over Sxx Szz above 0.05).
+const slotPlaneCollinear = 0.05
+
+// add folds (x, z, y) in and returns b at its lower confidence bound
+// (busySE standard errors off), c and its lower bound, and the intercept
+// of the fitted coefficients, ok once the fit has busyMinSamples and x
+// varies by more than busyMinVar.
+func (l *slotPlane) add(x, z, y float64) (b, c, cLo, a float64, ok bool) {
+	l.n++
+	w := max(1/l.n, busyWeight)
+	l.mx += w * (x - l.mx)
+	l.mz += w * (z - l.mz)
+	l.my += w * (y - l.my)
+	l.mxx += w * (x*x - l.mxx)
+	l.mzz += w * (z*z - l.mzz)
+	l.mxz += w * (x*z - l.mxz)
+	l.mxy += w * (x*y - l.mxy)
+	l.mzy += w * (z*y - l.mzy)
+	l.myy += w * (y*y - l.myy)
+	sxx, szz, sxz := l.mxx-l.mx*l.mx, l.mzz-l.mz*l.mz, l.mxz-l.mx*l.mz
+	sxy, szy, syy := l.mxy-l.mx*l.my, l.mzy-l.mz*l.my, l.myy-l.my*l.my
+	if l.n < busyMinSamples || !(sxx > busyMinVar) {
+		return 0, 0, 0, 0, false
+	}
+	nEff := min(l.n, 2/busyWeight-1)
+	det := sxx*szz - sxz*sxz
+	if szz > 0 && det > slotPlaneCollinear*sxx*szz {
+		b = (szz*sxy - sxz*szy) / det
+		c = (sxx*szy - sxz*sxy) / det
+		res := max(syy-b*sxy-c*szy, 0) / nEff
+		a = l.my - b*l.mx - c*l.mz
+		return b - busySE*math.Sqrt(res*szz/det), c, c - busySE*math.Sqrt(res*sxx/det), a, true
+	}
+	b = sxy / sxx
+	res := max(syy-b*sxy, 0) / nEff
+	return b - busySE*math.Sqrt(res/sxx), 0, 0, l.my - b*l.mx, true
 }
 
 // slotLoadMax bounds σ: a request sharing the engine with one other holds
@@ -861,22 +967,26 @@ func (p *replica) checkPrediction(pred, actual float64) {
 }
 
 // sampleSlot folds one request's slot time sec, shared with x other
-// requests on the engine, into D_r (as the time alone: sec / slotGrowth(x))
-// and the pool's σ, each sample clipped to within 8x of what D_r predicts
-// for it (a stalled stream does not swamp it).
-func (p *replica) sampleSlot(sec, x float64) {
+// requests on the engine while it prefilled others' prompts for pre
+// seconds, into D_r (as the time alone: (sec - γ pre) / slotGrowth(x))
+// and the pool's σ and γ, each sample clipped to within 8x of what D_r
+// predicts for it (a stalled stream does not swamp it).
+func (p *replica) sampleSlot(sec, x, pre float64) {
 	if !(sec > 0) || math.IsInf(sec, 0) {
 		return
 	}
+	pre = max(pre, 0)
+	gamma := p.fleetPrefill.slotPrefillShare()
 	if loadF(&p.slotSec) > 0 {
-		at := p.slotSecondsAt(x)
+		at := p.slotSecondsAt(x) + gamma*pre
 		sec = min(max(sec, at/8), at*8)
-		// y over the slower reference: D_r follows the load of its last
+		// Over the slower reference: D_r follows the load of its last
 		// ten samples, and over it a slowly changing load would show no
 		// growth at all.
-		p.fleetPrefill.sampleSlotLoad(x, sec/loadF(&p.slotRef))
+		ref := loadF(&p.slotRef)
+		p.fleetPrefill.sampleSlotLoad(x, pre/ref, sec/ref)
 	}
-	alone := sec / p.slotGrowth(x)
+	alone := max(sec-gamma*pre, sec/8) / p.slotGrowth(x)
 	ewma(&p.slotSec, alone, slotWeight)
 	if loadF(&p.slotRef) > 0 {
 		ewma(&p.slotRef, alone, slotRefWeight)
@@ -885,6 +995,9 @@ func (p *replica) sampleSlot(sec, x float64) {
 	}
 	if p.fleetSlot != nil {
 		ewma(p.fleetSlot, alone, slotWeight)
+	}
+	if f := p.fleetPrefill; f != nil {
+		ewma(&f.slotMean, alone, slotWeight)
 	}
 }
 
@@ -913,9 +1026,13 @@ func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
 	m := &p.model
 	p.fitMu.Lock()
 	defer p.fitMu.Unlock()
-	// A prefill that ends (its End comes after its decode) up to two slot
-	// times after a later one began can still join that one's period.
-	grace := int64(2 * p.slotSecondsAt(float64(p.totalInFlight())) * 1e9)
+	// A prefill that ends (its End comes after its decode) up to two of
+	// its replica's request times (Begin to End; at least two slot times)
+	// after a later one began can still join that one's period. The slot
+	// time alone would not do: it leaves out the prefill a decode waits
+	// through, and in a burst of cold prompts their Ends come seconds
+	// apart.
+	grace := int64(2 * max(p.slotSecondsAt(float64(p.totalInFlight())), loadF(&p.holdSec)) * 1e9)
 	for _, d := range m.engPer.add(ft-int64(sec*1e9), ft, tokens, grace) {
 		m.enginePeriod(p, float64(d.tokens), float64(d.end-d.start)/1e9)
 	}

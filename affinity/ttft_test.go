@@ -242,8 +242,8 @@ func TestEngineReportedPrefillRate(t *testing.T) {
 	if math.Abs(st.OverheadSeconds-0.05) > 0.01 {
 		t.Fatalf("overhead %.3f s, want 0.05 (0.3 s TTFT - 0.25 s prefill)", st.OverheadSeconds)
 	}
-	if math.Abs(st.SlotSeconds-0.75) > 0.01 {
-		t.Fatalf("slot time %.3f s, want the engine's 0.25 + 0.5", st.SlotSeconds)
+	if math.Abs(st.SlotSeconds-0.5) > 0.01 {
+		t.Fatalf("slot time %.3f s, want the engine's decode, 0.5", st.SlotSeconds)
 	}
 }
 
@@ -1161,10 +1161,10 @@ func TestSlotTimeGrowsWithSharing(t *testing.T) {
 					r.FirstToken(fs[i], now+s/100)
 					n++
 				}
-				slot := base * (1 + sigma*float64(k-1))
+				slot := base * (1 + sigma*float64(k-1)) // the decode, after the first token
 				for _, f := range fs {
-					r.EndWith(f, now+int64(slot*1e9), Outcome{OK: true, CachedTokens: 0, PromptTokens: f.PromptTokens,
-						PrefillTokens: f.PromptTokens, PrefillSeconds: 0.01, DecodeSeconds: slot - 0.01})
+					r.EndWith(f, now+s/100+int64(slot*1e9), Outcome{OK: true, CachedTokens: 0, PromptTokens: f.PromptTokens,
+						PrefillTokens: f.PromptTokens, PrefillSeconds: 0.01, DecodeSeconds: slot})
 				}
 				now += 2 * s
 			}
@@ -1221,5 +1221,249 @@ func TestSharedDuringIsTimeAveraged(t *testing.T) {
 	r.End(b, 4*s, -1, true)
 	if x := r.rep(ids[0]).sharedDuring(b, 4*s); math.Abs(x-0.5) > 1e-9 {
 		t.Fatalf("B shared with %.3f on average, want 0.5", x)
+	}
+}
+
+// TestOverheadSkipsSharedPrefills: a cold prompt that began alone but met
+// three more cold prompts before its first token (a burst) took about
+// four times its time alone, sharing the engine's steps with them; its
+// time is not a clean sample of the replica's overhead, which stays what
+// requests that ran alone show (50 ms), so the replica's cached questions
+// are not priced several times their cost after every burst.
+func TestOverheadSkipsSharedPrefills(t *testing.T) {
+	const (
+		over = 0.05   // seconds to a first token besides prefill
+		rate = 6500.0 // the engine's prefill tokens/s
+	)
+	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+	s := int64(time.Second)
+	now := s
+	alone := func(i, tokens int) {
+		req := &Request{Model: []byte("m"), PromptTokens: tokens, Now: now}
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		sec := float64(tokens) / rate
+		ft := now + int64((over+sec)*1e9)
+		r.FirstToken(&f, ft)
+		r.EndWith(&f, ft+s/10, Outcome{OK: true, CachedTokens: 0, PromptTokens: tokens, PrefillTokens: tokens, PrefillSeconds: sec, DecodeSeconds: 0.1})
+		now = ft + 2*s
+	}
+	for i := range 30 {
+		alone(i, 64+32*(i%4))
+	}
+	before := r.Replicas()[0].OverheadSeconds
+	if math.Abs(before-over) > 0.01 {
+		t.Fatalf("overhead %.3f s from requests alone, want %g", before, over)
+	}
+	// Bursts: four cold prompts of 4,096 tokens begun 50 ms apart, their
+	// prefills sharing the engine's steps, so the first one's first token
+	// comes when all four are done.
+	const cold = 4096
+	for b := range 5 {
+		fs := make([]*Flight, 4)
+		for i := range fs {
+			req := &Request{Model: []byte("m"), PromptTokens: cold, Now: now + int64(i)*s/20}
+			fs[i] = new(Flight)
+			r.Begin(ids[0], req, nil, fs[i])
+		}
+		all := over + 4*cold/rate
+		for i, f := range fs {
+			ft := now + int64((all-float64(3-i)*0.01)*1e9)
+			r.FirstToken(f, ft)
+			r.EndWith(f, ft+s/10, Outcome{OK: true, CachedTokens: 0, PromptTokens: cold, PrefillTokens: cold,
+				PrefillSeconds: all - over, DecodeSeconds: 0.1})
+		}
+		now += 5 * s
+		if got := r.Replicas()[0].OverheadSeconds; got > 1.5*over {
+			t.Fatalf("after burst %d: overhead %.3f s (was %.3f): the first prompt of the burst, begun alone but shared, "+
+				"taken as a clean sample", b+1, got, before)
+		}
+	}
+}
+
+// TestPrefillingBatchHasItsDecodesAhead: a full 4-slot replica whose
+// requests (this router's) have not had a first token has every decode
+// ahead of it: a fifth request waits for the first of four fresh slot
+// times (2/5 of one, as for a batch that just began decoding), not the
+// quarter of one an undated batch is priced at. Before, a burst of cold
+// prompts made their replica look nearer a free slot than one whose
+// batch had decoded for a while, and the rest of the burst went there.
+func TestPrefillingBatchHasItsDecodesAhead(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1, slots: []int{4}})
+	h := r.hotOf(ids[0])
+	storeF(&h.slotSec, 1)
+	for i := range 4 {
+		req := promptReq(t, fmt.Sprintf("cold prompt %d", i), "u")
+		r.Begin(ids[0], req, nil, new(Flight))
+	}
+	if got, want := h.slotWait(4, 0), 2.0/5; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("a fifth request waits %.3f s for a slot, want %.3f (the first of four whole slot times)", got, want)
+	}
+}
+
+// TestSlotFitSeparatesPrefill: decodes that share the engine with x
+// others and, on some engines, wait through the prefill the engine ran
+// for others meanwhile (pre seconds). The two come together in bursts,
+// but not always in step; the pool's fit tells them apart: γ near 1
+// where decodes wait through the others' prefill (llama.cpp's steps), 0
+// where they do not, σ the growth per request in both, and D_r the time
+// alone. With the prefill in D_r, the replica that met the last burst
+// had a slot time several times its identical neighbour's.
+func TestSlotFitSeparatesPrefill(t *testing.T) {
+	const base, sigma = 0.1, 0.5
+	for _, gamma := range []float64{0, 1} {
+		t.Run(fmt.Sprintf("gamma %g", gamma), func(t *testing.T) {
+			r, ids := buildRouter(t, Config{}, state{n: 1, slots: []int{4}})
+			p := r.reps[ids[0]]
+			rng := rand.New(rand.NewPCG(7, uint64(gamma)))
+			for range 400 {
+				x := float64(rng.IntN(4))                // others on the engine
+				pre := float64(rng.IntN(int(x)+1)) * 0.5 // of which some prefilled 0.5 s each meanwhile
+				sec := base*(1+sigma*x) + gamma*pre      // the decode
+				sec *= 1 + 0.1*(rng.Float64()-0.5)       // and some noise
+				p.sampleSlot(sec, x, pre)
+			}
+			h := r.hotOf(ids[0])
+			gotS, gotG := h.fleetPrefill.slotLoad(), h.fleetPrefill.slotPrefillShare()
+			t.Logf("σ %.3f, γ %.3f, D_r %.3f", gotS, gotG, h.slotSeconds())
+			if gotG < gamma-0.25 || gotG > gamma+0.1 {
+				t.Fatalf("γ %.3f, want about %g", gotG, gamma)
+			}
+			if gotS < 0.6*sigma || gotS > 1.2*sigma {
+				t.Fatalf("σ %.3f, want about %g", gotS, sigma)
+			}
+			if d := h.slotSeconds(); d < 0.8*base || d > 1.25*base {
+				t.Fatalf("D_r %.3f s, want about %g (the decode alone)", d, base)
+			}
+		})
+	}
+}
+
+// TestDecodeSampleLessOthersPrefill: a question decodes for 0.1 s alone
+// plus the 0.5 s its engine spent prefilling a cold prompt that arrived
+// meanwhile (2,000 tokens at 4,000 tokens/s). Where the pool has learned
+// that decodes wait through such prefill (γ 1), the question's sample
+// gives D_r its 0.1 s, not 0.6.
+func TestDecodeSampleLessOthersPrefill(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 1, slots: []int{4}, rates: []float64{4000}})
+	h := r.hotOf(ids[0])
+	storeF(&h.fleetPrefill.slotPrefill, 1)
+	s := int64(time.Second)
+	now := s
+	for i := range 40 {
+		q := &Request{Model: []byte("m"), PromptTokens: 40, Now: now}
+		var fq, fc Flight
+		r.Begin(ids[0], q, nil, &fq)
+		r.FirstToken(&fq, now+s/50)
+		if i%2 == 0 {
+			// A cold prompt begins and is prefilled while the question decodes.
+			c := &Request{Model: []byte("m"), PromptTokens: 2000, Now: now + s/20}
+			r.Begin(ids[0], c, nil, &fc)
+			r.FirstToken(&fc, now+s/20+s/2)
+		}
+		dec := 0.1
+		if i%2 == 0 {
+			dec += 0.5
+		}
+		end := now + s/50 + int64(dec*1e9)
+		r.End(&fq, end, 0, true)
+		if i%2 == 0 {
+			// Not a sample: a decode of unknown length.
+			fc.FirstTokenAt = 0
+			r.End(&fc, end, -1, false)
+		}
+		now += 5 * s
+	}
+	if d := h.slotSeconds(); d < 0.08 || d > 0.13 {
+		t.Fatalf("D_r %.3f s, want about 0.1 (the decode less the others' prefill it waited through)", d)
+	}
+}
+
+// TestSlotTimeDrawnTowardPool: two identical replicas decode in 0.1 s;
+// the last five requests of one of them met a burst and decoded for a
+// second, then only the other served. The first's own estimate keeps the
+// burst (no traffic moves it), but the slot time it is priced with is
+// drawn toward the pool's, which its neighbour's samples brought back.
+func TestSlotTimeDrawnTowardPool(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+	ps := []*replica{r.reps[ids[0]], r.reps[ids[1]]}
+	for range 40 {
+		ps[0].sampleSlot(0.1, 0, 0)
+		ps[1].sampleSlot(0.1, 0, 0)
+	}
+	for range 5 {
+		ps[1].sampleSlot(1, 0, 0)
+	}
+	for range 40 {
+		ps[0].sampleSlot(0.1, 0, 0)
+	}
+	own := loadF(&ps[1].slotSec)
+	d0, d1 := ps[0].slotSeconds(), ps[1].slotSeconds()
+	t.Logf("own %.3f, priced %.3f / %.3f", own, d0, d1)
+	if own < 0.4 {
+		t.Fatalf("own estimate %.3f after the burst, want it kept (about 0.47)", own)
+	}
+	if d1 > 0.6*own || d1 < d0 || math.Abs(d0-0.1) > 0.01 {
+		t.Fatalf("priced %.3f / %.3f, want the burst's replica drawn toward the pool's 0.1 from its own %.3f", d0, d1, own)
+	}
+}
+
+// TestBurstPrefillIsOnePeriod: four cold prompts prefilled together on a
+// llama.cpp-like server (one 3.2 s busy period at 5,000 tokens/s) report
+// their prefills at their Ends, which come a second apart (each decode
+// waits through the others' prefill and shares the engine), and a short
+// request's report comes in between. Their intervals still join one busy
+// period: the grace for a late report is the replica's Begin-to-End
+// time, not its slot time alone (a decode of 0.1 s), under which each
+// late report made a period of its own, 4,000 tokens in 3.2 s, and read
+// the server as four times slower than it is.
+func TestBurstPrefillIsOnePeriod(t *testing.T) {
+	const rate = 5000.0
+	r, ids := buildRouter(t, Config{}, state{n: 1, slots: []int{4}})
+	s := int64(time.Second)
+	now := s
+	one := func(tokens int, begin, first, end int64) {
+		req := &Request{Model: []byte("m"), PromptTokens: tokens, Now: begin}
+		var f Flight
+		r.Begin(ids[0], req, nil, &f)
+		r.FirstToken(&f, first)
+		r.EndWith(&f, end, Outcome{OK: true, CachedTokens: 0, PromptTokens: tokens, PrefillTokens: tokens,
+			PrefillSeconds: float64(first-begin) / 1e9, DecodeSeconds: float64(end-first) / 1e9})
+	}
+	for i := range 6 { // requests alone: 250-1,000 tokens, 0.1 s decodes; too few periods for the line
+		tokens := 250 * (1 + i%4)
+		first := now + int64(float64(tokens)/rate*1e9)
+		one(tokens, now, first, first+s/10)
+		now = first + 2*s
+	}
+	before := r.Replicas()[0].EnginePrefillRate
+	fs := make([]Flight, 4)
+	for i := range fs {
+		r.Begin(ids[0], &Request{Model: []byte("m"), PromptTokens: 4000, Now: now}, nil, &fs[i])
+	}
+	done := now + int64(4*4000/rate*1e9) // the four prefills end together
+	for i := range fs {
+		r.FirstToken(&fs[i], done)
+	}
+	for i := range fs {
+		end := done + s/10 + int64(i)*s // Ends a second apart
+		r.EndWith(&fs[i], end, Outcome{OK: true, CachedTokens: 0, PromptTokens: 4000, PrefillTokens: 4000,
+			PrefillSeconds: float64(done-now) / 1e9, DecodeSeconds: float64(end-done) / 1e9})
+		if i == 0 {
+			// A short request begun after the burst reports first.
+			one(250, done+s/2, done+s/2+s/20, done+s/2+s/20+s/10)
+		}
+	}
+	now = done + 6*s
+	for range 3 { // later requests close the burst's period
+		first := now + int64(500/rate*1e9)
+		one(500, now, first, first+s/10)
+		now = first + 2*s
+	}
+	after := r.Replicas()[0].EnginePrefillRate
+	t.Logf("engine rate %.0f before the burst, %.0f after", before, after)
+	if after < 0.8*rate {
+		t.Fatalf("engine rate %.0f tokens/s after the burst (%.0f before), want about %.0f: the burst's late reports made periods of their own",
+			after, before, rate)
 	}
 }

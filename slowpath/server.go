@@ -472,6 +472,7 @@ type AffinityStatus struct {
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
 	SlotLoad            float64 `json:"slot_load"`
+	SlotPrefillShare    float64 `json:"slot_prefill_share"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
 	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
 	Confidence          float64 `json:"confidence"`
@@ -537,7 +538,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
 				Mispredictions: a.Mispredictions, Signals: s.signalsStatus(a.Signals),
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
-				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), OverheadSeconds: finite(a.OverheadSeconds),
+				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), SlotPrefillShare: finite(a.SlotPrefillShare), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
 				RAMCacheTokens:  a.RAMCacheTokens,
