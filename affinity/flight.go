@@ -137,7 +137,11 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 	p.pending.Add(-int64(f.UncachedTokens))
 	p.pendingReqs.Add(-1)
 	f.later = p.begun.Load() - f.begunAt
-	f.prefilled = p.prefilled.Add(int64(f.UncachedTokens))
+	if !f.buffered {
+		// A buffered answer's "first token" is its last: when its prefill
+		// ran is unknown, so it is not counted as prefill others met.
+		f.prefilled = p.prefilled.Add(int64(f.UncachedTokens))
+	}
 	p.unpend(f)
 	p.decStart.Add(f.FirstTokenAt - p.pendBase.Load())
 	p.decN.Add(1)

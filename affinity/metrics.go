@@ -47,7 +47,7 @@ func NewCollector(r *Router) *Collector {
 		capacity:     d("replica_index_capacity_blocks", "The replica's index bound, in blocks.", "replica"),
 		drain:        d("replica_draining", "1 if the replica is draining.", "replica"),
 		slots:        d("replica_batch_slots", "Batch slots the cost policy assumes (configured, engine-reported or learned); 0 = unknown.", "replica"),
-		slotSec:      d("replica_slot_seconds", "Measured time a request holds a batch slot after its first token (its decode) alone on the engine (D_r).", "replica"),
+		slotSec:      d("replica_slot_seconds", "Time a request holds a batch slot after its first token (its decode) alone on the engine, as priced: its own estimate drawn toward its pool's (D_r).", "replica"),
 		ttftRatio:    d("ttft_prediction_ratio", "Measured / predicted time to first token of streamed requests (the TTFT model's error).", "replica"),
 		ttftPred:     d("ttft_predicted_seconds_total", "Sum of predicted TTFTs over the requests in ttft_prediction_ratio.", "replica"),
 		ttftAct:      d("ttft_measured_seconds_total", "Sum of measured TTFTs over the same requests.", "replica"),

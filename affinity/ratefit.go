@@ -19,7 +19,13 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		uncached = max(0, f.PromptTokens-o.CachedTokens)
 	}
 	if now > f.Start {
-		ewma(&p.holdSec, float64(now-f.Start)/1e9, slotWeight)
+		// Clipped to 8x the current estimate: one long generation does
+		// not hold every period open.
+		d := float64(now-f.Start) / 1e9
+		if h := loadF(&p.holdSec); h > 0 {
+			d = min(d, 8*h)
+		}
+		ewma(&p.holdSec, d, slotWeight)
 	}
 	if o.PrefillSeconds > 0 {
 		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds, f.FirstTokenAt)
@@ -33,17 +39,18 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	shared := p.sharedDuring(f, now)
 	priced, _ := p.prefill()
 	pre := 0.0 // the others' prefill while f decoded, seconds at P_r
-	if f.FirstTokenAt != 0 {
+	streamed := f.FirstTokenAt != 0 && !f.buffered
+	if streamed && priced > 0 {
 		pre = float64(p.prefilled.Load()-f.prefilled) / priced
 	}
 	switch {
 	case o.DecodeSeconds > 0:
-		p.sampleSlot(o.DecodeSeconds, shared, pre)
-	case f.FirstTokenAt != 0 && !f.buffered:
-		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9, shared, pre)
+		p.sampleSlot(o.DecodeSeconds, shared, pre, streamed)
+	case streamed:
+		p.sampleSlot(float64(now-f.FirstTokenAt)/1e9, shared, pre, true)
 	default:
 		dur := float64(now-f.Start) / 1e9
-		p.sampleSlot(max(dur-f.predTTFT, dur/4), shared, 0)
+		p.sampleSlot(max(dur-f.predTTFT, dur/4), shared, 0, false)
 	}
 	dt := float64(f.FirstTokenAt-f.Start) / 1e9
 	if f.FirstTokenAt == 0 || dt <= 0 || f.buffered {
@@ -56,9 +63,10 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// batch among the slots prefilling): a cold prompt that began alone
 	// and met three more took four times its time alone, and as a clean
 	// sample that put 1.8 s into the overhead of a server whose cached
-	// questions answer in 50 ms. An engine that serves prefills in order
-	// keeps the first one's time, so such a sample may lower the
-	// overhead but never raise it.
+	// questions answer in 50 ms. Only such requests give the intercept
+	// (an engine that serves prefills in order keeps the first one's time,
+	// but a sample that could only lower it would pull it to the low end
+	// of its spread).
 	alone := float64(f.later)/priced <= dt/4
 	if f.slotWait > 0 && r.cfg.LearnSlotWaits {
 		// What the wait for a batch slot took: the TTFT less the rest of
@@ -86,17 +94,14 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	nOver := min(p.fit.n, 1/fitWeight) // the intercept's samples, up to their memory
 	if s := p.slots(); s > 0 {
 		// With known slots the intercept comes from clean samples only:
-		// requests that found a free slot and no prefill queued ahead
-		// (and, to raise it, met no prefill begun after them: alone).
+		// requests that found a free slot and no prefill queued ahead,
+		// and met no prefill begun after them (alone).
 		// The line's intercept absorbs queueing the model missed (a burst
 		// before the slot count was learned), and a replica whose
 		// intercept is inflated gets no traffic to correct it.
 		over = m.ownOver
-		if f.queued == 0 && int64(f.busy) < s && (alone || m.cleanN > 0) {
+		if alone && f.queued == 0 && int64(f.busy) < s {
 			over = max(dt-float64(uncached)/rate, 0)
-			if !alone {
-				over = min(over, m.ownOver)
-			}
 			if m.cleanN++; m.cleanN > 1 {
 				over = m.ownOver + cleanOverWeight*(over-m.ownOver)
 			}
@@ -126,10 +131,14 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// prediction is clipped to fitClip times it, so a stall moves β little.
 	if warm && f.slotWait == 0 && f.predTTFT > 0 && dt >= f.predTTFT/2 {
 		dtc := min(dt, f.predTTFT*fitClip)
-		// β's bound: a full batch's slot time (the most requests seen
-		// running where the limit is unknown).
+		// β's bound: a request's whole time there, its decode at a full
+		// batch (the most requests seen running where the limit is
+		// unknown) or its Begin to End, the larger: a request sharing the
+		// engine delays a new first token mostly by its prefill, which
+		// the slot time leaves out.
 		full := float64(max(p.slots(), p.maxRunSeen(), 1) - 1)
-		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, p.slotSecondsAt(full), p.specRate || loadF(&p.engRate) > 0)
+		bound := max(p.slotSecondsAt(full), loadF(&p.holdSec))
+		p.fleetPrefill.sampleBusy(float64(f.busy), dtc-f.predTTFT, bound, p.specRate || loadF(&p.engRate) > 0)
 	}
 }
 

@@ -26,7 +26,7 @@ type ReplicaStatus struct {
 	Signals              EngineSignals
 	Mispredictions       uint64
 	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
-	SlotSeconds          float64   // D_r: time a request holds a batch slot alone on the engine
+	SlotSeconds          float64   // D_r as priced: time a request holds a batch slot after its first token (its decode) alone on the engine, drawn toward its pool's
 	SlotLoad             float64   // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
 	SlotPrefillShare     float64   // γ: share of the engine's prefill of others that a decode waits through (its pool's); 0 = not learned
 	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported

@@ -169,10 +169,10 @@ func (p *repHot) slots() int64 {
 	return 0
 }
 
-// slotSeconds is D_r, the slot time alone on the engine: the replica's
-// own estimate drawn toward its pool's, weight slotOwnWeight on its own;
-// before its first sample, the fleet's (the mean measured on any replica
-// of this router), else defaultSlotSeconds. Slot times come in bursts (a
+// slotSeconds is D_r, the slot time (decode) alone on the engine: the
+// replica's own estimate drawn toward its pool's, weight slotOwnWeight on
+// its own; before its first sample, its pool's, else the fleet's (the
+// mean measured on any replica of this router), else defaultSlotSeconds. Slot times come in bursts (a
 // request that met a burst of cold prompts decodes for seconds, alone for
 // a tenth of one) and an estimate of a replica's own moves only with its
 // traffic: identical llama.cpp servers ended bench rounds with their own
@@ -189,6 +189,11 @@ func (p *repHot) slotSeconds() float64 {
 			}
 		}
 		return d
+	}
+	if f := p.fleetPrefill; f != nil {
+		if m := loadF(&f.slotMean); m > 0 {
+			return m
+		}
 	}
 	if p.fleetSlot != nil {
 		if d := loadF(p.fleetSlot); d > 0 {
@@ -219,7 +224,7 @@ const slotGrowthMax = 8
 
 // slotWait is the expected wait at now for a batch slot of a request
 // joining a replica with busy requests already on it: it needs busy-S+1
-// slots to free; without a decoding request of this router to date the
+// slots to free; without a request of this router there to date the
 // batch by, slots free at S/D per second.
 func (p *repHot) slotWait(busy, now int64) float64 {
 	return p.slotWaitSlots(p.slots(), busy, now)
@@ -286,7 +291,11 @@ func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
 	d := p.slotSecondsAt(float64(s - 1))
 	k := float64(busy - s + 1)
 	n := p.decN.Load()
-	if n <= 0 && p.pendingReqs.Load() <= 0 {
+	// This router's requests there still in prefill (up to the slots the
+	// decoding ones leave) have their decodes, the slot time, all ahead
+	// of them: they count at age 0.
+	m := n + min(max(p.pendingReqs.Load(), 0), max(s-n, 0))
+	if m <= 0 {
 		// Nothing of this router's there to date the batch by.
 		return k * d / float64(s)
 	}
@@ -297,11 +306,10 @@ func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
 	// later take whole slot times. A replica whose batch is about to finish
 	// is nearer a free slot than one whose batch just started, however
 	// many requests each holds.
-	// This router's requests there all still in prefill: their decodes,
-	// the slot time, are all ahead of them (age 0).
 	age := 0.0
 	if n > 0 {
-		age = float64(now-p.pendBase.Load())/1e9 - float64(p.decStart.Load())/float64(n)/1e9
+		mean := float64(now-p.pendBase.Load())/1e9 - float64(p.decStart.Load())/float64(n)/1e9
+		age = mean * float64(n) / float64(m)
 	}
 	left := min(max(d-age, d/8), d)
 	first := min(k, float64(s))
@@ -591,7 +599,7 @@ func (f *fleetPrefill) sample(rate, over float64) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.n.Add(1) == 1 {
+	if f.n.Load() == 0 {
 		storeF(&f.logRate, math.Log(rate))
 		storeF(&f.meanOver, over)
 	} else {
@@ -602,6 +610,8 @@ func (f *fleetPrefill) sample(rate, over float64) {
 		storeF(&f.rate, math.Exp(loadF(&f.logRate)))
 		storeF(&f.over, loadF(&f.meanOver))
 	}
+	// Counted last: readers take the pool's rate once n is above 0.
+	f.n.Add(1)
 }
 
 // sampleClean folds one clean sample into the pool's line: a request that
@@ -636,8 +646,8 @@ func (f *fleetPrefill) sampleClean(tokens, sec float64) {
 // prefill rate is configured or engine-reported.
 // The line's slope is β (busyCost), published once the line has
 // busyMinSamples with some spread in x, kept in [0, slotSec]: a request
-// sharing the engine cannot delay a new one by more than its whole slot
-// time. The intercept is not used (the overhead's error, whatever the
+// sharing the engine cannot delay a new one by more than its whole time
+// there (the caller's bound). The intercept is not used (the overhead's error, whatever the
 // load, lands there, not in β).
 func (f *fleetPrefill) sampleBusy(busy, resid, slotSec float64, measuredRate bool) {
 	if !(busy >= 0) || math.IsNaN(resid) || math.IsInf(resid, 0) {
@@ -727,20 +737,33 @@ func (f *fleetPrefill) sampleSlotLoad(x, z, y float64) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b, c, cLo, a, ok := f.slotFit.add(x, z, y)
+	fit, ok := f.slotFit.add(x, z, y)
 	if !ok {
 		return
+	}
+	// With γ taken, σ is the plane's; without, the samples D_r gets keep
+	// the others' prefill, and σ is the line's in x alone, which carries
+	// what of it moves with x.
+	b, a, gamma := fit.bx, fit.ax, 0.0
+	if fit.plane && fit.cLo > 0 {
+		b, a, gamma = fit.b, fit.a, min(fit.c, 1)
 	}
 	sigma := 0.0
 	if b > 0 && a > 0 {
 		sigma = min(b/a, slotLoadMax)
 	}
 	storeF(&f.slotSlope, sigma)
-	gamma := 0.0
-	if cLo > 0 {
-		gamma = min(c, 1)
-	}
 	storeF(&f.slotPrefill, gamma)
+}
+
+// planeFit is what slotPlane.add returns: the plane's x coefficient at
+// its lower bound (b), z coefficient and its lower bound (c, cLo) and
+// intercept (a), when plane (z varies apart from x), and the line's in x
+// alone (bx at its lower bound, ax).
+type planeFit struct {
+	b, c, cLo, a float64
+	plane        bool
+	bx, ax       float64
 }
 
 // slotPlane is a weighted least-squares fit of y = a + b x + c z (the
@@ -759,11 +782,10 @@ type slotPlane struct {
 // than 95% of their variance (det over Sxx Szz above 0.05).
 const slotPlaneCollinear = 0.05
 
-// add folds (x, z, y) in and returns b at its lower confidence bound
-// (busySE standard errors off), c and its lower bound, and the intercept
-// of the fitted coefficients, ok once the fit has busyMinSamples and x
-// varies by more than busyMinVar.
-func (l *slotPlane) add(x, z, y float64) (b, c, cLo, a float64, ok bool) {
+// add folds (x, z, y) in and returns the fits (slopes at their lower
+// confidence bounds: busySE standard errors off), ok once it has
+// busyMinSamples and x varies by more than busyMinVar.
+func (l *slotPlane) add(x, z, y float64) (fit planeFit, ok bool) {
 	l.n++
 	w := max(1/l.n, busyWeight)
 	l.mx += w * (x - l.mx)
@@ -778,20 +800,22 @@ func (l *slotPlane) add(x, z, y float64) (b, c, cLo, a float64, ok bool) {
 	sxx, szz, sxz := l.mxx-l.mx*l.mx, l.mzz-l.mz*l.mz, l.mxz-l.mx*l.mz
 	sxy, szy, syy := l.mxy-l.mx*l.my, l.mzy-l.mz*l.my, l.myy-l.my*l.my
 	if l.n < busyMinSamples || !(sxx > busyMinVar) {
-		return 0, 0, 0, 0, false
+		return planeFit{}, false
 	}
 	nEff := min(l.n, 2/busyWeight-1)
+	bx := sxy / sxx
+	resx := max(syy-bx*sxy, 0) / nEff
+	fit.bx, fit.ax = bx-busySE*math.Sqrt(resx/sxx), l.my-bx*l.mx
 	det := sxx*szz - sxz*sxz
 	if szz > 0 && det > slotPlaneCollinear*sxx*szz {
-		b = (szz*sxy - sxz*szy) / det
-		c = (sxx*szy - sxz*sxy) / det
+		b := (szz*sxy - sxz*szy) / det
+		c := (sxx*szy - sxz*sxy) / det
 		res := max(syy-b*sxy-c*szy, 0) / nEff
-		a = l.my - b*l.mx - c*l.mz
-		return b - busySE*math.Sqrt(res*szz/det), c, c - busySE*math.Sqrt(res*sxx/det), a, true
+		fit.plane = true
+		fit.b, fit.c, fit.a = b-busySE*math.Sqrt(res*szz/det), c, l.my-b*l.mx-c*l.mz
+		fit.cLo = c - busySE*math.Sqrt(res*sxx/det)
 	}
-	b = sxy / sxx
-	res := max(syy-b*sxy, 0) / nEff
-	return b - busySE*math.Sqrt(res/sxx), 0, 0, l.my - b*l.mx, true
+	return fit, true
 }
 
 // slotLoadMax bounds σ: a request sharing the engine with one other holds
@@ -969,15 +993,19 @@ func (p *replica) checkPrediction(pred, actual float64) {
 // sampleSlot folds one request's slot time sec, shared with x other
 // requests on the engine while it prefilled others' prompts for pre
 // seconds, into D_r (as the time alone: (sec - γ pre) / slotGrowth(x))
-// and the pool's σ and γ, each sample clipped to within 8x of what D_r
-// predicts for it (a stalled stream does not swamp it).
-func (p *replica) sampleSlot(sec, x, pre float64) {
+// and, with fit, the pool's σ and γ, each sample clipped to within 8x of
+// what D_r predicts for it (a stalled stream does not swamp it). A
+// buffered answer's pre is unknown (its first token is its last): it is
+// no sample of σ and γ.
+func (p *replica) sampleSlot(sec, x, pre float64, fit bool) {
 	if !(sec > 0) || math.IsInf(sec, 0) {
 		return
 	}
-	pre = max(pre, 0)
+	if !(pre > 0) || math.IsInf(pre, 0) {
+		pre = 0
+	}
 	gamma := p.fleetPrefill.slotPrefillShare()
-	if loadF(&p.slotSec) > 0 {
+	if fit && loadF(&p.slotSec) > 0 {
 		at := p.slotSecondsAt(x) + gamma*pre
 		sec = min(max(sec, at/8), at*8)
 		// Over the slower reference: D_r follows the load of its last

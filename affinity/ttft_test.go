@@ -1321,7 +1321,7 @@ func TestSlotFitSeparatesPrefill(t *testing.T) {
 				pre := float64(rng.IntN(int(x)+1)) * 0.5 // of which some prefilled 0.5 s each meanwhile
 				sec := base*(1+sigma*x) + gamma*pre      // the decode
 				sec *= 1 + 0.1*(rng.Float64()-0.5)       // and some noise
-				p.sampleSlot(sec, x, pre)
+				p.sampleSlot(sec, x, pre, true)
 			}
 			h := r.hotOf(ids[0])
 			gotS, gotG := h.fleetPrefill.slotLoad(), h.fleetPrefill.slotPrefillShare()
@@ -1388,14 +1388,14 @@ func TestSlotTimeDrawnTowardPool(t *testing.T) {
 	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
 	ps := []*replica{r.reps[ids[0]], r.reps[ids[1]]}
 	for range 40 {
-		ps[0].sampleSlot(0.1, 0, 0)
-		ps[1].sampleSlot(0.1, 0, 0)
+		ps[0].sampleSlot(0.1, 0, 0, true)
+		ps[1].sampleSlot(0.1, 0, 0, true)
 	}
 	for range 5 {
-		ps[1].sampleSlot(1, 0, 0)
+		ps[1].sampleSlot(1, 0, 0, true)
 	}
 	for range 40 {
-		ps[0].sampleSlot(0.1, 0, 0)
+		ps[0].sampleSlot(0.1, 0, 0, true)
 	}
 	own := loadF(&ps[1].slotSec)
 	d0, d1 := ps[0].slotSeconds(), ps[1].slotSeconds()
