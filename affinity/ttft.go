@@ -88,10 +88,6 @@ const (
 	earlyHitMin = 4
 	// slotWeight is the EWMA weight of a slot-time sample.
 	slotWeight = 0.1
-	// slotOwnWeight is the weight of a replica's own slot time against its
-	// pool's (slotSeconds): ownWeight at its samples' memory, as for the
-	// overhead and the engine rate (overheadShrunk, engineRateShrunk).
-	slotOwnWeight = (1 / slotWeight) / (1/slotWeight + engineShrinkN)
 	// slotRefWeight: the reference σ's samples are measured against
 	// (replica.slotRef) remembers about 100 slot times.
 	slotRefWeight = 0.01
@@ -115,6 +111,11 @@ const (
 	engineLineWeight = 0.01
 	engineLineMin    = 8
 )
+
+// slotOwnWeight is the weight of a replica's own slot time against its
+// pool's (slotSeconds): ownWeight at its samples' memory, as for the
+// overhead and the engine rate (overheadShrunk, engineRateShrunk).
+var slotOwnWeight = ownWeight(1 / slotWeight)
 
 // ttftErrBuckets are the upper bounds of the actual/predicted TTFT ratio
 // histogram (warmpath_affinity_ttft_prediction_ratio).
@@ -172,9 +173,10 @@ func (p *repHot) slots() int64 {
 // slotSeconds is D_r, the slot time (decode) alone on the engine: the
 // replica's own estimate drawn toward its pool's, weight slotOwnWeight on
 // its own; before its first sample, its pool's, else the fleet's (the
-// mean measured on any replica of this router), else defaultSlotSeconds. Slot times come in bursts (a
-// request that met a burst of cold prompts decodes for seconds, alone for
-// a tenth of one) and an estimate of a replica's own moves only with its
+// mean measured on any replica of this router), else
+// defaultSlotSeconds. Slot times come in bursts (a request that met a
+// burst of cold prompts decodes for seconds, alone for a tenth of one)
+// and an estimate of a replica's own moves only with its
 // traffic: identical llama.cpp servers ended bench rounds with their own
 // at 0.52 and 0.10 s, and the one whose last samples were a burst's, full
 // like the other at the next burst, looked the later to free a slot for
@@ -182,18 +184,17 @@ func (p *repHot) slots() int64 {
 // End), so the pool's mean is read at decision time, and a replica
 // whose own estimate its traffic no longer moves follows its pool.
 func (p *repHot) slotSeconds() float64 {
-	if d := loadF(&p.slotSec); d > 0 {
-		if f := p.fleetPrefill; f != nil {
-			if m := loadF(&f.slotMean); m > 0 {
-				return slotOwnWeight*d + (1-slotOwnWeight)*m
-			}
-		}
-		return d
-	}
+	d, m := loadF(&p.slotSec), 0.0
 	if f := p.fleetPrefill; f != nil {
-		if m := loadF(&f.slotMean); m > 0 {
-			return m
-		}
+		m = loadF(&f.slotMean)
+	}
+	switch {
+	case d > 0 && m > 0:
+		return slotOwnWeight*d + (1-slotOwnWeight)*m
+	case d > 0:
+		return d
+	case m > 0:
+		return m
 	}
 	if p.fleetSlot != nil {
 		if d := loadF(p.fleetSlot); d > 0 {
@@ -773,9 +774,8 @@ type planeFit struct {
 // the fit; where z does not vary (nothing prefilled during decodes) or
 // moves with x, the fit is the line in x alone and c is 0.
 type slotPlane struct {
-	n                            float64
-	mx, mz, my                   float64
-	mxx, mzz, mxz, mxy, mzy, myy float64
+	line              boundedLine // the x-y line, and the moments of x and y
+	mz, mzz, mxz, mzy float64
 }
 
 // slotPlaneCollinear: the fit takes z only while x and z share less
@@ -786,33 +786,26 @@ const slotPlaneCollinear = 0.05
 // confidence bounds: busySE standard errors off), ok once it has
 // busyMinSamples and x varies by more than busyMinVar.
 func (l *slotPlane) add(x, z, y float64) (fit planeFit, ok bool) {
-	l.n++
-	w := max(1/l.n, busyWeight)
-	l.mx += w * (x - l.mx)
+	fit.bx, fit.ax, ok = l.line.add(x, y)
+	m := &l.line.m
+	w := max(1/m.n, busyWeight) // the weight line.add gave the sample
 	l.mz += w * (z - l.mz)
-	l.my += w * (y - l.my)
-	l.mxx += w * (x*x - l.mxx)
 	l.mzz += w * (z*z - l.mzz)
 	l.mxz += w * (x*z - l.mxz)
-	l.mxy += w * (x*y - l.mxy)
 	l.mzy += w * (z*y - l.mzy)
-	l.myy += w * (y*y - l.myy)
-	sxx, szz, sxz := l.mxx-l.mx*l.mx, l.mzz-l.mz*l.mz, l.mxz-l.mx*l.mz
-	sxy, szy, syy := l.mxy-l.mx*l.my, l.mzy-l.mz*l.my, l.myy-l.my*l.my
-	if l.n < busyMinSamples || !(sxx > busyMinVar) {
+	if !ok {
 		return planeFit{}, false
 	}
-	nEff := min(l.n, 2/busyWeight-1)
-	bx := sxy / sxx
-	resx := max(syy-bx*sxy, 0) / nEff
-	fit.bx, fit.ax = bx-busySE*math.Sqrt(resx/sxx), l.my-bx*l.mx
+	sxx, szz, sxz := m.mxx-m.mx*m.mx, l.mzz-l.mz*l.mz, l.mxz-m.mx*l.mz
+	sxy, szy, syy := m.mxy-m.mx*m.my, l.mzy-l.mz*m.my, l.line.yy-m.my*m.my
 	det := sxx*szz - sxz*sxz
 	if szz > 0 && det > slotPlaneCollinear*sxx*szz {
+		nEff := min(m.n, 2/busyWeight-1)
 		b := (szz*sxy - sxz*szy) / det
 		c := (sxx*szy - sxz*sxy) / det
 		res := max(syy-b*sxy-c*szy, 0) / nEff
 		fit.plane = true
-		fit.b, fit.c, fit.a = b-busySE*math.Sqrt(res*szz/det), c, l.my-b*l.mx-c*l.mz
+		fit.b, fit.c, fit.a = b-busySE*math.Sqrt(res*szz/det), c, m.my-b*m.mx-c*l.mz
 		fit.cLo = c - busySE*math.Sqrt(res*sxx/det)
 	}
 	return fit, true
