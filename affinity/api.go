@@ -113,7 +113,38 @@ type Request struct {
 	// with the whole response. FirstToken then releases the pending prefill
 	// but takes no prefill-rate sample (it would include the decode time).
 	Buffered bool
+	// NoHold: the caller will not wait, so Decide advises no hold
+	// (Decision.Hold). A caller that held a request past a hold's Until
+	// sets it for the request's next decisions.
+	NoHold bool
+	// HoldSince is when the caller first held the request (0: never), on
+	// the same clock as Now: a request is held at most Config.SlotHold in
+	// all.
+	HoldSince int64
 }
+
+// HoldAdvice is the cost policy's advice to wait before beginning: on an
+// engine whose batch slots each keep only their own prompt (llama.cpp),
+// the slot holding the request's prompt is busy, and waiting for it to
+// free is predicted faster than computing the prompt again in another
+// slot. The caller that follows it keeps the request, counts it with
+// Router.Hold while it waits, and decides again when a request ends (the
+// slot may have freed) or at Until, whichever is first; past Until the
+// prediction was wrong, and the request's next decisions set
+// Request.NoHold. A caller that does not wait uses Decision.Ranked as
+// always.
+type HoldAdvice struct {
+	Replica ReplicaID // whose slot to wait for
+	// Owner names the request in that slot now: a later decision naming
+	// the same replica and owner advises the same wait, and its Until
+	// does not extend the first one's.
+	Owner uint64
+	Wait  float64 // predicted seconds until the request could begin there
+	Until int64   // give up waiting then (Request.Now's clock)
+}
+
+// Holding reports whether the advice is to wait.
+func (h *HoldAdvice) Holding() bool { return h.Wait > 0 }
 
 // Decision is a policy's ranked answer. Reused by the caller; Ranked's
 // backing array is kept between calls. It also carries the per-caller scratch
@@ -123,6 +154,9 @@ type Decision struct {
 	// CachedTokens[i] is the predicted cached prefix, in tokens, of Ranked[i].
 	CachedTokens []int
 	Policy       string // name of the policy that decided
+	// Hold, when Hold.Holding(): wait for a busy slot instead of beginning
+	// on Ranked[0] now (HoldAdvice).
+	Hold HoldAdvice
 
 	view View // per-caller scratch for Decide: no allocation once warm
 }

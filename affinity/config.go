@@ -26,6 +26,7 @@ const (
 	DefaultKVHighWater         = 0.9
 	DefaultKVPenaltySeconds    = 0.5
 	DefaultMaxScan             = 128
+	DefaultSlotHold            = 5 * time.Second
 	DefaultPolicy              = "cost"
 )
 
@@ -138,6 +139,12 @@ type Config struct {
 	// off their replicas and cost 5-13% on small-batch fleets
 	// (affinity/README.md).
 	LearnSlotWaits bool `yaml:"learn_slot_waits"`
+	// SlotHold (cost policy) bounds how long in all a request may wait at
+	// the router for a busy batch slot that holds its prompt, on engines
+	// whose slots each keep only their own prompt (llama.cpp), where that
+	// is predicted faster than computing the prompt again in another slot
+	// (Decision.Hold). 0 means 5s; negative never holds.
+	SlotHold time.Duration `yaml:"slot_hold" reload:"live"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.
 	Seed uint64 `yaml:"seed"`
@@ -178,6 +185,9 @@ func (c Config) WithDefaults() Config {
 		c.KVHighWater = DefaultKVHighWater
 	}
 	c.KVPenaltySeconds = defaultOrOff(c.KVPenaltySeconds, DefaultKVPenaltySeconds)
+	if c.SlotHold == 0 {
+		c.SlotHold = DefaultSlotHold
+	}
 	if c.MaxScan == 0 {
 		c.MaxScan = DefaultMaxScan
 	}

@@ -87,6 +87,9 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		r.takeTail(hs[held-1], id)
 	}
 	f.slotSeq, f.ram = seq, use
+	if seq != 0 {
+		p.slotc.stamp(seq, req.Now, f.predTTFT)
+	}
 	area, own := p.loadStep(req.Now, 1)
 	f.loadArea, f.ownBusy = area, int32(min(own, 1<<30))
 	p.inFlight.Add(1)
@@ -143,6 +146,9 @@ func (r *Router) FirstToken(f *Flight, now int64) {
 		f.prefilled = p.prefilled.Add(int64(f.UncachedTokens))
 	}
 	p.unpend(f)
+	if f.slotSeq != 0 {
+		p.slotc.firstToken(f.slotSeq, f.FirstTokenAt)
+	}
 	p.decStart.Add(f.FirstTokenAt - p.pendBase.Load())
 	p.decN.Add(1)
 	f.decoding = true

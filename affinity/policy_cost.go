@@ -61,6 +61,107 @@ func (p *CostPolicy) Rank(v *View, req *Request, d *Decision) {
 	cs, lowest := p.score(v, req)
 	v.rankPruned(cs, lowest, d)
 	p.keepTurn(v, req, cs, d)
+	if v.r.slotReps.Load() > 0 && !req.NoHold && p.cfg.SlotHold > 0 {
+		p.hold(v, req, cs, d)
+	}
+}
+
+// holdShare is how much of the best estimate a hold must be predicted to
+// take at most: 0.75, a quarter less, so a hold is advised only where its
+// gain is larger than the model's usual error.
+const holdShare = 0.75
+
+// holdSlack is how far past its predicted wait a hold lasts before the
+// caller gives up on it (HoldAdvice.Until): half the wait more, plus
+// holdSlackMin.
+const (
+	holdSlack    = 0.5
+	holdSlackMin = 50 * 1e6 // ns
+)
+
+// hold advises waiting for a busy batch slot (d.Hold) on an engine whose
+// slots each keep only their own prompt (llama.cpp), where the slot
+// running a request with the same prompt prefix frees sooner than the
+// best replica computes the prompt again: a burst of requests carrying a
+// prompt new to the fleet otherwise computes it once per slot it lands
+// in, each computation sharing the engine with the others (the
+// one-company workload's first requests: four cold 4,096-token prompts
+// at once on one llama.cpp server took 2-4 s each, one alone 0.6 s). A
+// waiting request is priced as
+//
+//	hold_r = max(wait_r, Q_r / P_r) + O_r + (T - c_r H_r) / P_r + the load penalty
+//	wait_r = left_r + K_r (O_r + D_r(B_r - 1))
+//
+// H_r the blocks the busy slot's prompt shares with the request, left_r
+// the time until its request ends (the rest of its predicted TTFT, then
+// the slot time D_r; after its first token D_r less what it decoded, at
+// least D_r / 8), K_r the requests already held for the replica, each of
+// which takes the slot first for its own TTFT and decode. The advice is
+// to wait where hold_r is at most holdShare of the best estimate.
+func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
+	if len(d.Ranked) == 0 {
+		return
+	}
+	now := req.Now
+	cands := v.Candidates()
+	bi, most := -1, 0.0
+	for i, id := range cands {
+		if id == d.Ranked[0] {
+			bi = i
+		}
+		most = max(most, cs[i].cached)
+	}
+	if bi < 0 {
+		return
+	}
+	bt := float64(v.r.bt)
+	t := float64(req.PromptTokens)
+	if t-most < 2*bt {
+		return // at most a block or so left to compute anywhere
+	}
+	limit := cs[bi].est(v.r.hotOf(d.Ranked[0]), now) * holdShare
+	var best HoldAdvice
+	for i, id := range cands {
+		rp := v.r.reps[id]
+		sc, n := rp.slotModel()
+		if sc == nil {
+			continue
+		}
+		sh, ok := sc.holdable(n, req.Hashes, int(most/bt))
+		if !ok {
+			continue
+		}
+		e := &cs[i]
+		h := v.r.hotOf(id)
+		dec := h.slotSecondsAt(float64(max(min(e.busy, int64(n))-1, 0)))
+		var left float64
+		if sh.first == 0 {
+			left = max(float64(sh.start-now)/1e9+sh.pred, 0) + dec
+		} else {
+			left = max(dec-float64(now-sh.first)/1e9, dec/8)
+		}
+		wait := left + float64(max(rp.holds.Load(), 0))*(e.over+dec)
+		unc := max(t-h.confidence()*min(float64(sh.shared)*bt, t), 0)
+		est := max(wait, e.qinv) + e.over + unc*e.inv + e.pen
+		if est > limit {
+			continue
+		}
+		limit = est
+		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9)}
+	}
+	if !best.Holding() {
+		return
+	}
+	since := req.HoldSince
+	if since == 0 {
+		since = now
+	}
+	end := since + int64(p.cfg.SlotHold)
+	if now+int64(best.Wait*1e9) >= end {
+		return // the wait would outlast the longest hold
+	}
+	best.Until = min(now+int64((1+holdSlack)*best.Wait*1e9)+holdSlackMin, end)
+	d.Hold = best
 }
 
 // turnLookback is how many blocks back from a prompt's end keepTurn looks

@@ -84,6 +84,10 @@ type replica struct {
 	// so View.match predicts no hit on it.
 	noCache    atomic.Bool
 	noCacheSig atomic.Bool
+
+	// holds counts the requests callers hold for one of the replica's
+	// busy slots (Router.Hold): each takes the slot before a later one.
+	holds atomic.Int32
 }
 
 // updateSlotMode sets p.slotMode and p.noCache from its spec and signals,

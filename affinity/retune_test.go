@@ -17,6 +17,7 @@ var retuneValues = map[string]any{
 	"kv_high_water":        0.5,
 	"kv_penalty_seconds":   2.0,
 	"max_scan":             7,
+	"slot_hold":            time.Second,
 }
 
 // TestRetuneAppliesEveryLiveField: every field tagged reload:"live"

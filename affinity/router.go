@@ -193,6 +193,7 @@ func (r *Router) Retune(cfg Config) error {
 	r.cfg.KVHighWater = cfg.KVHighWater
 	r.cfg.KVPenaltySeconds = cfg.KVPenaltySeconds
 	r.cfg.MaxScan = cfg.MaxScan
+	r.cfg.SlotHold = cfg.SlotHold
 	if t, ok := r.policy.(Retuner); ok {
 		t.Retune(r.cfg)
 	}
@@ -503,6 +504,7 @@ func (r *Router) Decide(req *Request, d *Decision) error {
 	d.Ranked = d.Ranked[:0]
 	d.CachedTokens = d.CachedTokens[:0]
 	d.Policy = ""
+	d.Hold = HoldAdvice{}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	g := r.groups[string(req.Model)]
@@ -531,6 +533,17 @@ func (r *Router) Decide(req *Request, d *Decision) error {
 	}
 	r.decisions.Add(1)
 	return nil
+}
+
+// Hold counts a request the caller holds for a busy slot of replica id
+// (delta 1, Decision.Hold) or no longer holds (delta -1): a later request
+// advised to wait for the same replica waits behind it.
+func (r *Router) Hold(id ReplicaID, delta int) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if p := r.rep(id); p != nil {
+		p.holds.Add(int32(delta))
+	}
 }
 
 // PrefillRate is replica id's current prefill-rate estimate in tokens/s

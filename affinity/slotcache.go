@@ -85,6 +85,10 @@ type slotEntry struct {
 	hashes []uint64 // the prompt's block chain (owned: copied in)
 	owner  uint64   // flight running in the slot, 0 when idle (waiting: the flight)
 	used   int64    // tick of the last assignment or release
+	// The owner's Begin time and predicted TTFT (stamp), and its first
+	// token's time, 0 before it (first): when the slot frees (holdable).
+	start, first int64
+	pred         float64
 }
 
 // slotSimilarity is llama.cpp's default -sps: a slot is chosen by its
@@ -424,6 +428,87 @@ func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	}
 	e.hashes = append(e.hashes[:0], hashes...)
 	e.owner, e.used = owner, c.tick
+	e.start, e.pred, e.first = 0, 0, 0
+}
+
+// stamp records flight owner's Begin time and predicted TTFT, in its
+// slot or in the waiting list.
+func (c *slotCache) stamp(owner uint64, start int64, pred float64) {
+	if owner == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.find(owner); e != nil {
+		e.start, e.pred, e.first = start, pred, 0
+	}
+}
+
+// firstToken records flight owner's first token at now.
+func (c *slotCache) firstToken(owner uint64, now int64) {
+	if owner == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.find(owner); e != nil {
+		e.first = now
+	}
+}
+
+// find is flight owner's slot or waiting entry, nil if none. Callers hold
+// mu.
+func (c *slotCache) find(owner uint64) *slotEntry {
+	for i := range c.slots {
+		if c.slots[i].owner == owner {
+			return &c.slots[i]
+		}
+	}
+	for i := range c.waiting {
+		if c.waiting[i].owner == owner {
+			return &c.waiting[i]
+		}
+	}
+	return nil
+}
+
+// slotHold is a busy slot a request could wait for (holdable).
+type slotHold struct {
+	shared       int    // blocks its prompt shares with the request
+	owner        uint64 // the flight running there
+	start, first int64  // the owner's Begin and first token (0: none yet)
+	pred         float64
+}
+
+// holdable finds, on an engine with n > 0 slots, the busy slot whose
+// prompt shares the most blocks with hashes, more than min (what the
+// request would reuse now): the slot a request could wait for to reuse
+// them. A prompt still being computed is in no other slot, and the engine
+// does not wait for it: it gives the request an idle slot and computes
+// the prompt again. None while this router has requests waiting for a
+// slot there: they take the slots that free first.
+func (c *slotCache) holdable(n int, hashes []uint64, min int) (h slotHold, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.slots) != n {
+		c.resize(n)
+	}
+	if len(c.waiting) > 0 {
+		return h, false
+	}
+	best := min
+	for i := range c.slots {
+		e := &c.slots[i]
+		if e.owner == 0 || len(e.hashes) <= best {
+			continue
+		}
+		if k := lcp(e.hashes, hashes); k > best {
+			best = k
+			h = slotHold{shared: k, owner: e.owner, start: e.start, first: e.first, pred: e.pred}
+			ok = true
+		}
+	}
+	return h, ok
 }
 
 // end releases flight owner's slot (it keeps the prompt, as the engine
@@ -446,6 +531,8 @@ func (c *slotCache) end(owner uint64) {
 			c.dropWaiting(0)
 			if slot, _, ram := c.pick(w.hashes); slot >= 0 {
 				c.assign(slot, w.owner, w.hashes, ram)
+				e := &c.slots[slot]
+				e.start, e.pred, e.first = w.start, w.pred, 0
 			}
 		}
 		return

@@ -35,6 +35,7 @@ type ReplicaStatus struct {
 	SlotCaches           bool      // hits predicted by the slot model (CacheSlots, or discovered), not the prefix index
 	NoPrefixCache        bool      // no hit predicted: the engine caches nothing (CacheNone, or discovered)
 	RAMCacheTokens       int       // slot engines: the size of their host RAM prompt cache as learned from the tokens they reuse; 0 = not learned
+	HeldRequests         int       // requests callers hold for one of its busy slots (Router.Hold)
 	TTFT                 TTFTStats // predicted vs measured TTFT
 }
 
@@ -84,6 +85,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			SlotCaches:        p.slotMode.Load(),
 			NoPrefixCache:     p.noCache.Load(),
 			RAMCacheTokens:    p.slotc.ramSize() * r.bt,
+			HeldRequests:      int(max(p.holds.Load(), 0)),
 			TTFT:              p.ttftStats(),
 		})
 	}

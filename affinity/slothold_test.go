@@ -1,0 +1,137 @@
+package affinity
+
+import (
+	"testing"
+	"time"
+)
+
+// One company's instructions (64 blocks, 4,096 tokens) and a user's
+// question (2 blocks) after them.
+const holdSysBlocks = 64
+
+func holdPrompt(user uint64) []uint64 {
+	return chainOf(0xc0de, 0x900|user, holdSysBlocks, holdSysBlocks+2)
+}
+
+// holdFleet is two llama.cpp-like replicas (4 slots, each keeping its own
+// prompt) prefilling 2,000 tokens/s, and a request helper.
+func holdFleet(t *testing.T, cfg Config, model CacheModel) (*Router, [2]ReplicaID, func(user uint64, now int64) *Request) {
+	t.Helper()
+	r, err := NewRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids [2]ReplicaID
+	for i := range ids {
+		spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"}, PrefillTokensPerSec: 2000, BatchSlots: 4, CacheModel: model}
+		if ids[i], err = r.AddReplica(spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk := func(user uint64, now int64) *Request {
+		h := holdPrompt(user)
+		return &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: now}
+	}
+	return r, ids, mk
+}
+
+// TestHoldForSlotHoldingPrompt: on engines whose slots each keep their own
+// prompt, a request whose prompt is being computed in a busy slot, while
+// computing it again would share an engine with another cold prompt, is
+// advised to wait for that slot; once the slot frees it goes there and
+// reuses the prompt. Without the hold it is computed a third time.
+func TestHoldForSlotHoldingPrompt(t *testing.T) {
+	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+	const ms = int64(time.Millisecond)
+	var f1, f2 Flight
+	var d Decision
+	// The first request computes the prompt on r0; a second, 100 ms
+	// later, finds r1 idle: computing it there (2.1 s) beats waiting for
+	// r0's slot (its prefill and decode, 3 s).
+	req := mk(1, 0)
+	r.Begin(ids[0], req, nil, &f1)
+	req = mk(2, 100*ms)
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Hold.Holding() || d.Ranked[0] != ids[1] {
+		t.Fatalf("second request: ranked %v, hold %+v; want r1 now, no hold", d.Ranked, d.Hold)
+	}
+	r.Begin(ids[1], req, &d, &f2)
+	// A third finds both computing the prompt: a cold copy shares an
+	// engine with one (over 4 s); r0's slot frees in about 3 s.
+	req = mk(3, 200*ms)
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Hold.Holding() || d.Hold.Replica != ids[0] || d.Hold.Owner == 0 {
+		t.Fatalf("third request: ranked %v, hold %+v; want a hold for r0", d.Ranked, d.Hold)
+	}
+	if w := d.Hold.Wait; w < 2.5 || w > 3.5 {
+		t.Fatalf("hold wait %.2fs, want r0's prefill left (1.9s) and its slot time (1s)", w)
+	}
+	if d.Hold.Until <= req.Now || d.Hold.Until > req.Now+int64(DefaultSlotHold) {
+		t.Fatalf("hold until %d, want after now %d and within SlotHold", d.Hold.Until, req.Now)
+	}
+	first := d.Hold
+	// Held, it counts: a fourth request waits behind it, so the slot
+	// that frees first is one slot time further for it.
+	r.Hold(first.Replica, 1)
+	req4 := mk(4, 250*ms)
+	if err := r.Decide(req4, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Hold.Holding() && d.Hold.Replica == ids[0] && d.Hold.Wait < first.Wait+0.9 {
+		t.Fatalf("fourth request waits %.2fs for r0's slot, the third already %.2fs: want one slot time more", d.Hold.Wait, first.Wait)
+	}
+	// A caller that will not wait gets no advice, and a request held
+	// since longer than SlotHold ago none either.
+	req4.NoHold = true
+	if r.Decide(req4, &d); d.Hold.Holding() {
+		t.Fatalf("NoHold: advised %+v", d.Hold)
+	}
+	req.HoldSince = req.Now - int64(DefaultSlotHold)
+	if r.Decide(req, &d); d.Hold.Holding() {
+		t.Fatalf("held for SlotHold already: advised %+v", d.Hold)
+	}
+	req.HoldSince = 0
+	// r0's request ends: its slot keeps the prompt, and the held request
+	// goes there and reuses it.
+	r.Hold(first.Replica, -1)
+	r.FirstToken(&f1, 2100*ms)
+	r.EndWith(&f1, 2600*ms, Outcome{OK: true, CachedTokens: 0})
+	req.Now = 2600 * ms
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Hold.Holding() || d.Ranked[0] != ids[0] || d.CachedTokens[0] != holdSysBlocks*r.bt {
+		t.Fatalf("after r0's end: ranked %v cached %v hold %+v; want r0 with the prompt's %d tokens", d.Ranked, d.CachedTokens, d.Hold, holdSysBlocks*r.bt)
+	}
+}
+
+// TestHoldOnlyForSlotCaches: engines with a shared prefix cache, and a
+// router configured without holds, never advise one.
+func TestHoldOnlyForSlotCaches(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		model CacheModel
+	}{
+		{"shared", Config{}, CacheShared},
+		{"off", Config{SlotHold: -1}, CacheSlots},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, ids, mk := holdFleet(t, c.cfg, c.model)
+			var f1, f2 Flight
+			var d Decision
+			r.Begin(ids[0], mk(1, 0), nil, &f1)
+			r.Begin(ids[1], mk(2, 0), nil, &f2)
+			if err := r.Decide(mk(3, 1e8), &d); err != nil {
+				t.Fatal(err)
+			}
+			if d.Hold.Holding() {
+				t.Fatalf("advised %+v", d.Hold)
+			}
+		})
+	}
+}
