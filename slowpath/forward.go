@@ -23,6 +23,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	queue := s.conf().Limits.OnLimit == OnLimitQueue
 	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
+	var held affinity.HoldAdvice
 	for {
 		var c chan struct{}
 		if queue {
@@ -32,6 +33,12 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		if err == nil && len(ex.dec.Ranked) > 0 {
 			if queue {
 				s.freed.done()
+			}
+			if ex.dec.Hold.Holding() && s.holdSlot(ex, &held) {
+				continue
+			}
+			if ex.req.HoldSince != 0 {
+				s.m.holdTime.Observe(seconds(s.now() - ex.req.HoldSince))
 			}
 			return true
 		}
@@ -46,6 +53,50 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		s.rejectUndecided(ctx, ex, err, full)
 		return false
 	}
+}
+
+// holdSlot follows the cost policy's advice to wait for a busy batch slot
+// that holds ex's prompt (affinity.HoldAdvice): it counts the request as
+// held on the slot's replica and sleeps until a request ends (the freed
+// gate: the slot may have freed) or the advice's Until, then reports that
+// ex must decide again. held is the advice being followed: advice for the
+// same slot and request in it keeps its first Until. A wait that reaches
+// Until without a release sets NoHold: the prediction was wrong, and the
+// request is routed as if holds were off. false: nothing to wait for.
+func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) bool {
+	h := ex.dec.Hold
+	if held.Holding() && held.Replica == h.Replica && held.Owner == h.Owner {
+		h.Until = min(h.Until, held.Until)
+	}
+	*held = h
+	now := s.now()
+	if ex.req.HoldSince == 0 {
+		ex.req.HoldSince = now
+	}
+	if h.Until <= now {
+		ex.req.NoHold = true
+		s.m.holds.WithLabelValues("expired").Inc()
+		return true
+	}
+	c := s.freed.wait()
+	// A request that ended between the decision and wait did not wake
+	// us: decide again, now registered, and sleep only if the advice
+	// stands.
+	if err := ex.decide(); err != nil || len(ex.dec.Ranked) == 0 || !ex.dec.Hold.Holding() ||
+		ex.dec.Hold.Replica != h.Replica || ex.dec.Hold.Owner != h.Owner {
+		s.freed.done()
+		return true
+	}
+	s.brain.Hold(h.Replica, 1)
+	woke := s.freed.sleep(c, s.epoch.Add(time.Duration(h.Until)))
+	s.brain.Hold(h.Replica, -1)
+	if woke {
+		s.m.holds.WithLabelValues("woken").Inc()
+	} else {
+		ex.req.NoHold = true
+		s.m.holds.WithLabelValues("expired").Inc()
+	}
+	return true
 }
 
 // rejectUndecided answers a request no replica was ranked for: err is

@@ -37,6 +37,8 @@ type metrics struct {
 	promptTok     *prometheus.CounterVec   // model, replica
 	outputTok     *prometheus.CounterVec   // model, replica
 	itl           *prometheus.HistogramVec // model
+	holds         *prometheus.CounterVec   // outcome
+	holdTime      prometheus.Histogram     // seconds
 	ops           opsMetrics               // opsmetrics.go
 
 	// children resolved once for requests that never reached a replica.
@@ -82,7 +84,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.promptTok = prometheus.NewCounterVec(prometheus.CounterOpts(o("prompt_tokens_total", "Prompt tokens the engine reported (usage.prompt_tokens), by model and replica.")), []string{"model", "replica"})
 	m.outputTok = prometheus.NewCounterVec(prometheus.CounterOpts(o("output_tokens_total", "Output tokens the engine reported (usage.completion_tokens), by model and replica.")), []string{"model", "replica"})
 	m.itl = prometheus.NewHistogramVec(h("inter_token_latency_seconds", "Mean time between output tokens of a streamed response: (last byte - first token) / (completion_tokens - 1), one sample per response that reported at least 2 completion tokens.", itlBuckets), []string{"model"})
-	reg.MustRegister(m.promptTok, m.outputTok, m.itl)
+	m.holds = prometheus.NewCounterVec(prometheus.CounterOpts(o("slot_holds_total", "Waits at the router for a busy batch slot holding the request's prompt (routing.slot_hold), by outcome: woken (a request ended, the request decided again) or expired (the slot did not free when predicted: decided again without waiting).")), []string{"outcome"})
+	m.holdTime = prometheus.NewHistogram(h("slot_hold_seconds", "Time a request waited at the router for busy batch slots holding its prompt, in all, one sample per request that waited (included in ttft_seconds).", latencyBuckets))
+	reg.MustRegister(m.promptTok, m.outputTok, m.itl, m.holds, m.holdTime)
 	m.ops = newOpsMetrics(reg)
 	reg.MustRegister(m.requests, m.decision, m.predicted, m.actual, m.predictionErr, m.ttft, m.e2e,
 		m.retries, m.ejections, m.broken, m.clientGone, m.timeouts, m.inFlight, m.replicaFlight, m.healthy, m.scrapeErrors, m.scrapeBig, m.reloads, m.rejected)

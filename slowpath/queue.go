@@ -298,6 +298,9 @@ func (s *Server) decideFair(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	if q.cfg.Headroom > 0 {
 		q.arrived(ex)
 	}
+	// The tenant queue orders requests by its own rules: no slot holds
+	// beside it (routing.slot_hold).
+	ex.req.NoHold = true
 	for {
 		if (w != nil || !q.busy(ex.model) || q.ahead(ex)) && !q.atShare(ex) {
 			err := ex.decide()

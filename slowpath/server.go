@@ -467,8 +467,11 @@ type AffinityStatus struct {
 	// prefix caching: none predicted). RAMCacheTokens is, for "slots",
 	// the engine's host RAM prompt cache size as learned from the tokens
 	// it reuses (0 = not learned yet: the model keeps its last 32 saves).
-	CacheModel          string  `json:"cache_model"`
-	RAMCacheTokens      int     `json:"ram_cache_tokens"`
+	CacheModel     string `json:"cache_model"`
+	RAMCacheTokens int    `json:"ram_cache_tokens"`
+	// HeldRequests are requests the router holds for one of the replica's
+	// busy batch slots, which holds their prompt (routing.slot_hold).
+	HeldRequests        int     `json:"held_requests"`
 	BatchSlots          int     `json:"batch_slots"`
 	SlotSeconds         float64 `json:"slot_seconds"`
 	SlotLoad            float64 `json:"slot_load"`
@@ -541,7 +544,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), SlotPrefillShare: finite(a.SlotPrefillShare), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
-				RAMCacheTokens:  a.RAMCacheTokens,
+				RAMCacheTokens: a.RAMCacheTokens, HeldRequests: a.HeldRequests,
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 		}
