@@ -150,7 +150,10 @@ type Result struct {
 	// predicted, predicted / actual): its median and 90th percentile.
 	TTFTModelError struct{ P50, P90 float64 }
 	Decisions      int
-	DecideNanos    int64 // wall time spent in the router: parse+hash+decide (not the simulator's prompt text)
+	// Holds is how many times a router held a request for a busy batch
+	// slot (affinity.HoldAdvice); a request may be held more than once.
+	Holds       int   `json:",omitempty"`
+	DecideNanos int64 // wall time spent in the router: parse+hash+decide (not the simulator's prompt text)
 	// Scale-out (Config.Routers > 1 with Sync): peer messages (one per
 	// router call that produced updates) and updates applied, summed over
 	// receiving routers, and the wall time spent applying them.
@@ -185,6 +188,7 @@ type flight struct {
 	idx       int // index in the workload
 	predicted int
 	wreq      *workload.Request
+	arrived   int64 // the request's arrival: it may have been held before Submit
 }
 
 type cluster struct {
@@ -200,7 +204,8 @@ type cluster struct {
 
 	w        *workload.Workload
 	conv     *conversations
-	arrivals arrivalHeap
+	arrivals arrivalHeap  // arrivals, and (idx -1-k) wakes of router k's held requests
+	held     [][]*heldReq // by router: requests held for a busy slot
 
 	llama              []bool                                      // replica is a llama.cpp server (Engines[i].Slots > 0)
 	phase              []int64                                     // replica -> its scrape phase within the interval
@@ -290,7 +295,7 @@ func newCluster(cfg Config, w *workload.Workload) (*cluster, error) {
 	if cfg.SyncDelay < 0 {
 		return nil, fmt.Errorf("sim: sync delay must be >= 0, got %v", cfg.SyncDelay)
 	}
-	c := &cluster{cfg: cfg, perRep: make([]int, cfg.Replicas),
+	c := &cluster{cfg: cfg, perRep: make([]int, cfg.Replicas), held: make([][]*heldReq, cfg.Routers),
 		res: &Result{Policy: cfg.Policy, Workload: w.Name, Fleet: cfg.Fleet, Replicas: cfg.Replicas, Requests: len(w.Requests)}}
 	sync := cfg.Sync && cfg.Routers > 1
 	for k := range cfg.Routers {
@@ -535,6 +540,10 @@ func (c *cluster) loop(w *workload.Workload) error {
 			continue
 		}
 		a := heap.Pop(&c.arrivals).(arrival)
+		if a.idx < 0 {
+			c.wake(-1-a.idx, a.at, &d)
+			continue
+		}
 		wr = &w.Requests[a.idx]
 		// earlier answers of a conversation are the engine's real ones
 		answers = nil
@@ -592,35 +601,109 @@ func (c *cluster) loop(w *workload.Workload) error {
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
 		}
-		in := &c.routers[k]
-		in.st.enginePrompt = prompt
-		start = time.Now()
-		err := in.router.Decide(&req, &d)
+		c.route(k, &req, &d, wr, a.idx, a.at, a.at, prompt, promptBytes, bh, nil)
+	}
+}
+
+// heldReq is a request a router holds for a busy batch slot
+// (affinity.HoldAdvice), with what it needs to be decided again.
+type heldReq struct {
+	req         affinity.Request // its own copy of the hashes
+	adv         affinity.HoldAdvice
+	wr          *workload.Request
+	idx         int
+	arrived     int64
+	prompt      []byte // its own copy
+	promptBytes int
+	bh          []uint64
+}
+
+// route decides request req (workload request wr, index idx) at router k
+// at now and begins it on the chosen replica, or, where the decision
+// advises a hold, keeps it (heldReq) until a request of router k ends or
+// the hold's Until, as the proxy does (slowpath's holdSlot): advice for
+// the same slot and request in it keeps its first Until, and a hold that
+// reaches Until makes the request's next decisions NoHold. arrived is the
+// request's arrival (its TTFT counts from it); h its hold when it was
+// held.
+func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *workload.Request, idx int, now, arrived int64,
+	prompt []byte, promptBytes int, bh []uint64, h *heldReq) {
+	in := &c.routers[k]
+	in.st.enginePrompt = prompt
+	for {
+		req.Now = now
+		start := time.Now()
+		err := in.router.Decide(req, d)
 		c.res.DecideNanos += time.Since(start).Nanoseconds()
 		c.res.Decisions++
 		if err != nil || len(d.Ranked) == 0 {
 			c.res.Failed++
-			c.followUp(a.idx, a.at, nil)
+			c.followUp(idx, now, nil)
+			return
+		}
+		if !d.Hold.Holding() {
+			break
+		}
+		if h != nil && h.adv.Replica == d.Hold.Replica && h.adv.Owner == d.Hold.Owner {
+			d.Hold.Until = min(d.Hold.Until, h.adv.Until)
+		}
+		if req.HoldSince == 0 {
+			req.HoldSince = now
+		}
+		if d.Hold.Until <= now {
+			req.NoHold = true
 			continue
 		}
-		f := &flight{replica: int(d.Ranked[0]), router: k, wreq: wr, idx: a.idx, predicted: d.CachedTokens[0]}
-		f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: prompt, PromptBytes: promptBytes, MaxTokens: wr.OutputTokens, Data: f, BlockHashes: bh}
-		in.router.Begin(d.Ranked[0], &req, &d, &f.fl)
-		c.post(k, a.at)
-		e := c.engines[f.replica]
-		err = e.Submit(&f.req, a.at)
-		f.req.Prompt, f.req.BlockHashes = nil, nil // ep is reused for the next request, pe's are shared
-		if err != nil {
-			in.router.End(&f.fl, a.at, -1, false)
-			c.post(k, a.at)
-			c.res.Failed++
-			c.followUp(a.idx, a.at, nil)
-			continue
+		if h == nil {
+			h = &heldReq{wr: wr, idx: idx, arrived: arrived, prompt: slices.Clone(prompt), promptBytes: promptBytes, bh: bh}
+			h.req = *req
+			h.req.Hashes = slices.Clone(req.Hashes)
+		} else {
+			h.req.NoHold, h.req.HoldSince = req.NoHold, req.HoldSince
 		}
-		in.st.activeTokens[f.replica] += f.req.PromptTokens + wr.OutputTokens
-		in.st.treeTokens[f.replica] += f.req.PromptTokens
-		c.perRep[f.replica]++
-		c.heap.update(f.replica, e.NextEventTime())
+		h.adv = d.Hold
+		in.router.Hold(d.Hold.Replica, 1)
+		c.held[k] = append(c.held[k], h)
+		heap.Push(&c.arrivals, arrival{d.Hold.Until, -1 - k})
+		c.res.Holds++
+		return
+	}
+	f := &flight{replica: int(d.Ranked[0]), router: k, wreq: wr, idx: idx, predicted: d.CachedTokens[0], arrived: arrived}
+	f.req = enginesim.Request{ID: uint64(wr.ID) + 1, Prompt: prompt, PromptBytes: promptBytes, MaxTokens: wr.OutputTokens, Data: f, BlockHashes: bh}
+	in.router.Begin(d.Ranked[0], req, d, &f.fl)
+	c.post(k, now)
+	e := c.engines[f.replica]
+	err := e.Submit(&f.req, now)
+	f.req.Prompt, f.req.BlockHashes = nil, nil // ep is reused for the next request, pe's are shared
+	if err != nil {
+		in.router.End(&f.fl, now, -1, false)
+		c.post(k, now)
+		c.res.Failed++
+		c.followUp(idx, now, nil)
+		return
+	}
+	in.st.activeTokens[f.replica] += f.req.PromptTokens + wr.OutputTokens
+	in.st.treeTokens[f.replica] += f.req.PromptTokens
+	c.perRep[f.replica]++
+	c.heap.update(f.replica, e.NextEventTime())
+}
+
+// wake decides again every request router k holds, at now: a request of
+// its ended (a slot may have freed), or a hold reached its Until.
+func (c *cluster) wake(k int, now int64, d *affinity.Decision) {
+	hs := c.held[k]
+	if len(hs) == 0 {
+		return
+	}
+	c.held[k] = nil
+	for _, h := range hs {
+		c.routers[k].router.Hold(h.adv.Replica, -1)
+	}
+	for _, h := range hs {
+		if now >= h.adv.Until {
+			h.req.NoHold = true
+		}
+		c.route(k, &h.req, d, h.wr, h.idx, now, h.arrived, h.prompt, h.promptBytes, h.bh, h)
 	}
 }
 
@@ -710,6 +793,9 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	}
 	in.router.EndWith(&f.fl, at, out)
 	c.post(f.router, at)
+	if len(c.held[f.router]) > 0 {
+		heap.Push(&c.arrivals, arrival{at, -1 - f.router})
+	}
 	if pred, act := f.fl.PredictedTTFT(), float64(r.FirstTokenAt-r.Arrival)/1e9; ok && pred > 0 && act > 0 {
 		c.modelErr = append(c.modelErr, max(act/pred, pred/act))
 	}
@@ -721,9 +807,9 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	in.st.activeTokens[f.replica] -= r.PromptTokens + f.wreq.OutputTokens
 	if c.cfg.KeepOutcomes {
 		c.res.Outcomes = append(c.res.Outcomes, Outcome{ID: f.wreq.ID, Replica: f.replica, OK: ok,
-			TTFT: float64(r.FirstTokenAt-r.Arrival) / 1e9, E2E: float64(r.FinishedAt-r.Arrival) / 1e9,
+			TTFT: float64(r.FirstTokenAt-f.arrived) / 1e9, E2E: float64(r.FinishedAt-f.arrived) / 1e9,
 			CachedTokens: r.CachedTokens, Predicted: f.predicted, PromptTokens: r.PromptTokens,
-			Arrival: float64(r.Arrival) / 1e9, Finish: float64(r.FinishedAt) / 1e9, Router: f.router,
+			Arrival: float64(f.arrived) / 1e9, Finish: float64(r.FinishedAt) / 1e9, Router: f.router,
 			PredictedTTFT: f.fl.PredictedTTFT(), Busy: f.fl.BusyAtBegin(), Scheduled: float64(r.ScheduledAt) / 1e9})
 	}
 	if !ok {
@@ -737,8 +823,8 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	}
 	c.cachedIn += int64(r.CachedTokens)
 	c.promptIn += int64(r.PromptTokens)
-	c.ttft = append(c.ttft, float64(r.FirstTokenAt-r.Arrival)/1e9)
-	c.e2e = append(c.e2e, float64(r.FinishedAt-r.Arrival)/1e9)
+	c.ttft = append(c.ttft, float64(r.FirstTokenAt-f.arrived)/1e9)
+	c.e2e = append(c.e2e, float64(r.FinishedAt-f.arrived)/1e9)
 	if r.OutputTokens > 1 {
 		c.itlSum += float64(r.FinishedAt-r.FirstTokenAt) / 1e9 / float64(r.OutputTokens-1)
 		c.itlN++
