@@ -129,7 +129,9 @@ type Request struct {
 // free is predicted faster than computing the prompt again in another
 // slot. The caller that follows it keeps the request, counts it with
 // Router.Hold while it waits, and decides again when a request ends (the
-// slot may have freed) or at Until, whichever is first; past Until the
+// slot may have freed) or at Until, whichever is first, one woken request
+// at a time deciding and beginning (requests woken together otherwise all
+// see the freed slot and all begin there); past Until the
 // prediction was wrong, and the request's next decisions set
 // Request.NoHold. A caller that does not wait uses Decision.Ranked as
 // always.
@@ -141,6 +143,7 @@ type HoldAdvice struct {
 	Owner uint64
 	Wait  float64 // predicted seconds until the request could begin there
 	Until int64   // give up waiting then (Request.Now's clock)
+	gen   uint32  // the replica's generation (IDs are reused)
 }
 
 // Holding reports whether the advice is to wait.

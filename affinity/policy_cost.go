@@ -90,36 +90,30 @@ const (
 // waiting request is priced as
 //
 //	hold_r = max(wait_r, Q_r / P_r) + O_r + (T - c_r H_r) / P_r + the load penalty
-//	wait_r = left_r + K_r (O_r + D_r(B_r - 1))
+//	wait_r = left_r + K_r (O_r + D_r(min(B_r, S_r) - 1))
 //
 // H_r the blocks the busy slot's prompt shares with the request, left_r
 // the time until its request ends (the rest of its predicted TTFT, then
 // the slot time D_r; after its first token D_r less what it decoded, at
 // least D_r / 8), K_r the requests already held for the replica, each of
 // which takes the slot first for its own TTFT and decode. The advice is
-// to wait where hold_r is at most holdShare of the best estimate.
+// to wait where hold_r is at most holdShare of the best ranked estimate.
 func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	if len(d.Ranked) == 0 {
 		return
 	}
 	now := req.Now
 	cands := v.Candidates()
-	bi, most := -1, 0.0
-	for i, id := range cands {
-		if id == d.Ranked[0] {
-			bi = i
-		}
+	most := 0.0
+	for i := range cands {
 		most = max(most, cs[i].cached)
-	}
-	if bi < 0 {
-		return
 	}
 	bt := float64(v.r.bt)
 	t := float64(req.PromptTokens)
 	if t-most < 2*bt {
 		return // at most a block or so left to compute anywhere
 	}
-	limit := cs[bi].est(v.r.hotOf(d.Ranked[0]), now) * holdShare
+	limit := -1.0 // holdShare of the best estimate, once a slot could be held
 	var best HoldAdvice
 	for i, id := range cands {
 		rp := v.r.reps[id]
@@ -130,6 +124,9 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		sh, ok := sc.holdable(n, req.Hashes, int(most/bt))
 		if !ok {
 			continue
+		}
+		if limit < 0 {
+			limit = p.bestEst(v, cs, d, now) * holdShare
 		}
 		e := &cs[i]
 		h := v.r.hotOf(id)
@@ -147,7 +144,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		limit = est
-		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9)}
+		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), gen: rp.gen}
 	}
 	if !best.Holding() {
 		return
@@ -156,12 +153,24 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	if since == 0 {
 		since = now
 	}
-	end := since + int64(p.cfg.SlotHold)
-	if now+int64(best.Wait*1e9) >= end {
+	left := float64(since+int64(p.cfg.SlotHold)-now) / 1e9
+	if best.Wait >= left {
 		return // the wait would outlast the longest hold
 	}
-	best.Until = min(now+int64((1+holdSlack)*best.Wait*1e9)+holdSlackMin, end)
+	best.Until = now + int64(min((1+holdSlack)*best.Wait+holdSlackMin/1e9, left)*1e9)
 	d.Hold = best
+}
+
+// bestEst is the lowest estimate among the ranked candidates (keepTurn may
+// have put one up to a quarter dearer first).
+func (p *CostPolicy) bestEst(v *View, cs []costCand, d *Decision, now int64) float64 {
+	b := math.Inf(1)
+	for i, id := range v.Candidates() {
+		if slices.Contains(d.Ranked, id) {
+			b = min(b, cs[i].est(v.r.hotOf(id), now))
+		}
+	}
+	return b
 }
 
 // turnLookback is how many blocks back from a prompt's end keepTurn looks

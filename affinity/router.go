@@ -173,7 +173,7 @@ type Retuner interface {
 
 // Retune applies cfg's live fields (tagged reload:"live": signal_max_age,
 // session_ttl, max_ranked, load_factor, load_penalty_seconds,
-// kv_high_water, kv_penalty_seconds, max_scan) to the running router and
+// kv_high_water, kv_penalty_seconds, max_scan, slot_hold) to the running router and
 // its policy; decisions after it returns use them. The other fields are
 // fixed at NewRouter (the hashing, the policy, the index sizing) and are
 // ignored here. Index, load and sessions are kept.
@@ -535,13 +535,14 @@ func (r *Router) Decide(req *Request, d *Decision) error {
 	return nil
 }
 
-// Hold counts a request the caller holds for a busy slot of replica id
-// (delta 1, Decision.Hold) or no longer holds (delta -1): a later request
-// advised to wait for the same replica waits behind it.
-func (r *Router) Hold(id ReplicaID, delta int) {
+// Hold counts a request the caller holds as h advised (delta 1,
+// Decision.Hold) or no longer holds (delta -1): a later request advised
+// to wait for the same replica waits behind it. Nothing changes when h's
+// replica was removed since (its ID may name another now).
+func (r *Router) Hold(h HoldAdvice, delta int) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	if p := r.rep(id); p != nil {
+	if p := r.rep(h.Replica); p != nil && p.gen == h.gen {
 		p.holds.Add(int32(delta))
 	}
 }

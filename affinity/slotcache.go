@@ -532,7 +532,7 @@ func (c *slotCache) end(owner uint64) {
 			if slot, _, ram := c.pick(w.hashes); slot >= 0 {
 				c.assign(slot, w.owner, w.hashes, ram)
 				e := &c.slots[slot]
-				e.start, e.pred, e.first = w.start, w.pred, 0
+				e.start, e.pred, e.first = w.start, w.pred, w.first
 			}
 		}
 		return

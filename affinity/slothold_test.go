@@ -70,19 +70,22 @@ func TestHoldForSlotHoldingPrompt(t *testing.T) {
 	if w := d.Hold.Wait; w < 2.5 || w > 3.5 {
 		t.Fatalf("hold wait %.2fs, want r0's prefill left (1.9s) and its slot time (1s)", w)
 	}
-	if d.Hold.Until <= req.Now || d.Hold.Until > req.Now+int64(DefaultSlotHold) {
-		t.Fatalf("hold until %d, want after now %d and within SlotHold", d.Hold.Until, req.Now)
+	// Given up at the wait and half again, plus 50 ms.
+	if want := req.Now + int64((1.5*d.Hold.Wait+0.05)*1e9); d.Hold.Until < want-1e6 || d.Hold.Until > want+1e6 {
+		t.Fatalf("hold until %d, want %d", d.Hold.Until, want)
 	}
 	first := d.Hold
 	// Held, it counts: a fourth request waits behind it, so the slot
 	// that frees first is one slot time further for it.
-	r.Hold(first.Replica, 1)
+	r.Hold(first, 1)
 	req4 := mk(4, 250*ms)
 	if err := r.Decide(req4, &d); err != nil {
 		t.Fatal(err)
 	}
-	if d.Hold.Holding() && d.Hold.Replica == ids[0] && d.Hold.Wait < first.Wait+0.9 {
-		t.Fatalf("fourth request waits %.2fs for r0's slot, the third already %.2fs: want one slot time more", d.Hold.Wait, first.Wait)
+	// Behind it on r0 the fourth would wait a slot time (1 s) more: it
+	// waits for r1's slot instead, which frees 0.1 s after r0's.
+	if !d.Hold.Holding() || d.Hold.Replica != ids[1] || d.Hold.Wait < first.Wait {
+		t.Fatalf("fourth request: hold %+v with the third held for r0 (%+v); want a hold for r1", d.Hold, first)
 	}
 	// A caller that will not wait gets no advice, and a request held
 	// since longer than SlotHold ago none either.
@@ -97,8 +100,16 @@ func TestHoldForSlotHoldingPrompt(t *testing.T) {
 	req.HoldSince = 0
 	// r0's request ends: its slot keeps the prompt, and the held request
 	// goes there and reuses it.
-	r.Hold(first.Replica, -1)
+	r.Hold(first, -1)
 	r.FirstToken(&f1, 2100*ms)
+	// Decoding for 0.1 s, r0's request has its slot time less that left.
+	req.Now = 2200 * ms
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Hold.Holding() || d.Hold.Replica != ids[0] || d.Hold.Wait < 0.85 || d.Hold.Wait > 0.95 {
+		t.Fatalf("r0's request decoding: hold %+v, want r0's slot in 0.9 s", d.Hold)
+	}
 	r.EndWith(&f1, 2600*ms, Outcome{OK: true, CachedTokens: 0})
 	req.Now = 2600 * ms
 	if err := r.Decide(req, &d); err != nil {
@@ -106,6 +117,41 @@ func TestHoldForSlotHoldingPrompt(t *testing.T) {
 	}
 	if d.Hold.Holding() || d.Ranked[0] != ids[0] || d.CachedTokens[0] != holdSysBlocks*r.bt {
 		t.Fatalf("after r0's end: ranked %v cached %v hold %+v; want r0 with the prompt's %d tokens", d.Ranked, d.CachedTokens, d.Hold, holdSysBlocks*r.bt)
+	}
+}
+
+// TestHoldCountsItsReplicaOnly: a hold counted on a replica that is
+// removed, its ID given to a new one, does not count on the new one.
+func TestHoldCountsItsReplicaOnly(t *testing.T) {
+	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+	var f1, f2 Flight
+	var d Decision
+	r.Begin(ids[0], mk(1, 0), nil, &f1)
+	r.Begin(ids[1], mk(2, 0), nil, &f2)
+	if err := r.Decide(mk(3, 2e8), &d); err != nil || !d.Hold.Holding() {
+		t.Fatalf("no hold advised: %v %+v", err, d.Hold)
+	}
+	h := d.Hold
+	r.Hold(h, 1)
+	held := func(id ReplicaID) int {
+		for _, st := range r.Replicas() {
+			if st.ID == id {
+				return st.HeldRequests
+			}
+		}
+		return -1
+	}
+	if n := held(h.Replica); n != 1 {
+		t.Fatalf("held %d, want 1", n)
+	}
+	r.RemoveReplica(h.Replica)
+	id, err := r.AddReplica(ReplicaSpec{Name: "r2", Models: []string{"m"}, BatchSlots: 4, CacheModel: CacheSlots})
+	if err != nil || id != h.Replica {
+		t.Fatalf("re-added as %v (%v), want the ID %v reused", id, err, h.Replica)
+	}
+	r.Hold(h, -1)
+	if n := held(id); n != 0 {
+		t.Fatalf("the new replica counts %d held, want 0", n)
 	}
 }
 
