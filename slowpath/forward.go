@@ -34,7 +34,8 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			if queue {
 				s.freed.done()
 			}
-			if ex.dec.Hold.Holding() && s.holdSlot(ex, &held) {
+			if ex.dec.Hold.Holding() {
+				s.holdSlot(ex, &held)
 				continue
 			}
 			if ex.req.HoldSince != 0 {
@@ -44,6 +45,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 		}
 		full := err == nil || errors.Is(err, affinity.ErrNoReplica)
 		if full && queue && s.anyFull(ex.model) {
+			ex.holdUnlock()
 			if s.freed.sleep(c, deadline) {
 				continue
 			}
@@ -58,50 +60,69 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 // holdSlot follows the cost policy's advice to wait for a busy batch slot
 // that holds ex's prompt (affinity.HoldAdvice): it counts the request as
 // held on the slot's replica and sleeps until a request ends (the freed
-// gate: the slot may have freed) or the advice's Until, then reports that
-// ex must decide again. held is the advice being followed: advice for the
-// same slot and request in it keeps its first Until. A wait that reaches
-// Until without a release sets NoHold: the prediction was wrong, and the
-// request is routed as if holds were off. false: nothing to wait for.
-func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) bool {
+// gate: the slot may have freed) or the advice's Until; ex then decides
+// again. held is the advice being followed: advice for the same slot and
+// request in it keeps its first Until. A wait that reaches Until without
+// a release sets NoHold: the prediction was wrong, and the request is
+// routed as if holds were off. A woken request decides and begins
+// holding s.holdMu (ex.holdLocked, released once it began or was held
+// again): requests woken together would otherwise all see the freed slot
+// and all begin there, the engine queueing all but one behind it.
+func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) {
+	ex.holdUnlock()
 	h := ex.dec.Hold
 	if held.Holding() && held.Replica == h.Replica && held.Owner == h.Owner {
 		h.Until = min(h.Until, held.Until)
 	}
 	*held = h
 	now := s.now()
-	if ex.req.HoldSince == 0 {
-		ex.req.HoldSince = now
-	}
 	if h.Until <= now {
 		ex.req.NoHold = true
 		s.m.holds.WithLabelValues("expired").Inc()
-		return true
+		return
 	}
 	c := s.freed.wait()
 	// A request that ended between the decision and wait did not wake
-	// us: decide again, now registered, and sleep only if the advice
-	// stands.
-	if err := ex.decide(); err != nil || len(ex.dec.Ranked) == 0 || !ex.dec.Hold.Holding() ||
-		ex.dec.Hold.Replica != h.Replica || ex.dec.Hold.Owner != h.Owner {
+	// us: decide again, now registered, and sleep only if a hold is still
+	// advised (the one it advises now).
+	if err := ex.decide(); err != nil || len(ex.dec.Ranked) == 0 || !ex.dec.Hold.Holding() {
 		s.freed.done()
-		return true
+		return
 	}
-	s.brain.Hold(h.Replica, 1)
+	if n := ex.dec.Hold; n.Replica == h.Replica && n.Owner == h.Owner {
+		h.Until = min(h.Until, n.Until)
+	} else {
+		h = n
+	}
+	*held = h
+	if ex.req.HoldSince == 0 {
+		ex.req.HoldSince = now
+	}
+	s.brain.Hold(h, 1)
 	woke := s.freed.sleep(c, s.epoch.Add(time.Duration(h.Until)))
-	s.brain.Hold(h.Replica, -1)
+	s.brain.Hold(h, -1)
 	if woke {
 		s.m.holds.WithLabelValues("woken").Inc()
 	} else {
 		ex.req.NoHold = true
 		s.m.holds.WithLabelValues("expired").Inc()
 	}
-	return true
+	s.holdMu.Lock()
+	ex.holdLocked = true
+}
+
+// holdUnlock releases s.holdMu if ex holds it (holdSlot).
+func (ex *exchange) holdUnlock() {
+	if ex.holdLocked {
+		ex.holdLocked = false
+		ex.s.holdMu.Unlock()
+	}
 }
 
 // rejectUndecided answers a request no replica was ranked for: err is
 // Decide's, full whether it found none eligible (rather than failing).
 func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err error, full bool) {
+	ex.holdUnlock()
 	switch {
 	case errors.Is(err, affinity.ErrModelNotFound):
 		s.reject(ctx, apiModelNotFound, "The model `"+string(ex.model)+"` does not exist or you do not have access to it.", "model")
@@ -130,6 +151,7 @@ func (s *Server) anyFull(model []byte) bool {
 // while nothing has been written to the client.
 func (s *Server) forward(ctx *fasthttp.RequestCtx, ex *exchange, body []byte) {
 	if !s.rank(ctx, ex) { // decide, or the pinned / fixed replica (responses.go)
+		ex.holdUnlock()
 		s.releaseTotal()
 		s.putExchange(ex)
 		return
@@ -151,7 +173,9 @@ ranked:
 			continue
 		}
 		r := table[id]
-		if r == nil || r.removed.Load() || !ex.takeSlot(r, attempts > 0) {
+		began := r != nil && !r.removed.Load() && ex.takeSlot(r, attempts > 0)
+		ex.holdUnlock() // a woken held request began, or tried the first ranked
+		if !began {
 			continue
 		}
 		s.guardStarted(ex, r) // the fair queue's prefill guard (queueguard.go)

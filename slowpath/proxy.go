@@ -71,14 +71,17 @@ const maxPooledPrompt = 1 << 20
 // fasthttp has written the body and calls CloseWithError.
 type exchange struct {
 	errSent int // bytes of sseBroken already relayed
-	s       *Server
-	parser  *affinity.Parser
-	prompt  affinity.Prompt
-	req     affinity.Request
-	dec     affinity.Decision
-	flight  affinity.Flight
-	ep      endpoint
-	api     apiState // Responses pinning and pass-through state (responses.go)
+	// holdLocked: ex holds s.holdMu, woken from a slot hold, until its
+	// attempt began (holdSlot).
+	holdLocked bool
+	s          *Server
+	parser     *affinity.Parser
+	prompt     affinity.Prompt
+	req        affinity.Request
+	dec        affinity.Decision
+	flight     affinity.Flight
+	ep         endpoint
+	api        apiState // Responses pinning and pass-through state (responses.go)
 
 	model   []byte // copy of the model name; the request body is gone when a stream ends
 	salted  []byte // the body with an injected tenant cache_salt (tenancy on)
@@ -142,6 +145,7 @@ func (s *Server) getExchange() *exchange {
 }
 
 func (s *Server) putExchange(ex *exchange) {
+	ex.holdUnlock()      // no path should leave it held; never pool it held
 	s.tenantEnd(ex)      // every path out returns the tenant's charge
 	ex.up.release(false) // no-op unless a path forgot it: never pool a held connection
 	ex.rep = nil

@@ -62,6 +62,9 @@ type Server struct {
 
 	inflight atomic.Int64
 	freed    gate
+	// holdMu: requests woken from a slot hold decide and begin one at a
+	// time (holdSlot).
+	holdMu sync.Mutex
 	// Tenants (tenants.go, queue.go): keys and ledger (nil without a keys
 	// file), the fair queue (nil unless enabled).
 	ten        *tenants
