@@ -93,6 +93,10 @@ type Outcome struct {
 	PredictedTTFT float64
 	Busy          int
 	Scheduled     float64
+	// Submitted is when it reached the engine (seconds of virtual time):
+	// after Arrival when the router held it for a busy slot; PredictedTTFT
+	// counts from here, TTFT from Arrival.
+	Submitted float64
 }
 
 func (c Config) withDefaults() Config {
@@ -541,7 +545,8 @@ func (c *cluster) loop(w *workload.Workload) error {
 		}
 		a := heap.Pop(&c.arrivals).(arrival)
 		if a.idx < 0 {
-			c.wake(-1-a.idx, a.at, &d)
+			k, until := wakeOf(a.idx)
+			c.wake(k, a.at, until, &d)
 			continue
 		}
 		wr = &w.Requests[a.idx]
@@ -616,6 +621,22 @@ type heldReq struct {
 	prompt      []byte // its own copy
 	promptBytes int
 	bh          []uint64
+	queued      int64 // the Until a wake event is queued for (0: none)
+}
+
+// Wake events share the arrival heap with negative indices: router k's
+// held requests decide again when one of its requests ends (-1-2k), or
+// when a hold reaches its Until (-2-2k: only those past their Until).
+func wakeIdx(k int, until bool) int {
+	if until {
+		return -2 - 2*k
+	}
+	return -1 - 2*k
+}
+
+func wakeOf(idx int) (k int, until bool) {
+	j := -1 - idx
+	return j / 2, j%2 == 1
 }
 
 // route decides request req (workload request wr, index idx) at router k
@@ -657,14 +678,18 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 		if h == nil {
 			h = &heldReq{wr: wr, idx: idx, arrived: arrived, prompt: slices.Clone(prompt), promptBytes: promptBytes, bh: bh}
 			h.req = *req
+			h.req.Model = slices.Clone(req.Model) // the parser's scratch
 			h.req.Hashes = slices.Clone(req.Hashes)
 		} else {
 			h.req.NoHold, h.req.HoldSince = req.NoHold, req.HoldSince
 		}
 		h.adv = d.Hold
-		in.router.Hold(d.Hold.Replica, 1)
+		in.router.Hold(d.Hold, 1)
 		c.held[k] = append(c.held[k], h)
-		heap.Push(&c.arrivals, arrival{d.Hold.Until, -1 - k})
+		if h.queued != d.Hold.Until {
+			h.queued = d.Hold.Until
+			heap.Push(&c.arrivals, arrival{d.Hold.Until, wakeIdx(k, true)})
+		}
 		c.res.Holds++
 		return
 	}
@@ -688,18 +713,25 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 	c.heap.update(f.replica, e.NextEventTime())
 }
 
-// wake decides again every request router k holds, at now: a request of
-// its ended (a slot may have freed), or a hold reached its Until.
-func (c *cluster) wake(k int, now int64, d *affinity.Decision) {
+// wake decides again, at now, the requests router k holds: every one
+// when a request of its ended (a slot may have freed), only those past
+// their Until at a hold's Until (until), as the proxy's timers do.
+func (c *cluster) wake(k int, now int64, until bool, d *affinity.Decision) {
 	hs := c.held[k]
 	if len(hs) == 0 {
 		return
 	}
 	c.held[k] = nil
+	var due []*heldReq
 	for _, h := range hs {
-		c.routers[k].router.Hold(h.adv.Replica, -1)
+		if until && h.adv.Until > now {
+			c.held[k] = append(c.held[k], h)
+			continue
+		}
+		c.routers[k].router.Hold(h.adv, -1)
+		due = append(due, h)
 	}
-	for _, h := range hs {
+	for _, h := range due {
 		if now >= h.adv.Until {
 			h.req.NoHold = true
 		}
@@ -794,7 +826,7 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 	in.router.EndWith(&f.fl, at, out)
 	c.post(f.router, at)
 	if len(c.held[f.router]) > 0 {
-		heap.Push(&c.arrivals, arrival{at, -1 - f.router})
+		heap.Push(&c.arrivals, arrival{at, wakeIdx(f.router, false)})
 	}
 	if pred, act := f.fl.PredictedTTFT(), float64(r.FirstTokenAt-r.Arrival)/1e9; ok && pred > 0 && act > 0 {
 		c.modelErr = append(c.modelErr, max(act/pred, pred/act))
@@ -810,7 +842,7 @@ func (o observer) OnFinish(r *enginesim.Request, at int64) {
 			TTFT: float64(r.FirstTokenAt-f.arrived) / 1e9, E2E: float64(r.FinishedAt-f.arrived) / 1e9,
 			CachedTokens: r.CachedTokens, Predicted: f.predicted, PromptTokens: r.PromptTokens,
 			Arrival: float64(f.arrived) / 1e9, Finish: float64(r.FinishedAt) / 1e9, Router: f.router,
-			PredictedTTFT: f.fl.PredictedTTFT(), Busy: f.fl.BusyAtBegin(), Scheduled: float64(r.ScheduledAt) / 1e9})
+			PredictedTTFT: f.fl.PredictedTTFT(), Busy: f.fl.BusyAtBegin(), Scheduled: float64(r.ScheduledAt) / 1e9, Submitted: float64(r.Arrival) / 1e9})
 	}
 	if !ok {
 		c.res.Failed++
