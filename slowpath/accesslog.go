@@ -48,6 +48,7 @@ type accessLine struct {
 	predCached int
 	predTTFT   time.Duration
 	busy       int
+	held       time.Duration // waited at the router for a busy slot; 0 = not held
 	// The engine's reported prefill (RoutedEvent.EnginePrefillTokens and
 	// EnginePrefillSeconds); engPrefill 0 = not reported.
 	engTokens  int
@@ -100,7 +101,7 @@ func (a *accessLog) routed(ev *RoutedEvent) {
 	l := accessLine{at: time.Now(), client: ev.Client, model: string(ev.Model), replica: ev.Replica, status: ev.Status,
 		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens,
 		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart,
-		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9)}
+		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9), held: time.Duration(ev.Held)}
 	if ev.FirstToken > 0 {
 		l.ttft = time.Duration(ev.FirstToken - ev.Arrival)
 	}
@@ -162,6 +163,9 @@ func (a *accessLog) line(l *accessLine) {
 	if l.predTTFT > 0 {
 		attrs = append(attrs, slog.Float64("predicted_ttft_ms", ms(l.predTTFT)), slog.Int("predicted_cached_tokens", l.predCached),
 			slog.Int("busy_at_start", l.busy))
+	}
+	if l.held > 0 {
+		attrs = append(attrs, slog.Float64("held_ms", ms(l.held)))
 	}
 	if l.engPrefill > 0 {
 		attrs = append(attrs, slog.Int("engine_prefill_tokens", l.engTokens), slog.Float64("engine_prefill_ms", ms(l.engPrefill)))

@@ -39,7 +39,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				continue
 			}
 			if ex.req.HoldSince != 0 {
-				s.m.holdTime.Observe(seconds(s.now() - ex.req.HoldSince))
+				s.m.holdTime.Observe(seconds(ex.held()))
 			}
 			return true
 		}
@@ -109,6 +109,15 @@ func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) {
 	}
 	s.holdMu.Lock()
 	ex.holdLocked = true
+}
+
+// held is how long ex waited at the router for busy slots (holdSlot),
+// until its last decision; 0 if it never did.
+func (ex *exchange) held() int64 {
+	if ex.req.HoldSince == 0 {
+		return 0
+	}
+	return max(ex.decided-ex.req.HoldSince, 0)
 }
 
 // holdUnlock releases s.holdMu if ex holds it (holdSlot).
@@ -534,6 +543,7 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			Start:                 ex.decided,
 			End:                   now,
 			Arrival:               ex.start,
+			Held:                  ex.held(),
 			FirstToken:            ex.firstAt,
 			ReportedPromptTokens:  ex.promptRep,
 			OutputTokens:          ex.outTok,

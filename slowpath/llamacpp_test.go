@@ -90,8 +90,19 @@ type fakeLlama struct {
 
 func startFakeLlama(t *testing.T) *fakeLlama {
 	t.Helper()
+	chat := llamaSample(t, "chat.json")
+	return startFakeLlamaWith(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(chat)
+	})
+}
+
+// startFakeLlamaWith is startFakeLlama with chat answering
+// /v1/chat/completions.
+func startFakeLlamaWith(t *testing.T, chat fasthttp.RequestHandler) *fakeLlama {
+	t.Helper()
 	f := &fakeLlama{}
-	metrics, props, chat := llamaSample(t, "metrics.txt"), llamaSample(t, "props.json"), llamaSample(t, "chat.json")
+	metrics, props := llamaSample(t, "metrics.txt"), llamaSample(t, "props.json")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -108,8 +119,7 @@ func startFakeLlama(t *testing.T) *fakeLlama {
 			ctx.SetContentType("application/json")
 			ctx.SetBody(props)
 		case "/v1/chat/completions":
-			ctx.SetContentType("application/json")
-			ctx.SetBody(chat)
+			chat(ctx)
 		default:
 			ctx.SetStatusCode(404)
 		}

@@ -36,6 +36,7 @@ type RoutedEvent struct {
 	OK                    bool     // the response completed without error
 	Start, End            int64    // decision and completion, ns on the router's clock (the one given to affinity)
 	Arrival               int64    // the request's arrival, same clock
+	Held                  int64    // ns it waited at the router for a busy slot holding its prompt (routing.slot_hold); 0 = none
 	FirstToken            int64    // the first output token (whole answer when not streamed), same clock; 0 = none
 	ReportedPromptTokens  int      // usage.prompt_tokens from the engine; -1 = not reported
 	OutputTokens          int      // usage.completion_tokens from the engine; -1 = not reported

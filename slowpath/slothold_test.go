@@ -1,9 +1,12 @@
 package slowpath
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
-	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,9 +15,9 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// holdLlama is a llama.cpp-like engine (its /metrics, /props with 2
-// slots) whose chat answers wait until the test releases them, one per
-// release, in arrival order.
+// holdLlama is a llama.cpp-like engine (startFakeLlama) whose chat
+// answers wait until the test releases them, one per release, in arrival
+// order.
 type holdLlama struct {
 	addr    string
 	got     atomic.Int32  // chat requests received
@@ -24,38 +27,19 @@ type holdLlama struct {
 func startHoldLlama(t *testing.T) *holdLlama {
 	t.Helper()
 	f := &holdLlama{release: make(chan struct{})}
-	metrics, props, chat := llamaSample(t, "metrics.txt"), llamaSample(t, "props.json"), llamaSample(t, "chat.json")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.addr = ln.Addr().String()
+	chat := llamaSample(t, "chat.json")
 	var order sync.Mutex
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		switch string(ctx.Path()) {
-		case "/health":
-			ctx.SetBodyString(`{"status":"ok"}`)
-		case "/metrics":
-			ctx.SetBody(metrics)
-		case "/props":
-			ctx.SetContentType("application/json")
-			ctx.SetBody(props)
-		case "/v1/chat/completions":
-			order.Lock()
-			f.got.Add(1)
-			<-f.release
-			order.Unlock()
-			ctx.SetContentType("application/json")
-			ctx.SetBody(chat)
-		default:
-			ctx.SetStatusCode(404)
-		}
-	}}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		close(f.release)
-		srv.Shutdown()
-	})
+	f.addr = startFakeLlamaWith(t, func(ctx *fasthttp.RequestCtx) {
+		order.Lock()
+		f.got.Add(1)
+		<-f.release
+		order.Unlock()
+		ctx.SetContentType("application/json")
+		ctx.SetBody(chat)
+	}).addr
+	// Registered after the server's: runs first, so no answer is left
+	// waiting when the server shuts down.
+	t.Cleanup(func() { close(f.release) })
 	return f
 }
 
@@ -73,6 +57,8 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 		// 4,096 prompt tokens take 2 s to compute.
 		cfg.Replicas[i].PrefillTokensPerSec = 2000
 	}
+	access := filepath.Join(t.TempDir(), "access.log")
+	cfg.Log = LogConfig{Format: LogFormatJSON, Access: access}
 	s, url := newTestServer(t, cfg)
 	for _, x := range e {
 		waitFor(t, "slots from /props", func() bool {
@@ -137,6 +123,26 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 		if a := <-answers; a.status != 200 {
 			t.Fatalf("answer %d: %s", a.status, a.body)
 		}
+	}
+	// The access log says which request waited, and how long.
+	var held []float64
+	waitFor(t, "3 access log lines", func() bool {
+		raw, _ := os.ReadFile(access)
+		n := 0
+		held = held[:0]
+		for l := range bytes.Lines(raw) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil && m["msg"] == "request" {
+				n++
+				if h, ok := m["held_ms"].(float64); ok {
+					held = append(held, h)
+				}
+			}
+		}
+		return n == 3
+	})
+	if len(held) != 1 || held[0] <= 0 {
+		t.Fatalf("held_ms %v in the access log, want one request's", held)
 	}
 	m := scrapeMetrics(t, s)
 	if !strings.Contains(m, `warmpath_slowpath_slot_holds_total{outcome="woken"} 1`) {

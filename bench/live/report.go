@@ -381,7 +381,7 @@ func atMost1(xs []float64) int {
 // from the TTFTs it measured, pooled over that fleet's rows.
 func (r *Results) writeTTFTModel(b *bufio.Writer) {
 	fmt.Fprintf(b, "\n### The TTFT model's error per fleet\n\nMeasured / predicted TTFT of every streamed request of each `warmpath cost` row, all replicas, rounds pooled: "+
-		"read from the row's access log (the router's `predicted_ttft_ms` beside its `ttft_ms`, the measured requests only), the ratio's 10th, 50th and 90th percentiles, "+
+		"read from the row's access log (the router's `predicted_ttft_ms` beside its `ttft_ms` less any `held_ms` (the prediction is made after a hold), the measured requests only), the ratio's 10th, 50th and 90th percentiles, "+
 		"and the error's size whichever way it misses (exp |ln ratio|: 1.25 is a quarter over or a fifth under). "+
 		"A row marked * had no readable log: its figures are the router's `warmpath_affinity_ttft_prediction_ratio` histogram (warm-up included), each the upper bound of its bucket (0.125, 0.25, 0.5, 0.8, 1.25, 2, 4, 8).\n\n")
 	fmt.Fprintf(b, "| fleet | workload | req/s | checked | ratio p10 | p50 | p90 | error p50 | error p90 |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")

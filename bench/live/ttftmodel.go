@@ -240,6 +240,7 @@ func readTTFTLog(path string, skip int) (_ TTFTModelError, lines int, _ error) {
 			Status    int     `json:"status"`
 			TTFT      float64 `json:"ttft_ms"`
 			Predicted float64 `json:"predicted_ttft_ms"`
+			Held      float64 `json:"held_ms"` // before the decision the prediction was made at
 		}
 		if json.Unmarshal(sc.Bytes(), &l) != nil || l.Msg != "request" {
 			continue
@@ -248,8 +249,8 @@ func readTTFTLog(path string, skip int) (_ TTFTModelError, lines int, _ error) {
 			skip--
 			continue
 		}
-		if l.Status == 200 && l.TTFT > 0 && l.Predicted > 0 {
-			ratios = append(ratios, l.TTFT/l.Predicted)
+		if t := l.TTFT - l.Held; l.Status == 200 && t > 0 && l.Predicted > 0 {
+			ratios = append(ratios, t/l.Predicted)
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -66,7 +66,8 @@ func itoa(n int) string { return strconv.Itoa(n) }
 
 // The exact error comes from the access log: warm-up lines skipped, lines
 // without a prediction or not requests ignored, quantiles by nearest rank,
-// and a line the router writes late (its queue) still counted.
+// a request's wait for a slot hold left out, and a line the router
+// writes late (its queue) still counted.
 func TestTTFTErrorFromLog(t *testing.T) {
 	line := func(ttft, pred float64) string {
 		return fmt.Sprintf(`{"time":"x","level":"INFO","msg":"request","status":200,"ttft_ms":%g,"predicted_ttft_ms":%g}`+"\n", ttft, pred)
@@ -75,9 +76,12 @@ func TestTTFTErrorFromLog(t *testing.T) {
 	b.WriteString(line(1000, 1)) // warm-up: a ratio of 1000, skipped
 	b.WriteString(line(1000, 1))
 	b.WriteString(`{"msg":"reloaded"}` + "\n")
-	for _, r := range []float64{0.5, 0.8, 1, 1, 1.1, 1.2, 1.25, 1.5, 2} {
+	for _, r := range []float64{0.5, 0.8, 1, 1.1, 1.2, 1.25, 1.5, 2} {
 		b.WriteString(line(100*r, 100))
 	}
+	// Held 1 s at the router before the decision that predicted 100 ms:
+	// a ratio of 1, not 11.
+	b.WriteString(`{"msg":"request","status":200,"ttft_ms":1100,"predicted_ttft_ms":100,"held_ms":1000}` + "\n")
 	b.WriteString(`{"msg":"request","status":200,"ttft_ms":5,"predicted_ttft_ms":0}` + "\n") // buffered: no prediction
 	b.WriteString(`{"msg":"request","status":502,"ttft_ms":0,"predicted_ttft_ms":40}` + "\n")
 	path := filepath.Join(t.TempDir(), "row.jsonl")
