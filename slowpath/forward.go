@@ -35,7 +35,11 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 				s.freed.done()
 			}
 			if ex.dec.Hold.Holding() {
-				s.holdSlot(ex, &held)
+				if s.holdSlot(ctx, ex, &held) {
+					s.reject(ctx, apiClientGone, "Client closed the request.", "")
+					ctx.SetConnectionClose()
+					return false
+				}
 				continue
 			}
 			if ex.req.HoldSince != 0 {
@@ -67,8 +71,10 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 // routed as if holds were off. A woken request decides and begins
 // holding s.holdMu (ex.holdLocked, released once it began or was held
 // again): requests woken together would otherwise all see the freed slot
-// and all begin there, the engine queueing all but one behind it.
-func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) {
+// and all begin there, the engine queueing all but one behind it. gone:
+// the client left while held (checked as the tenant queue does): nothing
+// was sent, the caller answers 499.
+func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity.HoldAdvice) (gone bool) {
 	ex.holdUnlock()
 	h := ex.dec.Hold
 	if held.Holding() && held.Replica == h.Replica && held.Owner == h.Owner {
@@ -79,7 +85,7 @@ func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) {
 	if h.Until <= now {
 		ex.req.NoHold = true
 		s.m.holds.WithLabelValues("expired").Inc()
-		return
+		return false
 	}
 	c := s.freed.wait()
 	// A request that ended between the decision and wait did not wake
@@ -87,7 +93,7 @@ func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) {
 	// advised (the one it advises now).
 	if err := ex.decide(); err != nil || len(ex.dec.Ranked) == 0 || !ex.dec.Hold.Holding() {
 		s.freed.done()
-		return
+		return false
 	}
 	if n := ex.dec.Hold; n.Replica == h.Replica && n.Owner == h.Owner {
 		h.Until = min(h.Until, n.Until)
@@ -99,16 +105,52 @@ func (s *Server) holdSlot(ex *exchange, held *affinity.HoldAdvice) {
 		ex.req.HoldSince = now
 	}
 	s.brain.Hold(h, 1)
-	woke := s.freed.sleep(c, s.epoch.Add(time.Duration(h.Until)))
+	w := s.sleepHeld(ctx, c, h.Until)
 	s.brain.Hold(h, -1)
-	if woke {
-		s.m.holds.WithLabelValues("woken").Inc()
-	} else {
+	s.m.holds.WithLabelValues(w.String()).Inc()
+	switch w {
+	case heldGone:
+		return true
+	case heldExpired:
 		ex.req.NoHold = true
-		s.m.holds.WithLabelValues("expired").Inc()
 	}
 	s.holdMu.Lock()
 	ex.holdLocked = true
+	return false
+}
+
+// heldWake is how a slot hold's sleep ended (sleepHeld).
+type heldWake int8
+
+const (
+	heldWoken   heldWake = iota // a request ended
+	heldExpired                 // the advice's Until passed
+	heldGone                    // the client left
+)
+
+func (w heldWake) String() string { return [...]string{"woken", "expired", "client_gone"}[w] }
+
+// sleepHeld is gate.sleep for a held request (c from s.freed.wait) until
+// until (s.now's clock), checking every queueClientCheck that its client
+// is still there.
+func (s *Server) sleepHeld(ctx *fasthttp.RequestCtx, c chan struct{}, until int64) heldWake {
+	defer s.freed.done()
+	t := time.NewTimer(time.Duration(max(until-s.now(), 0)))
+	defer t.Stop()
+	tick := time.NewTicker(queueClientCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c:
+			return heldWoken
+		case <-t.C:
+			return heldExpired
+		case <-tick.C:
+			if clientGone(ctx.Conn()) {
+				return heldGone
+			}
+		}
+	}
 }
 
 // held is how long ex waited at the router for busy slots (holdSlot),

@@ -1,12 +1,15 @@
 package slowpath
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +46,91 @@ func startHoldLlama(t *testing.T) *holdLlama {
 	return f
 }
 
+// holdRig is two holdLlama engines behind a router, the first two
+// requests of a long company prompt computing it on one each, and a third
+// held at the router for the first engine's slot (startHoldRig).
+type holdRig struct {
+	s       *Server
+	e       [2]*holdLlama
+	first   int            // the engine of the first request
+	answers chan holdReply // the first two requests' answers
+	third   net.Conn       // the held request's client connection
+	access  string         // the access log
+}
+
+type holdReply struct {
+	status int
+	body   string
+}
+
+func (g *holdRig) got() int32 { return g.e[0].got.Load() + g.e[1].got.Load() }
+
+func holdBody(q string) string {
+	company := strings.Repeat("Our company policy says so. ", 585) // 16 KiB: 4,096 tokens
+	return `{"model":"m","messages":[{"role":"system","content":"` + company + `"},{"role":"user","content":"` + q + `"}]}`
+}
+
+func startHoldRig(t *testing.T) *holdRig {
+	t.Helper()
+	g := &holdRig{e: [2]*holdLlama{startHoldLlama(t), startHoldLlama(t)}, answers: make(chan holdReply, 2)}
+	cfg := testConfig(g.e[0].addr, g.e[1].addr)
+	for i := range cfg.Replicas {
+		// 4,096 prompt tokens take 2 s to compute.
+		cfg.Replicas[i].PrefillTokensPerSec = 2000
+	}
+	g.access = filepath.Join(t.TempDir(), "access.log")
+	cfg.Log = LogConfig{Format: LogFormatJSON, Access: g.access}
+	var url string
+	g.s, url = newTestServer(t, cfg)
+	for _, x := range g.e {
+		waitFor(t, "slots from /props", func() bool {
+			st := replicaStatus(t, g.s, x.addr)
+			return st.Affinity != nil && st.Affinity.BatchSlots == 2 && st.Affinity.CacheModel == "slots"
+		})
+	}
+	send := func(q string) {
+		go func() {
+			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(holdBody(q)))
+			if err != nil {
+				g.answers <- holdReply{0, err.Error()}
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			g.answers <- holdReply{resp.StatusCode, string(b)}
+		}()
+	}
+	// The first two compute the prompt, one on each engine: the second
+	// finds the other engine idle, where computing it is faster than
+	// waiting for the first's slot.
+	send("What is the travel policy?")
+	waitFor(t, "the first request at an engine", func() bool { return g.got() == 1 })
+	if g.e[1].got.Load() == 1 {
+		g.first = 1
+	}
+	send("How many holidays do we have?")
+	waitFor(t, "the second request at the other engine", func() bool { return g.e[1-g.first].got.Load() == 1 })
+	// The third waits at the router for the first engine's slot.
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	body := holdBody("Who approves expenses?")
+	if _, err := c.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)); err != nil {
+		t.Fatal(err)
+	}
+	g.third = c
+	waitFor(t, "the third request held", func() bool {
+		return replicaStatus(t, g.s, g.e[g.first].addr).Affinity.HeldRequests == 1
+	})
+	if n := g.got(); n != 2 {
+		t.Fatalf("%d requests reached the engines while the third is held, want 2", n)
+	}
+	return g
+}
+
 // TestSlotHoldWaitsForWarmSlot: in front of two llama.cpp engines (each
 // slot keeps only its own prompt), a third request with a long company
 // prompt that both engines are computing for the first two is held at
@@ -51,62 +139,8 @@ func startHoldLlama(t *testing.T) *holdLlama {
 // the engine whose slot frees first once its request ends, where that
 // slot holds the prompt. Without holds it goes to an engine at once.
 func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
-	e := [2]*holdLlama{startHoldLlama(t), startHoldLlama(t)}
-	cfg := testConfig(e[0].addr, e[1].addr)
-	for i := range cfg.Replicas {
-		// 4,096 prompt tokens take 2 s to compute.
-		cfg.Replicas[i].PrefillTokensPerSec = 2000
-	}
-	access := filepath.Join(t.TempDir(), "access.log")
-	cfg.Log = LogConfig{Format: LogFormatJSON, Access: access}
-	s, url := newTestServer(t, cfg)
-	for _, x := range e {
-		waitFor(t, "slots from /props", func() bool {
-			st := replicaStatus(t, s, x.addr)
-			return st.Affinity != nil && st.Affinity.BatchSlots == 2 && st.Affinity.CacheModel == "slots"
-		})
-	}
-	company := strings.Repeat("Our company policy says so. ", 585) // 16 KiB: 4,096 tokens
-	body := func(q string) string {
-		return `{"model":"m","messages":[{"role":"system","content":"` + company + `"},{"role":"user","content":"` + q + `"}]}`
-	}
-	type answer struct {
-		status int
-		body   string
-	}
-	answers := make(chan answer, 3)
-	send := func(q string) {
-		go func() {
-			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body(q)))
-			if err != nil {
-				answers <- answer{0, err.Error()}
-				return
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			answers <- answer{resp.StatusCode, string(b)}
-		}()
-	}
-	got := func() int32 { return e[0].got.Load() + e[1].got.Load() }
-	// The first two compute the prompt, one on each engine: the second
-	// finds the other engine idle, where computing it is faster than
-	// waiting for the first's slot.
-	send("What is the travel policy?")
-	waitFor(t, "the first request at an engine", func() bool { return got() == 1 })
-	first := 0
-	if e[1].got.Load() == 1 {
-		first = 1
-	}
-	send("How many holidays do we have?")
-	waitFor(t, "the second request at the other engine", func() bool { return e[1-first].got.Load() == 1 })
-	// The third waits at the router for the first engine's slot.
-	send("Who approves expenses?")
-	waitFor(t, "the third request held", func() bool {
-		return replicaStatus(t, s, e[first].addr).Affinity.HeldRequests == 1
-	})
-	if n := got(); n != 2 {
-		t.Fatalf("%d requests reached the engines while the third is held, want 2", n)
-	}
+	g := startHoldRig(t)
+	e, first := g.e, g.first
 	// The first answers: its slot frees with the prompt in it, and the
 	// held request goes there.
 	e[first].release <- struct{}{}
@@ -114,20 +148,28 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 	if n := e[1-first].got.Load(); n != 1 {
 		t.Fatalf("the other engine got %d requests, want 1", n)
 	}
-	if st := replicaStatus(t, s, e[first].addr); st.Affinity.HeldRequests != 0 {
+	if st := replicaStatus(t, g.s, e[first].addr); st.Affinity.HeldRequests != 0 {
 		t.Fatalf("held requests %d after the slot freed, want 0", st.Affinity.HeldRequests)
 	}
 	e[first].release <- struct{}{}
 	e[1-first].release <- struct{}{}
-	for range 3 {
-		if a := <-answers; a.status != 200 {
+	for range 2 {
+		if a := <-g.answers; a.status != 200 {
 			t.Fatalf("answer %d: %s", a.status, a.body)
 		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(g.third), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("held request: status %d", resp.StatusCode)
 	}
 	// The access log says which request waited, and how long.
 	var held []float64
 	waitFor(t, "3 access log lines", func() bool {
-		raw, _ := os.ReadFile(access)
+		raw, _ := os.ReadFile(g.access)
 		n := 0
 		held = held[:0]
 		for l := range bytes.Lines(raw) {
@@ -144,11 +186,36 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 	if len(held) != 1 || held[0] <= 0 {
 		t.Fatalf("held_ms %v in the access log, want one request's", held)
 	}
-	m := scrapeMetrics(t, s)
+	m := scrapeMetrics(t, g.s)
 	if !strings.Contains(m, `warmpath_slowpath_slot_holds_total{outcome="woken"} 1`) {
 		t.Fatalf("metrics lack one woken hold:\n%s", grepLines(m, "slot_hold"))
 	}
 	if !strings.Contains(m, "warmpath_slowpath_slot_hold_seconds_count 1") {
 		t.Fatalf("metrics lack the held request's time:\n%s", grepLines(m, "slot_hold"))
+	}
+}
+
+// TestSlotHoldClientLeaves: a held request whose client leaves stops
+// waiting: it is no longer counted as held, reaches no engine, and the
+// hold counts as client_gone; the others are answered.
+func TestSlotHoldClientLeaves(t *testing.T) {
+	g := startHoldRig(t)
+	g.third.Close()
+	waitFor(t, "the hold to end", func() bool {
+		return replicaStatus(t, g.s, g.e[g.first].addr).Affinity.HeldRequests == 0
+	})
+	m := scrapeMetrics(t, g.s)
+	if !strings.Contains(m, `warmpath_slowpath_slot_holds_total{outcome="client_gone"} 1`) {
+		t.Fatalf("metrics lack the client_gone hold:\n%s", grepLines(m, "slot_hold"))
+	}
+	g.e[0].release <- struct{}{}
+	g.e[1].release <- struct{}{}
+	for range 2 {
+		if a := <-g.answers; a.status != 200 {
+			t.Fatalf("answer %d: %s", a.status, a.body)
+		}
+	}
+	if n := g.got(); n != 2 {
+		t.Fatalf("%d requests reached the engines, want 2 (the held one's client left)", n)
 	}
 }
