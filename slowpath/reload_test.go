@@ -27,7 +27,7 @@ var liveFields = []string{
 	"passive.consecutive_failures", "passive.eject_time", "passive.max_eject_time",
 	"scrape.path", "scrape.interval", "scrape.timeout", "scrape.stale_after",
 	"routing.signal_max_age", "routing.session_ttl", "routing.max_ranked", "routing.load_factor",
-	"routing.load_penalty_seconds", "routing.kv_high_water", "routing.kv_penalty_seconds", "routing.max_scan",
+	"routing.load_penalty_seconds", "routing.kv_high_water", "routing.kv_penalty_seconds", "routing.max_scan", "routing.slot_hold",
 }
 
 func TestEveryConfigFieldClassified(t *testing.T) {
@@ -83,6 +83,7 @@ var liveChanges = map[string]string{
 	"routing.kv_high_water":            "routing: {kv_high_water: 0.5}",
 	"routing.kv_penalty_seconds":       "routing: {kv_penalty_seconds: 2}",
 	"routing.max_scan":                 "routing: {max_scan: 7}",
+	"routing.slot_hold":                "routing: {slot_hold: -1s}",
 }
 
 // reloadFile writes a config file for the reload tests: fast loops, one

@@ -23,6 +23,7 @@ func Fleets() []FleetInfo {
 		{"hetero", "mixed generations: of every 4 replicas 2 at full speed, 1 at 2x and 1 at 3x the step times (an A100-class GPU is ~2-3x slower than an H100)"},
 		{"no-cache", "vLLM with --no-enable-prefix-caching"},
 		{"llamacpp", "llama.cpp server -np 4 -c 131072 -b 2048: 4 slots of 32768 tokens, each caching only its last prompt, and the default 8 GiB host prompt cache (65,536 tokens)"},
+		{"llamacpp-cpu", "the llamacpp fleet on CPU cores, timed like the live bench's llama.cpp servers: a decode step 1.6 ms alone and 2.6 ms more per running sequence (11-13 ms with 4), prompts at 5,000 tokens/s; a prompt costs more than its answer, the reverse of the GPU fleets"},
 	}
 }
 
@@ -46,11 +47,18 @@ func FleetEngines(name string, n int) ([]enginesim.Config, error) {
 			e.Timing = scaleTiming(e.Timing, []float64{1, 1, 2, 3}[i%4])
 		case "no-cache":
 			e.DisablePrefixCaching = true
-		case "llamacpp":
+		case "llamacpp", "llamacpp-cpu":
 			e.Slots = 4
 			e.CacheRAMTokens = 65536 // --cache-ram 8192 (MiB, the default) at 128 KiB per token
 			e.NumGPUBlocks = 131072 / e.BlockSize
 			e.MaxNumBatchedTokens = 2048
+			if name == "llamacpp-cpu" {
+				// bench/results/live/llamacpp-*.md: the servers' own
+				// timings (prompt_ms, predicted_ms) and the slot growth
+				// the router learned there
+				e.Timing = enginesim.Timing{StepBase: 1600 * time.Microsecond, PerPrefillToken: 200 * time.Microsecond,
+					PerDecodeSeq: 2600 * time.Microsecond}
+			}
 		default:
 			var names []string
 			for _, f := range Fleets() {

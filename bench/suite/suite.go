@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/bench/sim"
 	"github.com/warmpath/warmpath/bench/workload"
@@ -52,7 +53,13 @@ type Options struct {
 	// other than "vllm", which every ladder runs on). nil means
 	// DefaultFleets; empty means no fleet section.
 	Fleets []string
+	// SlotHold is the routers' routing.slot_hold (affinity.Config.SlotHold):
+	// 0 the default, negative no holds.
+	SlotHold time.Duration
 }
+
+// router is the routers' configuration beyond the policy.
+func (o *Options) router() affinity.Config { return affinity.Config{SlotHold: o.SlotHold} }
 
 // DefaultFleets are the fleets the fleet section runs.
 var DefaultFleets = []string{"batch-4", "batch-16", "batch-64", "hetero", "no-cache", "llamacpp"}
@@ -201,7 +208,7 @@ func Run(opts Options) (*Results, error) {
 	for _, w := range ws {
 		for _, f := range Loads {
 			for _, p := range policies {
-				j := job{w: w, fraction: f, cfg: sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engine: engine},
+				j := job{w: w, fraction: f, cfg: sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engine: engine, Router: opts.router()},
 					point: Point{Workload: w.Name, Load: f, RPS: f * res.Capacity[w.Name]}}
 				jobs = append(jobs, j)
 				if p.Name == ours && f == scaleLoad && so.enabled() && slices.Contains(so.Workloads, w.Name) {
@@ -226,7 +233,7 @@ func Run(opts Options) (*Results, error) {
 			return nil, err
 		}
 		for _, p := range sweepPolicies {
-			jobs = append(jobs, job{w: w, fraction: 0.8, cfg: sim.Config{Replicas: n, Policy: p, Seed: opts.Seed, Engine: engine},
+			jobs = append(jobs, job{w: w, fraction: 0.8, cfg: sim.Config{Replicas: n, Policy: p, Seed: opts.Seed, Engine: engine, Router: opts.router()},
 				point: Point{Workload: w.Name, Load: 0.8, RPS: 0.8 * capRPS, Sweep: "replicas", Param: n}})
 		}
 	}
@@ -239,7 +246,7 @@ func Run(opts Options) (*Results, error) {
 		e := engine
 		e.NumGPUBlocks = nb
 		for _, p := range sweepPolicies {
-			jobs = append(jobs, job{w: b2b, fraction: 0.8, cfg: sim.Config{Replicas: opts.Replicas, Policy: p, Seed: opts.Seed, Engine: e},
+			jobs = append(jobs, job{w: b2b, fraction: 0.8, cfg: sim.Config{Replicas: opts.Replicas, Policy: p, Seed: opts.Seed, Engine: e, Router: opts.router()},
 				point: Point{Workload: b2b.Name, Load: 0.8, RPS: 0.8 * res.Capacity[b2b.Name], Sweep: "cache", Param: nb}})
 		}
 	}
@@ -252,7 +259,7 @@ func Run(opts Options) (*Results, error) {
 				for _, p := range policies {
 					rps := l * res.FleetCapacity[f][w.Name]
 					jobs = append(jobs, job{w: w, fraction: l,
-						cfg:   sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engines: engines, Fleet: f},
+						cfg:   sim.Config{Replicas: opts.Replicas, Policy: p.Name, Seed: opts.Seed, Engines: engines, Fleet: f, Router: opts.router()},
 						point: Point{Workload: w.Name, Load: l, RPS: rps, Sweep: "fleet", Fleet: f}})
 				}
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/bench/analyze"
 	"github.com/warmpath/warmpath/bench/live"
+	"github.com/warmpath/warmpath/bench/sim"
 	"github.com/warmpath/warmpath/bench/suite"
 	"github.com/warmpath/warmpath/bench/workload"
 )
@@ -54,7 +55,8 @@ func runSim(_ context.Context, args []string, e env) error {
 	syncDelay := fs.Duration("sync-delay", so.SyncDelay, "scale-out peer update propagation delay (virtual time)")
 	syncDelays := fs.String("sync-delays", joinDurations(so.Delays), "scale-out delay sweep (\"\": none)")
 	delayRouters := fs.Int("delay-routers", 4, "router count of the delay sweep")
-	simFleets := fs.String("sim-fleets", strings.Join(suite.DefaultFleets, ","), "fleets of the fleet section (\"\": none); of "+strings.Join(suite.DefaultFleets, ", "))
+	simFleets := fs.String("sim-fleets", strings.Join(suite.DefaultFleets, ","), "fleets of the fleet section (\"\": none); of "+strings.Join(fleetNames(), ", "))
+	slotHold := fs.Duration("slot-hold", 0, "the routers' routing.slot_hold (0: the default; negative: no holds)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -78,19 +80,32 @@ func runSim(_ context.Context, args []string, e env) error {
 	sf := []string{}
 	for f := range strings.SplitSeq(*simFleets, ",") {
 		if f = strings.TrimSpace(f); f != "" {
-			if !slices.Contains(suite.DefaultFleets, f) {
-				return fmt.Errorf("sim: --sim-fleets: unknown fleet %q (have %s)", f, strings.Join(suite.DefaultFleets, ", "))
+			if !slices.ContainsFunc(sim.Fleets(), func(i sim.FleetInfo) bool { return i.Name == f && f != "vllm" }) {
+				return fmt.Errorf("sim: --sim-fleets: unknown fleet %q (have %s)", f, strings.Join(fleetNames(), ", "))
 			}
 			sf = append(sf, f)
 		}
 	}
 	res, err := suite.Run(suite.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Replicas: *c.replicas, Trace: *trace,
-		Parallel: *parallel, Progress: terminalOnly(e.stderr), Log: e.stderr, Command: benchCmdline("sim", args), ScaleOut: &so, Fleets: sf})
+		Parallel: *parallel, Progress: terminalOnly(e.stderr), Log: e.stderr, Command: benchCmdline("sim", args), ScaleOut: &so, Fleets: sf,
+		SlotHold: *slotHold})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%d simulations in %.0fs; report: %s/report.md\n", len(res.Points), res.Elapsed, *c.out)
 	return nil
+}
+
+// fleetNames are the fleets --sim-fleets takes: the simulator's, but
+// vllm, which every load ladder runs on.
+func fleetNames() []string {
+	var out []string
+	for _, f := range sim.Fleets() {
+		if f.Name != "vllm" {
+			out = append(out, f.Name)
+		}
+	}
+	return out
 }
 
 // runLive runs the live suite on real processes: the warmpath binary
