@@ -481,13 +481,13 @@ type slotHold struct {
 }
 
 // holdable finds, on an engine with n > 0 slots, the busy slot whose
-// prompt shares the most blocks with hashes, more than min (what the
+// prompt shares the most blocks with hashes, more than over (what the
 // request would reuse now): the slot a request could wait for to reuse
 // them. A prompt still being computed is in no other slot, and the engine
 // does not wait for it: it gives the request an idle slot and computes
 // the prompt again. None while this router has requests waiting for a
 // slot there: they take the slots that free first.
-func (c *slotCache) holdable(n int, hashes []uint64, min int) (h slotHold, ok bool) {
+func (c *slotCache) holdable(n int, hashes []uint64, over int) (h slotHold, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.slots) != n {
@@ -496,7 +496,7 @@ func (c *slotCache) holdable(n int, hashes []uint64, min int) (h slotHold, ok bo
 	if len(c.waiting) > 0 {
 		return h, false
 	}
-	best := min
+	best := over
 	for i := range c.slots {
 		e := &c.slots[i]
 		if e.owner == 0 || len(e.hashes) <= best {
