@@ -149,6 +149,17 @@ type HoldAdvice struct {
 // Holding reports whether the advice is to wait.
 func (h *HoldAdvice) Holding() bool { return h.Wait > 0 }
 
+// Continues keeps prev's Until when h advises the same wait as prev (the
+// same replica and request in the slot): a wait decided again does not
+// extend its deadline. It reports whether it did.
+func (h *HoldAdvice) Continues(prev HoldAdvice) bool {
+	if !prev.Holding() || prev.Replica != h.Replica || prev.Owner != h.Owner {
+		return false
+	}
+	h.Until = min(h.Until, prev.Until)
+	return true
+}
+
 // Decision is a policy's ranked answer. Reused by the caller; Ranked's
 // backing array is kept between calls. It also carries the per-caller scratch
 // Decide needs (so Decide allocates nothing): use one Decision per goroutine.

@@ -116,6 +116,9 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	limit := -1.0 // holdShare of the best estimate, once a slot could be held
 	var best HoldAdvice
 	for i, id := range cands {
+		if cs[i].busy == 0 {
+			continue // no request running there: no busy slot (this router's are in busy)
+		}
 		rp := v.r.reps[id]
 		sc, n := rp.slotModel()
 		if sc == nil {

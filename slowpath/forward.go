@@ -77,9 +77,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity.HoldAdvice) (gone bool) {
 	ex.holdUnlock()
 	h := ex.dec.Hold
-	if held.Holding() && held.Replica == h.Replica && held.Owner == h.Owner {
-		h.Until = min(h.Until, held.Until)
-	}
+	h.Continues(*held)
 	*held = h
 	now := s.now()
 	if h.Until <= now {
@@ -95,9 +93,7 @@ func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity
 		s.freed.done()
 		return false
 	}
-	if n := ex.dec.Hold; n.Replica == h.Replica && n.Owner == h.Owner {
-		h.Until = min(h.Until, n.Until)
-	} else {
+	if n := ex.dec.Hold; !h.Continues(n) {
 		h = n
 	}
 	*held = h

@@ -665,8 +665,8 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 		if !d.Hold.Holding() {
 			break
 		}
-		if h != nil && h.adv.Replica == d.Hold.Replica && h.adv.Owner == d.Hold.Owner {
-			d.Hold.Until = min(d.Hold.Until, h.adv.Until)
+		if h != nil {
+			d.Hold.Continues(h.adv)
 		}
 		if req.HoldSince == 0 {
 			req.HoldSince = now
