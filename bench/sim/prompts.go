@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
@@ -36,6 +38,40 @@ type hashEntry struct {
 	// text is each segment's text (sharedText's), in message order; nil
 	// when the text store kept not all of them
 	text [][]byte
+	// parsed is what the router's parser made of the request's chat body
+	// for one model and hash configuration (the last parsed; nil before
+	// the first)
+	parsed atomic.Pointer[parsedPrompt]
+}
+
+// parsedPrompt is the part of affinity.Prompt a simulated router's Request
+// takes (its model, block hashes and token estimate) for a request whose
+// body is a pure function of its model and its entry's segments (its
+// max_tokens and stream flag change neither), as ParseChat returned it,
+// and how long that parse took. The parse is the router's own code on the
+// body it would receive; a suite replays each workload about a hundred
+// times, and this keeps the answer of the first (TestParsedPromptIsParse).
+type parsedPrompt struct {
+	cfg    affinity.HashConfig
+	model  []byte
+	hashes []uint64
+	tokens int
+	nanos  int64 // the parse's wall time, the router CPU a decision counts
+}
+
+// parsedFor returns e's parsed prompt for cfg and model, nil if it holds
+// another's or none.
+func (e *hashEntry) parsedFor(cfg affinity.HashConfig, model string) *parsedPrompt {
+	if pp := e.parsed.Load(); pp != nil && pp.cfg == cfg && string(pp.model) == model {
+		return pp
+	}
+	return nil
+}
+
+// keepParsed stores a copy of what the parser made of e's body (pr, for
+// cfg), which took nanos.
+func (e *hashEntry) keepParsed(cfg affinity.HashConfig, pr *affinity.Prompt, nanos int64) {
+	e.parsed.Store(&parsedPrompt{cfg: cfg, model: slices.Clone(pr.Model), hashes: slices.Clone(pr.Hashes), tokens: pr.Tokens, nanos: nanos})
 }
 
 // maxSharedHashes bounds the store; a full store is dropped and refilled,

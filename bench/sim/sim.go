@@ -467,6 +467,8 @@ func (c *cluster) loop(w *workload.Workload) error {
 		wr      *workload.Request
 	)
 	tc := newTextCache()
+	hcfg := c.routers[0].router.HashConfig()
+	var parsedNanos int64 // the last parse's wall time
 	bs := c.engines[0].BlockSize()
 	oracle := c.cfg.Policy == "oracle" // reads each request's engine prompt
 	var (
@@ -563,29 +565,44 @@ func (c *cluster) loop(w *workload.Workload) error {
 			desc = appendPromptDesc(desc[:0], wr, bs)
 			pe = sharedHashes.get(desc)
 		}
-		// each message's text once, into the body; the engine prompt is
-		// rendered from the body's spans
-		na = 0
-		tc.record, tc.segs = plain && pe == nil, tc.segs[:0]
-		body, spans = workload.AppendChatBodyContent(body[:0], wr, true, content, spans[:0])
-		tc.record = false
-		// router CPU: what the proxy does per request (parse, hash,
-		// decide), not the simulator's making of the prompt text
-		start := time.Now()
-		if err := p.ParseChat(body, &prompt); err != nil {
-			return fmt.Errorf("sim: request %d: %w", wr.ID, err)
+		// A stored prompt's body parses as it did the first time
+		// (parsedPrompt): its text is neither written nor parsed again,
+		// unless the oracle reads the engine prompt rendered from it.
+		var pp *parsedPrompt
+		if pe != nil && !oracle {
+			pp = pe.parsedFor(hcfg, wr.Model)
 		}
-		req = affinity.Request{Model: prompt.Model, Hashes: prompt.Hashes, PromptTokens: prompt.Tokens,
-			SessionKey: uint64(wr.Client) + 1, Now: a.at}
-		c.res.DecideNanos += time.Since(start).Nanoseconds()
+		if pp != nil {
+			req = affinity.Request{Model: pp.model, Hashes: pp.hashes, PromptTokens: pp.tokens,
+				SessionKey: uint64(wr.Client) + 1, Now: a.at}
+			c.res.DecideNanos += pp.nanos
+		} else {
+			// each message's text once, into the body; the engine prompt is
+			// rendered from the body's spans
+			na = 0
+			tc.record, tc.segs = plain && pe == nil, tc.segs[:0]
+			body, spans = workload.AppendChatBodyContent(body[:0], wr, true, content, spans[:0])
+			tc.record = false
+			// router CPU: what the proxy does per request (parse, hash,
+			// decide), not the simulator's making of the prompt text
+			start := time.Now()
+			if err := p.ParseChat(body, &prompt); err != nil {
+				return fmt.Errorf("sim: request %d: %w", wr.ID, err)
+			}
+			req = affinity.Request{Model: prompt.Model, Hashes: prompt.Hashes, PromptTokens: prompt.Tokens,
+				SessionKey: uint64(wr.Client) + 1, Now: a.at}
+			nanos := time.Since(start).Nanoseconds()
+			c.res.DecideNanos += nanos
+			parsedNanos = nanos
+		}
 		// what the engines will see: their own chat template, rendered from
 		// the body, unless the stored hashes stand for all of it but its
 		// tail and no policy reads it (the oracle does)
-		var prompt []byte
+		var eprompt []byte
 		var promptBytes int
 		var bh []uint64
 		if pe != nil && !oracle {
-			prompt, promptBytes, bh = pe.tail, pe.promptBytes, pe.hashes
+			eprompt, promptBytes, bh = pe.tail, pe.promptBytes, pe.hashes
 		} else {
 			msgs = msgs[:0]
 			for mi, sp := range spans {
@@ -600,13 +617,16 @@ func (c *cluster) loop(w *workload.Workload) error {
 			if pe != nil {
 				bh = pe.hashes
 			}
-			prompt = ep
+			eprompt = ep
+		}
+		if pe != nil && pp == nil && !oracle {
+			pe.keepParsed(hcfg, &prompt, parsedNanos)
 		}
 		k := 0
 		if c.pick != nil {
 			k = c.pick.IntN(len(c.routers))
 		}
-		c.route(k, &req, &d, wr, a.idx, a.at, a.at, prompt, promptBytes, bh, nil)
+		c.route(k, &req, &d, wr, a.idx, a.at, a.at, eprompt, promptBytes, bh, nil)
 	}
 }
 

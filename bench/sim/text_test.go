@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/bench/workload"
 )
@@ -164,6 +165,73 @@ func TestStoredHashesAreTheEngines(t *testing.T) {
 	d[len(d)-1]++
 	if sharedHashes.get(d) != nil {
 		t.Fatal("a different description found stored hashes")
+	}
+}
+
+// TestParsedPromptIsParse: what a run keeps of the router's parse of a
+// stored prompt's body is what ParseChat makes of the body the generator
+// writes, for the router's hash configuration and the request's model; a
+// router with another block size parses for itself (and then keeps its
+// own); a second run decides with the kept parse and gets the first run's
+// outcomes.
+func TestParsedPromptIsParse(t *testing.T) {
+	withTextStore(t, 64<<20)
+	w := smallShared(t, 40)
+	cfg := Config{Replicas: 3, Policy: "cost", Seed: 1, KeepOutcomes: true}
+	first, err := Run(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := affinity.HashConfig{}.WithDefaults()
+	bs := enginesim.DefaultConfig().BlockSize
+	p := affinity.NewParser(hc)
+	var pr affinity.Prompt
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		e := sharedHashes.get(appendPromptDesc(nil, r, bs))
+		if e == nil {
+			t.Fatalf("request %d: nothing stored", i)
+		}
+		pp := e.parsedFor(hc, r.Model)
+		if pp == nil {
+			t.Fatalf("request %d: no parse kept", i)
+		}
+		if err := p.ParseChat(workload.AppendChatBody(nil, r, true), &pr); err != nil {
+			t.Fatal(err)
+		}
+		if string(pp.model) != string(pr.Model) || pp.tokens != pr.Tokens || !slices.Equal(pp.hashes, pr.Hashes) {
+			t.Fatalf("request %d: kept %q, %d tokens, %d hashes; the parse gives %q, %d, %d (or other hashes)",
+				i, pp.model, pp.tokens, len(pp.hashes), pr.Model, pr.Tokens, len(pr.Hashes))
+		}
+		if pp.nanos <= 0 {
+			t.Fatalf("request %d: the parse's time was not kept", i)
+		}
+		if e.parsedFor(affinity.HashConfig{BlockTokens: 32}.WithDefaults(), r.Model) != nil || e.parsedFor(hc, r.Model+"x") != nil {
+			t.Fatalf("request %d: a parse kept for another configuration or model was offered", i)
+		}
+	}
+	second, err := Run(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(first.Outcomes, second.Outcomes) || second.DecideNanos <= 0 {
+		t.Fatal("a run deciding with the kept parses differs from the run that parsed")
+	}
+	// a router hashing 32-token blocks parses again: its decisions differ
+	// from a cold store's run only if the kept parse leaked in
+	c32 := cfg
+	c32.Router.Hash.BlockTokens = 32
+	warm, err := Run(c32, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withTextStore(t, 64<<20)
+	cold, err := Run(c32, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(warm.Outcomes, cold.Outcomes) {
+		t.Fatal("a router with 32-token blocks decided with the 64-token parse")
 	}
 }
 
