@@ -54,9 +54,10 @@ func TestRouterGetsNoEngineGroundTruth(t *testing.T) {
 	}
 }
 
-// TestSignalsAreScrapes: each replica's signals come on its own phase of
-// the scrape interval, every interval, as vLLM's or llama.cpp's /metrics
-// would give them (vLLM: KV capacity from cache_config_info; llama.cpp:
+// TestSignalsAreScrapes: each replica is scraped before the first request
+// is routed (the proxy scrapes a replica as its control loop starts), then
+// on its own phase of the scrape interval, every interval, as vLLM's or
+// llama.cpp's /metrics would give them (vLLM: KV capacity from cache_config_info; llama.cpp:
 // slots from /props, no capacity).
 func TestSignalsAreScrapes(t *testing.T) {
 	w := smallShared(t, 40)
@@ -76,6 +77,10 @@ func TestSignalsAreScrapes(t *testing.T) {
 	}
 	at := make([][]int64, 4)
 	c.onSignals = func(i int, s affinity.EngineSignals) {
+		if len(at[i]) == 0 && (s.At != w.Requests[0].Arrival || c.res.Decisions != 0 || s.Running != 0 || s.Waiting != 0) {
+			t.Errorf("replica %d first scraped at %d after %d decisions (%+v): want at the first arrival, %d, idle, before any decision",
+				i, s.At, c.res.Decisions, s, w.Requests[0].Arrival)
+		}
 		at[i] = append(at[i], s.At)
 		switch {
 		case i < 2 && (s.KVCapacityTokens != engines[i].NumGPUBlocks*engines[i].BlockSize || s.BatchSlots != 0):
@@ -89,9 +94,10 @@ func TestSignalsAreScrapes(t *testing.T) {
 	}
 	phases := map[int64]bool{}
 	for i, ts := range at {
-		if len(ts) < 3 {
+		if len(ts) < 4 {
 			t.Fatalf("replica %d scraped %d times", i, len(ts))
 		}
+		ts = ts[1:] // after the scrape at start, one per interval at the replica's phase
 		for k := 1; k < len(ts); k++ {
 			if ts[k]-ts[k-1] != int64(every) {
 				t.Fatalf("replica %d scrapes at %d then %d: want every %v", i, ts[k-1], ts[k], every)

@@ -510,6 +510,12 @@ func (c *cluster) loop(w *workload.Workload) error {
 	heap.Init(&c.arrivals)
 	// scrapes: replica order[k] at scrapeBase + phase[order[k]]
 	scrapeBase, sk := w.Requests[0].Arrival, 0
+	// The proxy scrapes each replica as its control loop starts, before
+	// it serves (slowpath's runReplica): the routers begin knowing every
+	// engine idle, with its batch slots and KV capacity.
+	for _, i := range c.order {
+		c.scrape(i, scrapeBase)
+	}
 	scrapeAt := func() int64 { return scrapeBase + c.phase[c.order[sk]] }
 	scrape := scrapeAt()
 	obs := observer{c}
