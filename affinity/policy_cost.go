@@ -133,6 +133,9 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		}
 		e := &cs[i]
 		h := v.r.hotOf(id)
+		if !h.slotMeasured() {
+			continue // the wait would be priced on the default slot time
+		}
 		dec := h.slotSecondsAt(float64(max(min(e.busy, int64(n))-1, 0)))
 		var left float64
 		if sh.first == 0 {

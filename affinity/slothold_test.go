@@ -14,8 +14,24 @@ func holdPrompt(user uint64) []uint64 {
 }
 
 // holdFleet is two llama.cpp-like replicas (4 slots, each keeping its own
-// prompt) prefilling 2,000 tokens/s, and a request helper.
+// prompt) prefilling 2,000 tokens/s, each with a measured slot time of 1 s
+// (measureSlots), and a request helper.
 func holdFleet(t *testing.T, cfg Config, model CacheModel) (*Router, [2]ReplicaID, func(user uint64, now int64) *Request) {
+	r, ids, mk := holdFleetUnmeasured(t, cfg, model)
+	measureSlots(r, ids[:], 1)
+	return r, ids, mk
+}
+
+// measureSlots gives replicas ids a measured slot time of d seconds, as
+// their requests' ends would (sampleSlot).
+func measureSlots(r *Router, ids []ReplicaID, d float64) {
+	for _, id := range ids {
+		storeF(&r.hotOf(id).slotSec, d)
+	}
+}
+
+// holdFleetUnmeasured is holdFleet before any slot time is measured.
+func holdFleetUnmeasured(t *testing.T, cfg Config, model CacheModel) (*Router, [2]ReplicaID, func(user uint64, now int64) *Request) {
 	t.Helper()
 	r, err := NewRouter(cfg)
 	if err != nil {
@@ -41,7 +57,19 @@ func holdFleet(t *testing.T, cfg Config, model CacheModel) (*Router, [2]ReplicaI
 // advised to wait for that slot; once the slot frees it goes there and
 // reuses the prompt. Without the hold it is computed a third time.
 func TestHoldForSlotHoldingPrompt(t *testing.T) {
+	t.Run("measured", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, false) })
+	// Before any request has ended there, the slot time the wait would be
+	// priced with is the default, not the engine's: no hold (a cold
+	// router's first burst otherwise held requests for slots it had no
+	// measure of; the simulator's llama.cpp fleets lost 2-8% mean TTFT).
+	t.Run("unmeasured", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, true) })
+}
+
+func testHoldForSlotHoldingPrompt(t *testing.T, unmeasured bool) {
 	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+	if unmeasured {
+		r, ids, mk = holdFleetUnmeasured(t, Config{}, CacheSlots)
+	}
 	const ms = int64(time.Millisecond)
 	var f1, f2 Flight
 	var d Decision
@@ -63,6 +91,12 @@ func TestHoldForSlotHoldingPrompt(t *testing.T) {
 	req = mk(3, 200*ms)
 	if err := r.Decide(req, &d); err != nil {
 		t.Fatal(err)
+	}
+	if d.Hold.Holding() != !unmeasured {
+		t.Fatalf("third request, slot times measured %v: hold %+v", !unmeasured, d.Hold)
+	}
+	if unmeasured {
+		return // no hold priced on the default slot time
 	}
 	if !d.Hold.Holding() || d.Hold.Replica != ids[0] || d.Hold.Owner == 0 {
 		t.Fatalf("third request: ranked %v, hold %+v; want a hold for r0", d.Ranked, d.Hold)

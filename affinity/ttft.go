@@ -204,6 +204,15 @@ func (p *repHot) slotSeconds() float64 {
 	return defaultSlotSeconds
 }
 
+// slotMeasured reports whether slotSeconds comes from measured slot times
+// (the replica's own, its pool's or the fleet's) rather than the default.
+func (p *repHot) slotMeasured() bool {
+	if loadF(&p.slotSec) > 0 || p.fleetPrefill != nil && loadF(&p.fleetPrefill.slotMean) > 0 {
+		return true
+	}
+	return p.fleetSlot != nil && loadF(p.fleetSlot) > 0
+}
+
 // slotSecondsAt is the slot time of a request sharing the engine with x
 // others: D_r times slotGrowth.
 func (p *repHot) slotSecondsAt(x float64) float64 {

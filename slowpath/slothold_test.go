@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -25,7 +26,13 @@ type holdLlama struct {
 	addr    string
 	got     atomic.Int32  // chat requests received
 	release chan struct{} // one answer per value; closed at cleanup
+	// plain makes the next answer one without llama.cpp's timings (no
+	// engine prefill rate for the router to learn from it)
+	plain atomic.Bool
 }
+
+// holdPlainAnswer is an OpenAI chat answer without llama.cpp's timings.
+const holdPlainAnswer = `{"id":"w","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi."},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}`
 
 func startHoldLlama(t *testing.T) *holdLlama {
 	t.Helper()
@@ -38,6 +45,10 @@ func startHoldLlama(t *testing.T) *holdLlama {
 		<-f.release
 		order.Unlock()
 		ctx.SetContentType("application/json")
+		if f.plain.CompareAndSwap(true, false) {
+			ctx.SetBodyString(holdPlainAnswer)
+			return
+		}
 		ctx.SetBody(chat)
 	}).addr
 	// Registered after the server's: runs first, so no answer is left
@@ -55,6 +66,7 @@ type holdRig struct {
 	first   int            // the engine of the first request
 	answers chan holdReply // the first two requests' answers
 	third   net.Conn       // the held request's client connection
+	base    [2]int32       // each engine's requests before the first (a warm-up's)
 	access  string         // the access log
 }
 
@@ -88,9 +100,9 @@ func startHoldRig(t *testing.T) *holdRig {
 			return st.Affinity != nil && st.Affinity.BatchSlots == 2 && st.Affinity.CacheModel == "slots"
 		})
 	}
-	send := func(q string) {
+	sendBody := func(body string) {
 		go func() {
-			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(holdBody(q)))
+			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 			if err != nil {
 				g.answers <- holdReply{0, err.Error()}
 				return
@@ -100,16 +112,37 @@ func startHoldRig(t *testing.T) *holdRig {
 			g.answers <- holdReply{resp.StatusCode, string(b)}
 		}()
 	}
+	send := func(q string) { sendBody(holdBody(q)) }
+	// A request that ends gives the router a measured slot time: holds
+	// are priced on measured ones only. Its answer, after a second, has no
+	// timings: the slot time measured is about a second, and the engines'
+	// prefill stays priced at the configured rate.
+	g.e[0].plain.Store(true)
+	g.e[1].plain.Store(true)
+	sendBody(`{"model":"m","messages":[{"role":"user","content":"Hello?"}]}`)
+	waitFor(t, "the warm-up request at an engine", func() bool { return g.got() == 1 })
+	warm := 0
+	if g.e[1].got.Load() == 1 {
+		warm = 1
+	}
+	time.Sleep(time.Second)
+	g.e[warm].release <- struct{}{}
+	if a := <-g.answers; a.status != http.StatusOK {
+		t.Fatalf("warm-up: %d %s", a.status, a.body)
+	}
+	g.e[1-warm].plain.Store(false)
+	base := [2]int32{g.e[0].got.Load(), g.e[1].got.Load()}
+	gotNew := func() int32 { return g.got() - base[0] - base[1] }
 	// The first two compute the prompt, one on each engine: the second
 	// finds the other engine idle, where computing it is faster than
 	// waiting for the first's slot.
 	send("What is the travel policy?")
-	waitFor(t, "the first request at an engine", func() bool { return g.got() == 1 })
-	if g.e[1].got.Load() == 1 {
+	waitFor(t, "the first request at an engine", func() bool { return gotNew() == 1 })
+	if g.e[1].got.Load() > base[1] {
 		g.first = 1
 	}
 	send("How many holidays do we have?")
-	waitFor(t, "the second request at the other engine", func() bool { return g.e[1-g.first].got.Load() == 1 })
+	waitFor(t, "the second request at the other engine", func() bool { return g.e[1-g.first].got.Load() == base[1-g.first]+1 })
 	// The third waits at the router for the first engine's slot.
 	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
@@ -125,9 +158,10 @@ func startHoldRig(t *testing.T) *holdRig {
 	waitFor(t, "the third request held", func() bool {
 		return replicaStatus(t, g.s, g.e[g.first].addr).Affinity.HeldRequests == 1
 	})
-	if n := g.got(); n != 2 {
+	if n := gotNew(); n != 2 {
 		t.Fatalf("%d requests reached the engines while the third is held, want 2", n)
 	}
+	g.base = base
 	return g
 }
 
@@ -144,8 +178,8 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 	// The first answers: its slot frees with the prompt in it, and the
 	// held request goes there.
 	e[first].release <- struct{}{}
-	waitFor(t, "the held request at the first engine", func() bool { return e[first].got.Load() == 2 })
-	if n := e[1-first].got.Load(); n != 1 {
+	waitFor(t, "the held request at the first engine", func() bool { return e[first].got.Load()-g.base[first] == 2 })
+	if n := e[1-first].got.Load() - g.base[1-first]; n != 1 {
 		t.Fatalf("the other engine got %d requests, want 1", n)
 	}
 	if st := replicaStatus(t, g.s, e[first].addr); st.Affinity.HeldRequests != 0 {
@@ -168,7 +202,7 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 	}
 	// The access log says which request waited, and how long.
 	var held []float64
-	waitFor(t, "3 access log lines", func() bool {
+	waitFor(t, "4 access log lines (the warm-up's too)", func() bool {
 		raw, _ := os.ReadFile(g.access)
 		n := 0
 		held = held[:0]
@@ -181,7 +215,7 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 				}
 			}
 		}
-		return n == 3
+		return n == 4
 	})
 	if len(held) != 1 || held[0] <= 0 {
 		t.Fatalf("held_ms %v in the access log, want one request's", held)
@@ -215,7 +249,7 @@ func TestSlotHoldClientLeaves(t *testing.T) {
 			t.Fatalf("answer %d: %s", a.status, a.body)
 		}
 	}
-	if n := g.got(); n != 2 {
+	if n := g.got() - g.base[0] - g.base[1]; n != 2 {
 		t.Fatalf("%d requests reached the engines, want 2 (the held one's client left)", n)
 	}
 }

@@ -15,11 +15,22 @@ import (
 // from when it reached the engine; runs are deterministic; with
 // routing.slot_hold off nothing is held.
 func TestSlotHoldsInTheSimulator(t *testing.T) {
-	oc := workload.DefaultOneCompany()
-	oc.Requests, oc.Users, oc.BurstSize, oc.RPS, oc.OutputTokens = 64, 16, 8, 2, 32
-	w, err := workload.OneCompany(oc)
-	if err != nil {
-		t.Fatal(err)
+	// A first company's requests, then, once the routers have measured
+	// the engines, a second company's bursts with instructions new to the
+	// fleet (holds are priced on measured slot times only).
+	w := &workload.Workload{Name: "two-companies"}
+	for k, n := range []int{8, 64} {
+		oc := workload.DefaultOneCompany()
+		oc.Requests, oc.Users, oc.BurstSize, oc.RPS, oc.OutputTokens, oc.Seed = n, 16, 8, 2, 32, uint64(k+1)
+		c, err := workload.OneCompany(oc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range c.Requests {
+			r.Arrival += int64(k) * 30e9
+			r.ID = len(w.Requests)
+			w.Requests = append(w.Requests, r)
+		}
 	}
 	eng, err := FleetEngines("llamacpp", 2)
 	if err != nil {
