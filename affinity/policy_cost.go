@@ -119,6 +119,10 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		if cs[i].busy == 0 {
 			continue // no request running there: no busy slot (this router's are in busy)
 		}
+		h := v.r.hotOf(id)
+		if !h.slotMeasured() {
+			continue // the wait would be priced on the default slot time
+		}
 		rp := v.r.reps[id]
 		sc, n := rp.slotModel()
 		if sc == nil {
@@ -132,10 +136,6 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			limit = p.bestEst(v, cs, d, now) * holdShare
 		}
 		e := &cs[i]
-		h := v.r.hotOf(id)
-		if !h.slotMeasured() {
-			continue // the wait would be priced on the default slot time
-		}
 		dec := h.slotSecondsAt(float64(max(min(e.busy, int64(n))-1, 0)))
 		var left float64
 		if sh.first == 0 {

@@ -57,19 +57,31 @@ func holdFleetUnmeasured(t *testing.T, cfg Config, model CacheModel) (*Router, [
 // advised to wait for that slot; once the slot frees it goes there and
 // reuses the prompt. Without the hold it is computed a third time.
 func TestHoldForSlotHoldingPrompt(t *testing.T) {
-	t.Run("measured", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, false) })
-	// Before any request has ended there, the slot time the wait would be
-	// priced with is the default, not the engine's: no hold (a cold
-	// router's first burst otherwise held requests for slots it had no
-	// measure of; the simulator's llama.cpp fleets lost 2-8% mean TTFT).
-	t.Run("unmeasured", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, true) })
+	// A slot time measured on the replica, in its pool (the replicas of
+	// its model) or in the fleet prices the wait.
+	t.Run("measured", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, "own") })
+	t.Run("measured-in-pool", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, "pool") })
+	t.Run("measured-in-fleet", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, "fleet") })
+	// Before any request has ended anywhere, the slot time the wait would
+	// be priced with is the default, not the engines': no hold, since a
+	// cold router's first burst held for slots it had no measure of (the
+	// simulator's llama.cpp fleets lost 2-8% mean TTFT to it).
+	t.Run("unmeasured", func(t *testing.T) { testHoldForSlotHoldingPrompt(t, "") })
 }
 
-func testHoldForSlotHoldingPrompt(t *testing.T, unmeasured bool) {
-	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
-	if unmeasured {
-		r, ids, mk = holdFleetUnmeasured(t, Config{}, CacheSlots)
+// testHoldForSlotHoldingPrompt runs the scenario with the slot time
+// measured where measured says ("own", "pool", "fleet"; "": nowhere).
+func testHoldForSlotHoldingPrompt(t *testing.T, measured string) {
+	r, ids, mk := holdFleetUnmeasured(t, Config{}, CacheSlots)
+	switch measured {
+	case "own":
+		measureSlots(r, ids[:], 1)
+	case "pool":
+		storeF(&r.hotOf(ids[0]).fleetPrefill.slotMean, 1)
+	case "fleet":
+		storeF(r.hotOf(ids[0]).fleetSlot, 1)
 	}
+	unmeasured := measured == ""
 	const ms = int64(time.Millisecond)
 	var f1, f2 Flight
 	var d Decision

@@ -14,7 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -26,13 +25,14 @@ type holdLlama struct {
 	addr    string
 	got     atomic.Int32  // chat requests received
 	release chan struct{} // one answer per value; closed at cleanup
-	// plain makes the next answer one without llama.cpp's timings (no
-	// engine prefill rate for the router to learn from it)
+	// plain makes the next answer holdPlainAnswer
 	plain atomic.Bool
 }
 
-// holdPlainAnswer is an OpenAI chat answer without llama.cpp's timings.
-const holdPlainAnswer = `{"id":"w","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi."},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}`
+// holdPlainAnswer is a chat answer whose llama.cpp timings report a
+// second of decoding and no prompt processing: the router measures a 1 s
+// slot time from it and learns no engine prefill rate.
+const holdPlainAnswer = `{"id":"w","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi."},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6},"timings":{"predicted_n":2,"predicted_ms":1000}}`
 
 func startHoldLlama(t *testing.T) *holdLlama {
 	t.Helper()
@@ -57,9 +57,10 @@ func startHoldLlama(t *testing.T) *holdLlama {
 	return f
 }
 
-// holdRig is two holdLlama engines behind a router, the first two
-// requests of a long company prompt computing it on one each, and a third
-// held at the router for the first engine's slot (startHoldRig).
+// holdRig is two holdLlama engines behind a router that has measured a
+// slot time (a short warm-up request answered), the first two requests of
+// a long company prompt computing it on one engine each, and a third held
+// at the router for the first engine's slot (startHoldRig).
 type holdRig struct {
 	s       *Server
 	e       [2]*holdLlama
@@ -113,10 +114,9 @@ func startHoldRig(t *testing.T) *holdRig {
 		}()
 	}
 	send := func(q string) { sendBody(holdBody(q)) }
-	// A request that ends gives the router a measured slot time: holds
-	// are priced on measured ones only. Its answer, after a second, has no
-	// timings: the slot time measured is about a second, and the engines'
-	// prefill stays priced at the configured rate.
+	// A request that ends gives the router a measured slot time (1 s, from
+	// its answer's timings): holds are priced on measured ones only. The
+	// engines' prefill stays priced at the configured rate.
 	g.e[0].plain.Store(true)
 	g.e[1].plain.Store(true)
 	sendBody(`{"model":"m","messages":[{"role":"user","content":"Hello?"}]}`)
@@ -125,7 +125,6 @@ func startHoldRig(t *testing.T) *holdRig {
 	if g.e[1].got.Load() == 1 {
 		warm = 1
 	}
-	time.Sleep(time.Second)
 	g.e[warm].release <- struct{}{}
 	if a := <-g.answers; a.status != http.StatusOK {
 		t.Fatalf("warm-up: %d %s", a.status, a.body)

@@ -10,8 +10,9 @@
 // caches), its own in-flight counts, first-token and finish events as the
 // proxy sees them with usage in real tokens (a per-request tokenizer
 // density against its bytes/4 estimate), and engine signals (waiting,
-// running, KV usage; vLLM's capacity, llama.cpp's slots) scraped every
-// Config.ScrapeInterval, each replica on its own phase. Fleets
+// running, KV usage; vLLM's capacity, llama.cpp's slots) scraped once
+// before the first request and then every Config.ScrapeInterval, each
+// replica on its own phase. Fleets
 // (FleetEngines, Config.Engines) give replicas their own engine configs:
 // small batches, mixed speeds, no prefix cache, llama.cpp slots.
 //

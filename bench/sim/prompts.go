@@ -48,7 +48,8 @@ type hashEntry struct {
 // takes (its model, block hashes and token estimate) for a request whose
 // body is a pure function of its model and its entry's segments (its
 // max_tokens and stream flag change neither), as ParseChat returned it,
-// and how long that parse took. The parse is the router's own code on the
+// and how long that parse took (one run's wall time, which every later
+// run counts in Result.DecideNanos). The parse is the router's own code on the
 // body it would receive; a suite replays each workload about a hundred
 // times, and this keeps the answer of the first (TestParsedPromptIsParse).
 type parsedPrompt struct {
@@ -76,6 +77,8 @@ func (e *hashEntry) keepParsed(cfg affinity.HashConfig, pr *affinity.Prompt, nan
 
 // maxSharedHashes bounds the store; a full store is dropped and refilled,
 // as sharedText. The benchmark's long-prompt traces need 6-32 MiB each.
+// The routers' kept parses (hashEntry.parsed) are not counted: about a
+// quarter more (a router block is 64 tokens, an engine's 16).
 const maxSharedHashes = 256 << 20
 
 var sharedHashes = newHashStore(maxSharedHashes)

@@ -47,8 +47,10 @@ type Config struct {
 	// ScrapeInterval is how often the router reads each engine's signals
 	// (waiting, running, KV usage ratio; llama.cpp's slots), as the proxy
 	// scrapes /metrics. 0 means 1s, the proxy's default (slowpath
-	// scrape.interval). Each replica is scraped at its own phase of the
-	// interval, so its signals are up to one interval stale.
+	// scrape.interval). Each replica is scraped once before the first
+	// request, as the proxy scrapes a replica when its control loop
+	// starts, then at its own phase of the interval, so its signals are up
+	// to one interval stale.
 	ScrapeInterval time.Duration
 	// Seed seeds the router's tie-breaking and random policies.
 	Seed uint64
@@ -156,8 +158,11 @@ type Result struct {
 	Decisions      int
 	// Holds is how many times a router held a request for a busy batch
 	// slot (affinity.HoldAdvice); a request may be held more than once.
-	Holds       int   `json:",omitempty"`
-	DecideNanos int64 // wall time spent in the router: parse+hash+decide (not the simulator's prompt text)
+	Holds int `json:",omitempty"`
+	// DecideNanos is wall time spent in the router: parse+hash+decide (not
+	// the simulator's prompt text). A stored prompt's parse counts the time
+	// its kept parse took when it ran (parsedPrompt), once per arrival.
+	DecideNanos int64
 	// Scale-out (Config.Routers > 1 with Sync): peer messages (one per
 	// router call that produced updates) and updates applied, summed over
 	// receiving routers, and the wall time spent applying them.
@@ -510,9 +515,10 @@ func (c *cluster) loop(w *workload.Workload) error {
 	heap.Init(&c.arrivals)
 	// scrapes: replica order[k] at scrapeBase + phase[order[k]]
 	scrapeBase, sk := w.Requests[0].Arrival, 0
-	// The proxy scrapes each replica as its control loop starts, before
-	// it serves (slowpath's runReplica): the routers begin knowing every
-	// engine idle, with its batch slots and KV capacity.
+	// The proxy scrapes each replica as its control loop starts, right
+	// after its first health check (slowpath's runReplica): a fleet's
+	// routers are up before its traffic and begin knowing every engine
+	// idle, with its batch slots and KV capacity.
 	for _, i := range c.order {
 		c.scrape(i, scrapeBase)
 	}
@@ -704,7 +710,7 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 		if h == nil {
 			h = &heldReq{wr: wr, idx: idx, arrived: arrived, prompt: slices.Clone(prompt), promptBytes: promptBytes, bh: bh}
 			h.req = *req
-			h.req.Model = slices.Clone(req.Model) // the parser's scratch
+			h.req.Model = slices.Clone(req.Model) // the parser's scratch or a shared kept parse
 			h.req.Hashes = slices.Clone(req.Hashes)
 		} else {
 			h.req.NoHold, h.req.HoldSince = req.NoHold, req.HoldSince

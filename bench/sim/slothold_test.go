@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"reflect"
 	"slices"
 	"testing"
@@ -28,9 +29,12 @@ func TestSlotHoldsInTheSimulator(t *testing.T) {
 		}
 		for _, r := range c.Requests {
 			r.Arrival += int64(k) * 30e9
-			r.ID = len(w.Requests)
 			w.Requests = append(w.Requests, r)
 		}
+	}
+	slices.SortStableFunc(w.Requests, func(a, b workload.Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	for i := range w.Requests {
+		w.Requests[i].ID = i
 	}
 	eng, err := FleetEngines("llamacpp", 2)
 	if err != nil {

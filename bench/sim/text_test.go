@@ -214,8 +214,15 @@ func TestParsedPromptIsParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(first.Outcomes, second.Outcomes) || second.DecideNanos <= 0 {
+	if !reflect.DeepEqual(first.Outcomes, second.Outcomes) {
 		t.Fatal("a run deciding with the kept parses differs from the run that parsed")
+	}
+	var parsed int64
+	for i := range w.Requests {
+		parsed += sharedHashes.get(appendPromptDesc(nil, &w.Requests[i], bs)).parsedFor(hc, w.Requests[i].Model).nanos
+	}
+	if second.DecideNanos < parsed {
+		t.Fatalf("router CPU %d ns with the kept parses, less than their parse times (%d ns)", second.DecideNanos, parsed)
 	}
 	// a router hashing 32-token blocks parses again: its decisions differ
 	// from a cold store's run only if the kept parse leaked in
@@ -224,6 +231,9 @@ func TestParsedPromptIsParse(t *testing.T) {
 	warm, err := Run(c32, w)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sharedHashes.get(appendPromptDesc(nil, &w.Requests[0], bs)).parsedFor(c32.Router.Hash.WithDefaults(), w.Requests[0].Model) == nil {
+		t.Fatal("the 32-token router's parse was not kept")
 	}
 	withTextStore(t, 64<<20)
 	cold, err := Run(c32, w)
