@@ -121,6 +121,10 @@ type Request struct {
 	// the same clock as Now: a request is held at most Config.SlotHold in
 	// all.
 	HoldSince int64
+	// HeldFor is what the request's first hold promised (that advice's
+	// HoldAdvice.Shared), set with HoldSince: the request's End compares
+	// the tokens the engine reused with it (CostPolicy.hold).
+	HeldFor int
 }
 
 // HoldAdvice is the cost policy's advice to wait before beginning: on an
@@ -143,6 +147,9 @@ type HoldAdvice struct {
 	Owner uint64
 	Wait  float64 // predicted seconds until the request could begin there
 	Until int64   // give up waiting then (Request.Now's clock)
+	// Shared is the prompt tokens the slot's prompt shares with the
+	// request: what waiting promises it reuses (Request.HeldFor).
+	Shared int
 	gen   uint32  // the replica's generation (IDs are reused)
 }
 
@@ -197,6 +204,7 @@ type Flight struct {
 	buffered   bool    // Request.Buffered: no rate sample at FirstToken
 	cont       bool    // the replica's held prefix ended at a finished request's tail
 	slotSeq    uint64  // the flight's number in the replica's slot model; 0 = none
+	heldFor    int32   // Request.HeldFor of a held request, 0 otherwise
 	ram        ramUse  // what the slot model expected the engine to load from its RAM cache
 	pendSeq    uint64  // the flight's number in the replica's pendQ
 	begunAt    int64   // the replica's begun prefill tokens after this one's (replica.begun)

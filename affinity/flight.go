@@ -78,6 +78,9 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]
 	}
+	if req.HoldSince != 0 && req.HeldFor > 0 {
+		f.heldFor = int32(min(req.HeldFor, 1<<30))
+	}
 	f.cont = cont
 	if cont {
 		// A finished request's tail continues once: a conversation's next
@@ -262,6 +265,9 @@ func (r *Router) EndWith(f *Flight, now int64, o Outcome) {
 	p.slotc.end(f.slotSeq)
 	if ok {
 		p.slotc.learnRAM(f.ram, cachedTokens, r.bt)
+	}
+	if ok && cachedTokens >= 0 && f.heldFor > 0 {
+		p.sampleHoldKept(cachedTokens, int(f.heldFor))
 	}
 	if f.decoding {
 		p.decStart.Add(-(f.FirstTokenAt - p.pendBase.Load()))

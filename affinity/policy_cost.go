@@ -144,13 +144,17 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			left = max(dec-float64(now-sh.first)/1e9, dec/8)
 		}
 		wait := left + float64(max(rp.holds.Load(), 0))*(e.over+dec)
-		unc := max(t-h.confidence()*min(float64(sh.shared)*bt, t), 0)
+		// The promise as far as held requests ending on this replica found
+		// it kept, the rest what the request would reuse anyway.
+		promised := min(float64(sh.shared)*bt, t)
+		reuse := most + rp.holdKeptShare()*max(promised-most, 0)
+		unc := max(t-h.confidence()*reuse, 0)
 		est := max(wait, e.qinv) + e.over + unc*e.inv + e.pen
 		if est > limit {
 			continue
 		}
 		limit = est
-		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), gen: rp.gen}
+		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), Shared: int(promised), gen: rp.gen}
 	}
 	if !best.Holding() {
 		return

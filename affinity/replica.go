@@ -88,7 +88,34 @@ type replica struct {
 	// holds counts the requests callers hold for one of the replica's
 	// busy slots (Router.Hold): each takes the slot before a later one.
 	holds atomic.Int32
+	// holdKept is the share of a hold's promise (Request.HeldFor) that
+	// held requests ending here reused (float64 bits, an EWMA; 0 bits:
+	// none ended yet, read as 1).
+	holdKept atomic.Uint64
 }
+
+// holdKeptShare is holdKept, 1 before any held request ended here.
+func (p *replica) holdKeptShare() float64 {
+	if b := p.holdKept.Load(); b != 0 {
+		return math.Float64frombits(b)
+	}
+	return 1
+}
+
+// sampleHoldKept takes a held request's end: it reused cached tokens of
+// the promised ones.
+func (p *replica) sampleHoldKept(cached, promised int) {
+	x := min(float64(max(cached, 0))/float64(promised), 1)
+	if p.holdKept.Load() == 0 {
+		storeF(&p.holdKept, max(x, 1e-9)) // nonzero bits: a sample
+		return
+	}
+	ewma(&p.holdKept, max(x, 1e-9), holdKeptWeight)
+}
+
+// holdKeptWeight is holdKept's EWMA weight: about the last five held
+// requests.
+const holdKeptWeight = 0.2
 
 // updateSlotMode sets p.slotMode and p.noCache from its spec and signals,
 // keeping the Router's counts of replicas in each mode.

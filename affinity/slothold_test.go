@@ -166,6 +166,59 @@ func testHoldForSlotHoldingPrompt(t *testing.T, measured string) {
 	}
 }
 
+// TestHoldPromiseKept: a hold promises the busy slot's shared prompt
+// (HoldAdvice.Shared); held requests that then reuse only a little of it
+// (llama.cpp gave them another slot, or the prompt was gone) make the next
+// hold on that replica priced at what they did reuse, and the same
+// situation no longer advises waiting; held requests that reuse it all
+// leave the advice as it was.
+func TestHoldPromiseKept(t *testing.T) {
+	for _, kept := range []bool{true, false} {
+		r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+		var f1, f2 Flight
+		var d Decision
+		r.Begin(ids[0], mk(1, 0), nil, &f1)
+		r.Begin(ids[1], mk(2, 0), nil, &f2)
+		req := mk(3, 2e8)
+		if err := r.Decide(req, &d); err != nil || !d.Hold.Holding() {
+			t.Fatalf("no hold advised: %v %+v", err, d.Hold)
+		}
+		promised := d.Hold.Shared
+		if promised != holdSysBlocks*r.bt {
+			t.Fatalf("hold promises %d tokens, want the shared instructions' %d", promised, holdSysBlocks*r.bt)
+		}
+		// Five held requests end on a replica, each having reused all of
+		// the promise or a tenth of it.
+		endHeld := func(id ReplicaID) {
+			for i := range 5 {
+				other := &Request{Model: []byte("m"), Hashes: chainOf(0xbeef, uint64(i)<<8|uint64(id), 4, 4), PromptTokens: 4 * r.bt, Now: 2e8,
+					HoldSince: 1e8, HeldFor: promised}
+				var f Flight
+				r.Begin(id, other, nil, &f)
+				cached := promised / 10
+				if kept {
+					cached = promised
+				}
+				r.EndWith(&f, 2e8, Outcome{OK: true, CachedTokens: cached})
+			}
+		}
+		endHeld(ids[0])
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if kept && !d.Hold.Holding() || !kept && d.Hold.Holding() && d.Hold.Replica == ids[0] {
+			t.Fatalf("held requests on r0 reused all of the promise %v: hold %+v", kept, d.Hold)
+		}
+		endHeld(ids[1])
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Hold.Holding() != kept {
+			t.Fatalf("held requests on both reused all of the promise %v: hold %+v", kept, d.Hold)
+		}
+	}
+}
+
 // TestHoldCountsItsReplicaOnly: a hold counted on a replica that is
 // removed, its ID given to a new one, does not count on the new one.
 func TestHoldCountsItsReplicaOnly(t *testing.T) {

@@ -98,7 +98,7 @@ func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity
 	}
 	*held = h
 	if ex.req.HoldSince == 0 {
-		ex.req.HoldSince = now
+		ex.req.HoldSince, ex.req.HeldFor = now, h.Shared
 	}
 	s.brain.Hold(h, 1)
 	w := s.sleepHeld(ctx, c, h.Until)

@@ -263,7 +263,7 @@ func (s *Server) rank(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	}
 	// A pinned request goes to its pin whatever the ranking: it does not
 	// wait for another replica's slot.
-	ex.req.NoHold, ex.req.HoldSince = pin != nil, 0
+	ex.req.NoHold, ex.req.HoldSince, ex.req.HeldFor = pin != nil, 0, 0
 	if !s.decide(ctx, ex) {
 		return false
 	}

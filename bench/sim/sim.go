@@ -701,7 +701,7 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 			d.Hold.Continues(h.adv)
 		}
 		if req.HoldSince == 0 {
-			req.HoldSince = now
+			req.HoldSince, req.HeldFor = now, d.Hold.Shared
 		}
 		if d.Hold.Until <= now {
 			req.NoHold = true
@@ -713,7 +713,7 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 			h.req.Model = slices.Clone(req.Model) // the parser's scratch or a shared kept parse
 			h.req.Hashes = slices.Clone(req.Hashes)
 		} else {
-			h.req.NoHold, h.req.HoldSince = req.NoHold, req.HoldSince
+			h.req.NoHold, h.req.HoldSince, h.req.HeldFor = req.NoHold, req.HoldSince, req.HeldFor
 		}
 		h.adv = d.Hold
 		in.router.Hold(d.Hold, 1)
