@@ -150,7 +150,7 @@ type HoldAdvice struct {
 	// Shared is the prompt tokens the slot's prompt shares with the
 	// request: what waiting promises it reuses (Request.HeldFor).
 	Shared int
-	gen   uint32  // the replica's generation (IDs are reused)
+	gen    uint32 // the replica's generation (IDs are reused)
 }
 
 // Holding reports whether the advice is to wait.
