@@ -92,7 +92,10 @@ const (
 //	hold_r = max(wait_r, Q_r / P_r) + O_r + (T - c_r H_r) / P_r + the load penalty
 //	wait_r = left_r + K_r (O_r + D_r(min(B_r, S_r) - 1))
 //
-// H_r the blocks the busy slot's prompt shares with the request, left_r
+// H_r the blocks the busy slot's prompt shares with the request (the
+// promise, HoldAdvice.Shared; priced as what the request would reuse
+// anyway plus replica.holdKeptShare of the rest: the share of their
+// promise that held requests ending there reused), left_r
 // the time until its request ends (the rest of its predicted TTFT, then
 // the slot time D_r; after its first token D_r less what it decoded, at
 // least D_r / 8), K_r the requests already held for the replica, each of
