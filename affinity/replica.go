@@ -105,11 +105,9 @@ func (p *replica) holdKeptShare() float64 {
 // sampleHoldKept takes a held request's end: it reused cached tokens of
 // the promised ones.
 func (p *replica) sampleHoldKept(cached, promised int) {
+	// ewma takes a zero value for no sample yet: a share kept is at least
+	// 1e-9, so the first sample is stored as it is and zero means none.
 	x := min(float64(max(cached, 0))/float64(promised), 1)
-	if p.holdKept.Load() == 0 {
-		storeF(&p.holdKept, max(x, 1e-9)) // nonzero bits: a sample
-		return
-	}
 	ewma(&p.holdKept, max(x, 1e-9), holdKeptWeight)
 }
 
