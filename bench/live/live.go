@@ -52,7 +52,7 @@ type Options struct {
 	// requests per second (2.5, 5 / 4).
 	LlamaRPS []float64
 	// TimeScale is the engines' --time-scale: wall time per model second
-	// (0.1 / 0.05). Routing latencies are reported in model seconds.
+	// (0.5 / 0.05). Routing latencies are reported in model seconds.
 	TimeScale float64
 	// Seed seeds the workloads, the engines (engine i gets Seed+i) and
 	// warmpath's tie-breaking (1).
@@ -186,7 +186,12 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	if o.TimeScale <= 0 {
-		o.TimeScale = 0.1
+		// Twice life's pace. At 0.1 the engines, the load generator and
+		// the router ran ten times their real rate on the bench's two
+		// cores and the CPU contention decided points: warmpath's and
+		// nginx's round-robins, which route alike, were up to 2x apart in
+		// a round (bench/README.md, Rounds).
+		o.TimeScale = 0.5
 		if o.Smoke {
 			o.TimeScale = 0.05
 		}

@@ -125,12 +125,20 @@ func runLive(ctx context.Context, args []string, e env) error {
 	routerLogs := fs.String("router-logs", "", "`folder` for every warmpath routing row's access log (JSON lines with the router's predictions) and final /debug/replicas; \"\" = none")
 	warmup := fs.Int("warmup", 0, "`requests` each routing row sends first (the same workload with another seed, not counted), so engines' caches and the router's learned models are warm (0 = none)")
 	learnWaits := fs.Bool("learn-slot-waits", false, "set routing.learn_slot_waits for the llama.cpp fleets' routers (off: every router runs the defaults)")
-	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.1; --smoke: 0.05; the tenants scenario keeps its own 0.5): larger runs slower and makes the router's own latency a smaller share of a model second")
+	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.5; --smoke: 0.05; the tenants scenario keeps its own 0.5): larger runs slower and makes the router's own latency a smaller share of a model second")
+	rerender := fs.String("rerender", "", "rewrite the report beside a results `file` (NAME.json to NAME.md) with this build's report format, running nothing")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("live: unexpected argument %q", fs.Arg(0))
+	}
+	if *rerender != "" {
+		if err := live.Rerender(*rerender); err != nil {
+			return fmt.Errorf("live: --rerender: %w", err)
+		}
+		fmt.Fprintf(e.stdout, "report: %s.md\n", strings.TrimSuffix(*rerender, ".json"))
+		return nil
 	}
 	if *routingRounds < 0 {
 		return fmt.Errorf("live: --routing-rounds: must be >= 0, got %d", *routingRounds)

@@ -95,6 +95,8 @@ func TestParseFleets(t *testing.T) {
 		{"--workloads one-company,nope", `--workloads: unknown workload "nope" (have shared-prefix,`},
 		{"--time-scale -1", `--time-scale: must be a number >= 0, got -1`},
 		{"--time-scale NaN", `--time-scale: must be a number >= 0, got NaN`},
+		{"--rerender live.md", `--rerender: rerender live.md: want a results file ending in .json`},
+		{"--rerender /nonexistent/live.json", `--rerender: rerender: open /nonexistent/live.json: no such file`},
 	} {
 		err := run(context.Background(), append(append([]string{"live"}, strings.Fields(tc.args)...), "--out", t.TempDir()), env{stdout: &out, stderr: &errb})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
