@@ -64,6 +64,9 @@ func Rerender(jsonPath string) error {
 	if err := json.Unmarshal(js, &r); err != nil {
 		return fmt.Errorf("rerender %s: %w", jsonPath, err)
 	}
+	if r.Started.IsZero() {
+		return fmt.Errorf("rerender %s: not the results of a live bench run (no start time)", jsonPath)
+	}
 	md, err := os.Create(base + ".md")
 	if err != nil {
 		return fmt.Errorf("rerender: %w", err)

@@ -86,7 +86,12 @@ func TestParseFleets(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `--fleets: unknown fleet "nope"`) {
 		t.Fatalf("err = %v", err)
 	}
-	// So do a bad --policies and --routing-rounds.
+	// So do a bad --policies and --routing-rounds, and --rerender of what
+	// is not a live bench's results file (a simulator one here).
+	other := filepath.Join(t.TempDir(), "results.json")
+	if err := os.WriteFile(other, []byte(`{"points": []}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ args, want string }{
 		{"--policies cost,nope", `--policies: unknown policy "nope" (have cost,`},
 		{"--policies cost,cost", `--policies: policy "cost" twice`},
@@ -97,6 +102,7 @@ func TestParseFleets(t *testing.T) {
 		{"--time-scale NaN", `--time-scale: must be a number >= 0, got NaN`},
 		{"--rerender live.md", `--rerender: rerender live.md: want a results file ending in .json`},
 		{"--rerender /nonexistent/live.json", `--rerender: rerender: open /nonexistent/live.json: no such file`},
+		{"--rerender " + other, `--rerender: rerender ` + other + `: not the results of a live bench run`},
 	} {
 		err := run(context.Background(), append(append([]string{"live"}, strings.Fields(tc.args)...), "--out", t.TempDir()), env{stdout: &out, stderr: &errb})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
