@@ -167,6 +167,16 @@ func (h *HoldAdvice) Continues(prev HoldAdvice) bool {
 	return true
 }
 
+// Hold records that the request is held on advice h at now: its first
+// hold sets HoldSince and HeldFor (that hold's promise); later ones keep
+// them, so a request is held at most Config.SlotHold in all and its End
+// is judged against what it was first promised.
+func (r *Request) Hold(h HoldAdvice, now int64) {
+	if r.HoldSince == 0 {
+		r.HoldSince, r.HeldFor = now, h.Shared
+	}
+}
+
 // Decision is a policy's ranked answer. Reused by the caller; Ranked's
 // backing array is kept between calls. It also carries the per-caller scratch
 // Decide needs (so Decide allocates nothing): use one Decision per goroutine.

@@ -97,9 +97,7 @@ func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity
 		h = n
 	}
 	*held = h
-	if ex.req.HoldSince == 0 {
-		ex.req.HoldSince, ex.req.HeldFor = now, h.Shared
-	}
+	ex.req.Hold(h, now)
 	s.brain.Hold(h, 1)
 	w := s.sleepHeld(ctx, c, h.Until)
 	s.brain.Hold(h, -1)

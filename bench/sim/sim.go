@@ -700,9 +700,7 @@ func (c *cluster) route(k int, req *affinity.Request, d *affinity.Decision, wr *
 		if h != nil {
 			d.Hold.Continues(h.adv)
 		}
-		if req.HoldSince == 0 {
-			req.HoldSince, req.HeldFor = now, d.Hold.Shared
-		}
+		req.Hold(d.Hold, now)
 		if d.Hold.Until <= now {
 			req.NoHold = true
 			continue
