@@ -24,6 +24,7 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 	queue := s.conf().Limits.OnLimit == OnLimitQueue
 	deadline := s.epoch.Add(time.Duration(ex.start) + s.conf().Limits.QueueTimeout)
 	var held affinity.HoldAdvice
+	raced := 0
 	for {
 		var c chan struct{}
 		if queue {
@@ -55,6 +56,14 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			}
 		} else if queue {
 			s.freed.done()
+			// None at its limit now, yet Decide found none eligible: a
+			// slot freed between the two looks. Decide again rather than
+			// answer that no replica is healthy (bounded: a policy that
+			// ranks nothing among eligible replicas must not spin).
+			if full && raced < 3 && s.anyEligible(ex.model) {
+				raced++
+				continue
+			}
 		}
 		s.rejectUndecided(ctx, ex, err, full)
 		return false
@@ -186,6 +195,17 @@ func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err err
 func (s *Server) anyFull(model []byte) bool {
 	for _, r := range *s.table.Load() {
 		if r != nil && r.serves(model) && r.isHealthy() && r.full() {
+			return true
+		}
+	}
+	return false
+}
+
+// anyEligible reports whether a replica serving model may be ranked now
+// (healthy, not draining, below its limit).
+func (s *Server) anyEligible(model []byte) bool {
+	for _, r := range *s.table.Load() {
+		if r != nil && !r.removed.Load() && r.serves(model) && r.rt.Eligible(r.id) {
 			return true
 		}
 	}

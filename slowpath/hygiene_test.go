@@ -210,22 +210,27 @@ func TestConnCapMeetsOnLimit(t *testing.T) {
 				}
 				return
 			}
-			got := make(chan int, 1)
+			type answer struct {
+				status int
+				body   string
+			}
+			got := make(chan answer, 1)
 			go func() {
 				resp, err := testClient.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
 				if err != nil {
-					got <- -1
+					got <- answer{-1, err.Error()}
 					return
 				}
+				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				got <- resp.StatusCode
+				got <- answer{resp.StatusCode, string(b)}
 			}()
 			e.open() // the held streams finish, their connections free up
 			for _, r := range held {
 				_, _ = io.Copy(io.Discard, r.Body)
 			}
-			if st := <-got; st != 200 {
-				t.Fatalf("queued request: %d, want 200", st)
+			if a := <-got; a.status != 200 {
+				t.Fatalf("queued request: %d %s, want 200", a.status, a.body)
 			}
 		})
 	}
