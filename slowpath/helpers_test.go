@@ -204,7 +204,10 @@ func startRouter(t testing.TB, s *Server) string {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Past fasthttp's 5 s grace for a connection that has sent no
+		// request yet (as net/http's): the Go client may leave one it
+		// dialed while the request it was for went out on another.
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
 		if err := s.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
