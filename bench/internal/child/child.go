@@ -16,6 +16,11 @@ import (
 // group). Set it before starting anything and clear it after.
 var OnStart func(pid int)
 
+// OnBindRetry, when set (tests), is called each time RetryBind starts again
+// after a child lost its port: that child was started and told to OnStart,
+// and another takes its place. Set and cleared like OnStart.
+var OnBindRetry func()
+
 // Proc is one child process in its own process group; Stop kills the group.
 // Safe for concurrent use.
 type Proc struct {
@@ -131,7 +136,10 @@ func FreeAddr() (string, error) {
 // machine (a parallel test, a client's ephemeral port) can take it.
 func RetryBind(start func() error) error {
 	var err error
-	for range 3 {
+	for i := range 3 {
+		if i > 0 && OnBindRetry != nil {
+			OnBindRetry()
+		}
 		if err = start(); !BindLost(err) {
 			return err
 		}
