@@ -54,12 +54,14 @@ func (s *Server) decide(ctx *fasthttp.RequestCtx, ex *exchange) bool {
 			if s.freed.sleep(c, deadline) {
 				continue
 			}
-		} else if queue {
-			s.freed.done()
-			// None at its limit now, yet Decide found none eligible: a
-			// slot freed between the two looks. Decide again rather than
-			// answer that no replica is healthy (bounded: a policy that
-			// ranks nothing among eligible replicas must not spin).
+		} else {
+			if queue {
+				s.freed.done()
+			}
+			// Decide found none eligible, yet one is now: a slot freed
+			// between the two looks. Decide again rather than answer 429
+			// or that no replica is healthy (bounded: a policy that ranks
+			// nothing among eligible replicas must not spin).
 			if full && raced < 3 && s.anyEligible(ex.model) {
 				raced++
 				continue
