@@ -508,7 +508,7 @@ func TestE2EFastPath(t *testing.T) {
 				}
 				continue
 			}
-			delta := func(k fastpath.CounterKind) uint64 { return c1.Global[k].Packets - c0.Global[k].Packets }
+			delta := func(kind fastpath.CounterKind) uint64 { return c1.Global[kind].Packets - c0.Global[kind].Packets }
 			if d := b.slowpathRequests() - slow0; d != 0 {
 				t.Errorf("follow-up %d: the slowpath saw %v requests (entry %+v; new flows steered +%d, local +%d, stale affinity +%d, sampled +%d)",
 					i, d, before, delta(fastpath.FlowNewSteer), delta(fastpath.FlowNewLocal), delta(fastpath.AffinityStale), delta(fastpath.Sampled))
