@@ -49,6 +49,10 @@ type accessLine struct {
 	predTTFT   time.Duration
 	busy       int
 	held       time.Duration // waited at the router for a busy slot; 0 = not held
+	// The slot holds slept through, the last one's replica and end
+	// (RoutedEvent.Holds, HeldOn, HoldEnd); holds 0 = none.
+	holds           int
+	heldOn, holdEnd string
 	// The engine's reported prefill (RoutedEvent.EnginePrefillTokens and
 	// EnginePrefillSeconds); engPrefill 0 = not reported.
 	engTokens  int
@@ -101,7 +105,8 @@ func (a *accessLog) routed(ev *RoutedEvent) {
 	l := accessLine{at: time.Now(), client: ev.Client, model: string(ev.Model), replica: ev.Replica, status: ev.Status,
 		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens,
 		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart,
-		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9), held: time.Duration(ev.Held)}
+		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9), held: time.Duration(ev.Held),
+		holds: ev.Holds, heldOn: ev.HeldOn, holdEnd: ev.HoldEnd}
 	if ev.FirstToken > 0 {
 		l.ttft = time.Duration(ev.FirstToken - ev.Arrival)
 	}
@@ -166,6 +171,9 @@ func (a *accessLog) line(l *accessLine) {
 	}
 	if l.held > 0 {
 		attrs = append(attrs, slog.Float64("held_ms", ms(l.held)))
+	}
+	if l.holds > 0 {
+		attrs = append(attrs, slog.Int("holds", l.holds), slog.String("held_on", l.heldOn), slog.String("hold_end", l.holdEnd))
 	}
 	if l.engPrefill > 0 {
 		attrs = append(attrs, slog.Int("engine_prefill_tokens", l.engTokens), slog.Float64("engine_prefill_ms", ms(l.engPrefill)))

@@ -112,6 +112,8 @@ func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity
 	s.brain.Hold(h, 1)
 	w := s.sleepHeld(ctx, c, h.Until)
 	s.brain.Hold(h, -1)
+	ex.holds++
+	ex.holdRep, ex.holdEnd = h.Replica, w
 	s.m.holds.WithLabelValues(w.String()).Inc()
 	switch w {
 	case heldGone:
@@ -602,11 +604,18 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			End:                   now,
 			Arrival:               ex.start,
 			Held:                  ex.held(),
+			Holds:                 int(ex.holds),
 			FirstToken:            ex.firstAt,
 			ReportedPromptTokens:  ex.promptRep,
 			OutputTokens:          ex.outTok,
 			EnginePrefillTokens:   o.PrefillTokens,
 			EnginePrefillSeconds:  o.PrefillSeconds,
+		}
+		if ex.holds > 0 {
+			ex.ev.HoldEnd = ex.holdEnd.String()
+			if t := *s.table.Load(); int(ex.holdRep) >= 0 && int(ex.holdRep) < len(t) && t[ex.holdRep] != nil {
+				ex.ev.HeldOn = t[ex.holdRep].name
+			}
 		}
 		if obs != nil {
 			obs.ObserveRouted(&ex.ev)

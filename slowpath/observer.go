@@ -47,6 +47,15 @@ type RoutedEvent struct {
 	// router, the network).
 	EnginePrefillTokens  int
 	EnginePrefillSeconds float64
+	// Holds is how many slot holds the request slept through before its
+	// decision (woken by a request ending, decided again, held again);
+	// HeldOn and HoldEnd are the last one's replica and how it ended
+	// ("woken": a request ended somewhere; "expired": the advised wait
+	// passed). A request whose Replica is not HeldOn did not get the
+	// slot it waited for. Empty when Holds is 0.
+	Holds   int
+	HeldOn  string
+	HoldEnd string
 }
 
 // FirstBlock is Hashes[0], or 0 without a prompt (embeddings).

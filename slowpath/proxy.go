@@ -94,6 +94,11 @@ type exchange struct {
 	start   int64 // s.now() at arrival
 	client  netip.AddrPort
 	ev      RoutedEvent
+	// holds: the slot holds ex slept through; holdRep and holdEnd: the
+	// last one's replica and how it ended (holdSlot; the access log).
+	holds   int32
+	holdRep affinity.ReplicaID
+	holdEnd heldWake
 
 	// streaming state
 	uresp     *fasthttp.Response
@@ -128,6 +133,7 @@ func (s *Server) getExchange() *exchange {
 	ex.cached = -1
 	ex.ten.reset()
 	ex.firstAt, ex.promptRep, ex.outTok = 0, -1, -1
+	ex.holds = 0
 	ex.timings = affinity.Outcome{}
 	ex.closed = false
 	ex.gotFirst = false

@@ -199,8 +199,9 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("held request: status %d", resp.StatusCode)
 	}
-	// The access log says which request waited, and how long.
-	var held []float64
+	// The access log says which request waited, how long, for which
+	// replica and how the wait ended; the others carry no hold fields.
+	var held []map[string]any
 	waitFor(t, "4 access log lines (the warm-up's too)", func() bool {
 		raw, _ := os.ReadFile(g.access)
 		n := 0
@@ -209,15 +210,21 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 			var m map[string]any
 			if json.Unmarshal(l, &m) == nil && m["msg"] == "request" {
 				n++
-				if h, ok := m["held_ms"].(float64); ok {
-					held = append(held, h)
+				_, ms := m["held_ms"]
+				_, on := m["held_on"]
+				if ms || on {
+					held = append(held, m)
 				}
 			}
 		}
 		return n == 4
 	})
-	if len(held) != 1 || held[0] <= 0 {
-		t.Fatalf("held_ms %v in the access log, want one request's", held)
+	if len(held) != 1 {
+		t.Fatalf("%d access log lines with hold fields, want the held request's: %v", len(held), held)
+	}
+	if h := held[0]; !(h["held_ms"].(float64) > 0) || h["holds"] != 1.0 || h["held_on"] != e[first].addr ||
+		h["hold_end"] != "woken" || h["replica"] != e[first].addr {
+		t.Fatalf("held request's line %v: want held_ms > 0, 1 hold on %s ended woken, served there", h, e[first].addr)
 	}
 	m := scrapeMetrics(t, g.s)
 	if !strings.Contains(m, `warmpath_slowpath_slot_holds_total{outcome="woken"} 1`) {
