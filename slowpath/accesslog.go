@@ -49,9 +49,10 @@ type accessLine struct {
 	predTTFT   time.Duration
 	busy       int
 	held       time.Duration // waited at the router for a busy slot; 0 = not held
-	// The slot holds slept through, the last one's replica and end
-	// (RoutedEvent.Holds, HeldOn, HoldEnd); holds 0 = none.
-	holds           int
+	// The slot holds slept through, the last one's replica, end and
+	// promise (RoutedEvent.Holds, HeldOn, HoldEnd, HoldPromised); holds 0
+	// = none.
+	holds, promised int
 	heldOn, holdEnd string
 	// The engine's reported prefill (RoutedEvent.EnginePrefillTokens and
 	// EnginePrefillSeconds); engPrefill 0 = not reported.
@@ -106,7 +107,7 @@ func (a *accessLog) routed(ev *RoutedEvent) {
 		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens,
 		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart,
 		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9), held: time.Duration(ev.Held),
-		holds: ev.Holds, heldOn: ev.HeldOn, holdEnd: ev.HoldEnd}
+		holds: ev.Holds, heldOn: ev.HeldOn, holdEnd: ev.HoldEnd, promised: ev.HoldPromised}
 	if ev.FirstToken > 0 {
 		l.ttft = time.Duration(ev.FirstToken - ev.Arrival)
 	}
@@ -173,7 +174,8 @@ func (a *accessLog) line(l *accessLine) {
 		attrs = append(attrs, slog.Float64("held_ms", ms(l.held)))
 	}
 	if l.holds > 0 {
-		attrs = append(attrs, slog.Int("holds", l.holds), slog.String("held_on", l.heldOn), slog.String("hold_end", l.holdEnd))
+		attrs = append(attrs, slog.Int("holds", l.holds), slog.String("held_on", l.heldOn), slog.String("hold_end", l.holdEnd),
+			slog.Int("hold_promised_tokens", l.promised))
 	}
 	if l.engPrefill > 0 {
 		attrs = append(attrs, slog.Int("engine_prefill_tokens", l.engTokens), slog.Float64("engine_prefill_ms", ms(l.engPrefill)))

@@ -113,7 +113,7 @@ func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity
 	w := s.sleepHeld(ctx, c, h.Until)
 	s.brain.Hold(h, -1)
 	ex.holds++
-	ex.holdRep, ex.holdEnd = h.Replica, w
+	ex.holdRep, ex.holdEnd, ex.holdShared = h.Replica, w, h.Shared
 	s.m.holds.WithLabelValues(w.String()).Inc()
 	switch w {
 	case heldGone:
@@ -612,7 +612,7 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			EnginePrefillSeconds:  o.PrefillSeconds,
 		}
 		if ex.holds > 0 {
-			ex.ev.HoldEnd = ex.holdEnd.String()
+			ex.ev.HoldEnd, ex.ev.HoldPromised = ex.holdEnd.String(), ex.holdShared
 			if t := *s.table.Load(); int(ex.holdRep) >= 0 && int(ex.holdRep) < len(t) && t[ex.holdRep] != nil {
 				ex.ev.HeldOn = t[ex.holdRep].name
 			}

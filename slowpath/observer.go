@@ -52,10 +52,13 @@ type RoutedEvent struct {
 	// HeldOn and HoldEnd are the last one's replica and how it ended
 	// ("woken": a request ended somewhere; "expired": the advised wait
 	// passed). A request whose Replica is not HeldOn did not get the
-	// slot it waited for. Empty when Holds is 0.
-	Holds   int
-	HeldOn  string
-	HoldEnd string
+	// slot it waited for. HoldPromised is the prompt tokens the last
+	// hold's slot shared with the request (affinity.HoldAdvice.Shared):
+	// the reuse it waited for. Empty when Holds is 0.
+	Holds        int
+	HeldOn       string
+	HoldEnd      string
+	HoldPromised int
 }
 
 // FirstBlock is Hashes[0], or 0 without a prompt (embeddings).

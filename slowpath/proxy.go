@@ -94,11 +94,13 @@ type exchange struct {
 	start   int64 // s.now() at arrival
 	client  netip.AddrPort
 	ev      RoutedEvent
-	// holds: the slot holds ex slept through; holdRep and holdEnd: the
-	// last one's replica and how it ended (holdSlot; the access log).
-	holds   int32
-	holdRep affinity.ReplicaID
-	holdEnd heldWake
+	// holds: the slot holds ex slept through; holdRep, holdEnd and
+	// holdShared: the last one's replica, how it ended and the prompt
+	// tokens it promised (holdSlot; the access log).
+	holds      int32
+	holdRep    affinity.ReplicaID
+	holdEnd    heldWake
+	holdShared int
 
 	// streaming state
 	uresp     *fasthttp.Response
