@@ -197,19 +197,19 @@ func (s *Server) rejectUndecided(ctx *fasthttp.RequestCtx, ex *exchange, err err
 // anyFull reports whether a healthy replica serving model is at its limit
 // (429) as opposed to none being healthy (503). Error path only.
 func (s *Server) anyFull(model []byte) bool {
-	for _, r := range *s.table.Load() {
-		if r != nil && r.serves(model) && r.isHealthy() && r.full() {
-			return true
-		}
-	}
-	return false
+	return s.anyServing(model, func(r *replica) bool { return r.isHealthy() && r.full() })
 }
 
 // anyEligible reports whether a replica serving model may be ranked now
-// (healthy, not draining, below its limit).
+// (healthy, not draining, below its limit). Error path only.
 func (s *Server) anyEligible(model []byte) bool {
+	return s.anyServing(model, func(r *replica) bool { return !r.removed.Load() && r.rt.Eligible(r.id) })
+}
+
+// anyServing reports whether a replica serving model satisfies ok.
+func (s *Server) anyServing(model []byte, ok func(*replica) bool) bool {
 	for _, r := range *s.table.Load() {
-		if r != nil && !r.removed.Load() && r.serves(model) && r.rt.Eligible(r.id) {
+		if r != nil && r.serves(model) && ok(r) {
 			return true
 		}
 	}
