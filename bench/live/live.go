@@ -58,7 +58,8 @@ type Options struct {
 	// warmpath's tie-breaking (1).
 	Seed uint64
 	// Policies are the warmpath policies run in front of the engines
-	// (cost, prefix, least-request, round-robin).
+	// (cost, prefix, least-request, round-robin), one row each; a
+	// PolicySpec with knobs ("cost+slot_hold=-1s") is a row of its own.
 	Policies []string
 	// Workloads names the routing workloads to run, of Workloads() (all).
 	Workloads []string
@@ -343,6 +344,11 @@ func Run(ctx context.Context, opts Options) (*Results, error) {
 	for _, w := range opts.Workloads {
 		if !slices.Contains(Workloads(), w) {
 			return nil, fmt.Errorf("live: unknown workload %q (have %v)", w, Workloads())
+		}
+	}
+	for _, p := range opts.Policies {
+		if _, _, err := PolicySpec(p); err != nil {
+			return nil, fmt.Errorf("live: %w", err)
 		}
 	}
 	if opts.RouterLogs != "" {

@@ -495,6 +495,23 @@ func TestWarmpathConfScalesWithTime(t *testing.T) {
 	if _, err := slowpath.ParseConfig([]byte(c)); err != nil || !strings.Contains(c, "  learn_slot_waits: true\n") {
 		t.Fatalf("llama.cpp config (%v):\n%s", err, c)
 	}
+
+	// A row's knobs go into its routing section, and the router takes
+	// them: slot holds off beside the default cost row.
+	s.policy = "cost+slot_hold=-1s+max_scan=64"
+	c = warmpathConf("127.0.0.1:2", "127.0.0.1:3", s)
+	cfg, err := slowpath.ParseConfig([]byte(c))
+	if err != nil || !strings.Contains(c, "  policy: cost\n") {
+		t.Fatalf("config with knobs (%v):\n%s", err, c)
+	}
+	if cfg.Routing.SlotHold >= 0 || cfg.Routing.MaxScan != 64 {
+		t.Fatalf("knobs not taken: slot_hold %v, max_scan %d\n%s", cfg.Routing.SlotHold, cfg.Routing.MaxScan, c)
+	}
+	// A knob the router does not know fails at its config, by name.
+	s.policy = "cost+slot_holdd=1s"
+	if _, err := slowpath.ParseConfig([]byte(warmpathConf("127.0.0.1:2", "127.0.0.1:3", s))); err == nil || !strings.Contains(err.Error(), "slot_holdd") {
+		t.Fatalf("unknown knob: err = %v", err)
+	}
 }
 
 type testWriter struct{ t *testing.T }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 
 // routerSetup is what warmpath's config needs to know about the cluster.
 type routerSetup struct {
-	policy    string
+	policy    string // a PolicySpec: the policy's name, optionally with routing knobs
 	model     string
 	replicas  []string
 	kvTokens  int     // per replica, 0 = learn from /metrics
@@ -65,7 +66,11 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	}
 	fmt.Fprintf(&b, "scrape:\n  interval: %s\n  timeout: %s\n  stale_after: %s\n", scrape, scrape, 5*scrape)
 	fmt.Fprintf(&b, "health:\n  interval: %s\n  timeout: %s\n", health, health)
-	fmt.Fprintf(&b, "routing:\n  policy: %s\n  seed: %d\n", s.policy, max(s.seed, 1))
+	policy, knobs, _ := PolicySpec(s.policy) // checked by Run
+	fmt.Fprintf(&b, "routing:\n  policy: %s\n  seed: %d\n", policy, max(s.seed, 1))
+	for _, k := range knobs {
+		fmt.Fprintf(&b, "  %s: %s\n", k[0], k[1])
+	}
 	rate := s.prefillRate
 	if rate <= 0 {
 		rate = 25000 / ts
@@ -81,6 +86,35 @@ func warmpathConf(listen, admin string, s routerSetup) string {
 	}
 	b.WriteString(s.extra)
 	return b.String()
+}
+
+// PolicySpec splits a routing row's policy, "NAME" or
+// "NAME+key=value[+key=value...]", into the policy's name and routing knobs
+// (keys of warmpath's routing section, set for that row only), so one run
+// can put a knob's two settings side by side: "cost+slot_hold=-1s" beside
+// "cost". Keys are lower case and underscores, values letters, digits and
+// ".-"; whether the router takes them is checked when its config is
+// written (slowpath.ParseConfig).
+func PolicySpec(spec string) (name string, knobs [][2]string, err error) {
+	name, rest, _ := strings.Cut(spec, "+")
+	if name == "" {
+		return "", nil, fmt.Errorf("policy %q: no policy name", spec)
+	}
+	for kv := range strings.SplitSeq(rest, "+") {
+		if rest == "" {
+			break
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || v == "" || strings.Trim(k, "abcdefghijklmnopqrstuvwxyz_") != "" ||
+			strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != "" {
+			return "", nil, fmt.Errorf("policy %q: knob %q is not key=value (key: a-z and _, value: letters, digits, . and -)", spec, kv)
+		}
+		if k == "policy" || k == "seed" || slices.ContainsFunc(knobs, func(p [2]string) bool { return p[0] == k }) {
+			return "", nil, fmt.Errorf("policy %q: knob %q set twice", spec, k)
+		}
+		knobs = append(knobs, [2]string{k, v})
+	}
+	return name, knobs, nil
 }
 
 // startWarmpath writes the config (validated with slowpath.ParseConfig

@@ -120,7 +120,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	scenario := fs.String("scenario", "", "run one scenario alone: \""+live.ScenarioTenants+"\" (a flooding tenant vs a quiet one, with and without the fair queue; writes tenants.md)")
 	routingRounds := fs.Int("routing-rounds", 0, "rounds of every routing point, a fresh workload seed each, configurations interleaved (0 = 3; --smoke: 1)")
 	routingOnly := fs.Bool("routing-only", false, "run only the routing points (no router-overhead, keep-alive or proxy-cost parts)")
-	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin)")
+	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin); a row may set routing knobs beside its policy, NAME+key=value[+key=value], e.g. cost+slot_hold=-1s")
 	workloads := fs.String("workloads", "", "routing workloads, comma-separated (\"\" = all); of "+strings.Join(live.Workloads(), ", "))
 	routerLogs := fs.String("router-logs", "", "`folder` for every warmpath routing row's access log (JSON lines with the router's predictions) and final /debug/replicas; \"\" = none")
 	warmup := fs.Int("warmup", 0, "`requests` each routing row sends first (the same workload with another seed, not counted), so engines' caches and the router's learned models are warm (0 = none)")
@@ -293,10 +293,28 @@ func parseInts(s string) ([]int, error) {
 // "" is nil (the default list).
 func parseFleets(s string) ([]string, error) { return parseNames(s, "fleet", live.Fleets()) }
 
-// parsePolicies reads "cost,least-request": affinity's policy names, no
-// repeats; "" is nil (the default list).
+// parsePolicies reads "cost,least-request,cost+slot_hold=-1s": affinity's
+// policy names, each optionally with routing knobs for that row (the live
+// bench's PolicySpec), no repeats; "" is nil (the default list).
 func parsePolicies(s string) ([]string, error) {
-	return parseNames(s, "policy", affinity.PolicyNames())
+	var out []string
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		name, _, err := live.PolicySpec(f)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(affinity.PolicyNames(), name) {
+			return nil, fmt.Errorf("unknown policy %q (have %s)", name, strings.Join(affinity.PolicyNames(), ", "))
+		}
+		if slices.Contains(out, f) {
+			return nil, fmt.Errorf("policy %q twice", f)
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // parseNames reads a comma-separated list of names out of known, each once.

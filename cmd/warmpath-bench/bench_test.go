@@ -95,6 +95,10 @@ func TestParseFleets(t *testing.T) {
 	for _, tc := range []struct{ args, want string }{
 		{"--policies cost,nope", `--policies: unknown policy "nope" (have cost,`},
 		{"--policies cost,cost", `--policies: policy "cost" twice`},
+		{"--policies nope+slot_hold=-1s", `--policies: unknown policy "nope" (have cost,`},
+		{"--policies cost+slot_hold", `--policies: policy "cost+slot_hold": knob "slot_hold" is not key=value`},
+		{"--policies cost+slot_hold=1s:x", `knob "slot_hold=1s:x" is not key=value`},
+		{"--policies cost+seed=2", `policy "cost+seed=2": knob "seed" set twice`},
 		{"--routing-rounds -1", `--routing-rounds: must be >= 0, got -1`},
 		{"--warmup -1", `--warmup: must be >= 0, got -1`},
 		{"--workloads one-company,nope", `--workloads: unknown workload "nope" (have shared-prefix,`},
@@ -109,7 +113,7 @@ func TestParseFleets(t *testing.T) {
 			t.Errorf("%s: err = %v, want %q", tc.args, err, tc.want)
 		}
 	}
-	if got, err := parsePolicies(" least-request, cost "); err != nil || strings.Join(got, ",") != "least-request,cost" {
+	if got, err := parsePolicies(" least-request, cost ,cost+slot_hold=-1s+max_scan=64"); err != nil || strings.Join(got, ",") != "least-request,cost,cost+slot_hold=-1s+max_scan=64" {
 		t.Errorf("parsePolicies = %v, %v", got, err)
 	}
 }
