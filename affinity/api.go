@@ -150,7 +150,11 @@ type HoldAdvice struct {
 	// Shared is the prompt tokens the slot's prompt shares with the
 	// request: what waiting promises it reuses (Request.HeldFor).
 	Shared int
-	gen    uint32 // the replica's generation (IDs are reused)
+	// Gain is the seconds waiting was predicted to save against beginning
+	// on Ranked[0] now: the best estimate less the hold's. The wait lasts
+	// past Wait by at most this (Until).
+	Gain float64
+	gen  uint32 // the replica's generation (IDs are reused)
 }
 
 // Holding reports whether the advice is to wait.

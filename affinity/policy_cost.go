@@ -73,7 +73,13 @@ const holdShare = 0.75
 
 // holdSlack is how far past its predicted wait a hold lasts before the
 // caller gives up on it (HoldAdvice.Until): half the wait more, plus
-// holdSlackMin.
+// holdSlackMin, but never more than the hold was predicted to save (the
+// best estimate less the hold's): past that, the hold can no longer beat
+// going at once as its decision priced both, and a hold that runs out has
+// lost its time and computes the prompt anyway. A hold for a short shared
+// prompt saves little: on llama.cpp, 50 ms of slack past a 65 ms wait for
+// a 1,024-token system prompt, whose slot stayed busy, cost more than
+// computing the prompt (about 95 ms there) would have.
 const (
 	holdSlack    = 0.5
 	holdSlackMin = 50 * 1e6 // ns
@@ -117,6 +123,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		return // at most a block or so left to compute anywhere
 	}
 	limit := -1.0 // holdShare of the best estimate, once a slot could be held
+	bestEst := 0.0
 	var best HoldAdvice
 	for i, id := range cands {
 		if cs[i].busy == 0 {
@@ -136,7 +143,8 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		if limit < 0 {
-			limit = p.bestEst(v, cs, d, now) * holdShare
+			bestEst = p.bestEst(v, cs, d, now)
+			limit = bestEst * holdShare
 		}
 		e := &cs[i]
 		dec := h.slotSecondsAt(float64(max(min(e.busy, int64(n))-1, 0)))
@@ -157,7 +165,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		limit = est
-		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), Shared: int(promised), gen: rp.gen}
+		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), Shared: int(promised), Gain: bestEst - est, gen: rp.gen}
 	}
 	if !best.Holding() {
 		return
@@ -170,7 +178,8 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	if best.Wait >= left {
 		return // the wait would outlast the longest hold
 	}
-	best.Until = now + int64(min((1+holdSlack)*best.Wait+holdSlackMin/1e9, left)*1e9)
+	slack := min(holdSlack*best.Wait+holdSlackMin/1e9, best.Gain)
+	best.Until = now + int64(min(best.Wait+slack, left)*1e9)
 	d.Hold = best
 }
 

@@ -116,10 +116,15 @@ func testHoldForSlotHoldingPrompt(t *testing.T, measured string) {
 	if w := d.Hold.Wait; w < 2.5 || w > 3.5 {
 		t.Fatalf("hold wait %.2fs, want r0's prefill left (1.9s) and its slot time (1s)", w)
 	}
-	// Given up at the wait and half again, plus 50 ms.
-	if want := req.Now + int64((1.5*d.Hold.Wait+0.05)*1e9); d.Hold.Until < want-1e6 || d.Hold.Until > want+1e6 {
-		t.Fatalf("hold until %d, want %d", d.Hold.Until, want)
+	// Given up at the wait and half again, plus 50 ms, or at the wait and
+	// what waiting saves, whichever is sooner (holdUntil).
+	// A hold is advised where it saves a quarter of the best estimate or
+	// more: its gain is at least a third of its own estimate, which is at
+	// least its wait.
+	if g := d.Hold.Gain; g < d.Hold.Wait/3 {
+		t.Fatalf("hold gain %.2fs, want at least a third of the wait (%.2fs)", g, d.Hold.Wait)
 	}
+	checkHoldUntil(t, req.Now, d.Hold)
 	first := d.Hold
 	// Held, it counts: a fourth request waits behind it, so the slot
 	// that frees first is one slot time further for it.
@@ -164,6 +169,57 @@ func testHoldForSlotHoldingPrompt(t *testing.T, measured string) {
 	if d.Hold.Holding() || d.Ranked[0] != ids[0] || d.CachedTokens[0] != holdSysBlocks*r.bt {
 		t.Fatalf("after r0's end: ranked %v cached %v hold %+v; want r0 with the prompt's %d tokens", d.Ranked, d.CachedTokens, d.Hold, holdSysBlocks*r.bt)
 	}
+}
+
+// checkHoldUntil: a hold advised at now gives up at its wait plus half
+// of it and 50 ms, or plus its predicted gain, whichever is sooner.
+func checkHoldUntil(t *testing.T, now int64, h HoldAdvice) {
+	t.Helper()
+	want := now + int64((h.Wait+min(0.5*h.Wait+0.05, h.Gain))*1e9)
+	if h.Until < want-1e3 || h.Until > want+1e3 {
+		t.Fatalf("hold %+v until %d, want %d", h, h.Until, want)
+	}
+}
+
+// TestHoldGivesUpByItsGain: a hold for a short prompt on a fast engine
+// saves little; it gives up once it has waited its predicted wait and
+// that saving, well before the wait and half again plus 50 ms: past that
+// point even a slot freeing at once would have been slower than going
+// at once as the decision priced it.
+func TestHoldGivesUpByItsGain(t *testing.T) {
+	r, err := NewRouter(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids [2]ReplicaID
+	for i := range ids {
+		spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"}, PrefillTokensPerSec: 100000, BatchSlots: 4, CacheModel: CacheSlots}
+		if ids[i], err = r.AddReplica(spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measureSlots(r, ids[:], 0.02)
+	mk := func(user uint64, now int64) *Request {
+		h := holdPrompt(user)
+		return &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: now}
+	}
+	// Both replicas compute the shared prompt (41 ms each); a third
+	// request 4 ms later waits for r0's slot rather than compute a third
+	// copy beside one of them.
+	var f1, f2 Flight
+	r.Begin(ids[0], mk(1, 0), nil, &f1)
+	r.Begin(ids[1], mk(2, 0), nil, &f2)
+	req := mk(3, 4e6)
+	var d Decision
+	if err := r.Decide(req, &d); err != nil || !d.Hold.Holding() {
+		t.Fatalf("no hold advised: %v %+v", err, d.Hold)
+	}
+	h := d.Hold
+	if !(h.Gain > 0 && h.Gain < 0.5*h.Wait+0.05) {
+		t.Fatalf("hold %+v: want a gain above 0 and under half the wait plus 50 ms", h)
+	}
+	t.Logf("wait %.1f ms, gain %.1f ms", h.Wait*1e3, h.Gain*1e3)
+	checkHoldUntil(t, req.Now, h)
 }
 
 // TestHoldPromiseKept: a hold promises the busy slot's shared prompt

@@ -49,11 +49,12 @@ type accessLine struct {
 	predTTFT   time.Duration
 	busy       int
 	held       time.Duration // waited at the router for a busy slot; 0 = not held
-	// The slot holds slept through, the last one's replica, end and
-	// promise (RoutedEvent.Holds, HeldOn, HoldEnd, HoldPromised); holds 0
-	// = none.
-	holds, promised int
-	heldOn, holdEnd string
+	// The slot holds slept through, the last one's replica, end, promise,
+	// predicted wait and gain (RoutedEvent.Holds, HeldOn, HoldEnd,
+	// HoldPromised, HoldWait, HoldGain); holds 0 = none.
+	holds, promised    int
+	holdWait, holdGain time.Duration
+	heldOn, holdEnd    string
 	// The engine's reported prefill (RoutedEvent.EnginePrefillTokens and
 	// EnginePrefillSeconds); engPrefill 0 = not reported.
 	engTokens  int
@@ -107,7 +108,8 @@ func (a *accessLog) routed(ev *RoutedEvent) {
 		ttft: -1, duration: time.Duration(ev.End - ev.Arrival), prompt: ev.ReportedPromptTokens, output: ev.OutputTokens, cached: ev.CachedTokens,
 		predCached: ev.PredictedCachedTokens, predTTFT: time.Duration(ev.PredictedTTFT * 1e9), busy: ev.BusyAtStart,
 		engTokens: ev.EnginePrefillTokens, engPrefill: time.Duration(ev.EnginePrefillSeconds * 1e9), held: time.Duration(ev.Held),
-		holds: ev.Holds, heldOn: ev.HeldOn, holdEnd: ev.HoldEnd, promised: ev.HoldPromised}
+		holds: ev.Holds, heldOn: ev.HeldOn, holdEnd: ev.HoldEnd, promised: ev.HoldPromised,
+		holdWait: time.Duration(ev.HoldWait * 1e9), holdGain: time.Duration(ev.HoldGain * 1e9)}
 	if ev.FirstToken > 0 {
 		l.ttft = time.Duration(ev.FirstToken - ev.Arrival)
 	}
@@ -175,7 +177,7 @@ func (a *accessLog) line(l *accessLine) {
 	}
 	if l.holds > 0 {
 		attrs = append(attrs, slog.Int("holds", l.holds), slog.String("held_on", l.heldOn), slog.String("hold_end", l.holdEnd),
-			slog.Int("hold_promised_tokens", l.promised))
+			slog.Int("hold_promised_tokens", l.promised), slog.Float64("hold_wait_ms", ms(l.holdWait)), slog.Float64("hold_gain_ms", ms(l.holdGain)))
 	}
 	if l.engPrefill > 0 {
 		attrs = append(attrs, slog.Int("engine_prefill_tokens", l.engTokens), slog.Float64("engine_prefill_ms", ms(l.engPrefill)))

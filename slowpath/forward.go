@@ -113,7 +113,7 @@ func (s *Server) holdSlot(ctx *fasthttp.RequestCtx, ex *exchange, held *affinity
 	w := s.sleepHeld(ctx, c, h.Until)
 	s.brain.Hold(h, -1)
 	ex.holds++
-	ex.holdRep, ex.holdEnd, ex.holdShared = h.Replica, w, h.Shared
+	ex.holdEnd, ex.hold = w, h
 	s.m.holds.WithLabelValues(w.String()).Inc()
 	switch w {
 	case heldGone:
@@ -612,9 +612,10 @@ func (s *Server) completeAt(ex *exchange, ok bool, werr error, now int64) {
 			EnginePrefillSeconds:  o.PrefillSeconds,
 		}
 		if ex.holds > 0 {
-			ex.ev.HoldEnd, ex.ev.HoldPromised = ex.holdEnd.String(), ex.holdShared
-			if t := *s.table.Load(); int(ex.holdRep) >= 0 && int(ex.holdRep) < len(t) && t[ex.holdRep] != nil {
-				ex.ev.HeldOn = t[ex.holdRep].name
+			ex.ev.HoldEnd, ex.ev.HoldPromised = ex.holdEnd.String(), ex.hold.Shared
+			ex.ev.HoldWait, ex.ev.HoldGain = ex.hold.Wait, ex.hold.Gain
+			if t, id := *s.table.Load(), ex.hold.Replica; int(id) >= 0 && int(id) < len(t) && t[id] != nil {
+				ex.ev.HeldOn = t[id].name
 			}
 		}
 		if obs != nil {

@@ -54,11 +54,15 @@ type RoutedEvent struct {
 	// passed). A request whose Replica is not HeldOn did not get the
 	// slot it waited for. HoldPromised is the prompt tokens the last
 	// hold's slot shared with the request (affinity.HoldAdvice.Shared):
-	// the reuse it waited for. Empty when Holds is 0.
+	// the reuse it waited for; HoldWait and HoldGain the seconds it was
+	// predicted to wait and to save by waiting (affinity.HoldAdvice.Wait,
+	// Gain). Empty when Holds is 0.
 	Holds        int
 	HeldOn       string
 	HoldEnd      string
 	HoldPromised int
+	HoldWait     float64
+	HoldGain     float64
 }
 
 // FirstBlock is Hashes[0], or 0 without a prompt (embeddings).

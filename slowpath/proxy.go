@@ -94,13 +94,11 @@ type exchange struct {
 	start   int64 // s.now() at arrival
 	client  netip.AddrPort
 	ev      RoutedEvent
-	// holds: the slot holds ex slept through; holdRep, holdEnd and
-	// holdShared: the last one's replica, how it ended and the prompt
-	// tokens it promised (holdSlot; the access log).
-	holds      int32
-	holdRep    affinity.ReplicaID
-	holdEnd    heldWake
-	holdShared int
+	// holds: the slot holds ex slept through; holdEnd and hold: how the
+	// last one ended and its advice (holdSlot; the access log).
+	holds   int32
+	holdEnd heldWake
+	hold    affinity.HoldAdvice
 
 	// streaming state
 	uresp     *fasthttp.Response

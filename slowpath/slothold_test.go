@@ -223,8 +223,9 @@ func TestSlotHoldWaitsForWarmSlot(t *testing.T) {
 		t.Fatalf("%d access log lines with hold fields, want the held request's: %v", len(held), held)
 	}
 	if h := held[0]; !(h["held_ms"].(float64) > 0) || h["holds"] != 1.0 || h["held_on"] != e[first].addr ||
-		h["hold_end"] != "woken" || h["replica"] != e[first].addr || !(h["hold_promised_tokens"].(float64) > 0) {
-		t.Fatalf("held request's line %v: want held_ms > 0, 1 hold on %s ended woken with a promise, served there", h, e[first].addr)
+		h["hold_end"] != "woken" || h["replica"] != e[first].addr || !(h["hold_promised_tokens"].(float64) > 0) ||
+		!(h["hold_wait_ms"].(float64) > 0) || !(h["hold_gain_ms"].(float64) > 0) {
+		t.Fatalf("held request's line %v: want held_ms > 0, 1 hold on %s ended woken with a promise, a predicted wait and gain, served there", h, e[first].addr)
 	}
 	m := scrapeMetrics(t, g.s)
 	if !strings.Contains(m, `warmpath_slowpath_slot_holds_total{outcome="woken"} 1`) {
