@@ -77,9 +77,10 @@ const holdShare = 0.75
 // best estimate less the hold's): past that, the hold can no longer beat
 // going at once as its decision priced both, and a hold that runs out has
 // lost its time and computes the prompt anyway. A hold for a short shared
-// prompt saves little: on llama.cpp, 50 ms of slack past a 65 ms wait for
-// a 1,024-token system prompt, whose slot stayed busy, cost more than
-// computing the prompt (about 95 ms there) would have.
+// prompt saves little: on llama.cpp's multi-turn bench one for the
+// 1,024-token system prompt, predicted to wait 43 ms, ran out at 115 ms
+// and its request then took 232 ms to its first token, where its turns
+// took 42 ms on average.
 const (
 	holdSlack    = 0.5
 	holdSlackMin = 50 * 1e6 // ns

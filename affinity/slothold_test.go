@@ -32,6 +32,12 @@ func measureSlots(r *Router, ids []ReplicaID, d float64) {
 
 // holdFleetUnmeasured is holdFleet before any slot time is measured.
 func holdFleetUnmeasured(t *testing.T, cfg Config, model CacheModel) (*Router, [2]ReplicaID, func(user uint64, now int64) *Request) {
+	return holdFleetAt(t, cfg, model, 2000)
+}
+
+// holdFleetAt is holdFleetUnmeasured with replicas prefilling rate
+// tokens/s.
+func holdFleetAt(t *testing.T, cfg Config, model CacheModel, rate float64) (*Router, [2]ReplicaID, func(user uint64, now int64) *Request) {
 	t.Helper()
 	r, err := NewRouter(cfg)
 	if err != nil {
@@ -39,7 +45,7 @@ func holdFleetUnmeasured(t *testing.T, cfg Config, model CacheModel) (*Router, [
 	}
 	var ids [2]ReplicaID
 	for i := range ids {
-		spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"}, PrefillTokensPerSec: 2000, BatchSlots: 4, CacheModel: model}
+		spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"}, PrefillTokensPerSec: rate, BatchSlots: 4, CacheModel: model}
 		if ids[i], err = r.AddReplica(spec); err != nil {
 			t.Fatal(err)
 		}
@@ -187,22 +193,8 @@ func checkHoldUntil(t *testing.T, now int64, h HoldAdvice) {
 // point even a slot freeing at once would have been slower than going
 // at once as the decision priced it.
 func TestHoldGivesUpByItsGain(t *testing.T) {
-	r, err := NewRouter(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids [2]ReplicaID
-	for i := range ids {
-		spec := ReplicaSpec{Name: []string{"r0", "r1"}[i], Models: []string{"m"}, PrefillTokensPerSec: 100000, BatchSlots: 4, CacheModel: CacheSlots}
-		if ids[i], err = r.AddReplica(spec); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r, ids, mk := holdFleetAt(t, Config{}, CacheSlots, 100000)
 	measureSlots(r, ids[:], 0.02)
-	mk := func(user uint64, now int64) *Request {
-		h := holdPrompt(user)
-		return &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: now}
-	}
 	// Both replicas compute the shared prompt (41 ms each); a third
 	// request 4 ms later waits for r0's slot rather than compute a third
 	// copy beside one of them.
@@ -218,7 +210,6 @@ func TestHoldGivesUpByItsGain(t *testing.T) {
 	if !(h.Gain > 0 && h.Gain < 0.5*h.Wait+0.05) {
 		t.Fatalf("hold %+v: want a gain above 0 and under half the wait plus 50 ms", h)
 	}
-	t.Logf("wait %.1f ms, gain %.1f ms", h.Wait*1e3, h.Gain*1e3)
 	checkHoldUntil(t, req.Now, h)
 }
 
