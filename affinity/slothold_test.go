@@ -122,14 +122,14 @@ func testHoldForSlotHoldingPrompt(t *testing.T, measured string) {
 	if w := d.Hold.Wait; w < 2.5 || w > 3.5 {
 		t.Fatalf("hold wait %.2fs, want r0's prefill left (1.9s) and its slot time (1s)", w)
 	}
-	// Given up at the wait and half again, plus 50 ms, or at the wait and
-	// what waiting saves, whichever is sooner (holdUntil).
 	// A hold is advised where it saves a quarter of the best estimate or
 	// more: its gain is at least a third of its own estimate, which is at
 	// least its wait.
 	if g := d.Hold.Gain; g < d.Hold.Wait/3 {
 		t.Fatalf("hold gain %.2fs, want at least a third of the wait (%.2fs)", g, d.Hold.Wait)
 	}
+	// Given up at the wait and half again, plus 50 ms, or at the wait and
+	// what waiting saves, whichever is sooner.
 	checkHoldUntil(t, req.Now, d.Hold)
 	first := d.Hold
 	// Held, it counts: a fourth request waits behind it, so the slot

@@ -109,7 +109,10 @@ func PolicySpec(spec string) (name string, knobs [][2]string, err error) {
 			strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != "" {
 			return "", nil, fmt.Errorf("policy %q: knob %q is not key=value (key: a-z and _, value: letters, digits, . and -)", spec, kv)
 		}
-		if k == "policy" || k == "seed" || slices.ContainsFunc(knobs, func(p [2]string) bool { return p[0] == k }) {
+		if k == "policy" || k == "seed" {
+			return "", nil, fmt.Errorf("policy %q: knob %q is the bench's own (--policies names the policy, --seed the seed)", spec, k)
+		}
+		if slices.ContainsFunc(knobs, func(p [2]string) bool { return p[0] == k }) {
 			return "", nil, fmt.Errorf("policy %q: knob %q set twice", spec, k)
 		}
 		knobs = append(knobs, [2]string{k, v})
