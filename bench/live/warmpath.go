@@ -100,10 +100,10 @@ func PolicySpec(spec string) (name string, knobs [][2]string, err error) {
 	if name == "" {
 		return "", nil, fmt.Errorf("policy %q: no policy name", spec)
 	}
+	if rest == "" {
+		return name, nil, nil
+	}
 	for kv := range strings.SplitSeq(rest, "+") {
-		if rest == "" {
-			break
-		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" || v == "" || strings.Trim(k, "abcdefghijklmnopqrstuvwxyz_") != "" ||
 			strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != "" {
