@@ -144,6 +144,7 @@ func fleetWorkloads(o Options, f fleet) []*workload.Workload {
 	mt.Seed, mt.Conversations, mt.MinTurns, mt.MaxTurns, mt.AnswerTokens, mt.ThinkSeconds = o.Seed, 48, 8, 12, 64, 4
 	ns := workload.DefaultNoSharing()
 	ns.Seed, ns.OutputTokens = o.Seed, 64
+	sp.SharedSeed, oc.SharedSeed, mt.SharedSeed = o.sharedSeed, o.sharedSeed, o.sharedSeed
 	if f.llama {
 		sp.Groups, sp.PromptsPerGroup, sp.QuestionTokens, sp.OutputTokens = 8, 8, 64, 32
 		oc.OutputTokens, oc.BurstSize, oc.Users = 32, 8, 32

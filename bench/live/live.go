@@ -137,17 +137,47 @@ type Options struct {
 	LearnSlotWaits bool
 	// Warmup, when above 0, sends each routing row that many requests of
 	// the same workload drawn with another seed (Seed + warmupSeed, same
-	// rate) before the measured ones, through the same router to the same
-	// engines, and waits for them to finish: the measured requests meet
-	// warm engine caches and a router whose learned models (prefill rate,
-	// batch slots, busy cost, confidence) have samples, as in a running
-	// deployment. They are not counted; the router's access log and
-	// /metrics include them.
+	// rate) and the same shared prompts (the measured round's system
+	// prompts, company instructions, documents) before the measured ones,
+	// through the same router to the same engines, and waits for them to
+	// finish: the measured requests meet engine caches holding the
+	// deployment's shared prompts and a router whose learned models
+	// (prefill rate, batch slots, busy cost, confidence) have samples, as
+	// in a running deployment. They are not counted; the router's access
+	// log and /metrics include them.
 	Warmup int
+	// WarmupNewPrompts draws the warm-up's shared prompts with its own
+	// seed too: the measured requests meet caches holding other system
+	// prompts, as after a deployment changes its prompts.
+	WarmupNewPrompts bool
+	// sharedSeed, when set, is the seed of the workloads' shared prompts
+	// (fleetWorkloads; the warm-up's).
+	sharedSeed uint64
 }
 
 // warmupSeed offsets the warm-up workload's seed from the measured one's.
 const warmupSeed = 1 << 20
+
+// warmupWorkload is the warm-up (Options.Warmup) of the workload name in
+// the round whose options are ro, at rps; nil without one.
+func warmupWorkload(ro Options, f fleet, name string, rps float64) *workload.Workload {
+	if ro.Warmup <= 0 {
+		return nil
+	}
+	wo := ro
+	wo.Seed += warmupSeed
+	if !ro.WarmupNewPrompts {
+		wo.sharedSeed = ro.Seed
+	}
+	for _, w := range fleetWorkloads(wo, f) {
+		if w.Name == name {
+			w = atRate(w, rps)
+			w.Requests = w.Requests[:min(ro.Warmup, len(w.Requests))]
+			return w
+		}
+	}
+	return nil
+}
 
 func (o Options) withDefaults() Options {
 	pick := func(full, smoke int) int {
@@ -527,17 +557,7 @@ func runPoint(ctx context.Context, o Options, tmp, nginx string, f fleet, name s
 			return nil, fmt.Errorf("workload %s not generated for seed %d", name, ro.Seed)
 		}
 		w := atRate(fleetWorkloads(ro, f)[i], rps)
-		var warm *workload.Workload
-		if o.Warmup > 0 {
-			wo := ro
-			wo.Seed += warmupSeed
-			for _, ww := range fleetWorkloads(wo, f) {
-				if ww.Name == name {
-					warm = atRate(ww, rps)
-					warm.Requests = warm.Requests[:min(o.Warmup, len(warm.Requests))]
-				}
-			}
-		}
+		warm := warmupWorkload(ro, f, name, rps)
 		if round == 0 {
 			wr.Params, wr.Requests = w.Params, len(w.Requests)
 		}

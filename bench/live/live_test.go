@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/bench/internal/child"
+	"github.com/warmpath/warmpath/bench/workload"
 	"github.com/warmpath/warmpath/slowpath"
 )
 
@@ -380,6 +381,58 @@ func TestWorkloadsFilter(t *testing.T) {
 		if _, err := Run(context.Background(), tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err %v, want %q", tc.o.Workloads, err, tc.want)
 		}
+	}
+}
+
+// TestWarmupKeepsSharedPrompts: each workload's warm-up carries the
+// measured round's shared prompts (the system and instruction messages)
+// and questions of its own; with WarmupNewPrompts its shared prompts are
+// its own as well.
+func TestWarmupKeepsSharedPrompts(t *testing.T) {
+	o := Options{Warmup: 40}.withDefaults()
+	f := fleet{requests: 1 << 20}
+	msgs := func(w *workload.Workload, role workload.Role) map[uint64]bool {
+		m := map[uint64]bool{}
+		for _, r := range w.Requests {
+			for _, msg := range r.Messages {
+				for _, s := range msg.Segments {
+					if msg.Role == role {
+						m[s.ID] = true
+					}
+				}
+			}
+		}
+		return m
+	}
+	shares := func(a, b map[uint64]bool) bool {
+		for id := range a {
+			if b[id] {
+				return true
+			}
+		}
+		return false
+	}
+	for _, w := range fleetWorkloads(o, f) {
+		warm := warmupWorkload(o, f, w.Name, 2)
+		if warm == nil || len(warm.Requests) != 40 {
+			t.Fatalf("%s: warm-up %v, want 40 requests", w.Name, warm)
+		}
+		sys, user := msgs(w, workload.System), msgs(w, workload.User)
+		if len(sys) > 0 && !shares(msgs(warm, workload.System), sys) {
+			t.Errorf("%s: the warm-up carries none of the measured shared prompts", w.Name)
+		}
+		if shares(msgs(warm, workload.User), user) {
+			t.Errorf("%s: the warm-up repeats measured questions", w.Name)
+		}
+		fresh := o
+		fresh.WarmupNewPrompts = true
+		if shares(msgs(warmupWorkload(fresh, f, w.Name, 2), workload.System), sys) {
+			t.Errorf("%s: WarmupNewPrompts, the warm-up carries measured shared prompts", w.Name)
+		}
+	}
+	o.Warmup = 0
+	if w := warmupWorkload(o, f, "multi-turn", 2); w != nil {
+		t.Fatalf("no warm-up asked for: %d requests", len(w.Requests))
 	}
 }
 

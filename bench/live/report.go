@@ -128,7 +128,11 @@ func (r *Results) WriteMarkdown(w io.Writer) error {
 		"(every Nth request, or whole conversations), at the same arrival times.\n",
 		o.EngineKVBlocks, 16*o.EngineKVBlocks, o.TimeScale, 1/o.TimeScale)
 	if o.Warmup > 0 {
-		fmt.Fprintf(b, "\nWarm-up (`--warmup %d`): before its measured requests every row sends the first %d requests of the same workload drawn with another seed, at the same rate, through the same router to the same engines, and waits for them; they are not counted (nor in the TTFT model's error table, unless a row marked * there).\n", o.Warmup, o.Warmup)
+		prompts := "the same shared prompts (system prompts, instructions)"
+		if o.WarmupNewPrompts {
+			prompts = "its own shared prompts (`--warmup-new-prompts`: the measured requests meet caches holding other system prompts)"
+		}
+		fmt.Fprintf(b, "\nWarm-up (`--warmup %d`): before its measured requests every row sends the first %d requests of the same workload drawn with another seed and %s, at the same rate, through the same router to the same engines, and waits for them; they are not counted (nor in the TTFT model's error table, unless a row marked * there).\n", o.Warmup, o.Warmup, prompts)
 	}
 	for _, f := range r.Fleets {
 		fmt.Fprintf(b, "\n### Fleet %s\n\n%s.", f.Name, f.About)

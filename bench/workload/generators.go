@@ -16,6 +16,7 @@ type SharedPrefixConfig struct {
 	RPS             float64 // Poisson arrival rate; default 8
 	Model           string  // default "demo-llama-8b"
 	Seed            uint64
+	SharedSeed      uint64 // seed of the prompts requests share (system prompts, instructions, documents); 0: Seed
 }
 
 // DefaultSharedPrefix returns the SGLang bench defaults: 64 groups x 16
@@ -52,7 +53,7 @@ func SharedPrefix(c SharedPrefixConfig) (*Workload, error) {
 			w.Requests = append(w.Requests, Request{
 				Model: c.Model,
 				Messages: []Message{
-					{Role: System, Segments: []Segment{{ID: segID("sp-sys", c.Seed, g, 0), Tokens: c.SystemTokens}}},
+					{Role: System, Segments: []Segment{{ID: segID("sp-sys", sharedSeed(c.Seed, c.SharedSeed), g, 0), Tokens: c.SystemTokens}}},
 					{Role: User, Segments: []Segment{{ID: segID("sp-q", c.Seed, g, p), Tokens: c.QuestionTokens}}},
 				},
 				OutputTokens: c.OutputTokens, Group: g, Conversation: -1,
@@ -80,6 +81,7 @@ type MultiTurnConfig struct {
 	ConversationRPS float64 // Poisson arrival rate of new conversations; default 1
 	Model           string
 	Seed            uint64
+	SharedSeed      uint64 // seed of the prompts requests share (system prompts, instructions, documents); 0: Seed
 }
 
 // DefaultMultiTurn returns the documented multi-turn defaults.
@@ -102,7 +104,7 @@ func MultiTurn(c MultiTurnConfig) (*Workload, error) {
 		"shared_tokens", c.SharedTokens, "question_tokens", c.QuestionTokens, "answer_tokens", c.AnswerTokens,
 		"think_s", c.ThinkSeconds, "conversation_rps", c.ConversationRPS, "seed", c.Seed)}
 	starts := poisson(rng, c.Conversations, c.ConversationRPS)
-	sys := Segment{ID: segID("mt-sys", c.Seed, 0, 0), Tokens: c.SharedTokens}
+	sys := Segment{ID: segID("mt-sys", sharedSeed(c.Seed, c.SharedSeed), 0, 0), Tokens: c.SharedTokens}
 	for conv := 0; conv < c.Conversations; conv++ {
 		turns := c.MinTurns + rng.IntN(c.MaxTurns-c.MinTurns+1)
 		t := starts[conv]
@@ -173,9 +175,10 @@ type MixedConfig struct {
 	BurstFactor  float64 // rate multiplier inside a burst; default 5
 	RPS          float64 // base rate; default 6
 	Seed         uint64
-	LongTokens   int // shared document size; default 8000
-	ShortTokens  int // default 200
-	OutputTokens int // default 200
+	SharedSeed   uint64 // seed of the prompts requests share (system prompts, instructions, documents); 0: Seed
+	LongTokens   int    // shared document size; default 8000
+	ShortTokens  int    // default 200
+	OutputTokens int    // default 200
 }
 
 // DefaultMixed returns the documented defaults.
@@ -213,14 +216,14 @@ func Mixed(c MixedConfig) (*Workload, error) {
 			r.Group = m*100 + doc
 			r.Client = 1000 + r.Group
 			r.Messages = []Message{
-				{Role: System, Segments: []Segment{{ID: segID("mx-doc", c.Seed, m, doc), Tokens: c.LongTokens}}},
+				{Role: System, Segments: []Segment{{ID: segID("mx-doc", sharedSeed(c.Seed, c.SharedSeed), m, doc), Tokens: c.LongTokens}}},
 				{Role: User, Segments: []Segment{{ID: segID("mx-lq", c.Seed, i, 0), Tokens: 100}}},
 			}
 		} else {
 			r.Group = m*100 + 99
 			r.Client = i
 			r.Messages = []Message{
-				{Role: System, Segments: []Segment{{ID: segID("mx-sys", c.Seed, m, 0), Tokens: 300}}},
+				{Role: System, Segments: []Segment{{ID: segID("mx-sys", sharedSeed(c.Seed, c.SharedSeed), m, 0), Tokens: 300}}},
 				{Role: User, Segments: []Segment{{ID: segID("mx-sq", c.Seed, i, 0), Tokens: c.ShortTokens}}},
 			}
 		}
@@ -250,6 +253,7 @@ type OneCompanyConfig struct {
 	RPS               float64 // mean rate: bursts start as a Poisson process of rate RPS/BurstSize; default 8
 	Model             string
 	Seed              uint64
+	SharedSeed        uint64 // seed of the prompts requests share (system prompts, instructions, documents); 0: Seed
 }
 
 // DefaultOneCompany returns the documented defaults.
@@ -274,7 +278,7 @@ func OneCompany(c OneCompanyConfig) (*Workload, error) {
 	w := &Workload{Name: "one-company", Params: params("requests", c.Requests, "users", c.Users, "instruction_tokens", c.InstructionTokens,
 		"question_tokens", fmt.Sprintf("%d-%d", c.MinQuestion, c.MaxQuestion), "output_tokens", c.OutputTokens,
 		"burst", fmt.Sprintf("%dx%gs", c.BurstSize, c.BurstWindow), "rps", c.RPS, "seed", c.Seed)}
-	instr := Segment{ID: segID("oc-instr", c.Seed, 0, 0), Tokens: c.InstructionTokens}
+	instr := Segment{ID: segID("oc-instr", sharedSeed(c.Seed, c.SharedSeed), 0, 0), Tokens: c.InstructionTokens}
 	bursts := poisson(rng, (c.Requests+c.BurstSize-1)/c.BurstSize, c.RPS/float64(c.BurstSize))
 	w.Requests = make([]Request, c.Requests)
 	for i := range w.Requests {
@@ -309,6 +313,7 @@ type GatewayConfig struct {
 	RPS            float64 // Poisson; default 8
 	Model          string
 	Seed           uint64
+	SharedSeed     uint64 // seed of the prompts requests share (system prompts, instructions, documents); 0: Seed
 }
 
 // DefaultGateway returns the documented defaults.
@@ -346,7 +351,7 @@ func Gateway(c GatewayConfig) (*Workload, error) {
 		}
 		var msgs []Message
 		if c.SystemTokens > 0 {
-			msgs = append(msgs, Message{Role: System, Segments: []Segment{{ID: segID("gw-sys", c.Seed, tenant, 0), Tokens: c.SystemTokens}}})
+			msgs = append(msgs, Message{Role: System, Segments: []Segment{{ID: segID("gw-sys", sharedSeed(c.Seed, c.SharedSeed), tenant, 0), Tokens: c.SystemTokens}}})
 		}
 		msgs = append(msgs, Message{Role: User, Segments: []Segment{{ID: segID("gw-q", c.Seed, i, 0), Tokens: c.QuestionTokens}}})
 		w.Requests[i] = Request{Arrival: arr[i], Model: c.Model, OutputTokens: c.OutputTokens, Group: tenant, Conversation: -1,
@@ -354,4 +359,16 @@ func Gateway(c GatewayConfig) (*Workload, error) {
 	}
 	w.sortByArrival()
 	return w, nil
+}
+
+// sharedSeed is the seed of a workload's shared prompts: shared when set,
+// else the workload's seed. Two draws of a workload with different seeds
+// and one shared seed carry the same shared prompts and different
+// questions, conversations and arrivals (the live bench's warm-up: a
+// running deployment's caches hold its system prompts).
+func sharedSeed(seed, shared uint64) uint64 {
+	if shared != 0 {
+		return shared
+	}
+	return seed
 }

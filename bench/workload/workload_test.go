@@ -379,3 +379,76 @@ func BenchmarkAppendChatBody(b *testing.B) {
 	}
 	b.SetBytes(int64(len(buf)))
 }
+
+// TestSharedSeedKeepsSharedPrompts: a workload drawn with another seed and
+// the first draw's seed as its shared seed carries the first draw's shared
+// prompts (system prompts, instructions, documents) and its own questions;
+// without the shared seed its shared prompts are its own too.
+func TestSharedSeedKeepsSharedPrompts(t *testing.T) {
+	draw := func(seed, shared uint64) map[string]*Workload {
+		sp := DefaultSharedPrefix()
+		sp.Seed, sp.SharedSeed = seed, shared
+		mt := DefaultMultiTurn()
+		mt.Seed, mt.SharedSeed, mt.Conversations = seed, shared, 8
+		mx := DefaultMixed()
+		mx.Seed, mx.SharedSeed = seed, shared
+		oc := DefaultOneCompany()
+		oc.Seed, oc.SharedSeed = seed, shared
+		gw := DefaultGateway()
+		gw.Seed, gw.SharedSeed = seed, shared
+		out := map[string]*Workload{}
+		for name, f := range map[string]func() (*Workload, error){
+			"shared-prefix": func() (*Workload, error) { return SharedPrefix(sp) },
+			"multi-turn":    func() (*Workload, error) { return MultiTurn(mt) },
+			"mixed":         func() (*Workload, error) { return Mixed(mx) },
+			"one-company":   func() (*Workload, error) { return OneCompany(oc) },
+			"gateway":       func() (*Workload, error) { return Gateway(gw) },
+		} {
+			w, err := f()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			out[name] = w
+		}
+		return out
+	}
+	// ids collects the segment ids of one role across a workload.
+	ids := func(w *Workload, role Role) map[uint64]bool {
+		m := map[uint64]bool{}
+		for _, r := range w.Requests {
+			for _, msg := range r.Messages {
+				if msg.Role == role {
+					for _, s := range msg.Segments {
+						m[s.ID] = true
+					}
+				}
+			}
+		}
+		return m
+	}
+	overlap := func(a, b map[uint64]bool) int {
+		n := 0
+		for id := range a {
+			if b[id] {
+				n++
+			}
+		}
+		return n
+	}
+	first, kept, own := draw(1, 0), draw(2, 1), draw(2, 0)
+	for name, w := range first {
+		sys, user := ids(w, System), ids(w, User)
+		if len(sys) == 0 {
+			t.Fatalf("%s: no shared prompt", name)
+		}
+		if n := overlap(ids(kept[name], System), sys); n == 0 {
+			t.Errorf("%s: drawn with shared seed 1, none of its shared prompts is the seed-1 draw's", name)
+		}
+		if n := overlap(ids(kept[name], User), user); n != 0 {
+			t.Errorf("%s: drawn with seed 2, %d of its questions are the seed-1 draw's", name, n)
+		}
+		if n := overlap(ids(own[name], System), sys); n != 0 {
+			t.Errorf("%s: drawn with seed 2 alone, %d of its shared prompts are the seed-1 draw's", name, n)
+		}
+	}
+}

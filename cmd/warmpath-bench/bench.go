@@ -123,7 +123,8 @@ func runLive(ctx context.Context, args []string, e env) error {
 	policies := fs.String("policies", "", "warmpath policies of the routing rows, comma-separated (\"\" = cost,prefix,least-request,round-robin); a row may set routing knobs beside its policy, NAME+key=value[+key=value], e.g. cost+slot_hold=-1s")
 	workloads := fs.String("workloads", "", "routing workloads, comma-separated (\"\" = all); of "+strings.Join(live.Workloads(), ", "))
 	routerLogs := fs.String("router-logs", "", "`folder` for every warmpath routing row's access log (JSON lines with the router's predictions) and final /debug/replicas; \"\" = none")
-	warmup := fs.Int("warmup", 0, "`requests` each routing row sends first (the same workload with another seed, not counted), so engines' caches and the router's learned models are warm (0 = none)")
+	warmup := fs.Int("warmup", 0, "`requests` each routing row sends first (the same workload and shared prompts with another seed, not counted), so engines' caches and the router's learned models are warm (0 = none)")
+	warmupNew := fs.Bool("warmup-new-prompts", false, "draw the warm-up's shared prompts (system prompts, instructions) with its own seed too: measured requests meet caches holding other prompts, as after a prompt change")
 	learnWaits := fs.Bool("learn-slot-waits", false, "set routing.learn_slot_waits for the llama.cpp fleets' routers (off: every router runs the defaults)")
 	timeScale := fs.Float64("time-scale", 0, "enginesim fleets' wall seconds per model second (0 = 0.5; --smoke: 0.05; the tenants scenario keeps its own 0.5): larger runs slower and makes the router's own latency a smaller share of a model second")
 	rerender := fs.String("rerender", "", "rewrite the report beside a results `file` (NAME.json to NAME.md) with this build's report format, running nothing")
@@ -169,7 +170,7 @@ func runLive(ctx context.Context, args []string, e env) error {
 	// pipe as much as a terminal.
 	res, err := live.Run(ctx, live.Options{Out: *c.out, Smoke: *c.smoke, Seed: *c.seed, Engines: *c.replicas, SkipNginx: *skipNginx,
 		Fleets: fl, WarmpathBin: wp, EnginesimBin: es, Progress: e.stderr, Command: benchCmdline("live", args), Commit: *commit, Scenario: *scenario,
-		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale, RouterLogs: *routerLogs, Warmup: *warmup,
+		RoutingRounds: *routingRounds, Policies: pol, RoutingOnly: *routingOnly, Workloads: wls, TimeScale: *timeScale, RouterLogs: *routerLogs, Warmup: *warmup, WarmupNewPrompts: *warmupNew,
 		LearnSlotWaits: *learnWaits})
 	if err != nil {
 		return err
