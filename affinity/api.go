@@ -155,6 +155,11 @@ type HoldAdvice struct {
 	// past Wait by at most this (Until).
 	Gain float64
 	gen  uint32 // the replica's generation (IDs are reused)
+	// rentKey names the promised prefix (its last block's hash) where the
+	// slot's request has computed it: Router.Hold charges the wait to it
+	// (holdRents). 0: a prompt still being computed, not charged.
+	rentKey uint64
+	at      int64 // Request.Now of the advice
 }
 
 // Holding reports whether the advice is to wait.

@@ -17,6 +17,7 @@ type Collector struct {
 
 	decisions, errors, mispredicts, rollbacks, evictions      *prometheus.Desc
 	turnsKept                                                 *prometheus.Desc
+	holdCopies                                                *prometheus.Desc
 	promptTokens                                              *prometheus.Desc
 	blocks, pairs, info, credit                               *prometheus.Desc
 	pending, rate, cached, capacity, drain                    *prometheus.Desc
@@ -36,6 +37,7 @@ func NewCollector(r *Router) *Collector {
 		rollbacks:    d("rollbacks_total", "Speculative index inserts undone after a failure before the first token."),
 		evictions:    d("index_evictions_total", "(block, replica) pairs evicted by the per-replica LRU bound."),
 		turnsKept:    d("turns_kept_total", "Chat turns the cost policy put back on their previous turn's replica (engines with per-slot caches) over a lower estimate elsewhere."),
+		holdCopies:   d("hold_copies_total", "Slot holds the cost policy declined because waiting for a computed prefix had come to what computing another copy costs (engines with per-slot caches)."),
 		promptTokens: d("prompt_tokens_total", "Estimated prompt tokens of begun requests."),
 		blocks:       d("index_blocks", "Distinct block hashes tracked."),
 		pairs:        d("index_pairs", "(block, replica) pairs tracked."),
@@ -58,7 +60,7 @@ func NewCollector(r *Router) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions, c.turnsKept,
+	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions, c.turnsKept, c.holdCopies,
 		c.promptTokens, c.blocks, c.pairs, c.info, c.credit,
 		c.pending, c.rate, c.cached, c.capacity, c.drain,
 		c.slots, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust, c.busy} {
@@ -82,6 +84,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	cnt(c.rollbacks, s.Rollbacks)
 	cnt(c.evictions, s.Evictions)
 	cnt(c.turnsKept, s.TurnsKept)
+	cnt(c.holdCopies, s.HoldCopies)
 	cnt(c.promptTokens, s.PromptTokens)
 	gauge(c.blocks, float64(s.TrackedBlocks))
 	gauge(c.pairs, float64(s.TrackedPairs))

@@ -126,6 +126,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	limit := -1.0 // holdShare of the best estimate, once a slot could be held
 	bestEst := 0.0
 	var best HoldAdvice
+	declined := uint64(0) // a computed prefix whose rent is paid (holdRents)
 	for i, id := range cands {
 		if cs[i].busy == 0 {
 			continue // no request running there: no busy slot (this router's are in busy)
@@ -165,10 +166,23 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		if est > limit {
 			continue
 		}
+		var key uint64
+		if sh.first != 0 {
+			key = req.Hashes[sh.shared-1]
+			if req.HoldSince == 0 && v.r.rents.paid(key, now, bestEst-est) {
+				declined = key // its waits have come to a copy's cost
+				continue
+			}
+		}
 		limit = est
-		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), Shared: int(promised), Gain: bestEst - est, gen: rp.gen}
+		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), Shared: int(promised), Gain: bestEst - est, gen: rp.gen,
+			rentKey: key, at: now}
 	}
 	if !best.Holding() {
+		if declined != 0 {
+			v.r.rents.buy(declined, now)
+			v.r.holdCopies.Add(1)
+		}
 		return
 	}
 	since := req.HoldSince

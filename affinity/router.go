@@ -52,6 +52,8 @@ type Router struct {
 	mispredicts   atomic.Uint64
 	rollbacks     atomic.Uint64
 	turnsKept     atomic.Uint64 // CostPolicy.keepTurn's moves
+	holdCopies    atomic.Uint64 // holds declined for a copy (holdRents)
+	rents         holdRents
 	promptTokens  atomic.Uint64
 	cachedTokens  atomic.Uint64
 
@@ -544,6 +546,9 @@ func (r *Router) Hold(h HoldAdvice, delta int) {
 	defer r.mu.RUnlock()
 	if p := r.rep(h.Replica); p != nil && p.gen == h.gen {
 		p.holds.Add(int32(delta))
+	}
+	if delta > 0 && h.rentKey != 0 {
+		r.rents.charge(h.rentKey, h.at, h.Wait)
 	}
 }
 

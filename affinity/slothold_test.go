@@ -327,3 +327,80 @@ func TestHoldOnlyForSlotCaches(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldRentBuysACopy: one slot of each replica holds one company's
+// instructions and decodes; the other slots hold nothing. Each new request
+// is advised to wait for one of them, about a second less than computing
+// the instructions in a free slot, until the waits charged to the
+// instructions (Router.Hold) come to what computing them costs the next
+// request more: that request is not held and computes the copy the
+// requests after it reuse, and the rent starts again (holdRents). A request already held keeps its wait,
+// and waits for a prompt still being computed are not charged.
+func TestHoldRentBuysACopy(t *testing.T) {
+	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+	const ms = int64(time.Millisecond)
+	// A slot of each replica computes the instructions.
+	var fs [2]Flight
+	for i := range fs {
+		r.Begin(ids[i], mk(uint64(i+1), 0), nil, &fs[i])
+	}
+	var d Decision
+	user := uint64(100)
+	// advise decides for a new user's request at now.
+	advise := func(now int64) *Request {
+		t.Helper()
+		user++
+		req := mk(user, now)
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+	// While the slots compute the instructions, holds for them are the
+	// burst's and charge nothing.
+	for i := range 4 {
+		advise(200*ms + int64(i)*ms)
+		if !d.Hold.Holding() {
+			t.Fatalf("prefilling, request %d: no hold", i)
+		}
+		r.Hold(d.Hold, 1)
+		r.Hold(d.Hold, -1)
+	}
+	for i := range fs {
+		r.FirstToken(&fs[i], 2200*ms)
+	}
+	now := 2300 * ms
+	held := 0
+	for ; held < 10; held++ {
+		req := advise(now)
+		if !d.Hold.Holding() {
+			if d.CachedTokens[0] >= holdSysBlocks*r.bt {
+				t.Fatalf("hold declined after %d: ranked %v cached %v, want a copy computed", held, d.Ranked, d.CachedTokens)
+			}
+			break
+		}
+		if d.Hold.Gain <= 0 {
+			t.Fatalf("decoding, request %d: hold %+v, want a gain", held, d.Hold)
+		}
+		// A request already held keeps waiting whatever the rent.
+		req.Hold(d.Hold, now)
+		r.Hold(d.Hold, 1)
+		if err := r.Decide(req, &d); err != nil || !d.Hold.Holding() {
+			t.Fatalf("held request %d decided again: hold %+v (%v)", held, d.Hold, err)
+		}
+		r.Hold(d.Hold, -1)
+		now += ms
+	}
+	// The first decoding hold finds no rent (the prefill's holds charged
+	// none); the copy comes after a few, well before ten.
+	if held < 1 || held >= 10 {
+		t.Fatalf("%d holds before a copy, want at least 1 and under 10", held)
+	}
+	if n := r.Stats().HoldCopies; n != 1 {
+		t.Fatalf("HoldCopies %d, want 1", n)
+	}
+	// The rent starts again: the next request is held.
+	if advise(now); !d.Hold.Holding() {
+		t.Fatalf("after the copy: hold %+v, want one again", d.Hold)
+	}
+}

@@ -100,6 +100,7 @@ type Stats struct {
 	Mispredictions uint64 // End reports far below the predicted cached tokens
 	Rollbacks      uint64 // speculative inserts undone (failed before first token)
 	TurnsKept      uint64 // chat turns put back on their previous turn's replica (CostPolicy.keepTurn)
+	HoldCopies     uint64 // slot holds declined so that a request computes another copy of a prefix (holdRents)
 	Evictions      uint64 // (block, replica) pairs evicted by LRU bounds
 	TrackedBlocks  int    // distinct block hashes in the index
 	TrackedPairs   int    // (block, replica) pairs in the index
@@ -119,6 +120,7 @@ func (r *Router) Stats() Stats {
 		Mispredictions: r.mispredicts.Load(),
 		Rollbacks:      r.rollbacks.Load(),
 		TurnsKept:      r.turnsKept.Load(),
+		HoldCopies:     r.holdCopies.Load(),
 		Evictions:      r.idx.evictions,
 		TrackedBlocks:  len(r.idx.blocks),
 		TrackedPairs:   len(r.idx.pairs),
