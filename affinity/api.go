@@ -159,6 +159,7 @@ type HoldAdvice struct {
 	// slot's request has computed it: Router.Hold charges the wait to it
 	// (holdRents). 0: a prompt still being computed, not charged.
 	rentKey uint64
+	at      int64 // Request.Now of the advice
 }
 
 // Holding reports whether the advice is to wait.

@@ -1,6 +1,9 @@
 package affinity
 
-import "sync"
+import (
+	"math"
+	"sync"
+)
 
 // holdRents prices the copies slot holds forgo, as renting against
 // buying. A request held for a busy slot whose request has computed the
@@ -15,57 +18,63 @@ import "sync"
 // (Router.Hold); a new request's hold for it is declined once the rent
 // has come to its gain (the buying price), and the rent starts again. No
 // more waiting than about twice what buying at the right moment would
-// have cost, whatever the demand turns out to be; a conversation's own
-// history, a new prefix each turn, gathers no rent. Holds for a prompt still being computed are not charged: a
+// have cost, whatever the demand turns out to be, and a prefix held for
+// now and then (a conversation's own history, a new prefix per turn)
+// never buys. Holds for a prompt still being computed are not charged: a
 // copy computed beside them shares an engine with another cold prompt
 // (the burst of requests carrying a prompt new to the fleet, which holds
 // exist for).
 //
-// Rent does not decay: the bound holds whenever the waiting happened, and
-// a prefix waited for rarely buys one copy after as much waiting as that
-// copy costs. A prefix whose slot in the table another takes starts
-// again from nothing.
+// Rent decays with holdRentHalfLife: the demand a copy would serve is the
+// recent one, and waits of long ago say little about what is held now.
 type holdRents struct {
 	mu sync.Mutex
 	e  [holdRentSlots]holdRent
 }
 
-// holdRent is one prefix's rent: seconds of predicted waiting.
+// holdRent is one prefix's rent: seconds of predicted waiting, as of at.
 type holdRent struct {
 	key  uint64
 	rent float64
+	at   int64
 }
 
-// holdRentSlots is how many prefixes are tracked at once (direct-mapped
-// by hash).
-const holdRentSlots = 64
+const (
+	holdRentSlots    = 64   // prefixes tracked at once (direct-mapped by hash)
+	holdRentHalfLife = 10e9 // ns
+)
 
-// slot is key's entry, reset if another prefix had it. mu held.
-func (h *holdRents) slot(key uint64) *holdRent {
+// slot is key's entry, its rent decayed to now (reset if another prefix
+// had the slot). mu held.
+func (h *holdRents) slot(key uint64, now int64) *holdRent {
 	e := &h.e[key%holdRentSlots]
 	if e.key != key {
-		*e = holdRent{key: key}
+		*e = holdRent{key: key, at: now}
+	}
+	if dt := now - e.at; dt > 0 {
+		e.rent *= math.Exp2(-float64(dt) / holdRentHalfLife)
+		e.at = now
 	}
 	return e
 }
 
 // charge adds a hold's predicted wait (seconds) to key's rent.
-func (h *holdRents) charge(key uint64, wait float64) {
+func (h *holdRents) charge(key uint64, now int64, wait float64) {
 	h.mu.Lock()
-	h.slot(key).rent += wait
+	h.slot(key, now).rent += wait
 	h.mu.Unlock()
 }
 
 // paid says whether key's rent has come to price.
-func (h *holdRents) paid(key uint64, price float64) bool {
+func (h *holdRents) paid(key uint64, now int64, price float64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.slot(key).rent >= price
+	return h.slot(key, now).rent >= price
 }
 
 // buy starts key's rent again: a request computes a copy.
-func (h *holdRents) buy(key uint64) {
+func (h *holdRents) buy(key uint64, now int64) {
 	h.mu.Lock()
-	h.slot(key).rent = 0
+	h.slot(key, now).rent = 0
 	h.mu.Unlock()
 }

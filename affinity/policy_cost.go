@@ -169,18 +169,18 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		var key uint64
 		if sh.first != 0 {
 			key = req.Hashes[sh.shared-1]
-			if req.HoldSince == 0 && v.r.rents.paid(key, bestEst-est) {
+			if req.HoldSince == 0 && v.r.rents.paid(key, now, bestEst-est) {
 				declined = key // its waits have come to a copy's cost
 				continue
 			}
 		}
 		limit = est
 		best = HoldAdvice{Replica: id, Owner: sh.owner, Wait: max(wait, 1e-9), Shared: int(promised), Gain: bestEst - est, gen: rp.gen,
-			rentKey: key}
+			rentKey: key, at: now}
 	}
 	if !best.Holding() {
 		if declined != 0 {
-			v.r.rents.buy(declined)
+			v.r.rents.buy(declined, now)
 			v.r.holdCopies.Add(1)
 		}
 		return

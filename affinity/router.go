@@ -548,7 +548,7 @@ func (r *Router) Hold(h HoldAdvice, delta int) {
 		p.holds.Add(int32(delta))
 	}
 	if delta > 0 && h.rentKey != 0 {
-		r.rents.charge(h.rentKey, h.Wait)
+		r.rents.charge(h.rentKey, h.at, h.Wait)
 	}
 }
 
