@@ -16,17 +16,17 @@ import (
 // after: one request's extra time bought once against every later one's
 // wait. Every such hold's predicted wait is rent charged to its prefix
 // (Router.Hold); a new request's hold for it is declined once the rent
-// has come to its gain (the buying price), and the rent starts again. No
-// more waiting than about twice what buying at the right moment would
-// have cost, whatever the demand turns out to be, and a prefix held for
-// now and then (a conversation's own history, a new prefix per turn)
-// never buys. Holds for a prompt still being computed are not charged: a
+// has come to its gain (the buying price), and the rent starts again: as
+// in the ski-rental problem, within the half-life's window no more waiting
+// than about twice what buying at the right moment would have cost; a
+// conversation's own history, a new prefix each turn, gathers no rent. Holds for a prompt still being computed are not charged: a
 // copy computed beside them shares an engine with another cold prompt
 // (the burst of requests carrying a prompt new to the fleet, which holds
 // exist for).
 //
 // Rent decays with holdRentHalfLife: the demand a copy would serve is the
-// recent one, and waits of long ago say little about what is held now.
+// recent one, and waits of long ago say little about what is held now
+// (undecayed rent did worse on live llama.cpp's one-company bursts).
 type holdRents struct {
 	mu sync.Mutex
 	e  [holdRentSlots]holdRent
