@@ -91,6 +91,13 @@ type EngineSignals struct {
 	// taken for another router's. Zero: the load at SetSignals (a caller
 	// that reads the engine synchronously, as the simulator does).
 	Mark SignalMark
+	// FreshSlots: how many batch slots held nothing when the router
+	// first read the engine's slots (llama.cpp /slots: a slot that never
+	// ran a task), 0 when unknown. Slots the router has not used since
+	// are then known empty; without it they may hold any prompt the
+	// engine ran before, and the cost policy advises no slot hold while
+	// such a slot is idle (it may hold the prompt the hold waits for).
+	FreshSlots int
 }
 
 // SignalMark is a replica's load as this router sees it at one moment

@@ -145,6 +145,9 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		if limit < 0 {
+			if unknownSlots(v) {
+				return // the gain is priced on slots the model cannot see
+			}
 			bestEst = p.bestEst(v, cs, d, now)
 			limit = bestEst * holdShare
 		}
@@ -167,7 +170,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		var key uint64
-		if sh.first != 0 {
+		if sh.computed {
 			key = req.Hashes[sh.shared-1]
 			if req.HoldSince == 0 && v.r.rents.paid(key, now, bestEst-est) {
 				declined = key // its waits have come to a copy's cost
@@ -196,6 +199,19 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	slack := min(holdSlack*best.Wait+holdSlackMin/1e9, best.Gain)
 	best.Until = now + int64(min(best.Wait+slack, left)*1e9)
 	d.Hold = best
+}
+
+// unknownSlots says whether a candidate's engine may hold prompts in idle
+// slots the model cannot see (slotCache.unknownIdle): a hold's gain is
+// the cost of computing the prompt elsewhere, and such a slot may hold
+// it already.
+func unknownSlots(v *View) bool {
+	for _, id := range v.Candidates() {
+		if sc, n := v.r.reps[id].slotModel(); sc != nil && sc.unknownIdle(n) {
+			return true
+		}
+	}
+	return false
 }
 
 // bestEst is the lowest estimate among the ranked candidates (keepTurn may

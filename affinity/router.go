@@ -462,6 +462,9 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigOwnPend.Store(pending)
 	p.sigAt.Store(s.At)
 	p.slotsSig.Store(clamp32(int64(max(s.BatchSlots, 0))))
+	if s.FreshSlots > 0 {
+		p.slotc.setFresh(s.FreshSlots)
+	}
 	if s.At != 0 {
 		p.slotSig.Store(s.SlotCaches)
 		p.noCacheSig.Store(s.NoPrefixCache)

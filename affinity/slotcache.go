@@ -55,6 +55,14 @@ type slotCache struct {
 	ramCap    int
 	ramHits   [8]int
 	ramHitAt  int
+	// fresh is how many slots the engine reported holding nothing when
+	// the router first read its slots (EngineSignals.FreshSlots). A slot
+	// this model has never given a request (slotEntry.seen) holds what
+	// the engine ran before the router started: nothing on a fresh
+	// engine, a prompt the router cannot know on a warm one (a router
+	// restarted in front of engines that kept serving, or another
+	// router's traffic). Unseen slots beyond fresh are unknown.
+	fresh int
 }
 
 // ramPrompts bounds the RAM cache model's entries. llama.cpp's cache holds
@@ -89,6 +97,13 @@ type slotEntry struct {
 	// token's time, 0 before it (first): when the slot frees (holdable).
 	start, first int64
 	pred         float64
+	// found is how many leading blocks of the prompt the slot held (or
+	// loaded from RAM) when the owner was given it: those are computed
+	// from the start, only the rest waits for the owner's prefill.
+	found int
+	// seen: the model has given the slot a request, or knows it empty
+	// (the engine restarted): its prompt is the model's, not unknown.
+	seen bool
 }
 
 // slotSimilarity is llama.cpp's default -sps: a slot is chosen by its
@@ -419,15 +434,17 @@ func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int, use r
 func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	c.tick++
 	e := &c.slots[i]
+	found := lcp(e.hashes, hashes)
 	if ram {
 		c.save(e.hashes)
-		if at, _, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
+		if at, k, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
+			found = max(found, k)
 			c.dropRAM(at)
 		}
 		c.evictRAM()
 	}
 	e.hashes = append(e.hashes[:0], hashes...)
-	e.owner, e.used = owner, c.tick
+	e.owner, e.used, e.found, e.seen = owner, c.tick, found, true
 	e.start, e.pred, e.first = 0, 0, 0
 }
 
@@ -478,6 +495,10 @@ type slotHold struct {
 	owner        uint64 // the flight running there
 	start, first int64  // the owner's Begin and first token (0: none yet)
 	pred         float64
+	// computed: the shared blocks are in the slot already (the owner's
+	// first token came, or the slot held them when the owner took it and
+	// only the rest of its prompt is being computed).
+	computed bool
 }
 
 // holdable finds, on an engine with n > 0 slots, the busy slot whose
@@ -493,7 +514,7 @@ func (c *slotCache) holdable(n int, hashes []uint64, over int) (h slotHold, ok b
 	if len(c.slots) != n {
 		c.resize(n)
 	}
-	if len(c.waiting) > 0 {
+	if len(c.waiting) > 0 || c.unknownIdleLocked() {
 		return h, false
 	}
 	best := over
@@ -504,11 +525,46 @@ func (c *slotCache) holdable(n int, hashes []uint64, over int) (h slotHold, ok b
 		}
 		if k := lcp(e.hashes, hashes); k > best {
 			best = k
-			h = slotHold{shared: k, owner: e.owner, start: e.start, first: e.first, pred: e.pred}
+			h = slotHold{shared: k, owner: e.owner, start: e.start, first: e.first, pred: e.pred,
+				computed: e.first != 0 || k <= e.found}
 			ok = true
 		}
 	}
 	return h, ok
+}
+
+// unknownIdle says whether, on an engine with n > 0 slots, an idle slot
+// may hold a prompt the model does not know: one it never gave a
+// request, past the slots the engine reported fresh. The engine gives a
+// request such a slot when its prompt matches best, so a prediction that
+// the request's prefix is in busy slots alone is unproven there.
+func (c *slotCache) unknownIdle(n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.slots) != n {
+		c.resize(n)
+	}
+	return c.unknownIdleLocked()
+}
+
+// unknownIdleLocked is unknownIdle; callers hold mu and sized the slots.
+func (c *slotCache) unknownIdleLocked() bool {
+	unseen, idle := 0, false
+	for i := range c.slots {
+		if e := &c.slots[i]; !e.seen {
+			unseen++
+			idle = idle || e.owner == 0
+		}
+	}
+	return idle && unseen > c.fresh
+}
+
+// setFresh records how many slots the engine reported holding nothing
+// when the router first read them (EngineSignals.FreshSlots).
+func (c *slotCache) setFresh(k int) {
+	c.mu.Lock()
+	c.fresh = k
+	c.mu.Unlock()
 }
 
 // end releases flight owner's slot (it keeps the prompt, as the engine
@@ -562,6 +618,7 @@ func (c *slotCache) reset() {
 	defer c.mu.Unlock()
 	for i := range c.slots {
 		c.slots[i].hashes = c.slots[i].hashes[:0]
+		c.slots[i].seen = true // empty, as the restarted engine's
 	}
 	for len(c.ram) > 0 {
 		c.dropRAM(len(c.ram) - 1)

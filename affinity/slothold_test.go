@@ -49,6 +49,8 @@ func holdFleetAt(t *testing.T, cfg Config, model CacheModel, rate float64) (*Rou
 		if ids[i], err = r.AddReplica(spec); err != nil {
 			t.Fatal(err)
 		}
+		// Fresh engines: every slot empty (llama.cpp /slots).
+		r.SetSignals(ids[i], EngineSignals{FreshSlots: 4})
 	}
 	mk := func(user uint64, now int64) *Request {
 		h := holdPrompt(user)
@@ -402,5 +404,101 @@ func TestHoldRentBuysACopy(t *testing.T) {
 	// The rent starts again: the next request is held.
 	if advise(now); !d.Hold.Holding() {
 		t.Fatalf("after the copy: hold %+v, want one again", d.Hold)
+	}
+}
+
+// TestHoldRentChargesReusedPrefix: a slot whose new request reuses the
+// instructions its last one left there holds them computed from the
+// start; only the question is prefilled. Holds for such a slot wait out
+// another user's request, not the instructions' computation, so they
+// charge rent before that request's first token, and a copy follows.
+func TestHoldRentChargesReusedPrefix(t *testing.T) {
+	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+	const ms = int64(time.Millisecond)
+	// One slot of each replica computes the instructions and finishes.
+	for i, id := range ids {
+		var f Flight
+		r.Begin(id, mk(uint64(i+1), 0), nil, &f)
+		r.FirstToken(&f, 2000*ms)
+		r.End(&f, 2500*ms, 0, true)
+	}
+	// The next user on each replica takes that slot, reusing them.
+	var fs [2]Flight
+	for i, id := range ids {
+		r.Begin(id, mk(uint64(i+3), 3000*ms), nil, &fs[i])
+	}
+	var d Decision
+	now := 3050 * ms
+	held := 0
+	for ; held < 10; held++ {
+		req := mk(uint64(100+held), now)
+		if err := r.Decide(req, &d); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Hold.Holding() {
+			break
+		}
+		r.Hold(d.Hold, 1)
+		r.Hold(d.Hold, -1)
+		now += ms
+	}
+	if held < 1 || held >= 10 {
+		t.Fatalf("%d holds before a copy, want at least 1 and under 10", held)
+	}
+	if n := r.Stats().HoldCopies; n != 1 {
+		t.Fatalf("HoldCopies %d, want 1", n)
+	}
+}
+
+// TestNoHoldWithUnknownSlots: a router started in front of engines that
+// were serving (their /slots show every slot used) does not know what
+// the slots it has not used hold; the engine gives a request such a slot
+// when it holds the request's prompt. So no hold is advised while one is
+// idle: the replica holding the prompt in a busy slot may hold it in an
+// idle one too, and the replica a copy would go to may hold it already.
+// Slots the engine reports fresh, and slots the router has used, are
+// known; with them the hold comes back.
+func TestNoHoldWithUnknownSlots(t *testing.T) {
+	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
+	for _, id := range ids {
+		r.reps[id].slotc.setFresh(0) // warm engines: every slot ran something
+	}
+	const ms = int64(time.Millisecond)
+	var f1, f2 Flight
+	var d Decision
+	r.Begin(ids[0], mk(1, 0), nil, &f1)
+	r.Begin(ids[1], mk(2, 100*ms), nil, &f2)
+	// As in TestHoldForSlotHoldingPrompt's third request: both replicas
+	// compute the prompt in one slot; three slots of each are unknown.
+	req := mk(3, 200*ms)
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Hold.Holding() {
+		t.Fatalf("unknown idle slots: hold %+v, want none", d.Hold)
+	}
+	// One replica's engine reports its slots fresh: the other's are still
+	// unknown, and a copy there may be no copy at all.
+	r.SetSignals(ids[0], EngineSignals{FreshSlots: 4})
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Hold.Holding() {
+		t.Fatalf("r1's slots unknown: hold %+v, want none", d.Hold)
+	}
+	// The router has used r1's slots since (other prompts): all known.
+	var fs [3]Flight
+	for i := range fs {
+		h := chainOf(0xfeed+uint64(i), 0, 2, 2)
+		r.Begin(ids[1], &Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: 150 * ms}, nil, &fs[i])
+	}
+	for i := range fs {
+		r.End(&fs[i], 160*ms, 0, true)
+	}
+	if err := r.Decide(req, &d); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Hold.Holding() || d.Hold.Replica != ids[0] {
+		t.Fatalf("slots known: ranked %v, hold %+v; want a hold for r0", d.Ranked, d.Hold)
 	}
 }

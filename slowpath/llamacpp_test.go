@@ -86,6 +86,7 @@ func TestSSEScanLlamaCppStream(t *testing.T) {
 type fakeLlama struct {
 	addr  string
 	props atomic.Int64
+	slots atomic.Int64
 }
 
 func startFakeLlama(t *testing.T) *fakeLlama {
@@ -102,7 +103,7 @@ func startFakeLlama(t *testing.T) *fakeLlama {
 func startFakeLlamaWith(t *testing.T, chat fasthttp.RequestHandler) *fakeLlama {
 	t.Helper()
 	f := &fakeLlama{}
-	metrics, props := llamaSample(t, "metrics.txt"), llamaSample(t, "props.json")
+	metrics, props, slots := llamaSample(t, "metrics.txt"), llamaSample(t, "props.json"), llamaSample(t, "slots-used.json")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +119,10 @@ func startFakeLlamaWith(t *testing.T, chat fasthttp.RequestHandler) *fakeLlama {
 			f.props.Add(1)
 			ctx.SetContentType("application/json")
 			ctx.SetBody(props)
+		case "/slots":
+			f.slots.Add(1)
+			ctx.SetContentType("application/json")
+			ctx.SetBody(slots)
 		case "/v1/chat/completions":
 			chat(ctx)
 		default:
@@ -144,6 +149,10 @@ func TestLlamaCppDiscovery(t *testing.T) {
 	})
 	if st := replicaStatus(t, s, e.addr); st.Engine.SlotContext != 8192 {
 		t.Fatalf("slot context %d, want 8192", st.Engine.SlotContext)
+	}
+	// /slots, read with /props: one of the two slots ran a request.
+	if st := replicaStatus(t, s, e.addr); st.Engine.FreshSlots != 1 {
+		t.Fatalf("fresh slots %d, want 1 (slots-used.json)", st.Engine.FreshSlots)
 	}
 	for range 3 {
 		if st, body := post(t, url+"/v1/chat/completions", "application/json", chatBody); st != 200 || !strings.Contains(body, "cache_n") {
@@ -180,5 +189,21 @@ func TestLlamaCppDiscovery(t *testing.T) {
 	time.Sleep(10 * testConfig().Scrape.Interval) // several more scrapes
 	if n := e.props.Load(); n != 1 {
 		t.Fatalf("/props read %d times, want once per engine start", n)
+	}
+	if n := e.slots.Load(); n != 1 {
+		t.Fatalf("/slots read %d times, want once, with /props", n)
+	}
+}
+
+// TestParseSlotsLlamaCpp: a slot that never ran a task (no
+// n_prompt_tokens) and runs nothing counts as fresh.
+func TestParseSlotsLlamaCpp(t *testing.T) {
+	for name, want := range map[string]int{"slots-idle.json": 2, "slots-used.json": 1, "slots-busy.json": 1} {
+		if n, err := parseSlots(llamaSample(t, name)); err != nil || n != want {
+			t.Errorf("%s: %d fresh (%v), want %d", name, n, err, want)
+		}
+	}
+	if _, err := parseSlots([]byte(`{"error":"not supported"}`)); err == nil {
+		t.Error("an object: no error")
 	}
 }

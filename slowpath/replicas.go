@@ -483,7 +483,7 @@ func (s *Server) scrape(r *replica) {
 			r.log.Info("engine batch slots from /get_server_info", "max_running_requests", props.TotalSlots, "disable_radix_cache", props.NoPrefixCache)
 		default:
 			r.props, r.propsRead, r.propsFails, r.propsNext = props, true, 0, time.Time{}
-			r.log.Info("engine batch slots from /props", "total_slots", props.TotalSlots, "n_ctx_per_slot", props.SlotContext)
+			r.log.Info("engine batch slots from /props", "total_slots", props.TotalSlots, "n_ctx_per_slot", props.SlotContext, "fresh_slots", props.FreshSlots)
 		}
 	}
 	if r.removed.Load() {
@@ -516,6 +516,7 @@ func (s *Server) scrape(r *replica) {
 		BatchSlots:       r.props.TotalSlots,
 		SlotCaches:       sm.Llama,
 		NoPrefixCache:    sm.NoPrefixCache || r.props.NoPrefixCache,
+		FreshSlots:       r.props.FreshSlots,
 		At:               s.now(),
 		Mark:             mark,
 	})
@@ -535,5 +536,23 @@ func (s *Server) readProps(r *replica, resp *fasthttp.Response, sglang bool) (en
 	if resp.StatusCode() != fasthttp.StatusOK {
 		return engineProps{}, fmt.Errorf("%s: status %d", path, resp.StatusCode())
 	}
-	return parse(resp.Body())
+	p, err := parse(resp.Body())
+	if err != nil || sglang {
+		return p, err
+	}
+	// Which slots hold nothing yet: the others hold prompts the router
+	// never saw (affinity.EngineSignals.FreshSlots). Optional: a server
+	// run with --no-slots answers 501, and its slots stay unknown.
+	resp.Reset()
+	err = s.get(r, "/slots", s.conf().Scrape.Timeout, resp)
+	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
+		err = fmt.Errorf("status %d", resp.StatusCode())
+	}
+	if err == nil {
+		p.FreshSlots, err = parseSlots(resp.Body())
+	}
+	if err != nil {
+		r.log.Debug("engine slots unreadable: slots it ran before are unknown", "err", err)
+	}
+	return p, nil
 }

@@ -244,6 +244,9 @@ type engineProps struct {
 	// NoPrefixCache: SGLang's disable_radix_cache (--disable-radix-cache),
 	// which its /metrics do not show.
 	NoPrefixCache bool
+	// FreshSlots: llama.cpp slots that held no prompt when /props was
+	// read (its /slots, read with it; 0 when unreadable, e.g. --no-slots).
+	FreshSlots int
 }
 
 // maxPropsSlots bounds a believable total_slots.
@@ -264,6 +267,25 @@ func parseProps(body []byte) (engineProps, error) {
 		return engineProps{}, fmt.Errorf("props: total_slots missing or out of range 1..%d", maxPropsSlots)
 	}
 	return engineProps{TotalSlots: *v.TotalSlots, SlotContext: max(v.Default.NCtx, 0)}, nil
+}
+
+// parseSlots counts the slots in llama.cpp's /slots body that run nothing
+// and hold no prompt: a slot that never ran a task has no n_prompt_tokens
+// (b11669). Control plane: encoding/json.
+func parseSlots(body []byte) (fresh int, err error) {
+	var v []struct {
+		Processing bool `json:"is_processing"`
+		Prompt     int  `json:"n_prompt_tokens"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return 0, fmt.Errorf("slots: %w", err)
+	}
+	for _, sl := range v {
+		if !sl.Processing && sl.Prompt == 0 {
+			fresh++
+		}
+	}
+	return fresh, nil
 }
 
 // parseServerInfo reads SGLang's /get_server_info body: its server

@@ -433,6 +433,7 @@ type ReplicaStatus struct {
 		KVCapacityTokens int       `json:"kv_capacity_tokens"`
 		BatchSlots       int       `json:"batch_slots"` // llama.cpp /props total_slots, SGLang /get_server_info max_running_requests; 0 = not reported
 		SlotContext      int       `json:"slot_context_tokens"`
+		FreshSlots       int       `json:"fresh_slots,omitempty"` // llama.cpp /slots read with /props: slots that held nothing then
 		ScrapedAt        time.Time `json:"scraped_at,omitzero"`
 		Stale            bool      `json:"stale"`
 		Error            string    `json:"error,omitempty"`
@@ -532,7 +533,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 		st.Engine.Running = r.sample.Running
 		st.Engine.KVUsage = finite(r.sample.KVUsage)
 		st.Engine.KVCapacityTokens = r.sample.KVCapacityTokens
-		st.Engine.BatchSlots, st.Engine.SlotContext = r.props.TotalSlots, r.props.SlotContext
+		st.Engine.BatchSlots, st.Engine.SlotContext, st.Engine.FreshSlots = r.props.TotalSlots, r.props.SlotContext, r.props.FreshSlots
 		st.Engine.ScrapedAt = r.lastScrape
 		st.Engine.Stale = r.stale
 		st.Engine.Error = r.scrapeErr

@@ -776,6 +776,19 @@ func (e *Engine) Reset() {
 	e.pendingAt = NoEvent
 }
 
+// FreshSlots is how many of the llama.cpp slot model's slots hold no
+// prompt and run nothing (llama.cpp /slots: a slot that never ran a
+// task); 0 for a paged cache.
+func (e *Engine) FreshSlots() int {
+	n := 0
+	for i := range e.slots {
+		if s := &e.slots[i]; !s.busy && len(s.hashes) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Release gives the engine's KV cache and its pooled request state to a
 // later NewEngine of the same size (the cluster simulator's next run).
 // The engine must not be used afterwards.

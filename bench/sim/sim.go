@@ -217,6 +217,7 @@ type cluster struct {
 	held     [][]*heldReq // by router: requests held for a busy slot
 
 	llama              []bool                                      // replica is a llama.cpp server (Engines[i].Slots > 0)
+	fresh              []int                                       // its empty slots at its first scrape (/slots beside /props); -1 before
 	phase              []int64                                     // replica -> its scrape phase within the interval
 	order              []int                                       // replicas by phase: the scrape order
 	specs              []affinity.ReplicaSpec                      // what each replica was added with (every router the same)
@@ -346,6 +347,7 @@ func newCluster(cfg Config, w *workload.Workload) (*cluster, error) {
 		c.engines = append(c.engines, e)
 		c.ids = append(c.ids, affinity.ReplicaID(i))
 		c.llama = append(c.llama, ecfgs[i].Slots > 0)
+		c.fresh = append(c.fresh, -1)
 		// each replica's scrape loop starts at its own moment (slowpath
 		// runs one ticker per replica)
 		c.phase = append(c.phase, int64(splitmix(cfg.Seed^uint64(i)*0x9e3779b97f4a7c15)%uint64(cfg.ScrapeInterval)))
@@ -798,7 +800,8 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 // vLLM's waiting, running, KV usage ratio and KV capacity (its
 // cache_config_info: block_size x num_gpu_blocks, and whether prefix
 // caching is on); llama.cpp's deferred, processing and KV usage ratio,
-// with its slots from /props, no capacity, and per-slot caches
+// with its slots from /props and the empty ones from /slots (at the
+// first scrape), no capacity, and per-slot caches
 // (affinity.EngineSignals.SlotCaches).
 func (c *cluster) scrape(i int, now int64) {
 	e := c.engines[i]
@@ -807,6 +810,10 @@ func (c *cluster) scrape(i int, now int64) {
 	if c.llama[i] {
 		sig.BatchSlots = c.cfg.engine(i).Slots
 		sig.SlotCaches = true // the proxy's: llama.cpp's /metrics
+		if c.fresh[i] < 0 {
+			c.fresh[i] = e.FreshSlots() // read once, as the proxy reads /slots with /props
+		}
+		sig.FreshSlots = c.fresh[i]
 	} else {
 		sig.KVCapacityTokens = st.TotalBlocks * e.BlockSize()
 		// cache_config_info's enable_prefix_caching label, for the
