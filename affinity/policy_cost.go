@@ -170,7 +170,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		var key uint64
-		if sh.computed {
+		if sh.first != 0 {
 			key = req.Hashes[sh.shared-1]
 			if req.HoldSince == 0 && v.r.rents.paid(key, now, bestEst-est) {
 				declined = key // its waits have come to a copy's cost

@@ -97,10 +97,6 @@ type slotEntry struct {
 	// token's time, 0 before it (first): when the slot frees (holdable).
 	start, first int64
 	pred         float64
-	// found is how many leading blocks of the prompt the slot held (or
-	// loaded from RAM) when the owner was given it: those are computed
-	// from the start, only the rest waits for the owner's prefill.
-	found int
 	// seen: the model has given the slot a request, or knows it empty
 	// (the engine restarted): its prompt is the model's, not unknown.
 	seen bool
@@ -434,17 +430,15 @@ func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int, use r
 func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	c.tick++
 	e := &c.slots[i]
-	found := lcp(e.hashes, hashes)
 	if ram {
 		c.save(e.hashes)
-		if at, k, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
-			found = max(found, k)
+		if at, _, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
 			c.dropRAM(at)
 		}
 		c.evictRAM()
 	}
 	e.hashes = append(e.hashes[:0], hashes...)
-	e.owner, e.used, e.found, e.seen = owner, c.tick, found, true
+	e.owner, e.used, e.seen = owner, c.tick, true
 	e.start, e.pred, e.first = 0, 0, 0
 }
 
@@ -495,10 +489,6 @@ type slotHold struct {
 	owner        uint64 // the flight running there
 	start, first int64  // the owner's Begin and first token (0: none yet)
 	pred         float64
-	// computed: the shared blocks are in the slot already (the owner's
-	// first token came, or the slot held them when the owner took it and
-	// only the rest of its prompt is being computed).
-	computed bool
 }
 
 // holdable finds, on an engine with n > 0 slots, the busy slot whose
@@ -525,8 +515,7 @@ func (c *slotCache) holdable(n int, hashes []uint64, over int) (h slotHold, ok b
 		}
 		if k := lcp(e.hashes, hashes); k > best {
 			best = k
-			h = slotHold{shared: k, owner: e.owner, start: e.start, first: e.first, pred: e.pred,
-				computed: e.first != 0 || k <= e.found}
+			h = slotHold{shared: k, owner: e.owner, start: e.start, first: e.first, pred: e.pred}
 			ok = true
 		}
 	}

@@ -407,49 +407,6 @@ func TestHoldRentBuysACopy(t *testing.T) {
 	}
 }
 
-// TestHoldRentChargesReusedPrefix: a slot whose new request reuses the
-// instructions its last one left there holds them computed from the
-// start; only the question is prefilled. Holds for such a slot wait out
-// another user's request, not the instructions' computation, so they
-// charge rent before that request's first token, and a copy follows.
-func TestHoldRentChargesReusedPrefix(t *testing.T) {
-	r, ids, mk := holdFleet(t, Config{}, CacheSlots)
-	const ms = int64(time.Millisecond)
-	// One slot of each replica computes the instructions and finishes.
-	for i, id := range ids {
-		var f Flight
-		r.Begin(id, mk(uint64(i+1), 0), nil, &f)
-		r.FirstToken(&f, 2000*ms)
-		r.End(&f, 2500*ms, 0, true)
-	}
-	// The next user on each replica takes that slot, reusing them.
-	var fs [2]Flight
-	for i, id := range ids {
-		r.Begin(id, mk(uint64(i+3), 3000*ms), nil, &fs[i])
-	}
-	var d Decision
-	now := 3050 * ms
-	held := 0
-	for ; held < 10; held++ {
-		req := mk(uint64(100+held), now)
-		if err := r.Decide(req, &d); err != nil {
-			t.Fatal(err)
-		}
-		if !d.Hold.Holding() {
-			break
-		}
-		r.Hold(d.Hold, 1)
-		r.Hold(d.Hold, -1)
-		now += ms
-	}
-	if held < 1 || held >= 10 {
-		t.Fatalf("%d holds before a copy, want at least 1 and under 10", held)
-	}
-	if n := r.Stats().HoldCopies; n != 1 {
-		t.Fatalf("HoldCopies %d, want 1", n)
-	}
-}
-
 // TestNoHoldWithUnknownSlots: a router started in front of engines that
 // were serving (their /slots show every slot used) does not know what
 // the slots it has not used hold; the engine gives a request such a slot

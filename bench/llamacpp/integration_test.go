@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -72,6 +73,21 @@ func TestWarmpathInFront(t *testing.T) {
 	t.Cleanup(admin.Close)
 	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("sk-test"), option.WithMaxRetries(0),
 		option.WithRequestTimeout(time.Minute))
+
+	// Before any traffic: /props and /slots read, every slot fresh (the
+	// slot model knows them empty, affinity.EngineSignals.FreshSlots).
+	// Bounded wait: 100 scrapes.
+	var fresh []int
+	for range 100 {
+		fresh = freshSlots(t, admin.URL)
+		if len(fresh) == 2 && fresh[0] > 0 && fresh[1] > 0 {
+			break
+		}
+		time.Sleep(cfg.Scrape.Interval)
+	}
+	if !slices.Equal(fresh, []int{2, 2}) {
+		t.Fatalf("fresh slots %v before any request, want 2 of 2 on each engine", fresh)
+	}
 
 	// Three users share a 2,048-token system prompt; each asks twice, the
 	// second turn carrying the first turn and its real answer. Odd requests
@@ -264,4 +280,29 @@ func TestWarmpathInFront(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("requests (stream, cached_tokens): %+v", log)
+}
+
+// freshSlots is each replica's fresh_slots in warmpath's /debug/replicas.
+func freshSlots(t *testing.T, admin string) []int {
+	t.Helper()
+	resp, err := http.Get(admin + "/debug/replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rs struct {
+		Replicas []struct {
+			Engine struct {
+				FreshSlots int `json:"fresh_slots"`
+			} `json:"engine"`
+		} `json:"replicas"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rs); err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, r := range rs.Replicas {
+		out = append(out, r.Engine.FreshSlots)
+	}
+	return out
 }
