@@ -25,11 +25,14 @@ const (
 	// a few prompts (--cache-ram 4), running multi-turn alone with three
 	// times the conversations and longer histories.
 	FleetLlamaSmallCache = "llamacpp-smallcache"
+	// FleetLlamaTenants: the same small host cache, running shared-prefix
+	// alone with twice as many system prompts as the servers have slots.
+	FleetLlamaTenants = "llamacpp-tenants"
 )
 
 // Fleets lists every fleet, in report order.
 func Fleets() []string {
-	return []string{FleetEnginesim, FleetSeqs4, FleetSeqs16, FleetHetero, FleetNoCache, FleetLlamacpp, FleetLlamaSmallCache}
+	return []string{FleetEnginesim, FleetSeqs4, FleetSeqs16, FleetHetero, FleetNoCache, FleetLlamacpp, FleetLlamaSmallCache, FleetLlamaTenants}
 }
 
 // fleet is one kind of engine cluster behind the routers.
@@ -45,6 +48,7 @@ type fleet struct {
 	requests    int
 	llamaArgs   []string // extra llama-server flags
 	chats       int      // multi-turn conversations; 0 = the fleet kind's default
+	groups      int      // shared-prefix groups, run alone; 0 = the fleet kind's default, with the others
 }
 
 // fleetSpec describes fleet name under o (defaults filled in).
@@ -95,6 +99,18 @@ func fleetSpec(o Options, name string) (fleet, error) {
 			"`--cache-ram 4`: a host prompt cache of 4,096 tokens, a few prompts, as an 8B model's default 8 GiB holds some 18 long ones; "+
 			"multi-turn with 24 conversations of 6-8 turns whose own history outweighs the system prompt", o.LlamaServers, o.LlamaSlots, o.LlamaCtxPerSlot)
 		f.kvTokens, f.prefillRate, f.rps, f.requests = o.LlamaSlots*o.LlamaCtxPerSlot, 6000, o.LlamaRPS, 4*o.LlamaRequests
+	case FleetLlamaTenants:
+		// Twice as many 2,048-token system prompts as the servers have
+		// slots, and a host cache of two: the slots hold half the groups,
+		// so which server a group's request goes to decides whether its
+		// prompt is there (with the default cache the tiny model's
+		// prompts all stay in RAM and every policy reuses them).
+		f.engines, f.timeScale, f.llama = o.LlamaServers, 1, true
+		f.llamaArgs, f.groups = []string{"--cache-ram", "4"}, 2*o.LlamaServers*o.LlamaSlots
+		f.about = fmt.Sprintf("%d llama.cpp llama-server processes (tiny random-weight model, %d slots x %d tokens, one core each), "+
+			"`--cache-ram 4`: a host prompt cache of two system prompts; shared-prefix with %d groups, twice the slots",
+			o.LlamaServers, o.LlamaSlots, o.LlamaCtxPerSlot, f.groups)
+		f.kvTokens, f.prefillRate, f.rps, f.requests = o.LlamaSlots*o.LlamaCtxPerSlot, 6000, o.LlamaRPS, 2*o.LlamaRequests
 	default:
 		return fleet{}, fmt.Errorf("unknown fleet %q (have %v)", name, Fleets())
 	}
@@ -151,6 +167,9 @@ func fleetWorkloads(o Options, f fleet) []*workload.Workload {
 		mt.Conversations, mt.MinTurns, mt.MaxTurns, mt.QuestionTokens, mt.AnswerTokens, mt.ThinkSeconds = 8, 4, 6, 64, 32, 2
 		ns.MaxTokens, ns.OutputTokens = 2048, 32
 	}
+	if f.groups > 0 {
+		sp.Groups, sp.PromptsPerGroup = f.groups, 10
+	}
 	if f.chats > 0 {
 		// chats whose own history outweighs the system prompt (up to
 		// 512 + 8 x 192 tokens), so losing it costs what it does in
@@ -174,8 +193,9 @@ func fleetWorkloads(o Options, f fleet) []*workload.Workload {
 		add(workload.NoSharing(ns))
 	}
 	out = slices.DeleteFunc(out, func(w *workload.Workload) bool {
-		// a fleet sized for its conversations runs only them
-		return len(o.Workloads) > 0 && !slices.Contains(o.Workloads, w.Name) || f.chats > 0 && w.Name != "multi-turn"
+		// a fleet sized for its conversations or groups runs only them
+		return len(o.Workloads) > 0 && !slices.Contains(o.Workloads, w.Name) || f.chats > 0 && w.Name != "multi-turn" ||
+			f.groups > 0 && w.Name != "shared-prefix"
 	})
 	for _, w := range out {
 		if len(w.Requests) > f.requests {

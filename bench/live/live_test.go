@@ -349,6 +349,38 @@ func TestSmallCacheFleet(t *testing.T) {
 	}
 }
 
+// TestTenantsFleet: the llamacpp-tenants fleet starts its servers with a
+// small host cache and runs shared-prefix alone, with twice as many
+// system prompts as the servers have slots, several requests each within
+// its request cap.
+func TestTenantsFleet(t *testing.T) {
+	o := Options{}.withDefaults()
+	f, err := fleetSpec(o, FleetLlamaTenants)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.llama || strings.Join(f.llamaArgs, " ") != "--cache-ram 4" || f.requests != 2*o.LlamaRequests {
+		t.Fatalf("fleet %+v: want llama-server with --cache-ram 4 and 2x the request cap", f)
+	}
+	ws := fleetWorkloads(o, f)
+	if len(ws) != 1 || ws[0].Name != "shared-prefix" {
+		t.Fatalf("%d workloads, want shared-prefix alone", len(ws))
+	}
+	perGroup := map[int]int{}
+	for _, r := range ws[0].Requests {
+		perGroup[r.Group]++
+	}
+	slots := o.LlamaServers * o.LlamaSlots
+	if len(ws[0].Requests) != f.requests || len(perGroup) != 2*slots {
+		t.Fatalf("%d requests (cap %d) of %d groups, want the cap and %d groups", len(ws[0].Requests), f.requests, len(perGroup), 2*slots)
+	}
+	for g, n := range perGroup {
+		if n < 2 {
+			t.Fatalf("group %d: %d requests, want it to come back (%v)", g, n, perGroup)
+		}
+	}
+}
+
 // TestWorkloadsFilter: Workloads() names every routing workload, in the
 // order they run, and Options.Workloads keeps only those it names.
 func TestWorkloadsFilter(t *testing.T) {
