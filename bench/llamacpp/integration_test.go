@@ -282,6 +282,41 @@ func TestWarmpathInFront(t *testing.T) {
 	t.Logf("requests (stream, cached_tokens): %+v", log)
 }
 
+// TestWarmpathAfterTraffic: warmpath started in front of a llama.cpp
+// server that already served a request reads, from its /slots, one slot
+// of two holding a prompt it never saw and one fresh (the slot model then
+// advises no slot hold while the used slot is idle and unseen).
+func TestWarmpathAfterTraffic(t *testing.T) {
+	const model = "tiny"
+	f := startFleet(t, Options{N: 1, Slots: 2, CtxPerSlot: 4096, Alias: model})
+	base := "http://" + f.Addrs()[0]
+	user := string(workload.AppendSegment(nil, workload.Segment{ID: 11, Tokens: 64}))
+	if code, body := post(t, base+"/v1/chat/completions", fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":4}`, model, user)); code != http.StatusOK {
+		t.Fatalf("direct request: %d %s", code, body)
+	}
+	cfg := slowpath.Default()
+	cfg.Listen, cfg.Admin = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Scrape.Interval, cfg.Scrape.Timeout = 100*time.Millisecond, 100*time.Millisecond
+	cfg.Replicas = []slowpath.ReplicaConfig{{Address: f.Addrs()[0], Models: []string{model}}}
+	s, err := slowpath.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowpathtest.Serve(t, s)
+	admin := httptest.NewServer(s.AdminHandler())
+	t.Cleanup(admin.Close)
+	var fresh []int
+	for range 100 { // bounded: 100 scrapes
+		if fresh = freshSlots(t, admin.URL); len(fresh) == 1 && fresh[0] > 0 {
+			break
+		}
+		time.Sleep(cfg.Scrape.Interval)
+	}
+	if !slices.Equal(fresh, []int{1}) {
+		t.Fatalf("fresh slots %v after one direct request, want 1 of 2", fresh)
+	}
+}
+
 // freshSlots is each replica's fresh_slots in warmpath's /debug/replicas.
 func freshSlots(t *testing.T, admin string) []int {
 	t.Helper()
