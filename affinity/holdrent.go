@@ -19,10 +19,11 @@ import (
 // has come to its gain (the buying price), and the rent starts again: as
 // in the ski-rental problem, within the half-life's window no more waiting
 // than about twice what buying at the right moment would have cost; a
-// conversation's own history, a new prefix each turn, gathers no rent. Holds for a prompt still being computed are not charged: a
-// copy computed beside them shares an engine with another cold prompt
-// (the burst of requests carrying a prompt new to the fleet, which holds
-// exist for).
+// conversation's own history, a new prefix each turn, gathers no rent.
+// Holds for a prompt still being computed are not charged: a copy
+// computed beside them shares an engine with another cold prompt (the
+// burst of requests carrying a prompt new to the fleet, which holds exist
+// for).
 //
 // Rent decays with holdRentHalfLife: the demand a copy would serve is the
 // recent one, and waits of long ago say little about what is held now

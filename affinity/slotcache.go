@@ -504,7 +504,7 @@ func (c *slotCache) holdable(n int, hashes []uint64, over int) (h slotHold, ok b
 	if len(c.slots) != n {
 		c.resize(n)
 	}
-	if len(c.waiting) > 0 || c.unknownIdleLocked() {
+	if len(c.waiting) > 0 {
 		return h, false
 	}
 	best := over
@@ -533,11 +533,6 @@ func (c *slotCache) unknownIdle(n int) bool {
 	if len(c.slots) != n {
 		c.resize(n)
 	}
-	return c.unknownIdleLocked()
-}
-
-// unknownIdleLocked is unknownIdle; callers hold mu and sized the slots.
-func (c *slotCache) unknownIdleLocked() bool {
 	unseen, idle := 0, false
 	for i := range c.slots {
 		if e := &c.slots[i]; !e.seen {
