@@ -5,10 +5,12 @@ package affinity
 import "github.com/klauspost/cpuid/v2"
 
 // The unescapePlain kernels: AVX-512 (64 bytes a step, masked tail) where
-// the CPU has AVX512F and AVX512BW, else AVX2 (32 bytes a step, byte by
-// byte tail).
+// the CPU has AVX512F, AVX512BW, AVX512_VBMI and AVX512_VBMI2 (Ice Lake and
+// later, Zen 4 and later), else AVX2 (32 bytes a step, byte by byte tail).
+// Both decode a chunk's escapes at once; an AVX-512 CPU without VBMI2
+// (Skylake-SP, Cascade Lake) has no byte compress and takes the AVX2 one.
 var (
-	hasUnescapeAVX512 = cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW)
+	hasUnescapeAVX512 = cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512VBMI, cpuid.AVX512VBMI2)
 	hasUnescapeAVX2   = cpuid.CPU.Supports(cpuid.AVX2)
 	// hasUnescapePlain reports whether unescapePlain has a vector kernel here.
 	hasUnescapePlain = hasUnescapeAVX512 || hasUnescapeAVX2

@@ -330,13 +330,24 @@ GLOBL esccomp<>(SB), RODATA|NOPTR, $2048
 // func unescapePlainAVX512(dst, src *byte, n int) (consumed, written int)
 //
 // Copies src[:n] to dst 64 bytes at a time, decoding the two-byte escapes
-// of esctab in place, and stops at the first '"' (consumed is its index),
-// at a backslash it does not decode (\u, an invalid escape, or a backslash
+// of esctab, and stops at the first '"' (consumed is its index), at a
+// backslash it does not decode (\u, an invalid escape, or a backslash
 // ending src; consumed is its index), or at the end (consumed = n). written
 // is the number of bytes the consumed input decoded to (written <=
 // consumed). Bytes after the stop within its 64-byte chunk are stored too,
 // never beyond dst[n-1]; the last partial chunk is read and written with a
-// byte mask, never beyond src[n-1]. Requires AVX512F and AVX512BW.
+// byte mask, never beyond src[n-1]. Requires AVX512F, AVX512BW,
+// AVX512_VBMI and AVX512_VBMI2.
+//
+// A chunk whose backslashes all start two-byte escapes that end inside it
+// (no two adjacent, none in its last byte, each followed by an esctab
+// letter) and that holds no unescaped quote is decoded whole (escchunk):
+// the letters are looked up in esctab (VPERMT2B over its first 128
+// bytes), put in place of themselves, and the backslashes squeezed out
+// with one VPCOMPRESSB. Text with an escape every line (prose, code) thus
+// costs about what plain text does, where stopping at each escape cost a
+// mispredicted branch and a reload per escape (2.7x the time on prose).
+// Any other chunk takes the one-escape step (found).
 TEXT ·unescapePlainAVX512(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -346,6 +357,8 @@ TEXT ·unescapePlainAVX512(SB), NOSPLIT, $0-40
 	MOVL $0x5c, AX
 	VPBROADCASTB AX, Z31
 	LEAQ esctab<>(SB), R10
+	VMOVDQU64 (R10), Z28    // esctab[0:64]
+	VMOVDQU64 64(R10), Z29  // esctab[64:128]
 	XORQ BX, BX // consumed
 	XORQ R9, R9 // written
 
@@ -359,10 +372,53 @@ loop:
 	VPCMPEQB Z31, Z0, K2
 	VMOVDQU8 Z0, (DI)(R9*1)
 	KORTESTQ K1, K2
-	JNZ      found
+	JNZ      escchunk
 	ADDQ     $64, BX
 	ADDQ     $64, R9
 	JMP      loop
+
+// escchunk: the chunk in Z0 (quotes K1, backslashes K2) has a quote or a
+// backslash; decode it whole if it qualifies (see above).
+escchunk:
+	KMOVQ K2, CX // backslashes
+	TESTQ CX, CX
+	JZ    found  // only quotes: the string ends here
+	BTQ   $63, CX
+	JCS   found  // an escape that ends in the next chunk
+	MOVQ  CX, DX
+	SHLQ  $1, DX // the escaped bytes
+	TESTQ CX, DX
+	JNZ   found  // adjacent backslashes (\\)
+	KMOVQ K1, R11
+	MOVQ  DX, R12
+	NOTQ  R12
+	TESTQ R11, R12
+	JNZ   found  // an unescaped quote: the string ends here
+
+	// esctab[byte & 127] for every byte; bytes from 0x80 are no letters
+	VMOVDQU64 Z28, Z1
+	VPERMT2B  Z29, Z0, Z1
+	VPTESTMB  Z1, Z1, K3 // an esctab letter (if below 0x80)
+	VPMOVB2M  Z0, K4     // 0x80 and up
+	KMOVQ     K3, R11
+	KMOVQ     K4, R12
+	NOTQ      R11
+	ORQ       R12, R11   // not a letter
+	TESTQ     DX, R11
+	JNZ       found      // \u or an invalid escape
+
+	KMOVQ       DX, K5
+	VMOVDQU8    Z1, K5, Z0 // the letters decoded in place
+	MOVQ        CX, R12
+	NOTQ        R12
+	KMOVQ       R12, K6
+	VPCOMPRESSB Z0, K6, Z2 // the backslashes squeezed out
+	VMOVDQU8    Z2, (DI)(R9*1)
+	POPCNTQ     CX, CX
+	ADDQ        $64, BX
+	ADDQ        $64, R9
+	SUBQ        CX, R9
+	JMP         loop
 
 tail:
 	TESTQ DX, DX
@@ -382,6 +438,8 @@ tail:
 	ADDQ       DX, R9
 	JMP        done
 
+// found: step to the chunk's first quote or backslash (K1 | K2) and take
+// it: stop at a quote or a backslash not decoded, decode one escape.
 found:
 	KORQ    K1, K2, K1
 	KMOVQ   K1, AX
