@@ -26,6 +26,7 @@ type fairQueue struct {
 	byModel map[string]*tenant.Scheduler[*waiter]
 	lens    []int                     // queued per class over all models
 	running map[string]map[string]int // model -> tenant -> dispatched from here (reserve, headroom)
+	granted map[string]int            // model -> turns given whose waiters have not taken them (waiter.granted)
 
 	// The prefill guard (tenants.queue.headroom; guard.go).
 	active  map[string]map[string]int64 // model -> tenant -> last arrival
@@ -42,6 +43,9 @@ type waiter struct {
 	ch    chan struct{} // one token: popped (granted) or shed
 	shed  atomic.Bool   // evicted for a tenant over its share
 	model string
+	// granted: popped by kick and its token not yet taken (q.mu): the
+	// turn is outstanding (fairQueue.granted).
+	granted bool
 }
 
 // queuePoll: when no slot was released for this long while requests are
@@ -53,7 +57,7 @@ const queuePoll = 250 * time.Millisecond
 
 func newFairQueue(s *Server, cfg FairQueueConfig) *fairQueue {
 	q := &fairQueue{s: s, cfg: cfg, byModel: make(map[string]*tenant.Scheduler[*waiter]), lens: make([]int, len(tenant.Classes)),
-		running: make(map[string]map[string]int), active: make(map[string]map[string]int64), pending: make(map[*replica][]*exchange)}
+		running: make(map[string]map[string]int), granted: make(map[string]int), active: make(map[string]map[string]int64), pending: make(map[*replica][]*exchange)}
 	s.wg.Add(1)
 	go q.poll()
 	return q
@@ -147,6 +151,12 @@ func (q *fairQueue) kick() {
 			delete(q.byModel, m)
 			continue
 		}
+		if free := q.s.modelFree(m); free >= 0 && q.granted[m] >= free {
+			// Every free slot has a turn outstanding: another grant would
+			// let a later waiter take the slot before an earlier one whose
+			// goroutine has not run yet, serving them out of order.
+			continue
+		}
 		var eligible func(string) bool
 		reserve := 0
 		if q.cfg.Reserve > 0 {
@@ -184,6 +194,8 @@ func (q *fairQueue) kick() {
 			continue
 		}
 		q.setLen(it.Class, -1)
+		it.V.granted = true
+		q.granted[m]++
 		select {
 		case it.V.ch <- struct{}{}:
 		default:
@@ -236,6 +248,36 @@ func (q *fairQueue) finished(ex *exchange) {
 	}
 	q.mu.Unlock()
 	q.kick()
+}
+
+// taken ends w's outstanding turn, if it has one (its token was taken).
+func (q *fairQueue) taken(w *waiter) {
+	q.mu.Lock()
+	if w.granted {
+		w.granted = false
+		if q.granted[w.model]--; q.granted[w.model] <= 0 {
+			delete(q.granted, w.model)
+		}
+	}
+	q.mu.Unlock()
+}
+
+// modelFree is how many more requests model's healthy replicas take before
+// their caps (this router's in flight counted); -1 when one of them has
+// no cap (unlimited).
+func (s *Server) modelFree(model string) int {
+	n, mb := 0, []byte(model)
+	for _, r := range *s.table.Load() {
+		if r == nil || !r.isHealthy() || !r.serves(mb) {
+			continue
+		}
+		l := r.maxInFlight()
+		if l <= 0 {
+			return -1
+		}
+		n += int(max(l-r.inFlight(), 0))
+	}
+	return n
 }
 
 // modelSlots is the sum of the caps of model's healthy replicas; 0 when
@@ -377,6 +419,7 @@ func (q *fairQueue) wait(ctx *fasthttp.RequestCtx, w *waiter, deadline int64) in
 			if w.shed.Load() {
 				return waitShed
 			}
+			q.taken(w)
 			return waitTurn
 		case <-t.C:
 			if q.remove(w) {
@@ -386,6 +429,7 @@ func (q *fairQueue) wait(ctx *fasthttp.RequestCtx, w *waiter, deadline int64) in
 			if w.shed.Load() {
 				return waitShed
 			}
+			q.taken(w)
 			return waitTurn
 		case <-tick.C:
 			if !clientGone(ctx.Conn()) {
@@ -394,6 +438,7 @@ func (q *fairQueue) wait(ctx *fasthttp.RequestCtx, w *waiter, deadline int64) in
 			if !q.remove(w) {
 				<-w.ch
 				if !w.shed.Load() {
+					q.taken(w)
 					q.kick() // the turn it was given goes to the next
 				}
 			}

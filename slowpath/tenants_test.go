@@ -745,3 +745,56 @@ func TestFairQueueClientGone(t *testing.T) {
 		t.Fatalf("engine saw %q", got)
 	}
 }
+
+// TestFairQueueGrantsNoMoreThanFree: a kick grants turns only up to the
+// free slots of the model's replicas, counting the turns whose waiters have
+// not taken them yet. Granting more let a later waiter take the one free
+// slot while an earlier one's goroutine had not run (a loaded machine),
+// serving a normal-class request after the low class (seen as a
+// TestFairQueueTenants failure under CPU contention).
+func TestFairQueueGrantsNoMoreThanFree(t *testing.T) {
+	e := startTenantEngine(t)
+	cfg := testConfig(e.addr)
+	cfg.Replicas[0].MaxInFlight = 1
+	cfg.Tenants.Queue.Enabled = true
+	s, _ := newTestServer(t, cfg)
+	q := s.fq
+	model := cfg.Replicas[0].Models[0]
+	var ws []*waiter
+	for _, name := range []string{"first", "second"} {
+		ex := &exchange{model: []byte(model)}
+		ex.ten.name, ex.ten.est = name, 10
+		w, ok := q.push(ex)
+		if !ok {
+			t.Fatal("push refused")
+		}
+		ws = append(ws, w)
+	}
+	granted := func(w *waiter) bool {
+		select {
+		case <-w.ch:
+			return true
+		default:
+			return false
+		}
+	}
+	q.kick()
+	q.kick() // a second signal (another request's end) before the first waiter runs
+	if !granted(ws[0]) {
+		t.Fatal("the first waiter got no turn")
+	}
+	if granted(ws[1]) {
+		t.Fatal("two turns for one free slot: the second waiter may take it first")
+	}
+	q.taken(ws[0])
+	q.requeue(ws[0]) // it found no room after all: back at the head
+	q.kick()
+	if !granted(ws[0]) || granted(ws[1]) {
+		t.Fatal("the requeued waiter did not get the next turn")
+	}
+	q.taken(ws[0])
+	q.kick()
+	if !granted(ws[1]) {
+		t.Fatal("the second waiter got no turn once the first took its own")
+	}
+}
