@@ -145,6 +145,11 @@ type Config struct {
 	// is predicted faster than computing the prompt again in another slot
 	// (Decision.Hold). 0 means 5s; negative never holds.
 	SlotHold time.Duration `yaml:"slot_hold" reload:"live"`
+	// NoStepPhase (cost policy) turns off the step-phase term: the wait
+	// for an engine's running step, learned from the gaps between a
+	// stream's events (stepphase.go, affinity/README.md "The step's
+	// phase"). For comparisons; on by default.
+	NoStepPhase bool `yaml:"no_step_phase" reload:"live"`
 	// Seed seeds tie-breaking randomness (set it for reproducible
 	// simulations). 0 means a fixed default.
 	Seed uint64 `yaml:"seed"`

@@ -410,6 +410,32 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 			cold++
 		}
 	}
+	// The step's phase chooses only among the candidates it is what they
+	// wait for, and that would compute as little as the best (a replica
+	// holding less is left for what it holds, not for where its step is):
+	// with no prefill queued ahead (the running step may be that prefill:
+	// its end is not the clock's) and a free batch slot. It is priced
+	// against the one of them whose step ends first, so it never makes a
+	// candidate look cheaper than without it, and a replica alone in that
+	// set (a conversation's home) is left as it was.
+	// The clock is read (the hot record's last line) only for those.
+	minPhase := math.Inf(1)
+	for i, id := range cands {
+		e := &cs[i]
+		e.phase = math.NaN()
+		if !cfg.NoStepPhase && e.cached >= best-bt && e.queuedReqs == 0 && (e.slots == 0 || e.busy < e.slots) {
+			e.phase = v.r.hotOf(id).step.phaseAdj(now, e.busy)
+			minPhase = min(minPhase, e.phase)
+		}
+	}
+	minPhase = max(minPhase, 0)
+	for i := range cs {
+		if e := &cs[i]; math.IsNaN(e.phase) {
+			e.phase = 0
+		} else {
+			e.phase -= minPhase
+		}
+	}
 	typical := 0.0
 	if cold > 0 {
 		typical = float64(coldQueued) / float64(cold)
@@ -433,7 +459,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		// monotonic, so est is at least the same sum; lowered by 1e-12 of
 		// itself, far more than the few roundings a compiler fusing a
 		// multiply-add differently in the two sums could move either.
-		e.low = e.over + e.qinv + e.x*e.unc*e.inv + e.pen
+		e.low = e.over + e.qinv + e.x*e.unc*e.inv + e.pen + e.phase
 		e.low -= lowMargin * math.Abs(e.low)
 		if e.low < cs[lowest].low {
 			lowest = i
@@ -500,7 +526,7 @@ func (e *costCand) backlogAt(h *repHot, now int64) float64 {
 // est is the candidate's estimate (the formula above).
 func (e *costCand) est(h *repHot, now int64) float64 {
 	pre := e.over + max(h.slotRisk(e.slots, e.busy, now), e.backlogAt(h, now)) + e.qinv
-	est := pre + e.x*e.unc*e.inv + e.pen
+	est := pre + e.x*e.unc*e.inv + e.pen + e.phase
 	if e.kv {
 		est += e.kvPen
 	}
@@ -550,6 +576,7 @@ type costCand struct {
 	inv        float64 // 1 / P_r
 	qinv       float64 // Q_r / P_r
 	pen        float64 // the load penalty
+	phase      float64 // the wait for the running step, against the average (stepClock.phaseAdj)
 	kvPen      float64 // the KV penalty, when kv
 	x          float64 // X_r
 	low        float64 // the estimate without max(slotWait_r, backlog_r) and the KV penalty

@@ -202,17 +202,18 @@ type repHot struct {
 	fitted    atomic.Bool // a configured, engine-reported or fitted rate
 	specRate  bool        // ReplicaSpec.PrefillTokensPerSec > 0 (Router write lock)
 
-	// line 3: the batch clock and engine signals
+	// line 3: the batch clock, engine signals and the step clock
 	slotSec atomic.Uint64 // float64 bits: D_r, 0 = no sample yet
 	// decStart, decN: the sum of FirstTokenAt (after pendBase) and the
 	// count of this router's requests decoding on the replica (first token
 	// seen, not ended), for the age of its running batch (slotWait).
 	decStart, decN atomic.Int64
-	sigWaiting     atomic.Int64
-	sigRunning     atomic.Int64
 	sigKV          atomic.Uint64 // float64 bits
-	sigOwnBusy     atomic.Int64  // this router's and peers' in flight when the engine counted (at most: EngineSignals.Mark)
-	sigOwnPend     atomic.Int64  // their requests without a first token then
+	sigWaiting     atomic.Int32
+	sigRunning     atomic.Int32
+	sigOwnBusy     atomic.Int32 // this router's and peers' in flight when the engine counted (at most: EngineSignals.Mark)
+	sigOwnPend     atomic.Int32 // their requests without a first token then
+	step           stepClock    // the engine's steps, seen in streams (stepphase.go)
 }
 
 // hotChunk is how many repHot the Router allocates at a time: chunks never

@@ -175,7 +175,7 @@ type Retuner interface {
 
 // Retune applies cfg's live fields (tagged reload:"live": signal_max_age,
 // session_ttl, max_ranked, load_factor, load_penalty_seconds,
-// kv_high_water, kv_penalty_seconds, max_scan, slot_hold) to the running router and
+// kv_high_water, kv_penalty_seconds, max_scan, slot_hold, no_step_phase) to the running router and
 // its policy; decisions after it returns use them. The other fields are
 // fixed at NewRouter (the hashing, the policy, the index sizing) and are
 // ignored here. Index, load and sessions are kept.
@@ -196,6 +196,7 @@ func (r *Router) Retune(cfg Config) error {
 	r.cfg.KVPenaltySeconds = cfg.KVPenaltySeconds
 	r.cfg.MaxScan = cfg.MaxScan
 	r.cfg.SlotHold = cfg.SlotHold
+	r.cfg.NoStepPhase = cfg.NoStepPhase
 	if t, ok := r.policy.(Retuner); ok {
 		t.Retune(r.cfg)
 	}
@@ -448,8 +449,8 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 		r.mu.RUnlock()
 		return
 	}
-	p.sigWaiting.Store(int64(s.Waiting))
-	p.sigRunning.Store(int64(s.Running))
+	p.sigWaiting.Store(clamp32(int64(s.Waiting)))
+	p.sigRunning.Store(clamp32(int64(s.Running)))
 	storeF(&p.sigKV, s.KVUsage)
 	busy, pending := p.totalInFlight(), max(p.totalPendingReqs(), 0)
 	if m := s.Mark; m.set && m.gen == p.gen {
@@ -458,8 +459,8 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 		began := int64(p.begunSince(m.began))
 		busy, pending = max(busy, m.busy+began), max(pending, m.pend+began)
 	}
-	p.sigOwnBusy.Store(busy)
-	p.sigOwnPend.Store(pending)
+	p.sigOwnBusy.Store(clamp32(busy))
+	p.sigOwnPend.Store(clamp32(pending))
 	p.sigAt.Store(s.At)
 	p.slotsSig.Store(clamp32(int64(max(s.BatchSlots, 0))))
 	if s.FreshSlots > 0 {

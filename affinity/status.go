@@ -29,6 +29,7 @@ type ReplicaStatus struct {
 	SlotSeconds          float64   // D_r as priced: time a request holds a batch slot after its first token (its decode) alone on the engine, drawn toward its pool's
 	SlotLoad             float64   // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
 	SlotPrefillShare     float64   // γ: share of the engine's prefill of others that a decode waits through (its pool's); 0 = not learned
+	StepSeconds          float64   // an engine step's length, from the gaps between a stream's events (stepphase.go); 0 = no stream seen
 	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
 	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
 	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
@@ -79,6 +80,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			SlotSeconds:       p.slotSeconds(),
 			SlotLoad:          p.fleetPrefill.slotLoad(),
 			SlotPrefillShare:  p.fleetPrefill.slotPrefillShare(),
+			StepSeconds:       p.stepSeconds(),
 			EnginePrefillRate: loadF(&p.engRate),
 			Confidence:        p.confidence(),
 			BusyCostSeconds:   p.busyCost(),

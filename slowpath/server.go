@@ -475,11 +475,16 @@ type AffinityStatus struct {
 	RAMCacheTokens int    `json:"ram_cache_tokens"`
 	// HeldRequests are requests the router holds for one of the replica's
 	// busy batch slots, which holds their prompt (routing.slot_hold).
-	HeldRequests        int     `json:"held_requests"`
-	BatchSlots          int     `json:"batch_slots"`
-	SlotSeconds         float64 `json:"slot_seconds"`
-	SlotLoad            float64 `json:"slot_load"`
-	SlotPrefillShare    float64 `json:"slot_prefill_share"`
+	HeldRequests     int     `json:"held_requests"`
+	BatchSlots       int     `json:"batch_slots"`
+	SlotSeconds      float64 `json:"slot_seconds"`
+	SlotLoad         float64 `json:"slot_load"`
+	SlotPrefillShare float64 `json:"slot_prefill_share"`
+	// StepSeconds is the engine's step (one token of every running
+	// request) as the gaps between a stream's events show it: the cost
+	// policy prices a request's wait for the running step with it. 0: no
+	// streamed answer seen yet.
+	StepSeconds         float64 `json:"step_seconds"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
 	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
 	Confidence          float64 `json:"confidence"`
@@ -545,7 +550,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
 				Mispredictions: a.Mispredictions, Signals: s.signalsStatus(a.Signals),
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
-				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), SlotPrefillShare: finite(a.SlotPrefillShare), OverheadSeconds: finite(a.OverheadSeconds),
+				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), SlotPrefillShare: finite(a.SlotPrefillShare), StepSeconds: finite(a.StepSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
 				RAMCacheTokens: a.RAMCacheTokens, HeldRequests: a.HeldRequests,

@@ -560,19 +560,37 @@ func (ex *exchange) Read(p []byte) (int, error) {
 }
 
 // observe looks at relayed bytes before they are written: the usage scan,
-// and the first token (the first SSE event with output; any byte of a
-// non-200 answer), which starts upstream.idle_timeout.
+// the first token (the first SSE event with output; any byte of a non-200
+// answer), which starts upstream.idle_timeout, and, for a stream's reads
+// from its first token on, the replica's step clock (Router.Token: each
+// read is an engine step's events).
 func (ex *exchange) observe(b []byte) {
-	if ex.status == fasthttp.StatusOK {
-		ex.scan(b)
-	} else {
+	if ex.status != fasthttp.StatusOK {
 		ex.output = true
-	}
-	if ex.output && !ex.gotFirst {
-		ex.firstToken(ex.s.now())
-		if ex.idle != nil {
-			ex.idle.release()
+		if !ex.gotFirst {
+			ex.firstToken(ex.s.now())
+			ex.releaseIdle()
 		}
+		return
+	}
+	ex.scan(b)
+	if !ex.output || ex.gotFirst && !ex.rl.sse {
+		return
+	}
+	now := ex.s.now()
+	if !ex.gotFirst {
+		ex.firstToken(now)
+		ex.releaseIdle()
+	}
+	if ex.rl.sse {
+		ex.s.brain.Token(&ex.flight, now)
+	}
+}
+
+// releaseIdle starts upstream.idle_timeout (the first token came).
+func (ex *exchange) releaseIdle() {
+	if ex.idle != nil {
+		ex.idle.release()
 	}
 }
 

@@ -463,3 +463,29 @@ func TestUsageTail(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamStepClock: a stream's events, each an engine step's output,
+// teach the replica's step clock the step's length (step_seconds in
+// /debug/replicas: the gaps between reads, here at least the engine's 20
+// ms between events); a buffered answer teaches it nothing.
+func TestStreamStepClock(t *testing.T) {
+	e := startRawEngine(t)
+	r := newStreamRig(t, e.addr)
+	step := func() float64 {
+		reps := r.s.Replicas()
+		if len(reps) != 1 || reps[0].Affinity == nil {
+			t.Fatalf("replicas: %+v", reps)
+		}
+		return reps[0].Affinity.StepSeconds
+	}
+	e.set(0, []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"))
+	r.once(t)
+	if s := step(); s != 0 {
+		t.Fatalf("step %v after a buffered answer, want 0", s)
+	}
+	e.set(20*time.Millisecond, chunkedPieces(sseEvents(6, 0))...)
+	r.once(t)
+	if s := step(); s < 0.019 || s > 1 {
+		t.Fatalf("step %v after events 20 ms apart, want at least 0.019 s", s)
+	}
+}

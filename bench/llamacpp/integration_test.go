@@ -239,8 +239,9 @@ func TestWarmpathInFront(t *testing.T) {
 				Error     string    `json:"error"`
 			} `json:"engine"`
 			Affinity struct {
-				CacheModel string `json:"cache_model"`
-				BatchSlots int    `json:"batch_slots"`
+				CacheModel  string  `json:"cache_model"`
+				BatchSlots  int     `json:"batch_slots"`
+				StepSeconds float64 `json:"step_seconds"`
 			} `json:"affinity"`
 		} `json:"replicas"`
 	}
@@ -275,6 +276,15 @@ func TestWarmpathInFront(t *testing.T) {
 		if r.Affinity.CacheModel != "slots" || r.Affinity.BatchSlots < 1 {
 			t.Errorf("replica %s: cache model %q with %d batch slots, want slots discovered", r.Name, r.Affinity.CacheModel, r.Affinity.BatchSlots)
 		}
+	}
+	// The streamed answers' tokens taught a step clock (stepphase.go)
+	// where they ran: llama.cpp sends each decode step's token as an event.
+	stepped := false
+	for _, r := range rs.Replicas {
+		stepped = stepped || r.Affinity.StepSeconds > 0
+	}
+	if !stepped {
+		t.Errorf("no replica learned a step from the streamed answers: %+v", rs.Replicas)
 	}
 	if err := f.Failure(); err != nil {
 		t.Fatal(err)

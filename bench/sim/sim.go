@@ -52,6 +52,10 @@ type Config struct {
 	// starts, then at its own phase of the interval, so its signals are up
 	// to one interval stale.
 	ScrapeInterval time.Duration
+	// NoStepClock withholds a streamed answer's tokens after the first
+	// from the router (Router.Token), so it knows nothing of the engines'
+	// steps (affinity/stepphase.go): an ablation.
+	NoStepClock bool
 	// Seed seeds the router's tie-breaking and random policies.
 	Seed uint64
 	// KeepOutcomes records every request's outcome in Result.Outcomes.
@@ -838,11 +842,18 @@ func (c Config) engine(i int) enginesim.Config {
 
 type observer struct{ c *cluster }
 
+// OnToken is a streamed answer's event reaching the router: the first
+// token, then every token (each a step's output), as the proxy's relay
+// reads them (Router.Token).
 func (o observer) OnToken(r *enginesim.Request, at int64) {
+	f := r.Data.(*flight)
+	rt := o.c.routers[f.router].router
 	if r.OutputTokens == 1 {
-		f := r.Data.(*flight)
-		o.c.routers[f.router].router.FirstToken(&f.fl, at)
+		rt.FirstToken(&f.fl, at)
 		o.c.post(f.router, at)
+	}
+	if !o.c.cfg.NoStepClock {
+		rt.Token(&f.fl, at)
 	}
 }
 
