@@ -151,7 +151,7 @@ func (q *fairQueue) kick() {
 			delete(q.byModel, m)
 			continue
 		}
-		if free := q.s.modelFree(m); free >= 0 && q.granted[m] >= free {
+		if _, free := q.s.modelCaps(m); free >= 0 && q.granted[m] >= free {
 			// Every free slot has a turn outstanding: another grant would
 			// let a later waiter take the slot before an earlier one whose
 			// goroutine has not run yet, serving them out of order.
@@ -262,39 +262,29 @@ func (q *fairQueue) taken(w *waiter) {
 	q.mu.Unlock()
 }
 
-// modelFree is how many more requests model's healthy replicas take before
-// their caps (this router's in flight counted); -1 when one of them has
-// no cap (unlimited).
-func (s *Server) modelFree(model string) int {
-	n, mb := 0, []byte(model)
+// modelCaps is the sum of the caps of model's healthy replicas (slots)
+// and how many more requests they take before them, this router's in
+// flight counted (free); 0 and -1 when one of them has no cap (unlimited).
+func (s *Server) modelCaps(model string) (slots, free int) {
+	mb := []byte(model)
 	for _, r := range *s.table.Load() {
 		if r == nil || !r.isHealthy() || !r.serves(mb) {
 			continue
 		}
 		l := r.maxInFlight()
 		if l <= 0 {
-			return -1
+			return 0, -1
 		}
-		n += int(max(l-r.inFlight(), 0))
+		slots += int(l)
+		free += int(max(l-r.inFlight(), 0))
 	}
-	return n
+	return slots, free
 }
 
-// modelSlots is the sum of the caps of model's healthy replicas; 0 when
-// one of them has none (unlimited).
+// modelSlots is modelCaps' slots.
 func (s *Server) modelSlots(model string) int {
-	n, mb := 0, []byte(model)
-	for _, r := range *s.table.Load() {
-		if r == nil || !r.isHealthy() || !r.serves(mb) {
-			continue
-		}
-		l := r.maxInFlight()
-		if l <= 0 {
-			return 0
-		}
-		n += int(l)
-	}
-	return n
+	slots, _ := s.modelCaps(model)
+	return slots
 }
 
 // requeue puts a popped waiter that found no room back at its head.

@@ -1,11 +1,6 @@
 package sim
 
-import (
-	"slices"
-	"testing"
-
-	"github.com/warmpath/warmpath/bench/workload"
-)
+import "testing"
 
 // TestCostMeetsStepPhase: one-company on 8 default vLLM engines, where
 // every engine holds the one instruction prompt after the first burst and
@@ -15,28 +10,11 @@ import (
 // engine that has just ended a stream, where a step has just begun, and
 // fall behind round-robin (seed 1, half of capacity: cost without the
 // clock 0.0281 s, round-robin 0.0269 s); with the clock the cost policy
-// sends it where the step ends first and is ahead (0.0261 s).
+// sends it where the step ends first and is ahead (0.0264 s).
 func TestCostMeetsStepPhase(t *testing.T) {
-	w, err := workload.OneCompany(workload.DefaultOneCompany())
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng, err := FleetEngines("vllm", 8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(policy string, rps float64, noClock bool) *Result {
-		t.Helper()
-		c := &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)}
-		c.ScaleRate(rps)
-		r, err := Run(Config{Replicas: 8, Engines: eng, Policy: policy, Seed: 1, NoStepClock: noClock}, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	rps := 0.5 * run("least-request", 1e6, false).RequestsPerSec
-	cost, blind, rr := run("cost", rps, false), run("cost", rps, true), run("round-robin", rps, false)
+	run := oneCompanyOn8(t)
+	rps := 0.5 * run("least-request", 1e6, Config{}).RequestsPerSec
+	cost, blind, rr := run("cost", rps, Config{}), run("cost", rps, Config{NoStepClock: true}), run("round-robin", rps, Config{})
 	t.Logf("mean TTFT: cost %.4fs, cost without the step clock %.4fs, round-robin %.4fs", cost.TTFT.Mean, blind.TTFT.Mean, rr.TTFT.Mean)
 	if cost.TTFT.Mean > rr.TTFT.Mean {
 		t.Errorf("cost mean TTFT %.4fs above round-robin's %.4fs", cost.TTFT.Mean, rr.TTFT.Mean)
