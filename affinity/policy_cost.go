@@ -414,11 +414,12 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	// wait for, and that would compute as little as the best (a replica
 	// holding less is left for what it holds, not for where its step is):
 	// with no prefill queued ahead (the running step may be that prefill:
-	// its end is not the clock's) and a free batch slot. It is priced
-	// against the one of them whose step ends first, so it never makes a
-	// candidate look cheaper than without it, and a replica alone in that
-	// set (a conversation's home) is left as it was.
-	// The clock is read (the hot record's last line) only for those.
+	// its end is not the clock's) and a free batch slot. Where every one
+	// of them is in the first half of its step, the phases are taken less
+	// the lowest, so the first of them never looks dearer than without the
+	// term: a replica alone in that set (a conversation's home) can only
+	// gain by it, never be left for where another replica's step is. The
+	// clock is read (the hot record's last line) only for those.
 	minPhase := math.Inf(1)
 	for i, id := range cands {
 		e := &cs[i]
