@@ -39,7 +39,8 @@ func (c *stepClock) step() (sec, dev float64) {
 	return float64(math.Float32frombits(uint32(b))), float64(math.Float32frombits(uint32(b >> 32)))
 }
 
-// stepWeight is stepClock.sec's EWMA weight: about the last twenty gaps.
+// stepWeight is the EWMA weight of stepClock's step length and deviation:
+// about the last twenty gaps.
 const stepWeight = 0.05
 
 // mark records a step end seen at now.
