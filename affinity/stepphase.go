@@ -12,7 +12,7 @@ import (
 // a request, more often than chance, to the engine that has just ended a
 // stream, which is where a step has just begun, so the wait they add is a
 // whole step where chance would add half of one (one-company in the
-// simulator: least-request 2.5-4x as many requests begun within 2 ms of a
+// simulator: least-request 2.3-3.7x as many requests begun within 2 ms of a
 // finish on their replica as round-robin, and a mean TTFT 1.05x
 // round-robin's).
 //
