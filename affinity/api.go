@@ -237,7 +237,6 @@ type Flight struct {
 	later      int64   // prefill tokens begun there after this one and before its first token
 	prefilled  int64   // the replica's prefilled tokens at this one's first token, its own in (replica.prefilled)
 	decoding   bool    // counted in the replica's decoding sums (FirstToken) until End
-	hot        *repHot // the replica's hot record, for its step clock (Token)
 	tokAt      int64   // the stream's latest Token, 0 before the first
 	tokQuiet   bool    // no request there awaited its first token at tokAt
 }

@@ -74,7 +74,6 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		predTTFT:       p.predictTTFT(float64(unc), req.Now),
 		slotWait:       wait,
 		busy:           int32(min(p.totalInFlight(), 1<<30)),
-		hot:            p.repHot,
 	}
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]

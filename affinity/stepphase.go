@@ -114,20 +114,25 @@ const stepSteady = 0.3
 // sampled only where no request routed there awaited its first token when
 // the step began (at the stream's previous event): a step that runs a
 // prefill lasts as long as the prefill, and says nothing of the decode
-// steps between them. Lock-free, for every read a stream's relay makes. A
-// flight that began on a replica since removed writes into the clock of
-// the replica reusing its ID at worst, one step end of a wrong engine.
+// steps between them. For every read a stream's relay makes: one read
+// lock, as FirstToken (the replica may have been removed and its ID, with
+// its hot record, given to another since Begin).
 func (r *Router) Token(f *Flight, now int64) {
-	h := f.hot
-	if h == nil || now <= 0 {
+	if f.Replica == NoReplica || now <= 0 {
+		return
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	p := r.live(f)
+	if p == nil {
 		return
 	}
 	prev, quiet := f.tokAt, f.tokQuiet
 	f.tokAt = now
-	f.tokQuiet = h.totalPendingReqs() <= 0
-	h.step.mark(now)
+	f.tokQuiet = p.totalPendingReqs() <= 0
+	p.step.mark(now)
 	if prev > 0 && now > prev && quiet {
-		h.step.sample(float64(now-prev) / 1e9)
+		p.step.sample(float64(now-prev) / 1e9)
 	}
 }
 
