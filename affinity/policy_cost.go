@@ -419,22 +419,23 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	// the lowest, so the first of them never looks dearer than without the
 	// term: a replica alone in that set (a conversation's home) can only
 	// gain by it, never be left for where another replica's step is. The
-	// clock is read (the hot record's last line) only for those.
-	minPhase := math.Inf(1)
+	// clock is read (the hot record's last line) only for those, and only
+	// once some stream has taught a replica a step (Router.stepClocks).
+	minPhase, phased := math.Inf(1), false
+	clocks := !cfg.NoStepPhase && v.r.stepClocks.Load()
 	for i, id := range cands {
 		e := &cs[i]
-		e.phase = math.NaN()
-		if !cfg.NoStepPhase && e.cached >= best-bt && e.queuedReqs == 0 && (e.slots == 0 || e.busy < e.slots) {
-			e.phase = v.r.hotOf(id).step.phaseAdj(now, e.busy)
-			minPhase = min(minPhase, e.phase)
+		e.phase, e.phased = 0, false
+		if clocks && e.cached >= best-bt && e.queuedReqs == 0 && (e.slots == 0 || e.busy < e.slots) {
+			e.phase, e.phased = v.r.hotOf(id).step.phaseAdj(now, e.busy), true
+			minPhase, phased = min(minPhase, e.phase), true
 		}
 	}
-	minPhase = max(minPhase, 0)
-	for i := range cs {
-		if e := &cs[i]; math.IsNaN(e.phase) {
-			e.phase = 0
-		} else {
-			e.phase -= minPhase
+	if phased && minPhase > 0 {
+		for i := range cs {
+			if e := &cs[i]; e.phased {
+				e.phase -= minPhase
+			}
 		}
 	}
 	typical := 0.0
@@ -586,6 +587,7 @@ type costCand struct {
 	full       bool    // when fullSet
 	fullSet    bool
 	backlogSet bool
+	phased     bool // phase priced (the step's phase, in score)
 }
 
 // Interface guards.

@@ -30,6 +30,9 @@ type Router struct {
 	// noCacheReps counts replicas whose engine caches nothing
 	// (replica.noCache).
 	noCacheReps atomic.Int32
+	// stepClocks: some replica's step clock has a step (Router.Token);
+	// until then the cost policy reads none.
+	stepClocks atomic.Bool
 
 	mu     sync.RWMutex
 	reps   []*replica          // by ReplicaID; nil = free slot

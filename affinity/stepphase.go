@@ -133,6 +133,9 @@ func (r *Router) Token(f *Flight, now int64) {
 	p.step.mark(now)
 	if prev > 0 && now > prev && quiet {
 		p.step.sample(float64(now-prev) / 1e9)
+		if !r.stepClocks.Load() {
+			r.stepClocks.Store(true)
+		}
 	}
 }
 
