@@ -145,6 +145,16 @@ type Config struct {
 	// is predicted faster than computing the prompt again in another slot
 	// (Decision.Hold). 0 means 5s; negative never holds.
 	SlotHold time.Duration `yaml:"slot_hold" reload:"live"`
+	// CopyComputed (cost policy, with SlotHold) advises no wait for a busy
+	// slot whose prompt holds the request's prefix computed already (its
+	// request decodes, or found the prefix there and computes only the
+	// rest): the request computes a copy in another slot, which the
+	// requests after it can use too. Holds remain for a prefix a busy slot
+	// is still computing. Off by default: it suits one hot prefix (the
+	// one-company workload), and costs where many prefixes share the
+	// slots (a copy evicts another's only one) (affinity/README.md
+	// "Copies instead of waits").
+	CopyComputed bool `yaml:"copy_computed" reload:"live"`
 	// NoStepPhase (cost policy) turns off the step-phase term: the wait
 	// for an engine's running step, learned from the gaps between a
 	// stream's events (stepphase.go, affinity/README.md "The step's

@@ -108,6 +108,11 @@ const (
 // least D_r / 8), K_r the requests already held for the replica, each of
 // which takes the slot first for its own TTFT and decode. The advice is
 // to wait where hold_r is at most holdShare of the best ranked estimate.
+// With Config.CopyComputed, only for a slot whose request is computing
+// the promised prefix: where the prefix is computed in the slot already
+// (its request decodes, or found it there), a copy in another slot
+// serves the requests after this one too, where waiting for the slot
+// makes each of them wait again.
 func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 	if len(d.Ranked) == 0 {
 		return
@@ -141,8 +146,8 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 			continue
 		}
 		sh, ok := sc.holdable(n, req.Hashes, int(most/bt))
-		if !ok {
-			continue
+		if !ok || p.cfg.CopyComputed && (sh.first != 0 || sh.reused >= sh.shared) {
+			continue // none, or the prefix is computed there and a copy is wanted (Config.CopyComputed)
 		}
 		if limit < 0 {
 			if unknownSlots(v) {

@@ -18,6 +18,7 @@ var retuneValues = map[string]any{
 	"kv_penalty_seconds":   2.0,
 	"max_scan":             7,
 	"slot_hold":            time.Second,
+	"copy_computed":        true,
 	"no_step_phase":        true,
 }
 

@@ -178,7 +178,8 @@ type Retuner interface {
 
 // Retune applies cfg's live fields (tagged reload:"live": signal_max_age,
 // session_ttl, max_ranked, load_factor, load_penalty_seconds,
-// kv_high_water, kv_penalty_seconds, max_scan, slot_hold, no_step_phase) to the running router and
+// kv_high_water, kv_penalty_seconds, max_scan, slot_hold, copy_computed, no_step_phase) to the running
+// router and
 // its policy; decisions after it returns use them. The other fields are
 // fixed at NewRouter (the hashing, the policy, the index sizing) and are
 // ignored here. Index, load and sessions are kept.
@@ -199,6 +200,7 @@ func (r *Router) Retune(cfg Config) error {
 	r.cfg.KVPenaltySeconds = cfg.KVPenaltySeconds
 	r.cfg.MaxScan = cfg.MaxScan
 	r.cfg.SlotHold = cfg.SlotHold
+	r.cfg.CopyComputed = cfg.CopyComputed
 	r.cfg.NoStepPhase = cfg.NoStepPhase
 	if t, ok := r.policy.(Retuner); ok {
 		t.Retune(r.cfg)

@@ -97,6 +97,10 @@ type slotEntry struct {
 	// token's time, 0 before it (first): when the slot frees (holdable).
 	start, first int64
 	pred         float64
+	// reused is how many leading blocks of its prompt the slot held (or
+	// loaded from RAM) when its request took it: a prefix computed
+	// before, not by the request (Config.CopyComputed).
+	reused int
 	// seen: the model has given the slot a request, or knows it empty
 	// (the engine restarted): its prompt is the model's, not unknown.
 	seen bool
@@ -430,15 +434,17 @@ func (c *slotCache) begin(n int, hashes []uint64) (seq uint64, shared int, use r
 func (c *slotCache) assign(i int, owner uint64, hashes []uint64, ram bool) {
 	c.tick++
 	e := &c.slots[i]
+	reused := lcp(e.hashes, hashes)
 	if ram {
 		c.save(e.hashes)
-		if at, _, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
+		if at, sh, _ := c.ramBest(hashes, e.hashes, c.ramCap, 0); at >= 0 {
+			reused = max(reused, sh)
 			c.dropRAM(at)
 		}
 		c.evictRAM()
 	}
 	e.hashes = append(e.hashes[:0], hashes...)
-	e.owner, e.used, e.seen = owner, c.tick, true
+	e.owner, e.used, e.seen, e.reused = owner, c.tick, true, reused
 	e.start, e.pred, e.first = 0, 0, 0
 }
 
@@ -486,6 +492,7 @@ func (c *slotCache) find(owner uint64) *slotEntry {
 // slotHold is a busy slot a request could wait for (holdable).
 type slotHold struct {
 	shared       int    // blocks its prompt shares with the request
+	reused       int    // blocks of its prompt the slot held when its request took it
 	owner        uint64 // the flight running there
 	start, first int64  // the owner's Begin and first token (0: none yet)
 	pred         float64
@@ -515,7 +522,7 @@ func (c *slotCache) holdable(n int, hashes []uint64, over int) (h slotHold, ok b
 		}
 		if k := lcp(e.hashes, hashes); k > best {
 			best = k
-			h = slotHold{shared: k, owner: e.owner, start: e.start, first: e.first, pred: e.pred}
+			h = slotHold{shared: k, reused: e.reused, owner: e.owner, start: e.start, first: e.first, pred: e.pred}
 			ok = true
 		}
 	}

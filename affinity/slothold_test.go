@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -176,6 +177,55 @@ func testHoldForSlotHoldingPrompt(t *testing.T, measured string) {
 	}
 	if d.Hold.Holding() || d.Ranked[0] != ids[0] || d.CachedTokens[0] != holdSysBlocks*r.bt {
 		t.Fatalf("after r0's end: ranked %v cached %v hold %+v; want r0 with the prompt's %d tokens", d.Ranked, d.CachedTokens, d.Hold, holdSysBlocks*r.bt)
+	}
+}
+
+// TestCopyComputedPrefix: with routing.copy_computed a hold is advised
+// for a busy slot while its request computes the prefix (a copy would be
+// computed beside it), not once the prefix is computed there, whether its
+// request decodes or found the prefix in the slot and computes only its
+// question: the request computes a copy in a free slot, which the
+// requests after it reuse too. By default it waits in all three.
+func TestCopyComputedPrefix(t *testing.T) {
+	for _, copyComputed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("copy_computed=%v", copyComputed), func(t *testing.T) {
+			r, ids, mk := holdFleet(t, Config{CopyComputed: copyComputed}, CacheSlots)
+			const ms = int64(time.Millisecond)
+			var d Decision
+			decide := func(user uint64, now int64) {
+				t.Helper()
+				if err := r.Decide(mk(user, now), &d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Both replicas compute the instructions: a third request waits.
+			var fs [2]Flight
+			for i := range fs {
+				r.Begin(ids[i], mk(uint64(i+1), 0), nil, &fs[i])
+			}
+			if decide(3, 200*ms); !d.Hold.Holding() {
+				t.Fatalf("prefix being computed: no hold (ranked %v)", d.Ranked)
+			}
+			// Both decode: computed.
+			for i := range fs {
+				r.FirstToken(&fs[i], 2100*ms)
+			}
+			if decide(4, 2200*ms); d.Hold.Holding() == copyComputed {
+				t.Fatalf("both decoding: hold %+v, want one %v", d.Hold, !copyComputed)
+			}
+			if copyComputed && d.CachedTokens[0] >= holdSysBlocks*r.bt {
+				t.Fatalf("both decoding: ranked %v cached %v, want a copy computed in a free slot", d.Ranked, d.CachedTokens)
+			}
+			// Both end and each slot's next request finds the instructions
+			// there: it computes its question only, no first token yet.
+			for i := range fs {
+				r.End(&fs[i], 3100*ms, 0, true)
+				r.Begin(ids[i], mk(uint64(5+i), 3110*ms), nil, &fs[i])
+			}
+			if decide(7, 3120*ms); d.Hold.Holding() == copyComputed {
+				t.Fatalf("slots reusing the prefix: hold %+v, want one %v", d.Hold, !copyComputed)
+			}
+		})
 	}
 }
 

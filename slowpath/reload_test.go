@@ -28,7 +28,7 @@ var liveFields = []string{
 	"scrape.path", "scrape.interval", "scrape.timeout", "scrape.stale_after",
 	"routing.signal_max_age", "routing.session_ttl", "routing.max_ranked", "routing.load_factor",
 	"routing.load_penalty_seconds", "routing.kv_high_water", "routing.kv_penalty_seconds", "routing.max_scan", "routing.slot_hold",
-	"routing.no_step_phase",
+	"routing.copy_computed", "routing.no_step_phase",
 }
 
 func TestEveryConfigFieldClassified(t *testing.T) {
@@ -85,6 +85,7 @@ var liveChanges = map[string]string{
 	"routing.kv_penalty_seconds":       "routing: {kv_penalty_seconds: 2}",
 	"routing.max_scan":                 "routing: {max_scan: 7}",
 	"routing.slot_hold":                "routing: {slot_hold: -1s}",
+	"routing.copy_computed":            "routing: {copy_computed: true}",
 	"routing.no_step_phase":            "routing: {no_step_phase: true}",
 }
 
