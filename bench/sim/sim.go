@@ -163,6 +163,9 @@ type Result struct {
 	// Holds is how many times a router held a request for a busy batch
 	// slot (affinity.HoldAdvice); a request may be held more than once.
 	Holds int `json:",omitempty"`
+	// HoldCopies is how many times a router declined a hold whose waits
+	// had come to the price of computing the prompt again (a copy).
+	HoldCopies int `json:",omitempty"`
 	// DecideNanos is wall time spent in the router: parse+hash+decide (not
 	// the simulator's prompt text). A stored prompt's parse counts the time
 	// its kept parse took when it ran (parsedPrompt), once per arrival.
@@ -947,6 +950,9 @@ func (c *cluster) finish(w *workload.Workload) *Result {
 	}
 	if sum > 0 {
 		r.Imbalance = float64(mx) / (float64(sum) / float64(len(c.perRep)))
+	}
+	for _, rt := range c.routers {
+		r.HoldCopies += int(rt.router.Stats().HoldCopies)
 	}
 	return r
 }

@@ -1,0 +1,125 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/warmpath/warmpath/bench/workload"
+)
+
+// BenchmarkOneCompanySlotEngines: the one-company workload (one 4,096-token
+// instruction prompt, short questions in bursts) on llama.cpp-like servers
+// (llamacpp-cpu: slots each caching their own prompt, one core, prompts at
+// 5,000 tokens/s), after one request alone has warmed one slot, so that
+// the routers have measured a slot time before the first burst (with
+// none, no hold is advised and every policy computes the instructions in
+// every slot the first burst reaches). Four fleet sizes and loads, six
+// workload seeds each, 400 requests a run; cost (and cost with
+// routing.slot_hold off) against least-request and round-robin. Reported
+// per point: each policy's geometric mean over the seeds of mean and p99
+// TTFT, and cost's ratio to the better of the two baselines, seed by seed
+// (geometric mean). A ratio above 1 is where cost loses.
+func BenchmarkOneCompanySlotEngines(b *testing.B) {
+	type point struct {
+		workload                string
+		replicas, burst, output int
+		rps                     float64
+	}
+	pols := []struct {
+		name                 string
+		policy               string
+		noHold, copyComputed bool
+	}{{"cost", "cost", false, false}, {"cost-copy-computed", "cost", false, true}, {"cost-no-hold", "cost", true, false},
+		{"least-request", "least-request", false, false}, {"round-robin", "round-robin", false, false}}
+	for _, pt := range []point{{"one-company", 2, 8, 32, 2.5}, {"one-company", 2, 8, 32, 5}, {"one-company", 4, 16, 64, 5}, {"one-company", 8, 16, 128, 3},
+		{"shared-prefix", 2, 0, 32, 2.5}, {"shared-prefix", 2, 0, 32, 5}, {"shared-prefix", 4, 0, 64, 5}} {
+		b.Run(fmt.Sprintf("%s/replicas=%d/rps=%g", pt.workload, pt.replicas, pt.rps), func(b *testing.B) {
+			eng, err := FleetEngines("llamacpp-cpu", pt.replicas)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				means := make([][]float64, len(pols))
+				p99s := make([][]float64, len(pols))
+				for seed := uint64(1); seed <= 6; seed++ {
+					var w *workload.Workload
+					if pt.workload == "one-company" {
+						w = oneCompanyAfterOne(b, seed, pt.burst, pt.output, pt.rps)
+					} else {
+						w = sharedPrefixSlots(b, seed, pt.replicas, pt.output, pt.rps)
+					}
+					for k, p := range pols {
+						cfg := Config{Replicas: pt.replicas, Engines: eng, Policy: p.policy, Seed: seed}
+						if p.noHold {
+							cfg.Router.SlotHold = -1
+						}
+						cfg.Router.CopyComputed = p.copyComputed
+						r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
+						if err != nil {
+							b.Fatal(err)
+						}
+						means[k] = append(means[k], r.TTFT.Mean)
+						p99s[k] = append(p99s[k], r.TTFT.P99)
+					}
+				}
+				for k, p := range pols {
+					b.ReportMetric(geomean(means[k]), p.name+"-mean-s")
+					b.ReportMetric(geomean(p99s[k]), p.name+"-p99-s")
+				}
+				for k := range 3 {
+					var rm, rp []float64
+					for i := range means[k] {
+						rm = append(rm, means[k][i]/min(means[3][i], means[4][i]))
+						rp = append(rp, p99s[k][i]/min(p99s[3][i], p99s[4][i]))
+					}
+					b.ReportMetric(geomean(rm), pols[k].name+"/best-mean")
+					b.ReportMetric(geomean(rp), pols[k].name+"/best-p99")
+				}
+			}
+		})
+	}
+}
+
+// sharedPrefixSlots is shared-prefix as the live bench runs it on its
+// llama.cpp servers (2,048-token system prompts, 64-token questions), with
+// four groups per server, as many as its slots, 400 requests at rps.
+func sharedPrefixSlots(b *testing.B, seed uint64, replicas, output int, rps float64) *workload.Workload {
+	c := workload.DefaultSharedPrefix()
+	c.Groups, c.PromptsPerGroup, c.QuestionTokens, c.OutputTokens, c.Seed = 4*replicas, 400/(4*replicas), 64, output, seed
+	w, err := workload.SharedPrefix(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w.ScaleRate(rps)
+	return w
+}
+
+// oneCompanyAfterOne is one-company (400 requests, 32 users) at rps with
+// its first request moved to time 0, alone, and the rest 3 s later.
+func oneCompanyAfterOne(b *testing.B, seed uint64, burst, output int, rps float64) *workload.Workload {
+	oc := workload.DefaultOneCompany()
+	oc.Requests, oc.Users, oc.BurstSize, oc.OutputTokens, oc.Seed = 400, 32, burst, output, seed
+	w, err := workload.OneCompany(oc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w.ScaleRate(rps)
+	first := w.Requests[0]
+	first.Arrival, first.ID = 0, 0
+	for i := range w.Requests {
+		w.Requests[i].Arrival += 3e9
+		w.Requests[i].ID++
+	}
+	w.Requests = append([]workload.Request{first}, w.Requests...)
+	return w
+}
+
+func geomean(x []float64) float64 {
+	s := 0.0
+	for _, v := range x {
+		s += math.Log(v)
+	}
+	return math.Exp(s / float64(len(x)))
+}
