@@ -178,11 +178,11 @@ type Retuner interface {
 
 // Retune applies cfg's live fields (tagged reload:"live": signal_max_age,
 // session_ttl, max_ranked, load_factor, load_penalty_seconds,
-// kv_high_water, kv_penalty_seconds, max_scan, slot_hold, copy_computed, no_step_phase) to the running
-// router and
-// its policy; decisions after it returns use them. The other fields are
-// fixed at NewRouter (the hashing, the policy, the index sizing) and are
-// ignored here. Index, load and sessions are kept.
+// kv_high_water, kv_penalty_seconds, max_scan, slot_hold, copy_computed,
+// no_step_phase) to the running router and its policy; decisions after it
+// returns use them. The other fields are fixed at NewRouter (the hashing,
+// the policy, the index sizing) and are ignored here. Index, load and
+// sessions are kept.
 func (r *Router) Retune(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("affinity config: %w", err)
