@@ -110,15 +110,22 @@ func TestCostTakesTheStepEndingFirst(t *testing.T) {
 		if lag < 0 {
 			want, now = ids[0], 108*ms+ms/2
 		}
-		firsts := map[ReplicaID]int{}
-		for i := range 40 {
-			h := chainOf(0, 0x7700+uint64(i), 0, 8)
-			d := new(Decision)
-			if err := r.Decide(&Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: now}, d); err != nil {
-				t.Fatal(err)
+		// firstChoices decides 40 new prompts (their chains seeded from
+		// base) at now and counts each replica ranked first.
+		firstChoices := func(base uint64) map[ReplicaID]int {
+			t.Helper()
+			firsts := map[ReplicaID]int{}
+			for i := range 40 {
+				h := chainOf(0, base+uint64(i), 0, 8)
+				d := new(Decision)
+				if err := r.Decide(&Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: now}, d); err != nil {
+					t.Fatal(err)
+				}
+				firsts[d.Ranked[0]]++
 			}
-			firsts[d.Ranked[0]]++
+			return firsts
 		}
+		firsts := firstChoices(0x7700)
 		if firsts[want] != 40 {
 			t.Errorf("lag %d ms: first choices %v, want all 40 on %v (its step ends first)", lag/ms, firsts, want)
 		}
@@ -127,16 +134,7 @@ func TestCostTakesTheStepEndingFirst(t *testing.T) {
 		if err := r.Retune(cfg); err != nil {
 			t.Fatal(err)
 		}
-		clear(firsts)
-		for i := range 40 {
-			h := chainOf(0, 0x7800+uint64(i), 0, 8)
-			d := new(Decision)
-			if err := r.Decide(&Request{Model: []byte("m"), Hashes: h, PromptTokens: len(h) * r.bt, Now: now}, d); err != nil {
-				t.Fatal(err)
-			}
-			firsts[d.Ranked[0]]++
-		}
-		if len(firsts) != 2 {
+		if firsts = firstChoices(0x7800); len(firsts) != 2 {
 			t.Errorf("no_step_phase, lag %d ms: first choices %v, want both replicas (a tie)", lag/ms, firsts)
 		}
 	}
