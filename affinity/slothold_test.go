@@ -435,12 +435,15 @@ func TestHoldRentBuysACopy(t *testing.T) {
 			t.Fatalf("decoding, request %d: hold %+v, want a gain", held, d.Hold)
 		}
 		// A request already held keeps waiting whatever the rent.
-		req.Hold(d.Hold, now)
-		r.Hold(d.Hold, 1)
+		// Counted with the advice it was held on, released with it too
+		// (the advice decided again may name the other replica).
+		h := d.Hold
+		req.Hold(h, now)
+		r.Hold(h, 1)
 		if err := r.Decide(req, &d); err != nil || !d.Hold.Holding() {
 			t.Fatalf("held request %d decided again: hold %+v (%v)", held, d.Hold, err)
 		}
-		r.Hold(d.Hold, -1)
+		r.Hold(h, -1)
 		now += ms
 	}
 	// The first decoding hold finds no rent (the prefill's holds charged
