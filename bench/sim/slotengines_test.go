@@ -123,3 +123,95 @@ func geomean(x []float64) float64 {
 	}
 	return math.Exp(s / float64(len(x)))
 }
+
+// BenchmarkOneCompanyPromptChange: the one-company workload on llama.cpp-like
+// servers (llamacpp-cpu) right after its instructions changed, as the live
+// bench's --warmup-new-prompts runs it: 40 requests carrying other
+// instructions warm every slot, and 3 s after the last of them the
+// company's requests start, 40 of them (its first bursts, the new
+// instructions cold everywhere). Eight workload seeds a point; TTFT over
+// the 40 measured requests only. Reported per point: each policy's
+// geometric mean over the seeds of mean and p99 TTFT, and cost's ratio to
+// the better of least-request and round-robin, seed by seed (geometric
+// mean).
+func BenchmarkOneCompanyPromptChange(b *testing.B) {
+	type point struct {
+		replicas, burst, output int
+		rps                     float64
+	}
+	pols := []string{"cost", "least-request", "round-robin"}
+	for _, pt := range []point{{2, 8, 32, 2.5}, {2, 8, 32, 5}, {4, 16, 64, 5}} {
+		b.Run(fmt.Sprintf("replicas=%d/rps=%g", pt.replicas, pt.rps), func(b *testing.B) {
+			eng, err := FleetEngines("llamacpp-cpu", pt.replicas)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				means := make([][]float64, len(pols))
+				p99s := make([][]float64, len(pols))
+				for seed := uint64(1); seed <= 8; seed++ {
+					w, measured := oneCompanyAfterChange(b, seed, pt.burst, pt.output, pt.rps)
+					for k, p := range pols {
+						cfg := Config{Replicas: pt.replicas, Engines: eng, Policy: p, Seed: seed, KeepOutcomes: true}
+						r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
+						if err != nil {
+							b.Fatal(err)
+						}
+						var ttft []float64
+						for _, o := range r.Outcomes {
+							if o.ID >= measured {
+								ttft = append(ttft, o.TTFT)
+							}
+						}
+						if len(ttft) != len(w.Requests)-measured {
+							b.Fatalf("%s: %d measured outcomes, want %d", p, len(ttft), len(w.Requests)-measured)
+						}
+						slices.Sort(ttft)
+						s := 0.0
+						for _, x := range ttft {
+							s += x
+						}
+						means[k] = append(means[k], s/float64(len(ttft)))
+						p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
+					}
+				}
+				for k, p := range pols {
+					b.ReportMetric(geomean(means[k]), p+"-mean-s")
+					b.ReportMetric(geomean(p99s[k]), p+"-p99-s")
+				}
+				var rm, rp []float64
+				for i := range means[0] {
+					rm = append(rm, means[0][i]/min(means[1][i], means[2][i]))
+					rp = append(rp, p99s[0][i]/min(p99s[1][i], p99s[2][i]))
+				}
+				b.ReportMetric(geomean(rm), "cost/best-mean")
+				b.ReportMetric(geomean(rp), "cost/best-p99")
+			}
+		})
+	}
+}
+
+// oneCompanyAfterChange is 40 one-company requests carrying other
+// instructions at rps, then, 3 s after the last of them, 40 carrying the
+// company's own (seed), at rps. It returns the workload and the ID of the
+// first measured request (the IDs before it are the warm-up's).
+func oneCompanyAfterChange(b testing.TB, seed uint64, burst, output int, rps float64) (*workload.Workload, int) {
+	gen := func(seed, shared uint64) *workload.Workload {
+		oc := workload.DefaultOneCompany()
+		oc.Requests, oc.Users, oc.BurstSize, oc.OutputTokens, oc.Seed, oc.SharedSeed = 40, 32, burst, output, seed, shared
+		w, err := workload.OneCompany(oc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w.ScaleRate(rps)
+		return w
+	}
+	warm, w := gen(seed+1000, seed+1000), gen(seed, seed)
+	start := warm.Requests[len(warm.Requests)-1].Arrival + 3e9
+	for i := range w.Requests {
+		w.Requests[i].Arrival += start
+		w.Requests[i].ID += len(warm.Requests)
+	}
+	w.Requests = append(warm.Requests, w.Requests...)
+	return w, len(warm.Requests)
+}
