@@ -220,10 +220,19 @@ func TestCapture(t *testing.T) {
 	done := make(chan struct{})
 	go func() { // a long answer keeps a slot busy while /slots and /metrics are read
 		defer close(done)
-		post(t, base+"/v1/chat/completions", strings.Replace(chat(3, ""), `"max_tokens":8`, `"max_tokens":400`, 1))
+		// ignore_eos: the random-weight model may sample its end of
+		// sequence before the 50th token, and the slot is then never seen
+		// decoding.
+		post(t, base+"/v1/chat/completions", strings.Replace(chat(3, ""), `"max_tokens":8`, `"max_tokens":400,"ignore_eos":true`, 1))
 	}()
 	deadline := time.Now().Add(30 * time.Second)
+poll:
 	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			break poll // the answer ended: no slot is decoding any more
+		default:
+		}
 		b := get(t, base+"/slots")
 		if decoding(t, b) {
 			got["slots-busy.json"] = b
