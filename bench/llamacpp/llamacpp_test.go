@@ -58,7 +58,7 @@ func TestRootFromEnv(t *testing.T) {
 // startFleet runs Setup and Start for a test (root only: CI runs as root,
 // so a skip there would hide the real-engine coverage) and asserts at
 // cleanup that no server's process group outlived Stop.
-func startFleet(t *testing.T, o Options) *Fleet {
+func startFleet(t testing.TB, o Options) *Fleet {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: debootstrap and chroot (CI runs as root)")
@@ -98,7 +98,7 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
@@ -184,7 +184,7 @@ func get(t *testing.T, url string) []byte {
 	return b
 }
 
-func post(t *testing.T, url, body string) (int, []byte) {
+func post(t testing.TB, url, body string) (int, []byte) {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {

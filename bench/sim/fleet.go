@@ -23,7 +23,7 @@ func Fleets() []FleetInfo {
 		{"hetero", "mixed generations: of every 4 replicas 2 at full speed, 1 at 2x and 1 at 3x the step times (an A100-class GPU is ~2-3x slower than an H100)"},
 		{"no-cache", "vLLM with --no-enable-prefix-caching"},
 		{"llamacpp", "llama.cpp server -np 4 -c 131072 -b 2048: 4 slots of 32768 tokens, each caching only its last prompt, and the default 8 GiB host prompt cache (65,536 tokens)"},
-		{"llamacpp-cpu", "the llamacpp fleet on CPU cores, timed like the live bench's llama.cpp servers: a decode step 1.6 ms alone and 2.6 ms more per running sequence (11-13 ms with 4), prompts at 5,000 tokens/s; a prompt costs more than its answer, the reverse of the GPU fleets"},
+		{"llamacpp-cpu", "the llamacpp fleet on CPU cores, timed like the live bench's llama.cpp servers (BenchmarkEngineTiming): a decode step 0.3 ms and 0.5 ms per running sequence, plus 0.18 ms per 1,000 tokens of their context (1.5 ms alone after a 4,096-token prompt), a prompt 45 us a token plus 50 us per 1,000 attention pairs (4,096 tokens cold: 0.6 s); a prompt costs more than its answer, the reverse of the GPU fleets"},
 	}
 }
 
@@ -53,11 +53,12 @@ func FleetEngines(name string, n int) ([]enginesim.Config, error) {
 			e.NumGPUBlocks = 131072 / e.BlockSize
 			e.MaxNumBatchedTokens = 2048
 			if name == "llamacpp-cpu" {
-				// bench/results/live/llamacpp-*.md: the servers' own
-				// timings (prompt_ms, predicted_ms) and the slot growth
-				// the router learned there
-				e.Timing = enginesim.Timing{StepBase: 1600 * time.Microsecond, PerPrefillToken: 200 * time.Microsecond,
-					PerDecodeSeq: 2600 * time.Microsecond}
+				// BenchmarkEngineTiming (bench/llamacpp): one live
+				// server's own timings fitted to the step model, middle
+				// values of runs that moved by a third
+				e.Timing = enginesim.Timing{StepBase: 300 * time.Microsecond, PerPrefillToken: 45 * time.Microsecond,
+					PerDecodeSeq: 500 * time.Microsecond, PerContextToken: 180 * time.Nanosecond,
+					PerPrefillKPairs: 50 * time.Microsecond}
 			}
 		default:
 			var names []string
