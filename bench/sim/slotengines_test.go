@@ -64,19 +64,11 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 						p99s[k] = append(p99s[k], r.TTFT.P99)
 					}
 				}
-				for k, p := range pols {
-					b.ReportMetric(geomean(means[k]), p.name+"-mean-s")
-					b.ReportMetric(geomean(p99s[k]), p.name+"-p99-s")
+				var names []string
+				for _, p := range pols {
+					names = append(names, p.name)
 				}
-				for k := range 3 {
-					var rm, rp []float64
-					for i := range means[k] {
-						rm = append(rm, means[k][i]/min(means[3][i], means[4][i]))
-						rp = append(rp, p99s[k][i]/min(p99s[3][i], p99s[4][i]))
-					}
-					b.ReportMetric(geomean(rm), pols[k].name+"/best-mean")
-					b.ReportMetric(geomean(rp), pols[k].name+"/best-p99")
-				}
+				reportAgainstBest(b, names, means, p99s)
 			}
 		})
 	}
@@ -114,6 +106,28 @@ func oneCompanyAfterOne(b *testing.B, seed uint64, burst, output int, rps float6
 	}
 	w.Requests = append([]workload.Request{first}, w.Requests...)
 	return w
+}
+
+// reportAgainstBest reports each policy's geometric mean over the seeds
+// of its mean and p99 TTFT (means[k][seed], p99s[k][seed] for policy
+// names[k]), and each but the last two (the baselines: least-request and
+// round-robin) against the better of those two, seed by seed (geometric
+// mean of the ratios).
+func reportAgainstBest(b *testing.B, names []string, means, p99s [][]float64) {
+	for k, name := range names {
+		b.ReportMetric(geomean(means[k]), name+"-mean-s")
+		b.ReportMetric(geomean(p99s[k]), name+"-p99-s")
+	}
+	lr, rr := len(names)-2, len(names)-1
+	for k := range lr {
+		var rm, rp []float64
+		for i := range means[k] {
+			rm = append(rm, means[k][i]/min(means[lr][i], means[rr][i]))
+			rp = append(rp, p99s[k][i]/min(p99s[lr][i], p99s[rr][i]))
+		}
+		b.ReportMetric(geomean(rm), names[k]+"/best-mean")
+		b.ReportMetric(geomean(rp), names[k]+"/best-p99")
+	}
 }
 
 func geomean(x []float64) float64 {
@@ -175,17 +189,7 @@ func BenchmarkOneCompanyPromptChange(b *testing.B) {
 						p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
 					}
 				}
-				for k, p := range pols {
-					b.ReportMetric(geomean(means[k]), p+"-mean-s")
-					b.ReportMetric(geomean(p99s[k]), p+"-p99-s")
-				}
-				var rm, rp []float64
-				for i := range means[0] {
-					rm = append(rm, means[0][i]/min(means[1][i], means[2][i]))
-					rp = append(rp, p99s[0][i]/min(p99s[1][i], p99s[2][i]))
-				}
-				b.ReportMetric(geomean(rm), "cost/best-mean")
-				b.ReportMetric(geomean(rp), "cost/best-p99")
+				reportAgainstBest(b, pols, means, p99s)
 			}
 		})
 	}
