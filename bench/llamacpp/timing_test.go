@@ -3,6 +3,8 @@ package llamacpp
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -32,23 +34,26 @@ func BenchmarkEngineTiming(b *testing.B) {
 		PromptN    int     `json:"prompt_n"`
 		PromptMS   float64 `json:"prompt_ms"`
 		PerTokenMS float64 `json:"predicted_per_token_ms"`
-		PredictedN int     `json:"predicted_n"`
 	}
 	// complete asks for predict tokens after prompt, streamed as the live
 	// bench asks (an event per token is work for the server's loop too),
-	// and returns the timings of its last event.
-	complete := func(prompt string, predict int) timings {
+	// and returns the timings of its last event. It may run off the
+	// benchmark's goroutine, so it returns its error.
+	complete := func(prompt string, predict int) (timings, error) {
+		var r struct {
+			Timings timings `json:"timings"`
+		}
 		body, _ := json.Marshal(map[string]any{"prompt": prompt, "n_predict": predict, "ignore_eos": true, "cache_prompt": true, "stream": true})
 		// A connection each: the server may close an idle kept-alive one
 		// just as the next POST goes out on it (seen as EOF).
 		resp, err := noKeepAlive.Post(base, "application/json", bytes.NewReader(body))
 		if err != nil {
-			b.Fatal(err)
+			return r.Timings, err
 		}
 		out, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if code := resp.StatusCode; err != nil || code != 200 {
-			b.Fatalf("/completion: %d %v: %.300s", code, err, out)
+			return r.Timings, fmt.Errorf("/completion: %d %v: %.300s", code, err, out)
 		}
 		var last []byte
 		for _, line := range bytes.Split(out, []byte("\n")) {
@@ -56,13 +61,10 @@ func BenchmarkEngineTiming(b *testing.B) {
 				last = d
 			}
 		}
-		var r struct {
-			Timings timings `json:"timings"`
-		}
 		if err := json.Unmarshal(last, &r); err != nil || r.Timings.PromptN == 0 {
-			b.Fatalf("/completion: no timings (%v) in %.300s", err, out)
+			return r.Timings, fmt.Errorf("/completion: no timings (%v) in %.300s", err, out)
 		}
-		return r.Timings
+		return r.Timings, nil
 	}
 	text := func(id uint64, tokens int) string {
 		return string(workload.AppendSegment(nil, workload.Segment{ID: id, Tokens: tokens}))
@@ -74,19 +76,24 @@ func BenchmarkEngineTiming(b *testing.B) {
 		var ms float64
 		for round := range 2 {
 			var wg sync.WaitGroup
-			var mu sync.Mutex
-			ms = 0
+			errs := make([]error, c)
+			per := make([]float64, c)
 			for i := range c {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					tm := complete(prefix+text(seed+uint64(10*round+i), 16), 64)
-					mu.Lock()
-					ms += tm.PerTokenMS / float64(c)
-					mu.Unlock()
+					tm, err := complete(prefix+text(seed+uint64(10*round+i), 16), 64)
+					per[i], errs[i] = tm.PerTokenMS, err
 				}()
 			}
 			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				b.Fatal(err)
+			}
+			ms = 0
+			for _, x := range per {
+				ms += x / float64(c)
+			}
 		}
 		return ms
 	}
@@ -94,7 +101,10 @@ func BenchmarkEngineTiming(b *testing.B) {
 		// Σ t n, Σ t p, Σ n², Σ n p, Σ p² for t = a n + k p.
 		var tn, tp, nn, np, pp float64
 		for i, n := range []int{512, 1024, 2048, 4096} {
-			tm := complete(text(1000+uint64(i), n), 1)
+			tm, err := complete(text(1000+uint64(i), n), 1)
+			if err != nil {
+				b.Fatal(err)
+			}
 			x, p := float64(tm.PromptN), float64(tm.PromptN)*float64(tm.PromptN+1)/2
 			tn, tp, nn, np, pp = tn+tm.PromptMS*x, tp+tm.PromptMS*p, nn+x*x, np+x*p, pp+p*p
 		}
