@@ -319,6 +319,7 @@ func (p *CostPolicy) keepTurn(v *View, req *Request, cs []costCand, d *Decision)
 func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	cfg := &p.cfg
 	t := float64(req.PromptTokens)
+	tpos := max(t, 0) // T - c_r C_r where C_r = 0: nothing to discount (c_r is in [0, 1])
 	v.match()
 	m := v.ms.m
 	var otok []int32 // oracle-fed cached tokens (SetCacheOracle)
@@ -335,11 +336,18 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	// One pass reads each candidate's state once: its cached tokens, N_r,
 	// and every term of its estimate but X_r, which needs N and whether
 	// the prefix's homes are all full (both known only after the pass),
-	// and max(slotWait_r, backlog_r) (est).
+	// and max(slotWait_r, backlog_r) (est). A candidate caching nothing
+	// counts toward N whatever the best hit is; those caching something
+	// (hs, usually few) are looked at again once the best is known.
 	cs = v.costScratch(len(cands))
+	hs := v.holders[:0]
 	best := 0.0
 	home := -1 // a candidate whose match ends at a finished request's tail
-	var l Load
+	var (
+		l                Load
+		pl               poolTerms
+		coldQueued, cold int64
+	)
 	hot := v.r.hot
 	for i, id := range cands {
 		// Router.hotOf, the array hoisted
@@ -358,7 +366,10 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		if c > best { // max(best, c): c is never NaN or -0
 			best = c
 		}
-		s := h.slots()
+		if f := h.fleetPrefill; f != pl.f || !pl.set {
+			pl.load(f, cfg.LoadPenaltySeconds)
+		}
+		s := h.slotsPool(&pl)
 		// queueLoad's figures, read straight into locals: while the
 		// engine signals are stale they add nothing (Load.Busy,
 		// otherWaiting and KVUsage are the router's counts and 0).
@@ -369,27 +380,39 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 			h.queueLoadSlots(&l, s, now, maxAge)
 			busy, other, kvUsage = l.Busy(), l.otherWaiting(), l.KVUsage
 		}
-		rate, over := h.prefill()
-		inv := 1 / rate
+		// repHot.prefill, with the pool's line and its inverse read once
+		// per pool
+		var over, inv float64
+		if pl.priced && !((h.specRate || loadF(&h.engRate) > 0) && h.fitted.Load()) {
+			over, inv = pl.over, pl.inv
+		} else {
+			over, inv = loadF(&h.overhead), 1/loadF(&h.rate)
+		}
 		e := &cs[i]
 		e.cached = c
 		e.queuedReqs = int64(queuedRequests(pendReqs, other))
 		e.busy = int64(busy)
 		e.slots = s
 		e.over = over
-		e.unc = max(t, 0) // C_r = 0: nothing to discount (c_r is in [0, 1])
+		e.unc = tpos
 		if c != 0 {
-			e.unc = max(t-h.confidence()*c, 0)
+			e.unc = max(t-h.confidencePool(&pl)*c, 0)
+			hs = append(hs, int32(i))
+		} else {
+			coldQueued += e.queuedReqs
+			cold++
 		}
 		e.inv = inv
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
-		e.pen = max(cfg.LoadPenaltySeconds, h.busyCost()) * float64(busy) * h.invWeight
+		e.pen = pl.pen * float64(busy) * h.invWeight
 		e.kv = kvUsage > cfg.KVHighWater
 		if e.kv {
 			e.kvPen = cfg.KVPenaltySeconds * (kvUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
+		e.phase, e.phased = 0, false
 		e.full, e.fullSet, e.backlogSet = false, false, false
 	}
+	v.holders = hs
 	// A continuation's decision prices busy requests at what they were
 	// measured to cost (β_r), without the LoadPenaltySeconds floor, on
 	// every candidate, while its home has batch slots for as many again
@@ -408,11 +431,15 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	}
 	// The typical prefill queue a recompute joins: the mean over the
 	// candidates not holding the prefix (less than half the best hit).
-	var coldQueued, cold int64
-	for i := range cs {
-		if cs[i].cached < best/2 || best == 0 {
-			coldQueued += cs[i].queuedReqs
+	// Whether every home is full: the first home that is not decides it,
+	// so usually one home is looked at.
+	homesFull := best > 0
+	for _, i := range hs {
+		if e := &cs[i]; e.cached < best/2 || best == 0 {
+			coldQueued += e.queuedReqs
 			cold++
+		} else if homesFull && !e.isFull(v.r.hotOf(cands[i]), now) {
+			homesFull = false
 		}
 	}
 	// The step's phase chooses only among the candidates it is what they
@@ -426,14 +453,21 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	// gain by it, never be left for where another replica's step is. The
 	// clock is read (the hot record's last line) only for those, and only
 	// once some stream has taught a replica a step (Router.stepClocks).
+	// Past one block of hit only holders compute as little as the best.
 	minPhase, phased := math.Inf(1), false
-	clocks := !cfg.NoStepPhase && v.r.stepClocks.Load()
-	for i, id := range cands {
-		e := &cs[i]
-		e.phase, e.phased = 0, false
-		if clocks && e.cached >= best-bt && e.queuedReqs == 0 && (e.slots == 0 || e.busy < e.slots) {
-			e.phase, e.phased = v.r.hotOf(id).step.phaseAdj(now, e.busy), true
-			minPhase, phased = min(minPhase, e.phase), true
+	if !cfg.NoStepPhase && v.r.stepClocks.Load() {
+		if best > bt {
+			for _, i := range hs {
+				if e := &cs[i]; e.stepPhase(v.r.hotOf(cands[i]), best, bt, now) {
+					minPhase, phased = min(minPhase, e.phase), true
+				}
+			}
+		} else {
+			for i := range cs {
+				if e := &cs[i]; e.stepPhase(v.r.hotOf(cands[i]), best, bt, now) {
+					minPhase, phased = min(minPhase, e.phase), true
+				}
+			}
 		}
 	}
 	if phased && minPhase > 0 {
@@ -447,17 +481,13 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	if cold > 0 {
 		typical = float64(coldQueued) / float64(cold)
 	}
-	// Whether every home is full: the first home that is not decides it,
-	// so usually one home is looked at.
-	homesFull := best > 0
-	for i := range cs {
-		if e := &cs[i]; homesFull && !(e.cached < best/2 || best == 0) && !e.isFull(v.r.hotOf(cands[i]), now) {
-			homesFull = false
-		}
-	}
 	for i := range cs {
 		e := &cs[i]
-		e.x = 1 + max(float64(e.queuedReqs), typical)
+		x := float64(e.queuedReqs) // 1 + max(N_r, N): neither is NaN or -0
+		if typical > x {
+			x = typical
+		}
+		e.x = 1 + x
 		if homesFull && !e.isFull(v.r.hotOf(cands[i]), now) {
 			e.x = 1
 		}
@@ -478,6 +508,18 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 // lowMargin is how far, in parts of itself, costCand.low is put below the
 // estimate's rounding.
 const lowMargin = 1e-12
+
+// stepPhase prices the running step's phase (stepClock.phaseAdj) for a
+// candidate it is what it waits for, and that would compute as little as
+// the best: no prefill queued ahead, a free batch slot, at most a block
+// less cached than the best hit. It reports whether it did.
+func (e *costCand) stepPhase(h *repHot, best, bt float64, now int64) bool {
+	if e.cached >= best-bt && e.queuedReqs == 0 && (e.slots == 0 || e.busy < e.slots) {
+		e.phase, e.phased = h.step.phaseAdj(now, e.busy), true
+		return true
+	}
+	return false
+}
 
 // roomAtHome reports whether the continuation candidate e has batch
 // slots for as many requests again as it has, besides the new one: below

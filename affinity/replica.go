@@ -178,12 +178,13 @@ type repHot struct {
 	errSlack                         atomic.Uint64 // float64 bits: exp(2 errEWMA), backlog's slack
 	overhead                         atomic.Uint64 // float64 bits: seconds to a first token besides prefill (rateFit intercept)
 	rate                             atomic.Uint64 // float64 bits: prefill tokens/s estimate
-	invWeight                        float64       // 1 / weight (Router write lock)
-
-	// line 2: the pool, confidence and batch slots
 	// fleetSlot is the Router's slotSec: every replica's slot-time samples,
 	// the prior of a replica without its own.
 	fleetSlot *atomic.Uint64
+
+	// line 2: the pool, weight, confidence and batch slots: with line 0,
+	// all a cost decision reads of a replica its pool prices
+	invWeight float64 // 1 / weight (Router write lock)
 	// fleetPrefill is the pooled prefill model of the replicas serving
 	// this one's first model (Router.pool): what its prefill is priced
 	// with unless the engine reports its own rate (replica.prefill).

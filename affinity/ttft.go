@@ -170,6 +170,65 @@ func (p *repHot) slots() int64 {
 	return 0
 }
 
+// poolTerms is what a cost decision reads of one pool (fleetPrefill) once
+// for all the candidates in it, instead of once per candidate: the
+// pool's priced line and its inverse, the load penalty's unit, its batch
+// slots and confidence prior. The values are the ones repHot.prefill,
+// busyCost, slots and confidence would return from the same reads.
+type poolTerms struct {
+	f         *fleetPrefill
+	set       bool    // f was loaded (nil is a pool too: none)
+	priced    bool    // the pool's line prices its replicas (prefill)
+	over, inv float64 // its overhead and 1 / rate, when priced
+	pen       float64 // max(LoadPenaltySeconds, β)
+	slots     int64   // the pool's batch-slot limit
+	conf      float64 // confidence before a replica's own fitMinSamples
+}
+
+// load reads f's terms, lps the configured LoadPenaltySeconds.
+func (pl *poolTerms) load(f *fleetPrefill, lps float64) {
+	*pl = poolTerms{f: f, set: true, conf: 1}
+	bc := 0.0
+	if f != nil {
+		if f.n.Load() != 0 {
+			pl.priced, pl.over, pl.inv = true, loadF(&f.over), 1/loadF(&f.rate)
+		}
+		bc = loadF(&f.busyCost)
+		pl.slots = f.slots.Load()
+		if f.hitN.Load() >= fitMinSamples {
+			pl.conf = min(max(loadF(&f.hitReal), 0), 1)
+		} else if f.earlyN.Load() >= earlyHitMin {
+			pl.conf = min(max(loadF(&f.earlyReal), 0), 1)
+		}
+	}
+	pl.pen = max(lps, bc)
+}
+
+// slotsPool is slots with p's pool read into pl (pl.f == p.fleetPrefill).
+func (p *repHot) slotsPool(pl *poolTerms) int64 {
+	if p.specSlots > 0 {
+		return int64(p.specSlots)
+	}
+	if s := p.slotsSig.Load(); s > 0 {
+		return int64(s)
+	}
+	if s := p.slotsLearned.Load(); s > 0 || pl.f == nil {
+		return int64(s)
+	}
+	if s := pl.slots; s > 0 && s >= p.maxRunSeen() {
+		return s
+	}
+	return 0
+}
+
+// confidencePool is confidence with p's pool read into pl.
+func (p *repHot) confidencePool(pl *poolTerms) float64 {
+	if p.hitN.Load() < fitMinSamples {
+		return pl.conf
+	}
+	return min(max(loadF(&p.hitReal), 0), 1)
+}
+
 // slotSeconds is D_r, the slot time (decode) alone on the engine: the
 // replica's own estimate drawn toward its pool's, weight slotOwnWeight on
 // its own; before its first sample, its pool's, else the fleet's (the

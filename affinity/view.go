@@ -27,6 +27,7 @@ type View struct {
 	rnd     uint64
 	top     []rankItem
 	cost    []costCand // CostPolicy's per-candidate scratch
+	holders []int32    // CostPolicy's scratch: indices of candidates caching part of the prompt
 }
 
 // costScratch returns the cost policy's scratch for n candidates.
