@@ -477,7 +477,8 @@ func (e *Engine) plan(t int64) {
 	e.batch = e.batch[:0]
 	budget := e.budget
 	prefill, decodes, ctx := 0, 0, 0
-	var pairs int64 // prefill attention (query, key) pairs
+	chunks, before := 0, 0 // prefill chunks, and the tokens in context before them
+	var pairs int64        // prefill attention (query, key) pairs
 	preempted := false
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
@@ -503,6 +504,8 @@ func (e *Engine) plan(t int64) {
 		} else {
 			prefill += n
 			pairs += int64(n)*int64(s.computed) + int64(n)*int64(n+1)/2
+			chunks++
+			before += s.computed
 		}
 		s.numNew = n
 		s.inBatch = true
@@ -593,6 +596,8 @@ func (e *Engine) plan(t int64) {
 		budget -= n
 		prefill += n
 		pairs += int64(n)*int64(computed) + int64(n)*int64(n+1)/2
+		chunks++
+		before += computed
 	}
 	if len(e.batch) == 0 {
 		e.stepActive = false
@@ -604,7 +609,8 @@ func (e *Engine) plan(t int64) {
 	tm := e.timing
 	dur := tm.StepBase + time.Duration(prefill)*tm.PerPrefillToken +
 		time.Duration(decodes)*tm.PerDecodeSeq + time.Duration(ctx)*tm.PerContextToken +
-		time.Duration(pairs*int64(tm.PerPrefillKPairs)/1000)
+		time.Duration(pairs*int64(tm.PerPrefillKPairs)/1000) +
+		time.Duration(chunks)*tm.PerPrefillChunk + time.Duration(before)*tm.PerChunkContextToken
 	e.stepActive = true
 	e.stepStart, e.stepEnd, e.lastDur = t, t+int64(dur), dur
 	e.st.Steps++

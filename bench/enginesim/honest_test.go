@@ -93,6 +93,63 @@ func TestPrefillAttentionTerm(t *testing.T) {
 	}
 }
 
+// TestPrefillChunkTerms: each sequence prefilling in a step costs
+// PerPrefillChunk, plus PerChunkContextToken for every token in its context
+// before the chunk: a short question after a long cached prefix pays for
+// that prefix beyond its pairs, a cold prompt split into chunks pays once a
+// chunk, its later chunks for the chunks before them.
+func TestPrefillChunkTerms(t *testing.T) {
+	tm := DefaultTiming()
+	tm.PerPrefillChunk, tm.PerChunkContextToken = 2*time.Millisecond, 800*time.Nanosecond
+	const budget = 2048
+	ttft := func(cachedPrefix, n int) (time.Duration, *Request) {
+		e := newTestEngine(t, func(c *Config) {
+			c.Timing = tm
+			c.NumGPUBlocks = 20000
+			c.MaxNumBatchedTokens = budget
+		})
+		var now int64
+		pre := prompt("doc", cachedPrefix)
+		if cachedPrefix > 0 {
+			submit(t, e, &Request{ID: 1, Prompt: pre, MaxTokens: 1}, 0)
+			now = drain(t, e, nil)
+		}
+		r := &Request{ID: 2, Prompt: append(append([]byte(nil), pre...), prompt("q", n)...), MaxTokens: 1}
+		submit(t, e, r, now)
+		drain(t, e, nil)
+		return r.TTFT(), r
+	}
+	for _, tc := range []struct{ cached, n int }{{0, 16}, {4096, 16}, {0, 5000}} {
+		t.Run(fmt.Sprintf("cached=%d/new=%d", tc.cached, tc.n), func(t *testing.T) {
+			got, r := ttft(tc.cached, tc.n)
+			if r.CachedTokens != tc.cached {
+				t.Fatalf("cached %d, want %d", r.CachedTokens, tc.cached)
+			}
+			// one step per chunk of at most budget tokens, each after what
+			// the steps before it computed
+			var want time.Duration
+			for c := r.CachedTokens; c < r.PromptTokens; c += budget {
+				n := min(r.PromptTokens-c, budget)
+				want += tm.StepBase + time.Duration(n)*tm.PerPrefillToken +
+					time.Duration((int64(n)*int64(c)+int64(n)*int64(n+1)/2)*int64(tm.PerPrefillKPairs)/1000) +
+					tm.PerPrefillChunk + time.Duration(c)*tm.PerChunkContextToken
+			}
+			if got != want {
+				t.Errorf("TTFT %v, want %v", got, want)
+			}
+		})
+	}
+	// the prefix's reads: what 4,096 cached tokens add to a 16-token
+	// question beyond its pairs
+	short, _ := ttft(0, 16)
+	long, r := ttft(4096, 16)
+	n := int64(r.PromptTokens - r.CachedTokens)
+	extraPairs := time.Duration(n * int64(r.CachedTokens) * int64(tm.PerPrefillKPairs) / 1000)
+	if d := long - short - extraPairs; d < time.Duration(4096)*tm.PerChunkContextToken-time.Microsecond || d > time.Duration(4096)*tm.PerChunkContextToken+time.Microsecond {
+		t.Errorf("4,096 cached tokens add %v beyond their pairs, want %v", d, time.Duration(4096)*tm.PerChunkContextToken)
+	}
+}
+
 // TestSlotModel is llama.cpp's server: each slot keeps its last request's
 // tokens and a request reuses only the slot it lands in; with more distinct
 // prompts than slots, the least recently used slot's cache is lost.

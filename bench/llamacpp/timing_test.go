@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"testing"
@@ -18,21 +19,23 @@ import (
 // model of enginesim.Timing to its own timings, for the simulator's
 // llamacpp-cpu fleet (bench/sim/fleet.go):
 //
-//   - cold prompts of about 512 to 4,096 tokens, alone: prompt_ms against
-//     n (PerPrefillToken) and its n(n+1)/2 attention pairs (PerPrefillKPairs),
-//     least squares through the origin;
+//   - prompts of n new tokens after c reused ones (n from 4 to 4,096 cold,
+//     4 to 512 after 1,024 and 4,096 reused), prompt_ms against a fixed
+//     cost per prompt (StepBase + PerPrefillChunk), n (PerPrefillToken), the
+//     n c + n(n+1)/2 attention pairs (PerPrefillKPairs) and c
+//     (PerChunkContextToken), least squares in relative error;
 //   - 64-token answers decoded by 1 and by 4 requests at once after a short
 //     prompt (StepBase and PerDecodeSeq from predicted_per_token_ms), and by 1
-//     after a ~4,096-token one (PerContextToken, per token of context);
-//   - the prompt_ms of those requests' 16-token questions, alone and after
-//     the 4,096 tokens, reported as measured.
+//     after a ~4,096-token one (PerContextToken, per token of context).
 //
-// Reported in microseconds (nanoseconds per context token); a benchmark,
-// not a test: the machine's speed moves every figure.
+// Reported in microseconds (nanoseconds per context token), with the fit's
+// worst relative error over the prompts; a benchmark, not a test: the
+// machine's speed moves every figure.
 func BenchmarkEngineTiming(b *testing.B) {
 	f := startFleet(b, Options{N: 1, Slots: 4, CtxPerSlot: 8192})
 	base := "http://" + f.Addrs()[0] + "/completion"
 	type timings struct {
+		CacheN     int     `json:"cache_n"`
 		PromptN    int     `json:"prompt_n"`
 		PromptMS   float64 `json:"prompt_ms"`
 		PerTokenMS float64 `json:"predicted_per_token_ms"`
@@ -73,9 +76,8 @@ func BenchmarkEngineTiming(b *testing.B) {
 	}
 	// decode runs c requests at once, each a fresh short question after
 	// prefix, twice (the first puts prefix in the slots), and returns the
-	// mean per-token decode time of the second round and the mean
-	// prompt_ms of its questions (computed after prefix, reused).
-	decode := func(prefix string, c int, seed uint64) (ms, prompt float64) {
+	// mean per-token decode time of the second round.
+	decode := func(prefix string, c int, seed uint64) (ms float64) {
 		for round := range 2 {
 			var wg sync.WaitGroup
 			errs := make([]error, c)
@@ -91,45 +93,104 @@ func BenchmarkEngineTiming(b *testing.B) {
 			if err := errors.Join(errs...); err != nil {
 				b.Fatal(err)
 			}
-			ms, prompt = 0, 0
+			ms = 0
 			for _, tm := range tms {
 				ms += tm.PerTokenMS / float64(c)
-				prompt += tm.PromptMS / float64(c)
 			}
 		}
-		return ms, prompt
+		return ms
 	}
 	for b.Loop() {
-		// Σ t n, Σ t p, Σ n², Σ n p, Σ p² for t = a n + k p.
-		var tn, tp, nn, np, pp float64
-		for i, n := range []int{512, 1024, 2048, 4096} {
-			tm, err := complete(text(1000+uint64(i), n), 1)
+		// Prompt points: x = (1, n, pairs/1000, c), y = prompt_ms.
+		var xs [][]float64
+		var ys []float64
+		point := func(prompt string) {
+			tm, err := complete(prompt, 1)
 			if err != nil {
 				b.Fatal(err)
 			}
-			x, p := float64(tm.PromptN), float64(tm.PromptN)*float64(tm.PromptN+1)/2
-			tn, tp, nn, np, pp = tn+tm.PromptMS*x, tp+tm.PromptMS*p, nn+x*x, np+x*p, pp+p*p
+			n, c := float64(tm.PromptN), float64(tm.CacheN)
+			xs = append(xs, []float64{1, n, (n*c + n*(n+1)/2) / 1000, c})
+			ys = append(ys, tm.PromptMS)
 		}
-		det := nn*pp - np*np
-		perToken := (tn*pp - tp*np) / det // ms
-		perPair := (nn*tp - np*tn) / det  // ms
-		d1, p1 := decode("", 1, 2000)
-		d4, _ := decode("", 4, 3000)
+		for i, n := range []int{4, 16, 64, 256, 512, 1024, 2048, 4096} {
+			point(text(1000+uint64(i), n))
+		}
+		for _, c := range []int{1024, 4096} {
+			prefix := text(uint64(2000+c), c)
+			if _, err := complete(prefix+text(1, 8), 1); err != nil { // into a slot
+				b.Fatal(err)
+			}
+			for _, n := range []int{4, 16, 64, 256, 512} {
+				point(prefix + text(uint64(3000+c+n), n))
+			}
+		}
+		w, worst := fitRelative(xs, ys)
+		d1 := decode("", 1, 2000)
+		d4 := decode("", 4, 3000)
 		seq := (d4 - d1) / 3
-		long := text(4000, 4096)
-		dl, pl := decode(long, 1, 5000)
-		b.ReportMetric(perToken*1e3, "prefill-us/token")
-		b.ReportMetric(perPair*1e6, "prefill-us/kpair")
+		dl := decode(text(4000, 4096), 1, 5000)
+		b.ReportMetric(w[1]*1e3, "prefill-us/token")
+		b.ReportMetric(w[2]*1e3, "prefill-us/kpair")
+		b.ReportMetric(w[3]*1e6, "chunk-context-ns/token")
+		b.ReportMetric((w[0]-(d1-seq))*1e3, "prefill-chunk-us")
 		b.ReportMetric((d1-seq)*1e3, "step-base-us")
 		b.ReportMetric(seq*1e3, "decode-us/seq")
 		b.ReportMetric((dl-d1)*1e6/4096, "context-ns/token")
-		// What a 16-token question took to compute, alone and after the
-		// 4,096 reused tokens: against the fit above, what the step model
-		// lacks (a cost per prompt apart from its tokens).
-		b.ReportMetric(p1, "question-ms")
-		b.ReportMetric(pl, "question-after-4096-ms")
-		b.Logf("decode ms/token: 1 short %.2f, 4 short %.2f, 1 after 4,096 tokens %.2f", d1, d4, dl)
+		b.ReportMetric(worst, "prompt-fit-worst-ratio")
+		b.Logf("prompt ms = %.3f + %.1f us n + %.1f ns a pair + %.0f ns c; decode ms/token: 1 short %.2f, 4 short %.2f, 1 after 4,096 tokens %.2f",
+			w[0], w[1]*1e3, w[2]*1e3, w[3]*1e6, d1, d4, dl)
 	}
+}
+
+// fitRelative is the least-squares fit of y ≈ w·x in relative error
+// (each point weighted 1/y²), and the fit's worst ratio of model to
+// measurement over the points, as max(r, 1/r).
+func fitRelative(xs [][]float64, ys []float64) (w []float64, worst float64) {
+	k := len(xs[0])
+	// normal equations, augmented: a[i][j] = Σ x_i x_j / y², a[i][k] = Σ x_i / y
+	a := make([][]float64, k)
+	for i := range a {
+		a[i] = make([]float64, k+1)
+	}
+	for p, x := range xs {
+		wt := 1 / (ys[p] * ys[p])
+		for i := range k {
+			for j := range k {
+				a[i][j] += wt * x[i] * x[j]
+			}
+			a[i][k] += wt * x[i] * ys[p]
+		}
+	}
+	for i := range k { // Gauss-Jordan with partial pivoting
+		p := i
+		for r := i + 1; r < k; r++ {
+			if math.Abs(a[r][i]) > math.Abs(a[p][i]) {
+				p = r
+			}
+		}
+		a[i], a[p] = a[p], a[i]
+		for r := range k {
+			if r != i {
+				f := a[r][i] / a[i][i]
+				for j := i; j <= k; j++ {
+					a[r][j] -= f * a[i][j]
+				}
+			}
+		}
+	}
+	w = make([]float64, k)
+	for i := range k {
+		w[i] = a[i][k] / a[i][i]
+	}
+	for p, x := range xs {
+		m := 0.0
+		for i := range k {
+			m += w[i] * x[i]
+		}
+		worst = max(worst, m/ys[p], ys[p]/m)
+	}
+	return w, worst
 }
 
 var noKeepAlive = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}

@@ -23,7 +23,7 @@ func Fleets() []FleetInfo {
 		{"hetero", "mixed generations: of every 4 replicas 2 at full speed, 1 at 2x and 1 at 3x the step times (an A100-class GPU is ~2-3x slower than an H100)"},
 		{"no-cache", "vLLM with --no-enable-prefix-caching"},
 		{"llamacpp", "llama.cpp server -np 4 -c 131072 -b 2048: 4 slots of 32768 tokens, each caching only its last prompt, and the default 8 GiB host prompt cache (65,536 tokens)"},
-		{"llamacpp-cpu", "the llamacpp fleet on CPU cores, timed like the live bench's llama.cpp servers (BenchmarkEngineTiming): a decode step 0.3 ms and 0.5 ms per running sequence, plus 0.18 ms per 1,000 tokens of their context (1.5 ms alone after a 4,096-token prompt), a prompt 45 us a token plus 50 us per 1,000 attention pairs (4,096 tokens cold: 0.6 s); a prompt costs more than its answer, the reverse of the GPU fleets"},
+		{"llamacpp-cpu", "the llamacpp fleet on CPU cores, timed like the live bench's llama.cpp servers (BenchmarkEngineTiming): a decode step 0.3 ms and 0.5 ms per running sequence, plus 0.18 ms per 1,000 tokens of their context (1.5 ms alone after a 4,096-token prompt), a prompt 1.9 ms, plus 45 us a token, 55 us per 1,000 attention pairs and 0.8 us per token it reuses (4,096 tokens cold: 0.65 s; 16 new after 4,096 reused: 9.7 ms); a prompt costs more than its answer, the reverse of the GPU fleets"},
 	}
 }
 
@@ -58,7 +58,8 @@ func FleetEngines(name string, n int) ([]enginesim.Config, error) {
 				// values of runs that moved by a third
 				e.Timing = enginesim.Timing{StepBase: 300 * time.Microsecond, PerPrefillToken: 45 * time.Microsecond,
 					PerDecodeSeq: 500 * time.Microsecond, PerContextToken: 180 * time.Nanosecond,
-					PerPrefillKPairs: 50 * time.Microsecond}
+					PerPrefillKPairs: 55 * time.Microsecond, PerPrefillChunk: 1900 * time.Microsecond,
+					PerChunkContextToken: 800 * time.Nanosecond}
 			}
 		default:
 			var names []string
@@ -76,5 +77,6 @@ func FleetEngines(name string, n int) ([]enginesim.Config, error) {
 func scaleTiming(t enginesim.Timing, k float64) enginesim.Timing {
 	s := func(d time.Duration) time.Duration { return time.Duration(float64(d) * k) }
 	return enginesim.Timing{StepBase: s(t.StepBase), PerPrefillToken: s(t.PerPrefillToken), PerDecodeSeq: s(t.PerDecodeSeq),
-		PerContextToken: s(t.PerContextToken), PerPrefillKPairs: s(t.PerPrefillKPairs)}
+		PerContextToken: s(t.PerContextToken), PerPrefillKPairs: s(t.PerPrefillKPairs),
+		PerPrefillChunk: s(t.PerPrefillChunk), PerChunkContextToken: s(t.PerChunkContextToken)}
 }

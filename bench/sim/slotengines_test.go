@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/warmpath/warmpath/bench/enginesim"
 	"github.com/warmpath/warmpath/bench/workload"
 )
 
@@ -27,12 +28,6 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 		replicas, burst, output int
 		rps                     float64
 	}
-	pols := []struct {
-		name                 string
-		policy               string
-		noHold, copyComputed bool
-	}{{"cost", "cost", false, false}, {"cost-copy-computed", "cost", false, true}, {"cost-no-hold", "cost", true, false},
-		{"least-request", "least-request", false, false}, {"round-robin", "round-robin", false, false}}
 	for _, pt := range []point{{"one-company", 2, 8, 32, 2.5}, {"one-company", 2, 8, 32, 5}, {"one-company", 4, 16, 64, 5}, {"one-company", 8, 16, 128, 3},
 		{"shared-prefix", 2, 0, 32, 2.5}, {"shared-prefix", 2, 0, 32, 5}, {"shared-prefix", 4, 0, 64, 5}} {
 		b.Run(fmt.Sprintf("%s/replicas=%d/rps=%g", pt.workload, pt.replicas, pt.rps), func(b *testing.B) {
@@ -41,8 +36,8 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				means := make([][]float64, len(pols))
-				p99s := make([][]float64, len(pols))
+				means := make([][]float64, len(slotPolicies))
+				p99s := make([][]float64, len(slotPolicies))
 				for seed := uint64(1); seed <= 6; seed++ {
 					var w *workload.Workload
 					if pt.workload == "one-company" {
@@ -50,13 +45,8 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 					} else {
 						w = sharedPrefixSlots(b, seed, pt.replicas, pt.output, pt.rps)
 					}
-					for k, p := range pols {
-						cfg := Config{Replicas: pt.replicas, Engines: eng, Policy: p.policy, Seed: seed}
-						if p.noHold {
-							cfg.Router.SlotHold = -1
-						}
-						cfg.Router.CopyComputed = p.copyComputed
-						r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
+					for k := range slotPolicies {
+						r, err := Run(slotConfig(k, pt.replicas, eng, seed), &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
 						if err != nil {
 							b.Fatal(err)
 						}
@@ -64,11 +54,7 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 						p99s[k] = append(p99s[k], r.TTFT.P99)
 					}
 				}
-				var names []string
-				for _, p := range pols {
-					names = append(names, p.name)
-				}
-				reportAgainstBest(b, names, means, p99s)
+				reportAgainstBest(b, slotNames(), means, p99s)
 			}
 		})
 	}
@@ -138,68 +124,102 @@ func geomean(x []float64) float64 {
 	return math.Exp(s / float64(len(x)))
 }
 
-// BenchmarkOneCompanyPromptChange: the one-company workload on llama.cpp-like
-// servers (llamacpp-cpu) right after its instructions changed, as the live
-// bench's --warmup-new-prompts runs it: 40 requests carrying other
-// instructions warm every slot, and 3 s after the last of them the
-// company's requests start, 40 of them (its first bursts, the new
-// instructions cold everywhere). Eight workload seeds a point; TTFT over
-// the 40 measured requests only. Reported per point: each policy's
-// geometric mean over the seeds of mean and p99 TTFT, and cost's ratio to
-// the better of least-request and round-robin, seed by seed (geometric
-// mean).
-func BenchmarkOneCompanyPromptChange(b *testing.B) {
+// slotPolicies are the rows the slot-engine benchmarks run: cost, cost
+// with routing.copy_computed, cost with routing.slot_hold off, and the two
+// baselines last (reportAgainstBest compares every row with them).
+var slotPolicies = []struct {
+	name                 string
+	policy               string
+	noHold, copyComputed bool
+}{{"cost", "cost", false, false}, {"cost-copy-computed", "cost", false, true}, {"cost-no-hold", "cost", true, false},
+	{"least-request", "least-request", false, false}, {"round-robin", "round-robin", false, false}}
+
+// slotConfig is the simulator's config for row k of slotPolicies.
+func slotConfig(k, replicas int, eng []enginesim.Config, seed uint64) Config {
+	p := slotPolicies[k]
+	cfg := Config{Replicas: replicas, Engines: eng, Policy: p.policy, Seed: seed}
+	if p.noHold {
+		cfg.Router.SlotHold = -1
+	}
+	cfg.Router.CopyComputed = p.copyComputed
+	return cfg
+}
+
+// BenchmarkOneCompanyAfterWarmup: the one-company workload on llama.cpp-like
+// servers (llamacpp-cpu) after a warm-up as the live bench runs it: 40
+// requests, then, 3 s after the last of them, the company's measured 40.
+// start=steady: the warm-up carries the company's instructions with other
+// questions (the live bench's default: a deployment that has been
+// running); start=new-prompts: it carries other instructions (its
+// --warmup-new-prompts: the company's instructions just changed, cold
+// everywhere, its first bursts measured). Eight workload seeds a point;
+// TTFT over the 40 measured requests only. Reported per point: each row's
+// geometric mean over the seeds of mean and p99 TTFT, and its ratio to the
+// better of least-request and round-robin, seed by seed (geometric mean).
+func BenchmarkOneCompanyAfterWarmup(b *testing.B) {
 	type point struct {
 		replicas, burst, output int
 		rps                     float64
 	}
-	pols := []string{"cost", "least-request", "round-robin"}
-	for _, pt := range []point{{2, 8, 32, 2.5}, {2, 8, 32, 5}, {4, 16, 64, 5}} {
-		b.Run(fmt.Sprintf("replicas=%d/rps=%g", pt.replicas, pt.rps), func(b *testing.B) {
-			eng, err := FleetEngines("llamacpp-cpu", pt.replicas)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for b.Loop() {
-				means := make([][]float64, len(pols))
-				p99s := make([][]float64, len(pols))
-				for seed := uint64(1); seed <= 8; seed++ {
-					w, measured := oneCompanyAfterChange(b, seed, pt.burst, pt.output, pt.rps)
-					for k, p := range pols {
-						cfg := Config{Replicas: pt.replicas, Engines: eng, Policy: p, Seed: seed, KeepOutcomes: true}
-						r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
-						if err != nil {
-							b.Fatal(err)
-						}
-						var ttft []float64
-						for _, o := range r.Outcomes {
-							if o.ID >= measured {
-								ttft = append(ttft, o.TTFT)
-							}
-						}
-						if len(ttft) != len(w.Requests)-measured {
-							b.Fatalf("%s: %d measured outcomes, want %d", p, len(ttft), len(w.Requests)-measured)
-						}
-						slices.Sort(ttft)
-						s := 0.0
-						for _, x := range ttft {
-							s += x
-						}
-						means[k] = append(means[k], s/float64(len(ttft)))
-						p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
-					}
+	for _, start := range []string{"steady", "new-prompts"} {
+		for _, pt := range []point{{2, 8, 32, 2.5}, {2, 8, 32, 5}, {4, 16, 64, 5}} {
+			b.Run(fmt.Sprintf("start=%s/replicas=%d/rps=%g", start, pt.replicas, pt.rps), func(b *testing.B) {
+				eng, err := FleetEngines("llamacpp-cpu", pt.replicas)
+				if err != nil {
+					b.Fatal(err)
 				}
-				reportAgainstBest(b, pols, means, p99s)
-			}
-		})
+				for b.Loop() {
+					means := make([][]float64, len(slotPolicies))
+					p99s := make([][]float64, len(slotPolicies))
+					for seed := uint64(1); seed <= 8; seed++ {
+						w, measured := oneCompanyAfterWarmup(b, seed, start == "steady", pt.burst, pt.output, pt.rps)
+						for k := range slotPolicies {
+							cfg := slotConfig(k, pt.replicas, eng, seed)
+							cfg.KeepOutcomes = true
+							r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
+							if err != nil {
+								b.Fatal(err)
+							}
+							var ttft []float64
+							for _, o := range r.Outcomes {
+								if o.ID >= measured {
+									ttft = append(ttft, o.TTFT)
+								}
+							}
+							if len(ttft) != len(w.Requests)-measured {
+								b.Fatalf("%s: %d measured outcomes, want %d", slotPolicies[k].name, len(ttft), len(w.Requests)-measured)
+							}
+							slices.Sort(ttft)
+							s := 0.0
+							for _, x := range ttft {
+								s += x
+							}
+							means[k] = append(means[k], s/float64(len(ttft)))
+							p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
+						}
+					}
+					reportAgainstBest(b, slotNames(), means, p99s)
+				}
+			})
+		}
 	}
 }
 
-// oneCompanyAfterChange is 40 one-company requests carrying other
-// instructions at rps, then, 3 s after the last of them, 40 carrying the
-// company's own (seed), at rps. It returns the workload and the ID of the
-// first measured request (the IDs before it are the warm-up's).
-func oneCompanyAfterChange(b testing.TB, seed uint64, burst, output int, rps float64) (*workload.Workload, int) {
+// slotNames are slotPolicies' row names.
+func slotNames() []string {
+	var names []string
+	for _, p := range slotPolicies {
+		names = append(names, p.name)
+	}
+	return names
+}
+
+// oneCompanyAfterWarmup is 40 one-company requests with other questions
+// (and, unless same, other instructions) at rps, then, 3 s after the last
+// of them, 40 carrying the company's own (seed), at rps. It returns the
+// workload and the ID of the first measured request (the IDs before it are
+// the warm-up's).
+func oneCompanyAfterWarmup(b testing.TB, seed uint64, same bool, burst, output int, rps float64) (*workload.Workload, int) {
 	gen := func(seed, shared uint64) *workload.Workload {
 		oc := workload.DefaultOneCompany()
 		oc.Requests, oc.Users, oc.BurstSize, oc.OutputTokens, oc.Seed, oc.SharedSeed = 40, 32, burst, output, seed, shared
@@ -210,7 +230,11 @@ func oneCompanyAfterChange(b testing.TB, seed uint64, burst, output int, rps flo
 		w.ScaleRate(rps)
 		return w
 	}
-	warm, w := gen(seed+1000, seed+1000), gen(seed, seed)
+	shared := seed + 1000
+	if same {
+		shared = seed
+	}
+	warm, w := gen(seed+1000, shared), gen(seed, seed)
 	start := warm.Requests[len(warm.Requests)-1].Arrival + 3e9
 	for i := range w.Requests {
 		w.Requests[i].Arrival += start
