@@ -64,9 +64,10 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		e.inv = inv
 		e.pre = over + max(rp.slotRisk(rp.slots(), busy, now), backlog) + l.QueuedTokens()*inv
 		e.pen = max(cfg.LoadPenaltySeconds, rp.busyCost()) * float64(busy) * rp.invWeight
-		e.kv = l.KVUsage > cfg.KVHighWater
+		u := l.KVUsage + e.unc*l.kvInvCap // U_r after this request's uncached tokens
+		e.kv = u > cfg.KVHighWater
 		if e.kv {
-			e.kvPen = cfg.KVPenaltySeconds * (l.KVUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+			e.kvPen = cfg.KVPenaltySeconds * (u - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
 	}
 	// a continuation whose home has room for as many again: busy

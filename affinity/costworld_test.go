@@ -119,6 +119,9 @@ func (w *costWorld) step() {
 	case k < 80:
 		at := w.now - int64(w.rnd.IntN(3))*int64(8e9) // fresh, or older than SignalMaxAge
 		s := EngineSignals{Waiting: w.rnd.IntN(6), Running: w.rnd.IntN(8), KVUsage: w.rnd.Float64(), At: at}
+		if w.rnd.IntN(2) == 0 { // a KV capacity: the penalty prices the request's own tokens
+			s.KVCapacityTokens = 1<<12 + w.rnd.IntN(1<<16)
+		}
 		if w.rnd.IntN(3) == 0 {
 			s.BatchSlots = 1 + w.rnd.IntN(6)
 		}

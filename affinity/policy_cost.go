@@ -22,7 +22,9 @@ import (
 // continuation credit when that match ends where a request finished on r:
 // see Router.ContinuationCredit), c_r the replica's prediction confidence
 // (Load.Confidence), B_r busy requests (Load.Busy), W_r weight, U_r fresh
-// KV usage, β_r the measured TTFT each busy request adds there (fitted over
+// KV usage with the request's uncached tokens added as a share of the
+// engine's KV capacity (the spec's, else its report; none known: usage
+// alone), β_r the measured TTFT each busy request adds there (fitted over
 // its pool beside the TTFT model: fleetPrefill.sampleBusy; where it is
 // larger, the measurement replaces the constant; for a continuation whose
 // home has batch slots to spare, β_r alone: roomAtHome). X_r = 1 + max(N_r, N): N_r the requests on r awaiting
@@ -375,10 +377,10 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		// otherWaiting and KVUsage are the router's counts and 0).
 		inFlight := int(h.totalInFlight())
 		pendReqs := int(max(h.totalPendingReqs(), 0))
-		busy, other, kvUsage := inFlight, 0, 0.0
+		busy, other, kvUsage, kvInv := inFlight, 0, 0.0, 0.0
 		if at := h.sigAt.Load(); at != 0 && now-at <= maxAge {
 			h.queueLoadSlots(&l, s, now, maxAge)
-			busy, other, kvUsage = l.Busy(), l.otherWaiting(), l.KVUsage
+			busy, other, kvUsage, kvInv = l.Busy(), l.otherWaiting(), l.KVUsage, l.kvInvCap
 		}
 		// repHot.prefill, with the pool's line and its inverse read once
 		// per pool
@@ -405,9 +407,12 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		e.inv = inv
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
 		e.pen = pl.pen * float64(busy) * h.invWeight
-		e.kv = kvUsage > cfg.KVHighWater
+		// U_r with what this request adds: its uncached tokens' share of
+		// the engine's KV capacity (where the engine or spec gives one)
+		u := kvUsage + e.unc*kvInv
+		e.kv = u > cfg.KVHighWater
 		if e.kv {
-			e.kvPen = cfg.KVPenaltySeconds * (kvUsage - cfg.KVHighWater) / (1 - cfg.KVHighWater)
+			e.kvPen = cfg.KVPenaltySeconds * (u - cfg.KVHighWater) / (1 - cfg.KVHighWater)
 		}
 		e.phase, e.phased = 0, false
 		e.full, e.fullSet, e.backlogSet = false, false, false

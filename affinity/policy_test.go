@@ -602,3 +602,34 @@ func TestKthLargest(t *testing.T) {
 		}
 	}
 }
+
+// TestKVPenaltyCountsTheRequest: the KV penalty prices the usage an engine
+// would be at with the request's uncached tokens in its cache, as a share
+// of the KV capacity it reports: of two cold replicas at the same usage,
+// the one whose cache the prompt would overfill is left alone, where
+// usage alone tied them; an engine that reports no capacity is priced on
+// its usage as before.
+func TestKVPenaltyCountsTheRequest(t *testing.T) {
+	r, ids := newTestRouter(t, Config{Policy: "cost"}, 2)
+	req := promptReq(t, strings.Repeat("abcdefgh", 2048), "u") // 4,096 tokens, cached nowhere
+	req.Now = int64(10 * time.Second)
+	// 0.85 + 0.25 on replica 0, + 0.004 on replica 1
+	r.SetSignals(ids[0], EngineSignals{KVUsage: 0.85, KVCapacityTokens: 16384, At: req.Now})
+	r.SetSignals(ids[1], EngineSignals{KVUsage: 0.85, KVCapacityTokens: 1 << 20, At: req.Now})
+	for range 20 {
+		if d := decide(t, r, req); d.Ranked[0] != ids[1] {
+			t.Fatalf("the prompt's share of a small KV cache ignored: %v", d.Ranked)
+		}
+	}
+	r2, ids2 := newTestRouter(t, Config{Policy: "cost"}, 2)
+	for _, id := range ids2 {
+		r2.SetSignals(id, EngineSignals{KVUsage: 0.85, At: req.Now})
+	}
+	seen := map[ReplicaID]bool{}
+	for range 40 {
+		seen[decide(t, r2, req).Ranked[0]] = true
+	}
+	if len(seen) != 2 {
+		t.Fatalf("no capacity reported: usage 0.85 on both should tie, chose only %v", seen)
+	}
+}

@@ -199,9 +199,12 @@ type repHot struct {
 	// count often show a request waiting (slotRisk); maxRunSeen reads
 	// the count.
 	runSeen   atomic.Int32
-	specSlots int32       // ReplicaSpec.BatchSlots (Router write lock)
-	fitted    atomic.Bool // a configured, engine-reported or fitted rate
-	specRate  bool        // ReplicaSpec.PrefillTokensPerSec > 0 (Router write lock)
+	specSlots int16 // ReplicaSpec.BatchSlots, at most 32,767 (Router write lock)
+	specRate  bool  // ReplicaSpec.PrefillTokensPerSec > 0 (Router write lock)
+	// kvInvCap: float32 bits of 1 / the KV capacity in tokens, the spec's,
+	// else the engine's last report (SetSignals); 0 = unknown
+	kvInvCap atomic.Uint32
+	fitted   atomic.Bool // a configured, engine-reported or fitted rate
 
 	// line 3: the batch clock, engine signals and the step clock
 	slotSec atomic.Uint64 // float64 bits: D_r, 0 = no sample yet

@@ -4,6 +4,7 @@
 package affinity
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -285,7 +286,7 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 
 func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 	p.spec = spec
-	p.specSlots = clamp32(int64(spec.BatchSlots))
+	p.specSlots = int16(min(spec.BatchSlots, math.MaxInt16))
 	p.specRate = spec.PrefillTokensPerSec > 0
 	p.fleetPrefill = r.pool(spec)
 	p.weight = spec.Weight
@@ -457,6 +458,9 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigWaiting.Store(clamp32(int64(s.Waiting)))
 	p.sigRunning.Store(clamp32(int64(s.Running)))
 	storeF(&p.sigKV, s.KVUsage)
+	if kvCap := cmp.Or(p.spec.KVCapacityTokens, s.KVCapacityTokens); kvCap > 0 {
+		p.kvInvCap.Store(math.Float32bits(float32(1 / float64(kvCap))))
+	}
 	busy, pending := p.totalInFlight(), max(p.totalPendingReqs(), 0)
 	if m := s.Mark; m.set && m.gen == p.gen {
 		// The engine counted at some moment since the mark: this router

@@ -64,6 +64,7 @@ type Load struct {
 	BatchSlots           int     // S_r: spec, engine-reported or learned; 0 = unknown
 	SlotWaitSeconds      float64 // expected wait for a batch slot now (ttft.go)
 	Confidence           float64 // trust in the replica's predicted hits, 0..1 (ttft.go)
+	kvInvCap             float64 // 1 / the KV capacity in tokens, with fresh signals; 0 = unknown
 }
 
 // QueuedTokens is Q_r, the prefill tokens queued ahead of a new request:
@@ -243,12 +244,13 @@ func (p *repHot) queueLoadSlots(l *Load, s, now, maxAge int64) {
 	l.PendingRequests = int(max(p.totalPendingReqs(), 0))
 	l.UncachedAvg = loadF(&p.uncachedAvg)
 	l.BatchSlots = int(s)
-	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.SignalBaseline, l.SignalPending = false, 0, 0, 0, 0, 0
+	l.Fresh, l.Waiting, l.Running, l.KVUsage, l.kvInvCap, l.SignalBaseline, l.SignalPending = false, 0, 0, 0, 0, 0, 0
 	if at := p.sigAt.Load(); at != 0 && now-at <= maxAge {
 		l.Fresh = true
 		l.Waiting = int(p.sigWaiting.Load())
 		l.Running = int(p.sigRunning.Load())
 		l.KVUsage = loadF(&p.sigKV)
+		l.kvInvCap = float64(math.Float32frombits(p.kvInvCap.Load()))
 		l.SignalBaseline = int(p.sigOwnBusy.Load())
 		l.SignalPending = int(p.sigOwnPend.Load())
 	}
