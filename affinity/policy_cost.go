@@ -371,7 +371,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		if f := h.fleetPrefill; f != pl.f || !pl.set {
 			pl.load(f, cfg.LoadPenaltySeconds)
 		}
-		s := h.slotsPool(&pl)
+		s := h.slotsWith(pl.slots)
 		// queueLoad's figures, read straight into locals: while the
 		// engine signals are stale they add nothing (Load.Busy,
 		// otherWaiting and KVUsage are the router's counts and 0).
@@ -385,7 +385,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		// repHot.prefill, with the pool's line and its inverse read once
 		// per pool
 		var over, inv float64
-		if pl.priced && !((h.specRate || loadF(&h.engRate) > 0) && h.fitted.Load()) {
+		if pl.priced && !h.ownLine() {
 			over, inv = pl.over, pl.inv
 		} else {
 			over, inv = loadF(&h.overhead), 1/loadF(&h.rate)

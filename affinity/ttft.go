@@ -154,6 +154,15 @@ type ttftModel struct {
 
 // slots is S_r: the spec's, else the engine's, else the learned count.
 func (p *repHot) slots() int64 {
+	pool := int64(0)
+	if f := p.fleetPrefill; f != nil {
+		pool = f.slots.Load()
+	}
+	return p.slotsWith(pool)
+}
+
+// slotsWith is slots with its pool's limit given (pool: f.slots).
+func (p *repHot) slotsWith(pool int64) int64 {
 	if p.specSlots > 0 {
 		return int64(p.specSlots)
 	}
@@ -164,8 +173,8 @@ func (p *repHot) slots() int64 {
 		return int64(s)
 	}
 	// The pool's limit, unless this replica has run more than it.
-	if s := p.fleetPrefill.slots.Load(); s > 0 && s >= p.maxRunSeen() {
-		return s
+	if pool > 0 && pool >= p.maxRunSeen() {
+		return pool
 	}
 	return 0
 }
@@ -195,33 +204,13 @@ func (pl *poolTerms) load(f *fleetPrefill, lps float64) {
 		}
 		bc = loadF(&f.busyCost)
 		pl.slots = f.slots.Load()
-		if f.hitN.Load() >= fitMinSamples {
-			pl.conf = min(max(loadF(&f.hitReal), 0), 1)
-		} else if f.earlyN.Load() >= earlyHitMin {
-			pl.conf = min(max(loadF(&f.earlyReal), 0), 1)
-		}
 	}
+	pl.conf = poolConfidence(f)
 	pl.pen = max(lps, bc)
 }
 
-// slotsPool is slots with p's pool read into pl (pl.f == p.fleetPrefill).
-func (p *repHot) slotsPool(pl *poolTerms) int64 {
-	if p.specSlots > 0 {
-		return int64(p.specSlots)
-	}
-	if s := p.slotsSig.Load(); s > 0 {
-		return int64(s)
-	}
-	if s := p.slotsLearned.Load(); s > 0 || pl.f == nil {
-		return int64(s)
-	}
-	if s := pl.slots; s > 0 && s >= p.maxRunSeen() {
-		return s
-	}
-	return 0
-}
-
-// confidencePool is confidence with p's pool read into pl.
+// confidencePool is confidence with p's pool read into pl (pl.f ==
+// p.fleetPrefill).
 func (p *repHot) confidencePool(pl *poolTerms) float64 {
 	if p.hitN.Load() < fitMinSamples {
 		return pl.conf
@@ -400,17 +389,23 @@ func (p *repHot) slotWaitRaw(s, busy, now int64) float64 {
 // looked cheapest, and took the rest of the burst too.
 func (p *repHot) confidence() float64 {
 	if p.hitN.Load() < fitMinSamples {
-		if f := p.fleetPrefill; f != nil {
-			if f.hitN.Load() >= fitMinSamples {
-				return min(max(loadF(&f.hitReal), 0), 1)
-			}
-			if f.earlyN.Load() >= earlyHitMin {
-				return min(max(loadF(&f.earlyReal), 0), 1)
-			}
-		}
-		return 1
+		return poolConfidence(p.fleetPrefill)
 	}
 	return min(max(loadF(&p.hitReal), 0), 1)
+}
+
+// poolConfidence is the confidence of a replica of pool f without
+// fitMinSamples of its own.
+func poolConfidence(f *fleetPrefill) float64 {
+	if f != nil {
+		if f.hitN.Load() >= fitMinSamples {
+			return min(max(loadF(&f.hitReal), 0), 1)
+		}
+		if f.earlyN.Load() >= earlyHitMin {
+			return min(max(loadF(&f.earlyReal), 0), 1)
+		}
+	}
+	return 1
 }
 
 // sampleEarlyHit judges, at its first token, whether a streamed request's
@@ -987,11 +982,16 @@ func (p *repHot) fleetModel() (rate, over float64, ok bool) {
 // and prefers it otherwise too unless the rate is a measurement) so that
 // it inlines into the cost policy's loop.
 func (p *repHot) prefill() (rate, over float64) {
-	if f := p.fleetPrefill; f != nil && f.n.Load() != 0 &&
-		!((p.specRate || loadF(&p.engRate) > 0) && p.fitted.Load()) {
+	if f := p.fleetPrefill; f != nil && f.n.Load() != 0 && !p.ownLine() {
 		return loadF(&f.rate), loadF(&f.over)
 	}
 	return loadF(&p.rate), loadF(&p.overhead)
+}
+
+// ownLine says whether p's prefill is priced with its own line even
+// where its pool has one: a configured or engine-reported rate, fitted.
+func (p *repHot) ownLine() bool {
+	return (p.specRate || loadF(&p.engRate) > 0) && p.fitted.Load()
 }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
