@@ -48,21 +48,7 @@ func TestPreemptedRequestCountsItsHitOnce(t *testing.T) {
 func TestPrefillAttentionTerm(t *testing.T) {
 	tm := DefaultTiming()
 	ttft := func(cachedPrefix, n int) (time.Duration, *Request) {
-		e := newTestEngine(t, func(c *Config) {
-			c.Timing = tm
-			c.NumGPUBlocks = 20000
-			c.MaxNumBatchedTokens = 1 << 17 // one step: no chunking
-		})
-		var now int64
-		pre := prompt("doc", cachedPrefix)
-		if cachedPrefix > 0 {
-			submit(t, e, &Request{ID: 1, Prompt: pre, MaxTokens: 1}, 0)
-			now = drain(t, e, nil)
-		}
-		r := &Request{ID: 2, Prompt: append(append([]byte(nil), pre...), prompt("q", n)...), MaxTokens: 1}
-		submit(t, e, r, now)
-		drain(t, e, nil)
-		return r.TTFT(), r
+		return afterPrefix(t, tm, 1<<17, cachedPrefix, n) // one step: no chunking
 	}
 	pairsCost := func(c, n int) time.Duration {
 		return time.Duration((int64(n)*int64(c) + int64(n)*int64(n+1)/2) * int64(tm.PerPrefillKPairs) / 1000)
@@ -103,21 +89,7 @@ func TestPrefillChunkTerms(t *testing.T) {
 	tm.PerPrefillChunk, tm.PerChunkContextToken = 2*time.Millisecond, 800*time.Nanosecond
 	const budget = 2048
 	ttft := func(cachedPrefix, n int) (time.Duration, *Request) {
-		e := newTestEngine(t, func(c *Config) {
-			c.Timing = tm
-			c.NumGPUBlocks = 20000
-			c.MaxNumBatchedTokens = budget
-		})
-		var now int64
-		pre := prompt("doc", cachedPrefix)
-		if cachedPrefix > 0 {
-			submit(t, e, &Request{ID: 1, Prompt: pre, MaxTokens: 1}, 0)
-			now = drain(t, e, nil)
-		}
-		r := &Request{ID: 2, Prompt: append(append([]byte(nil), pre...), prompt("q", n)...), MaxTokens: 1}
-		submit(t, e, r, now)
-		drain(t, e, nil)
-		return r.TTFT(), r
+		return afterPrefix(t, tm, budget, cachedPrefix, n)
 	}
 	for _, tc := range []struct{ cached, n int }{{0, 16}, {4096, 16}, {0, 5000}} {
 		t.Run(fmt.Sprintf("cached=%d/new=%d", tc.cached, tc.n), func(t *testing.T) {
@@ -148,6 +120,28 @@ func TestPrefillChunkTerms(t *testing.T) {
 	if d := long - short - extraPairs; d < time.Duration(4096)*tm.PerChunkContextToken-time.Microsecond || d > time.Duration(4096)*tm.PerChunkContextToken+time.Microsecond {
 		t.Errorf("4,096 cached tokens add %v beyond their pairs, want %v", d, time.Duration(4096)*tm.PerChunkContextToken)
 	}
+}
+
+// afterPrefix runs, on a fresh engine of timing tm and a step budget of
+// budget tokens, a request of cachedPrefix tokens (none if 0) and then one
+// of the same prefix and n more, and returns the second's TTFT and itself.
+func afterPrefix(t *testing.T, tm Timing, budget, cachedPrefix, n int) (time.Duration, *Request) {
+	t.Helper()
+	e := newTestEngine(t, func(c *Config) {
+		c.Timing = tm
+		c.NumGPUBlocks = 20000
+		c.MaxNumBatchedTokens = budget
+	})
+	var now int64
+	pre := prompt("doc", cachedPrefix)
+	if cachedPrefix > 0 {
+		submit(t, e, &Request{ID: 1, Prompt: pre, MaxTokens: 1}, 0)
+		now = drain(t, e, nil)
+	}
+	r := &Request{ID: 2, Prompt: append(append([]byte(nil), pre...), prompt("q", n)...), MaxTokens: 1}
+	submit(t, e, r, now)
+	drain(t, e, nil)
+	return r.TTFT(), r
 }
 
 // TestSlotModel is llama.cpp's server: each slot keeps its last request's

@@ -31,33 +31,63 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 	for _, pt := range []point{{"one-company", 2, 8, 32, 2.5}, {"one-company", 2, 8, 32, 5}, {"one-company", 4, 16, 64, 5}, {"one-company", 8, 16, 128, 3},
 		{"shared-prefix", 2, 0, 32, 2.5}, {"shared-prefix", 2, 0, 32, 5}, {"shared-prefix", 4, 0, 64, 5}} {
 		b.Run(fmt.Sprintf("%s/replicas=%d/rps=%g", pt.workload, pt.replicas, pt.rps), func(b *testing.B) {
-			eng, err := FleetEngines("llamacpp-cpu", pt.replicas)
-			if err != nil {
-				b.Fatal(err)
-			}
 			for b.Loop() {
-				means := make([][]float64, len(slotPolicies))
-				p99s := make([][]float64, len(slotPolicies))
-				for seed := uint64(1); seed <= 6; seed++ {
-					var w *workload.Workload
+				means, p99s := runSlotRows(b, pt.replicas, 6, func(seed uint64) (*workload.Workload, int) {
 					if pt.workload == "one-company" {
-						w = oneCompanyAfterOne(b, seed, pt.burst, pt.output, pt.rps)
-					} else {
-						w = sharedPrefixSlots(b, seed, pt.replicas, pt.output, pt.rps)
+						return oneCompanyAfterOne(b, seed, pt.burst, pt.output, pt.rps), 0
 					}
-					for k := range slotPolicies {
-						r, err := Run(slotConfig(k, pt.replicas, eng, seed), &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
-						if err != nil {
-							b.Fatal(err)
-						}
-						means[k] = append(means[k], r.TTFT.Mean)
-						p99s[k] = append(p99s[k], r.TTFT.P99)
-					}
-				}
+					return sharedPrefixSlots(b, seed, pt.replicas, pt.output, pt.rps), 0
+				})
 				reportAgainstBest(b, slotNames(), means, p99s)
 			}
 		})
 	}
+}
+
+// runSlotRows runs every row of slotPolicies on replicas llamacpp-cpu
+// servers over the workloads gen makes for seeds 1 to seeds, and returns
+// each row's mean and p99 TTFT per seed: over the requests from the one
+// gen says is the first measured (IDs before it are a warm-up), or, where
+// that is 0, over them all as the run reports them.
+func runSlotRows(b *testing.B, replicas, seeds int, gen func(seed uint64) (*workload.Workload, int)) (means, p99s [][]float64) {
+	eng, err := FleetEngines("llamacpp-cpu", replicas)
+	if err != nil {
+		b.Fatal(err)
+	}
+	means, p99s = make([][]float64, len(slotPolicies)), make([][]float64, len(slotPolicies))
+	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+		w, measured := gen(seed)
+		for k := range slotPolicies {
+			cfg := slotConfig(k, replicas, eng, seed)
+			cfg.KeepOutcomes = measured > 0
+			r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if measured == 0 {
+				means[k] = append(means[k], r.TTFT.Mean)
+				p99s[k] = append(p99s[k], r.TTFT.P99)
+				continue
+			}
+			var ttft []float64
+			for _, o := range r.Outcomes {
+				if o.ID >= measured {
+					ttft = append(ttft, o.TTFT)
+				}
+			}
+			if len(ttft) != len(w.Requests)-measured {
+				b.Fatalf("%s: %d measured outcomes, want %d", slotPolicies[k].name, len(ttft), len(w.Requests)-measured)
+			}
+			slices.Sort(ttft)
+			s := 0.0
+			for _, x := range ttft {
+				s += x
+			}
+			means[k] = append(means[k], s/float64(len(ttft)))
+			p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
+		}
+	}
+	return means, p99s
 }
 
 // sharedPrefixSlots is shared-prefix as the live bench runs it on its
@@ -164,40 +194,10 @@ func BenchmarkOneCompanyAfterWarmup(b *testing.B) {
 	for _, start := range []string{"steady", "new-prompts"} {
 		for _, pt := range []point{{2, 8, 32, 2.5}, {2, 8, 32, 5}, {4, 16, 64, 5}} {
 			b.Run(fmt.Sprintf("start=%s/replicas=%d/rps=%g", start, pt.replicas, pt.rps), func(b *testing.B) {
-				eng, err := FleetEngines("llamacpp-cpu", pt.replicas)
-				if err != nil {
-					b.Fatal(err)
-				}
 				for b.Loop() {
-					means := make([][]float64, len(slotPolicies))
-					p99s := make([][]float64, len(slotPolicies))
-					for seed := uint64(1); seed <= 8; seed++ {
-						w, measured := oneCompanyAfterWarmup(b, seed, start == "steady", pt.burst, pt.output, pt.rps)
-						for k := range slotPolicies {
-							cfg := slotConfig(k, pt.replicas, eng, seed)
-							cfg.KeepOutcomes = true
-							r, err := Run(cfg, &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
-							if err != nil {
-								b.Fatal(err)
-							}
-							var ttft []float64
-							for _, o := range r.Outcomes {
-								if o.ID >= measured {
-									ttft = append(ttft, o.TTFT)
-								}
-							}
-							if len(ttft) != len(w.Requests)-measured {
-								b.Fatalf("%s: %d measured outcomes, want %d", slotPolicies[k].name, len(ttft), len(w.Requests)-measured)
-							}
-							slices.Sort(ttft)
-							s := 0.0
-							for _, x := range ttft {
-								s += x
-							}
-							means[k] = append(means[k], s/float64(len(ttft)))
-							p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
-						}
-					}
+					means, p99s := runSlotRows(b, pt.replicas, 8, func(seed uint64) (*workload.Workload, int) {
+						return oneCompanyAfterWarmup(b, seed, start == "steady", pt.burst, pt.output, pt.rps)
+					})
 					reportAgainstBest(b, slotNames(), means, p99s)
 				}
 			})
