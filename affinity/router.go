@@ -287,6 +287,7 @@ func (r *Router) AddReplica(spec ReplicaSpec) (ReplicaID, error) {
 func (r *Router) applySpec(p *replica, spec ReplicaSpec) {
 	p.spec = spec
 	p.specSlots = int16(min(spec.BatchSlots, math.MaxInt16))
+	p.kvInvCap.Store(invTokens(spec.KVCapacityTokens)) // the engine's next report fills in a 0
 	p.specRate = spec.PrefillTokensPerSec > 0
 	p.fleetPrefill = r.pool(spec)
 	p.weight = spec.Weight
@@ -459,7 +460,7 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.sigRunning.Store(clamp32(int64(s.Running)))
 	storeF(&p.sigKV, s.KVUsage)
 	if kvCap := cmp.Or(p.spec.KVCapacityTokens, s.KVCapacityTokens); kvCap > 0 {
-		p.kvInvCap.Store(math.Float32bits(float32(1 / float64(kvCap))))
+		p.kvInvCap.Store(invTokens(kvCap))
 	}
 	busy, pending := p.totalInFlight(), max(p.totalPendingReqs(), 0)
 	if m := s.Mark; m.set && m.gen == p.gen {
@@ -496,6 +497,15 @@ func (r *Router) SetSignals(id ReplicaID, s EngineSignals) {
 	p.capMax = r.capBlocks(&p.spec, s.KVCapacityTokens)
 	p.capEff = p.capMax
 	r.idx.setCap(id, p.capEff)
+}
+
+// invTokens is repHot.kvInvCap's bits for a capacity of n tokens (0:
+// unknown).
+func invTokens(n int) uint32 {
+	if n <= 0 {
+		return 0
+	}
+	return math.Float32bits(float32(1 / float64(n)))
 }
 
 // ResetCache forgets every prefix cached on the replica (engine restart).
