@@ -461,17 +461,18 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 	// Past one block of hit only holders compute as little as the best.
 	minPhase, phased := math.Inf(1), false
 	if !cfg.NoStepPhase && v.r.stepClocks.Load() {
+		price := func(i int) {
+			if e := &cs[i]; e.stepPhase(v.r.hotOf(cands[i]), best, bt, now) {
+				minPhase, phased = min(minPhase, e.phase), true
+			}
+		}
 		if best > bt {
 			for _, i := range hs {
-				if e := &cs[i]; e.stepPhase(v.r.hotOf(cands[i]), best, bt, now) {
-					minPhase, phased = min(minPhase, e.phase), true
-				}
+				price(int(i))
 			}
 		} else {
 			for i := range cs {
-				if e := &cs[i]; e.stepPhase(v.r.hotOf(cands[i]), best, bt, now) {
-					minPhase, phased = min(minPhase, e.phase), true
-				}
+				price(i)
 			}
 		}
 	}
