@@ -57,6 +57,14 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		return
 	}
 	p.checkPrediction(f.predTTFT, dt)
+	// Judged against the prediction with the engine's real uncached tokens:
+	// a predicted hit that did not come is late by its prefill, not by a
+	// wait for a slot.
+	pred := f.predTTFT
+	if miss := uncached - f.UncachedTokens; miss > 0 && priced > 0 {
+		pred += float64(miss) / priced
+	}
+	p.sampleLateFirst(int64(f.busy), dt, pred, loadF(&p.sigKV) < r.cfg.KVHighWater)
 	// alone: no prefill that began after this request's would take more
 	// than a quarter of its time to first token. Prefills that arrive
 	// while one runs may share its engine steps (llama.cpp splits each

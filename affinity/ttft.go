@@ -505,17 +505,7 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 		// works, the policy keeps requests off the count and the queue
 		// that was the evidence goes with them, so a quiet spell there
 		// says nothing.
-		m.atMax++
-		if waiting > 0 {
-			m.waitAtMax++
-		}
-		f := p.fleetPrefill
-		if m.waitAtMax >= slotRiskSeen && float64(m.waitAtMax) >= slotRiskShare*float64(m.atMax) {
-			p.runSeen.Store(-clamp32(m.maxRunning))
-			if f != nil {
-				f.slotsHint.Store(m.maxRunning)
-			}
-		}
+		p.sawAtMax(waiting > 0)
 	}
 	if waiting >= slotLearnWaiting && kvFree && int64(running) == m.maxRunning {
 		// A plateau (the scrape before ran as many) counts as a repeat.
@@ -525,6 +515,48 @@ func (p *replica) learnSlots(running, waiting int, kvFree bool) {
 				p.fleetPrefill.slots.Store(m.maxRunning)
 			}
 		}
+	}
+}
+
+// sawAtMax counts one observation at the replica's largest running count
+// (learnMu held), waited says whether a request waited there, and marks a
+// possible limit at that count for slotRisk once waits are frequent enough.
+func (p *replica) sawAtMax(waited bool) {
+	m := &p.model
+	m.atMax++
+	if waited {
+		m.waitAtMax++
+	}
+	if m.waitAtMax >= slotRiskSeen && float64(m.waitAtMax) >= slotRiskShare*float64(m.atMax) {
+		p.runSeen.Store(-clamp32(m.maxRunning))
+		if f := p.fleetPrefill; f != nil {
+			f.slotsHint.Store(m.maxRunning)
+		}
+	}
+}
+
+// sampleLateFirst is slotRisk's evidence from a streamed request's first
+// token, where the limit is unknown: one that found at least the largest
+// running count any scrape saw already on the replica (busy) is an
+// observation at that count, and it waited there if its first token came
+// past its prediction (pred, seconds; dt the measured TTFT) by the model's
+// usual error and by half the wait the first of that many slots to free
+// would take. Scrapes, a second apart, catch an engine with its batch full
+// and requests waiting too seldom to show the limit of a small-batch
+// engine at moderate load; every request that met the limit shows it.
+// With the KV cache past its high water (kvFree false) a late first token
+// says nothing: KV space holds requests back there, as in learnSlots.
+func (p *replica) sampleLateFirst(busy int64, dt, pred float64, kvFree bool) {
+	v := p.maxRunSeen()
+	if v <= 0 || busy < v || !kvFree || p.slots() > 0 || !(pred > 0) {
+		return
+	}
+	late := dt > p.errSlackNow()*pred+p.errFloor() && dt-pred >= p.slotSecondsAt(float64(v-1))/float64(2*(v+1))
+	m := &p.model
+	m.learnMu.Lock()
+	defer m.learnMu.Unlock()
+	if m.maxRunning == v {
+		p.sawAtMax(late)
 	}
 }
 
@@ -543,13 +575,19 @@ func (p *repHot) backlog(now int64) float64 {
 	if h == 0 {
 		return 0
 	}
-	slack := 1.0
-	if p.errN.Load() >= fitMinSamples {
-		slack = loadF(&p.errSlack)
-	}
 	age := float64(now-p.pendBase.Load()-(h-1)) / 1e9
 	pred := float64(p.pendHeadPred.Load()) / 1e9
-	return max(age-slack*pred-p.errFloor(), 0)
+	return max(age-p.errSlackNow()*pred-p.errFloor(), 0)
+}
+
+// errSlackNow is the factor past which a first token counts as late
+// against its prediction: exp(2e) (errSlack) once fitMinSamples
+// predictions are checked, 1 before.
+func (p *repHot) errSlackNow() float64 {
+	if p.errN.Load() >= fitMinSamples {
+		return loadF(&p.errSlack)
+	}
+	return 1
 }
 
 // errFloor is the absolute slack in comparing predicted and measured TTFTs:

@@ -722,6 +722,95 @@ func unknownLimit(t *testing.T, waiting int) {
 	}
 }
 
+// TestLateFirstTokensShowAnUnknownLimit: scrapes a second apart saw the
+// home run 4 requests but never caught one waiting. Requests that then
+// found 4 already there and got their first token only as another
+// finished (a second past a cache hit's prediction, half the slot time)
+// are the limit showing itself: the next such request goes to an idle
+// replica. Where those first tokens come on time, the engine has no limit
+// at 4 and the home keeps its prefix's traffic; where they come late by
+// the prefill of a predicted hit the engine did not have, they were late
+// for that, not for a slot.
+func TestLateFirstTokensShowAnUnknownLimit(t *testing.T) {
+	t.Run("late", func(t *testing.T) { lateAtLargestBatch(t, "late") })
+	t.Run("on time", func(t *testing.T) { lateAtLargestBatch(t, "on time") })
+	t.Run("missed hit", func(t *testing.T) { lateAtLargestBatch(t, "missed hit") })
+}
+
+func lateAtLargestBatch(t *testing.T, mode string) {
+	r, ids := buildRouter(t, Config{}, state{n: 3})
+	ms := int64(time.Millisecond)
+	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
+	first := hotRequest(t, system, 0)
+	var f0 Flight
+	r.Begin(ids[0], first, nil, &f0)
+	r.FirstToken(&f0, 200*ms)    // 2,048 tokens at 10,000 a second
+	r.End(&f0, 2200*ms, 0, true) // a 2 s slot time
+	for _, id := range ids {
+		for i := range 3 {
+			r.SetSignals(id, EngineSignals{Running: 4, At: int64(3000+300*i) * ms})
+			r.SetSignals(id, EngineSignals{Running: 2, At: int64(3100+300*i) * ms})
+		}
+	}
+	var run []*Flight
+	now := 4000 * ms
+	for u := 1; u <= 4; u++ {
+		req := hotRequest(t, system, u)
+		req.Now = now
+		f := new(Flight)
+		r.Begin(ids[0], req, nil, f)
+		r.FirstToken(f, now+10*ms)
+		run = append(run, f)
+	}
+	now += 100 * ms
+	for u := 5; u <= 6; u++ { // two waits: slotRiskSeen
+		req := hotRequest(t, system, u)
+		req.Now = now
+		f := new(Flight)
+		if d := decide(t, r, req); mode != "missed hit" && d.Ranked[0] != ids[0] {
+			t.Fatalf("request %d ranked %v: nothing has shown a limit yet, the home holds the prefix", u, d.Ranked)
+		}
+		r.Begin(ids[0], req, nil, f)
+		first, cached := now+10*ms, 2048
+		switch mode {
+		case "late":
+			first = now + 1000*ms
+		case "missed hit": // the whole prompt's prefill, more than a tenth of the slot time
+			first = now + 10*ms + int64(float64(f.PromptTokens)/r.Replicas()[0].PrefillTokensPerSec*1e9)
+			cached = 0
+		}
+		// The oldest running request finishes; the new one's first token
+		// follows (at once where a slot was free, else as it frees one).
+		r.End(run[0], first-ms, 0, true)
+		r.FirstToken(f, first)
+		r.End(f, first+5*ms, cached, true)
+		run = append(run[1:], f)
+		now = first + 10*ms
+		// Three running and the one just ended: the next finds four again.
+		g := new(Flight)
+		refill := hotRequest(t, system, 100+u)
+		refill.Now = now
+		r.Begin(ids[0], refill, nil, g)
+		r.FirstToken(g, now+ms)
+		run = append(run, g)
+		now += 10 * ms
+	}
+	if mode == "missed hit" {
+		if w := r.rep(ids[0]).model.waitAtMax; w != 0 {
+			t.Fatalf("%d first tokens late by the prefill of a missed hit read as waits for a slot", w)
+		}
+		return
+	}
+	req := hotRequest(t, system, 9)
+	req.Now = now
+	switch d := decide(t, r, req); {
+	case mode == "late" && d.Ranked[0] == ids[0]:
+		t.Fatalf("ranked %v: a fifth request joined four on a home whose fifth requests waited for a slot", d.Ranked)
+	case mode == "on time" && d.Ranked[0] != ids[0]:
+		t.Fatalf("ranked %v: the home answered its fifth requests on time and holds the prefix", d.Ranked)
+	}
+}
+
 // TestEarlyHitJudgedAtFirstToken: a start-up burst of one shared prompt on
 // engines whose caching is unknown to the router. No request has finished,
 // so the engines have reported no cached tokens yet; what the router has is
