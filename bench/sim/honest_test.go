@@ -10,6 +10,7 @@ import (
 
 	"github.com/warmpath/warmpath/affinity"
 	"github.com/warmpath/warmpath/bench/enginesim"
+	"github.com/warmpath/warmpath/bench/workload"
 )
 
 // TestRouterGetsNoEngineGroundTruth: the simulated router is configured as
@@ -77,7 +78,7 @@ func TestSignalsAreScrapes(t *testing.T) {
 	}
 	at := make([][]int64, 4)
 	c.onSignals = func(i int, s affinity.EngineSignals) {
-		if len(at[i]) == 0 && (s.At != w.Requests[0].Arrival || c.res.Decisions != 0 || s.Running != 0 || s.Waiting != 0) {
+		if len(at[i]) == 0 && (s.At != max(w.Requests[0].Arrival, 1) || c.res.Decisions != 0 || s.Running != 0 || s.Waiting != 0) {
 			t.Errorf("replica %d first scraped at %d after %d decisions (%+v): want at the first arrival, %d, idle, before any decision",
 				i, s.At, c.res.Decisions, s, w.Requests[0].Arrival)
 		}
@@ -107,6 +108,46 @@ func TestSignalsAreScrapes(t *testing.T) {
 	}
 	if len(phases) < 3 {
 		t.Errorf("scrape phases %v: replicas scraped in lockstep", phases)
+	}
+}
+
+// TestFirstScrapeAtTimeZero: a workload whose first request arrives at 0
+// has its first scrape there too, and the routers take it (0 is their
+// "never scraped"): llama.cpp servers are in slot mode before the first
+// request, so the slot model sees every request from the first on. Taken
+// as unscraped, a server switched to slot mode at its next scrape with an
+// empty slot model, predicted no hit for anything, and got no traffic.
+func TestFirstScrapeAtTimeZero(t *testing.T) {
+	mt := workload.DefaultMultiTurn()
+	mt.Seed, mt.Conversations, mt.MinTurns, mt.MaxTurns = 4, 4, 2, 3
+	w, err := workload.MultiTurn(mt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Requests[0].Arrival != 0 {
+		t.Fatalf("first arrival %d: the case needs one at 0", w.Requests[0].Arrival)
+	}
+	engines, err := FleetEngines("llamacpp", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newCluster(Config{Replicas: 2, Engines: engines}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make([]bool, 2)
+	c.onSignals = func(i int, s affinity.EngineSignals) {
+		if seen[i] {
+			return
+		}
+		seen[i] = true
+		if st := c.routers[0].router.Replicas()[i]; !st.SlotCaches || st.Signals.At != s.At {
+			t.Errorf("replica %d after its first scrape (at %d): slot caches %v, signals at %d; want its slot caches known and the scrape taken",
+				i, s.At, st.SlotCaches, st.Signals.At)
+		}
+	}
+	if err := c.loop(w); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -228,7 +228,7 @@ type cluster struct {
 	phase              []int64                                     // replica -> its scrape phase within the interval
 	order              []int                                       // replicas by phase: the scrape order
 	specs              []affinity.ReplicaSpec                      // what each replica was added with (every router the same)
-	onSignals          func(replica int, s affinity.EngineSignals) // tests: every signal the routers get
+	onSignals          func(replica int, s affinity.EngineSignals) // tests: every signal the routers get, after they got it
 	cachedIn, promptIn int64                                       // completed requests' cached and prompt tokens (HitRate)
 
 	ttft, e2e []float64
@@ -813,7 +813,10 @@ func (c *cluster) followUp(i int, now int64, answer []byte) {
 func (c *cluster) scrape(i int, now int64) {
 	e := c.engines[i]
 	st := e.Stats()
-	sig := affinity.EngineSignals{Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage(), At: now}
+	// At 0 is the router's "never scraped": a workload whose first request
+	// arrives at 0 has its first scrape there, and the proxy's clock is
+	// never 0.
+	sig := affinity.EngineSignals{Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage(), At: max(now, 1)}
 	if c.llama[i] {
 		sig.BatchSlots = c.cfg.engine(i).Slots
 		sig.SlotCaches = true // the proxy's: llama.cpp's /metrics
@@ -827,11 +830,11 @@ func (c *cluster) scrape(i int, now int64) {
 		// routers that read it (readsPrefixCacheFlag)
 		sig.NoPrefixCache = c.cfg.engine(i).DisablePrefixCaching && readsPrefixCacheFlag(c.cfg.Policy)
 	}
-	if c.onSignals != nil {
-		c.onSignals(i, sig)
-	}
 	for _, in := range c.routers {
 		in.router.SetSignals(c.ids[i], sig)
+	}
+	if c.onSignals != nil {
+		c.onSignals(i, sig)
 	}
 }
 
