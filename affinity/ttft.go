@@ -78,8 +78,9 @@ const (
 	// unknownSlotShare weighs the slot wait slotRisk prices where no limit
 	// is known: even odds that the next request finds one.
 	unknownSlotShare = 0.5
-	// slotRiskSeen, slotRiskShare: how many scrapes at a replica's largest
-	// running count, and what share of them, must show a request waiting
+	// slotRiskSeen, slotRiskShare: how many observations at a replica's
+	// largest running count (scrapes running it, requests that found it:
+	// sawAtMax), and what share of them, must show a request waiting
 	// before slotRisk prices a possible limit there.
 	slotRiskSeen  = 2
 	slotRiskShare = 0.1
@@ -143,8 +144,8 @@ type ttftModel struct {
 	maxRunning  int64 // the most requests any scrape saw running
 	prevRunning int64 // the previous scrape's running count
 	fullAtMax   int   // scrapes with requests waiting at maxRunning
-	atMax       int   // scrapes running maxRunning, KV not full
-	waitAtMax   int   // of those, scrapes with a request waiting
+	atMax       int   // observations at maxRunning, KV not full: scrapes running it, streamed requests that found it (sawAtMax)
+	waitAtMax   int   // of those, ones with a request waiting (a scrape's waiting count, a late first token)
 
 	// Prediction accounting for metrics: sums in seconds (float64 bits,
 	// CAS-added) and the ratio histogram.
@@ -289,10 +290,11 @@ func (p *repHot) slotWait(busy, now int64) float64 {
 }
 
 // slotRisk is the slot wait the cost policy prices, s = p.slots():
-// slotWait where the limit is known; where it is not, but scrapes at the
-// most requests the replica ever ran show requests waiting often (at least
-// slotRiskSeen times and slotRiskShare of those scrapes: runSeen < 0),
-// unknownSlotShare of the wait a limit there would cause. A small-batch
+// slotWait where the limit is known; where it is not, but observations at
+// the most requests the replica ever ran (scrapes, and requests that found
+// that many: sawAtMax) show requests waiting often (at least slotRiskSeen
+// times and slotRiskShare of them: runSeen < 0), unknownSlotShare of the
+// wait a limit there would cause. A small-batch
 // engine whose full batch scrapes catch with requests waiting too seldom to
 // learn a limit (learnSlots wants two or more waiting, twice) otherwise
 // takes a fifth request onto four that decode for seconds while other
