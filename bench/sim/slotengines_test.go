@@ -17,7 +17,9 @@ import (
 // the routers have measured a slot time before the first burst (with
 // none, no hold is advised and every policy computes the instructions in
 // every slot the first burst reaches). Four fleet sizes and loads, six
-// workload seeds each, 400 requests a run; cost (and cost with
+// workload seeds each, 400 requests a run; beside it shared-prefix and
+// the live bench's llama.cpp multi-turn (8 chats of 4-6 turns after one
+// 1,024-token system prompt), on the same servers. Cost (and cost with
 // routing.slot_hold off) against least-request and round-robin. Reported
 // per point: each policy's geometric mean over the seeds of mean and p99
 // TTFT, and cost's ratio to the better of the two baselines, seed by seed
@@ -29,12 +31,16 @@ func BenchmarkOneCompanySlotEngines(b *testing.B) {
 		rps                     float64
 	}
 	for _, pt := range []point{{"one-company", 2, 8, 32, 2.5}, {"one-company", 2, 8, 32, 5}, {"one-company", 4, 16, 64, 5}, {"one-company", 8, 16, 128, 3},
-		{"shared-prefix", 2, 0, 32, 2.5}, {"shared-prefix", 2, 0, 32, 5}, {"shared-prefix", 4, 0, 64, 5}} {
+		{"shared-prefix", 2, 0, 32, 2.5}, {"shared-prefix", 2, 0, 32, 5}, {"shared-prefix", 4, 0, 64, 5},
+		{"multi-turn", 2, 0, 32, 2.5}, {"multi-turn", 2, 0, 32, 5}} {
 		b.Run(fmt.Sprintf("%s/replicas=%d/rps=%g", pt.workload, pt.replicas, pt.rps), func(b *testing.B) {
 			for b.Loop() {
 				means, p99s := runSlotRows(b, pt.replicas, 6, func(seed uint64) (*workload.Workload, int) {
-					if pt.workload == "one-company" {
+					switch pt.workload {
+					case "one-company":
 						return oneCompanyAfterOne(b, seed, pt.burst, pt.output, pt.rps), 0
+					case "multi-turn":
+						return multiTurnSlots(b, seed, pt.output, pt.rps), 0
 					}
 					return sharedPrefixSlots(b, seed, pt.replicas, pt.output, pt.rps), 0
 				})
@@ -97,6 +103,20 @@ func sharedPrefixSlots(b *testing.B, seed uint64, replicas, output int, rps floa
 	c := workload.DefaultSharedPrefix()
 	c.Groups, c.PromptsPerGroup, c.QuestionTokens, c.OutputTokens, c.Seed = 4*replicas, 400/(4*replicas), 64, output, seed
 	w, err := workload.SharedPrefix(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w.ScaleRate(rps)
+	return w
+}
+
+// multiTurnSlots is multi-turn as the live bench runs it on its llama.cpp
+// servers: 8 conversations of 4-6 turns after the 1,024-token system
+// prompt, 64-token questions, output-token answers, 2 s to think, at rps.
+func multiTurnSlots(b *testing.B, seed uint64, output int, rps float64) *workload.Workload {
+	mt := workload.DefaultMultiTurn()
+	mt.Seed, mt.Conversations, mt.MinTurns, mt.MaxTurns, mt.QuestionTokens, mt.AnswerTokens, mt.ThinkSeconds = seed, 8, 4, 6, 64, output, 2
+	w, err := workload.MultiTurn(mt)
 	if err != nil {
 		b.Fatal(err)
 	}
