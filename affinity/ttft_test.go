@@ -681,22 +681,33 @@ func TestUnknownLimitPricedPastMostRun(t *testing.T) {
 	t.Run("no queue", func(t *testing.T) { unknownLimit(t, 0) })
 }
 
-func unknownLimit(t *testing.T, waiting int) {
+// homeAtFourRunning is three replicas whose home (ids[0]) served one
+// request of a 2,048-token system prompt (first token at firstMS, end at
+// endMS, the engine reporting cached tokens), then three scrapes of each,
+// from scrapeMS on, running 4 with waiting requests waiting.
+func homeAtFourRunning(t *testing.T, firstMS, endMS int64, cached int, scrapeMS int64, waiting int) (*Router, []ReplicaID, string) {
+	t.Helper()
 	r, ids := buildRouter(t, Config{}, state{n: 3})
 	ms := int64(time.Millisecond)
 	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
-	// The home's first request: a long decode (8 s in its slot).
-	first := hotRequest(t, system, 0)
 	var f0 Flight
-	r.Begin(ids[0], first, nil, &f0)
-	r.FirstToken(&f0, 50*ms)
-	r.End(&f0, 8000*ms, -1, true)
+	r.Begin(ids[0], hotRequest(t, system, 0), nil, &f0)
+	r.FirstToken(&f0, firstMS*ms)
+	r.End(&f0, endMS*ms, cached, true)
 	for _, id := range ids {
-		for i := range 3 { // a request waiting at 4 running, at times
-			r.SetSignals(id, EngineSignals{Running: 4, Waiting: waiting, At: int64(7000+300*i) * ms})
-			r.SetSignals(id, EngineSignals{Running: 2, At: int64(7100+300*i) * ms})
+		for i := range 3 {
+			r.SetSignals(id, EngineSignals{Running: 4, Waiting: waiting, At: (scrapeMS + int64(300*i)) * ms})
+			r.SetSignals(id, EngineSignals{Running: 2, At: (scrapeMS + int64(100+300*i)) * ms})
 		}
 	}
+	return r, ids, system
+}
+
+func unknownLimit(t *testing.T, waiting int) {
+	// The home's first request: a long decode (8 s in its slot); a
+	// request waiting at 4 running, at times.
+	r, ids, system := homeAtFourRunning(t, 50, 8000, -1, 7000, waiting)
+	ms := int64(time.Millisecond)
 	if st := r.Replicas(); st[0].BatchSlots != 0 {
 		t.Fatalf("a limit was learned (%d): the case needs none", st[0].BatchSlots)
 	}
@@ -738,20 +749,10 @@ func TestLateFirstTokensShowAnUnknownLimit(t *testing.T) {
 }
 
 func lateAtLargestBatch(t *testing.T, mode string) {
-	r, ids := buildRouter(t, Config{}, state{n: 3})
+	// 2,048 tokens at 10,000 a second, a 2 s slot time; no scrape shows
+	// a request waiting.
+	r, ids, system := homeAtFourRunning(t, 200, 2200, 0, 3000, 0)
 	ms := int64(time.Millisecond)
-	system := strings.Repeat("company instructions. ", 373)[:8192] // 2048 tokens
-	first := hotRequest(t, system, 0)
-	var f0 Flight
-	r.Begin(ids[0], first, nil, &f0)
-	r.FirstToken(&f0, 200*ms)    // 2,048 tokens at 10,000 a second
-	r.End(&f0, 2200*ms, 0, true) // a 2 s slot time
-	for _, id := range ids {
-		for i := range 3 {
-			r.SetSignals(id, EngineSignals{Running: 4, At: int64(3000+300*i) * ms})
-			r.SetSignals(id, EngineSignals{Running: 2, At: int64(3100+300*i) * ms})
-		}
-	}
 	var run []*Flight
 	now := 4000 * ms
 	for u := 1; u <= 4; u++ {
