@@ -224,6 +224,7 @@ type Flight struct {
 	tail       uint64  // deepest block hash inserted at Begin
 	predTTFT   float64 // the replica's TTFT model at Begin, seconds
 	slotWait   float64 // predicted wait for a batch slot at Begin, seconds
+	riskWait   float64 // the wait a suspected limit would cause at Begin (repHot.riskProbe), seconds
 	busy       int32   // requests on the replica at Begin (this one not counted)
 	ownBusy    int32   // of those, this router's own (replica.loadStep)
 	loadArea   int64   // the replica's load integral at Begin; from End, its growth over the flight (replica.loadStep)

@@ -73,6 +73,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		buffered:       req.Buffered,
 		predTTFT:       p.predictTTFT(float64(unc), req.Now),
 		slotWait:       wait,
+		riskWait:       p.riskProbe(p.totalInFlight(), req.Now),
 		busy:           int32(min(p.totalInFlight(), 1<<30)),
 	}
 	if len(hs) > 0 {

@@ -64,7 +64,11 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	if miss := uncached - f.UncachedTokens; miss > 0 && priced > 0 {
 		pred += float64(miss) / priced
 	}
-	p.sampleLateFirst(int64(f.busy), dt, pred, loadF(&p.sigKV) < r.cfg.KVHighWater)
+	kvFree := loadF(&p.sigKV) < r.cfg.KVHighWater
+	p.sampleLateFirst(int64(f.busy), dt, pred, kvFree)
+	if f.riskWait > 0 && kvFree {
+		p.fleetPrefill.sampleRisk(f.riskWait, dt-pred)
+	}
 	// alone: no prefill that began after this request's would take more
 	// than a quarter of its time to first token. Prefills that arrive
 	// while one runs may share its engine steps (llama.cpp splits each

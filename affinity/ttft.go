@@ -76,7 +76,9 @@ const (
 	// defaultSlotSeconds is D_r before a replica's first measured slot time.
 	defaultSlotSeconds = 1.0
 	// unknownSlotShare weighs the slot wait slotRisk prices where no limit
-	// is known: even odds that the next request finds one.
+	// is known, until requests that met the suspected one measured how
+	// much of it they waited (fleetPrefill.riskShare): even odds that the
+	// next request finds one.
 	unknownSlotShare = 0.5
 	// slotRiskSeen, slotRiskShare: how many observations at a replica's
 	// largest running count (scrapes running it, requests that found it:
@@ -84,6 +86,11 @@ const (
 	// before slotRisk prices a possible limit there.
 	slotRiskSeen  = 2
 	slotRiskShare = 0.1
+	// riskMin, riskWeight: requests that met a suspected limit before the
+	// waits they measured set the share of it slotRisk prices, and the
+	// EWMA weight of one (about the last ten).
+	riskMin    = 4
+	riskWeight = 0.1
 	// earlyHitMin: first-token judgements of predicted hits before they
 	// give a pool's confidence (sampleEarlyHit).
 	earlyHitMin = 4
@@ -293,8 +300,10 @@ func (p *repHot) slotWait(busy, now int64) float64 {
 // slotWait where the limit is known; where it is not, but observations at
 // the most requests the replica ever ran (scrapes, and requests that found
 // that many: sawAtMax) show requests waiting often (at least slotRiskSeen
-// times and slotRiskShare of them: runSeen < 0), unknownSlotShare of the
-// wait a limit there would cause. A small-batch
+// times and slotRiskShare of them: runSeen < 0), the share of the wait a
+// limit there would cause that requests meeting it measured
+// (fleetPrefill.riskShare: a count that was no limit is priced next to
+// nothing once they came on time). A small-batch
 // engine whose full batch scrapes catch with requests waiting too seldom to
 // learn a limit (learnSlots wants two or more waiting, twice) otherwise
 // takes a fifth request onto four that decode for seconds while other
@@ -306,19 +315,43 @@ func (p *repHot) slotRisk(s, busy, now int64) float64 {
 	if s > 0 {
 		return p.slotWaitSlots(s, busy, now)
 	}
-	v, h := int64(p.runSeen.Load()), int64(0)
-	switch {
-	case v < 0:
-		h = -v
-	case busy >= v && p.fleetPrefill != nil: // a pool count below v does not apply
-		if fh := p.fleetPrefill.slotsHint.Load(); fh >= v {
-			h = fh
-		}
-	}
+	h := p.riskLimit(busy)
 	if h <= 0 || busy < h {
 		return 0
 	}
-	return unknownSlotShare * p.slotWaitSlots(h, busy, now)
+	return p.fleetPrefill.riskShare() * p.slotWaitSlots(h, busy, now)
+}
+
+// riskLimit is the running count slotRisk suspects a limit at for a
+// request that finds busy others on p, its limit unknown: the replica's
+// own where its waits there were frequent, else its pool's where busy
+// reaches the most p ran; 0 = none.
+func (p *repHot) riskLimit(busy int64) int64 {
+	v := int64(p.runSeen.Load())
+	switch {
+	case v < 0:
+		return -v
+	case busy >= v && p.fleetPrefill != nil: // a pool count below v does not apply
+		if fh := p.fleetPrefill.slotsHint.Load(); fh >= v {
+			return fh
+		}
+	}
+	return 0
+}
+
+// riskProbe is the wait for a batch slot a request that finds busy others
+// on p would meet were the limit the count slotRisk suspects, where the
+// limit is unknown and busy reaches that count; 0 otherwise. End compares it with the wait
+// the request measured (fleetPrefill.sampleRisk).
+func (p *repHot) riskProbe(busy, now int64) float64 {
+	if p.slots() > 0 {
+		return 0
+	}
+	h := p.riskLimit(busy)
+	if h <= 0 || busy < h {
+		return 0
+	}
+	return p.slotWaitSlots(h, busy, now)
 }
 
 // slotSurelyFree reports whether a request that found busy others on p
@@ -619,6 +652,13 @@ type fleetPrefill struct {
 	// slotsHint: the running count at which a replica of the pool last
 	// showed requests waiting often (slotRisk); 0 = none.
 	slotsHint atomic.Int64
+	// riskWait, riskGot, riskN: float64 bits, EWMAs of the slot wait
+	// riskProbe put on streamed requests that found a replica of the pool
+	// at a suspected limit and of the wait they measured, and how many fed
+	// them (sampleRisk): their ratio is the share of that wait slotRisk
+	// prices (riskShare).
+	riskWait, riskGot atomic.Uint64
+	riskN             atomic.Int64
 	// hitReal, hitN: the realised share of predicted hits over every
 	// replica of the pool (replica.confidence before a replica's own).
 	hitReal, hitN atomic.Uint64
@@ -681,6 +721,43 @@ const (
 	waitWeight    = 0.1
 	waitRatioClip = 4
 )
+
+// riskShare is the share of a suspected limit's slot wait slotRisk
+// prices on pool f: once riskMin requests met such a limit, the wait they
+// measured over the wait it would have caused (1 where every one of them
+// waited as predicted, near 0 where the count was no limit), at most 1;
+// unknownSlotShare before.
+func (f *fleetPrefill) riskShare() float64 {
+	if f == nil || f.riskN.Load() < riskMin {
+		return unknownSlotShare
+	}
+	w := loadF(&f.riskWait)
+	if !(w > 0) {
+		return unknownSlotShare
+	}
+	return min(max(loadF(&f.riskGot)/w, 0), 1)
+}
+
+// sampleRisk takes a streamed request that found a replica of pool f at
+// a suspected limit: probe the wait riskProbe gave it, got the TTFT it
+// measured past its prediction without that wait.
+func (f *fleetPrefill) sampleRisk(probe, got float64) {
+	if f == nil || !(probe > 0) || math.IsNaN(got) {
+		return
+	}
+	// Clipped as sampleWait clips: one stall does not price a limit.
+	got = min(max(got, 0), waitRatioClip*probe)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.riskN.Add(1) == 1 {
+		storeF(&f.riskWait, probe)
+		storeF(&f.riskGot, got)
+		return
+	}
+	w, g := loadF(&f.riskWait), loadF(&f.riskGot)
+	storeF(&f.riskWait, w+riskWeight*(probe-w))
+	storeF(&f.riskGot, g+riskWeight*(got-g))
+}
 
 // sampleWait folds in one request that was priced a slot wait of pred
 // seconds (scaled) and waited measured: its TTFT less the rest of its

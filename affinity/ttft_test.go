@@ -681,6 +681,55 @@ func TestUnknownLimitPricedPastMostRun(t *testing.T) {
 	t.Run("no queue", func(t *testing.T) { unknownLimit(t, 0) })
 }
 
+// TestSuspectedLimitPricedAsMeasured: engines that, running 4 requests,
+// at times had one waiting, so a fifth request on the home is priced a
+// share of the wait a limit at 4 would cause (slotRisk). Which share is
+// what the requests that met that count measured: where each waited about
+// as long as the limit predicted, the whole wait; where each got its first
+// token as soon as its prefill allowed, the count was no limit and the
+// wait is priced at next to nothing.
+func TestSuspectedLimitPricedAsMeasured(t *testing.T) {
+	for _, waited := range []bool{true, false} {
+		t.Run(fmt.Sprintf("waited=%v", waited), func(t *testing.T) {
+			r, ids, system := homeAtFourRunning(t, 50, 8000, -1, 7000, 1)
+			ms := int64(time.Millisecond)
+			now := 9000 * ms
+			for u := 1; u <= 4; u++ { // four decoding for seconds
+				req := hotRequest(t, system, u)
+				req.Now = now
+				var f Flight
+				r.Begin(ids[0], req, nil, &f)
+				r.FirstToken(&f, now+ms)
+			}
+			h := r.hotOf(ids[0])
+			for u := 5; u < 5+2*riskMin; u++ {
+				now += 20 * ms
+				req := hotRequest(t, system, u)
+				req.Now = now
+				var f Flight
+				r.Begin(ids[0], req, nil, &f)
+				if !(f.riskWait > 0) {
+					t.Fatalf("request %d found 4 on a replica seen queueing at 4: no wait probed", u)
+				}
+				first := now + int64(f.predTTFT*1e9)
+				if waited {
+					first += int64(f.riskWait * 1e9)
+				}
+				r.FirstToken(&f, first)
+				r.End(&f, first+ms, 2048, true)
+				now = first + ms
+			}
+			share := h.slotRisk(0, 4, now) / h.slotWaitSlots(4, 4, now)
+			switch {
+			case waited && share < 0.8:
+				t.Fatalf("priced %.2f of the wait of a limit every request there waited for", share)
+			case !waited && share > 0.2:
+				t.Fatalf("priced %.2f of the wait of a count no request there waited at", share)
+			}
+		})
+	}
+}
+
 // homeAtFourRunning is three replicas whose home (ids[0]) served one
 // request of a 2,048-token system prompt (first token at firstMS, end at
 // endMS, the engine reporting cached tokens), then three scrapes of each,

@@ -75,22 +75,8 @@ func runSlotRows(b *testing.B, replicas, seeds int, gen func(seed uint64) (*work
 				p99s[k] = append(p99s[k], r.TTFT.P99)
 				continue
 			}
-			var ttft []float64
-			for _, o := range r.Outcomes {
-				if o.ID >= measured {
-					ttft = append(ttft, o.TTFT)
-				}
-			}
-			if len(ttft) != len(w.Requests)-measured {
-				b.Fatalf("%s: %d measured outcomes, want %d", slotPolicies[k].name, len(ttft), len(w.Requests)-measured)
-			}
-			slices.Sort(ttft)
-			s := 0.0
-			for _, x := range ttft {
-				s += x
-			}
-			means[k] = append(means[k], s/float64(len(ttft)))
-			p99s[k] = append(p99s[k], ttft[(len(ttft)*99+99)/100-1])
+			mean, p99 := measuredTTFT(b, r, measured, len(w.Requests)-measured)
+			means[k], p99s[k] = append(means[k], mean), append(p99s[k], p99)
 		}
 	}
 	return means, p99s

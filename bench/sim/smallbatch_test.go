@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -103,4 +104,89 @@ func oneCompanyOn8(t *testing.T) func(policy string, rps float64, cfg Config) *R
 		}
 		return r
 	}
+}
+
+// BenchmarkSmallBatchSharedPrefix is the live bench's enginesim-seqs4
+// shared-prefix point in the simulator: four vLLM engines with
+// --max-num-seqs 4 (the router not told), 32 groups of 2,048-token system
+// prompts with 128-token questions and 64-token answers, after a warm-up
+// of 40 requests of another seed sharing the same system prompts, 2 s
+// before the measured 512. At 12 req/s a home's batch fills now and then,
+// and a request that joins four decoding ones waits up to a whole decode
+// where a cold prefill elsewhere takes 0.1 s: its tail is what cost pays
+// for its hits. Six seeds a point; TTFT over the measured requests only;
+// reported as BenchmarkOneCompanySlotEngines reports.
+func BenchmarkSmallBatchSharedPrefix(b *testing.B) {
+	ecfg := enginesim.DefaultConfig()
+	ecfg.MaxNumSeqs = 4
+	eng := []enginesim.Config{ecfg, ecfg, ecfg, ecfg}
+	names := []string{"cost", "least-request", "round-robin"}
+	for _, rps := range []float64{12, 28} {
+		b.Run(fmt.Sprintf("rps=%g", rps), func(b *testing.B) {
+			for b.Loop() {
+				means, p99s := make([][]float64, len(names)), make([][]float64, len(names))
+				for seed := uint64(1); seed <= 6; seed++ {
+					w, measured := sharedPrefixAfterWarmup(b, seed, rps)
+					for k, pol := range names {
+						r, err := Run(Config{Replicas: len(eng), Engines: eng, Policy: pol, Seed: seed, KeepOutcomes: true},
+							&workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)})
+						if err != nil {
+							b.Fatal(err)
+						}
+						mean, p99 := measuredTTFT(b, r, measured, len(w.Requests)-measured)
+						means[k], p99s[k] = append(means[k], mean), append(p99s[k], p99)
+					}
+				}
+				reportAgainstBest(b, names, means, p99s)
+			}
+		})
+	}
+}
+
+// sharedPrefixAfterWarmup is the live bench's shared-prefix workload for
+// seed at rps, after its warm-up (40 requests of another seed and the same
+// system prompts, IDs 0-39); it returns the first measured ID.
+func sharedPrefixAfterWarmup(b *testing.B, seed uint64, rps float64) (*workload.Workload, int) {
+	const warm = 40
+	gen := func(s uint64) *workload.Workload {
+		c := workload.DefaultSharedPrefix()
+		c.Seed, c.SharedSeed, c.Groups, c.PromptsPerGroup, c.OutputTokens = s, seed, 32, 16, 64
+		w, err := workload.SharedPrefix(c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w.ScaleRate(rps)
+		return w
+	}
+	w, m := gen(seed+1<<20), gen(seed)
+	reqs := slices.Clone(w.Requests[:warm])
+	start := reqs[warm-1].Arrival + 2e9
+	for i, r := range m.Requests {
+		r.Arrival += start
+		r.ID = warm + i
+		reqs = append(reqs, r)
+	}
+	for i := range warm {
+		reqs[i].ID = i
+	}
+	return &workload.Workload{Name: m.Name, Params: m.Params, Requests: reqs}, warm
+}
+
+// measuredTTFT is the mean and p99 TTFT of r's outcomes from ID measured
+// on (want of them).
+func measuredTTFT(b *testing.B, r *Result, measured, want int) (mean, p99 float64) {
+	var ttft []float64
+	for _, o := range r.Outcomes {
+		if o.ID >= measured {
+			ttft = append(ttft, o.TTFT)
+		}
+	}
+	if len(ttft) != want {
+		b.Fatalf("%d measured outcomes, want %d", len(ttft), want)
+	}
+	slices.Sort(ttft)
+	for _, x := range ttft {
+		mean += x
+	}
+	return mean / float64(len(ttft)), ttft[(len(ttft)*99+99)/100-1]
 }
