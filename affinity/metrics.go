@@ -15,13 +15,13 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	r *Router
 
-	decisions, errors, mispredicts, rollbacks, evictions      *prometheus.Desc
-	turnsKept                                                 *prometheus.Desc
-	holdCopies                                                *prometheus.Desc
-	promptTokens                                              *prometheus.Desc
-	blocks, pairs, info, credit                               *prometheus.Desc
-	pending, rate, cached, capacity, drain                    *prometheus.Desc
-	slots, slotSec, ttftRatio, ttftPred, ttftAct, trust, busy *prometheus.Desc
+	decisions, errors, mispredicts, rollbacks, evictions                          *prometheus.Desc
+	turnsKept                                                                     *prometheus.Desc
+	holdCopies                                                                    *prometheus.Desc
+	promptTokens                                                                  *prometheus.Desc
+	blocks, pairs, info, credit                                                   *prometheus.Desc
+	pending, rate, cached, capacity, drain                                        *prometheus.Desc
+	slots, suspect, riskShare, slotSec, ttftRatio, ttftPred, ttftAct, trust, busy *prometheus.Desc
 }
 
 // NewCollector returns a Collector for r; register it once.
@@ -49,6 +49,8 @@ func NewCollector(r *Router) *Collector {
 		capacity:     d("replica_index_capacity_blocks", "The replica's index bound, in blocks.", "replica"),
 		drain:        d("replica_draining", "1 if the replica is draining.", "replica"),
 		slots:        d("replica_batch_slots", "Batch slots the cost policy assumes (configured, engine-reported or learned); 0 = unknown.", "replica"),
+		suspect:      d("replica_suspected_batch_slots", "While batch_slots is 0: the running count a batch limit is suspected at (requests were seen waiting there); 0 = none.", "replica"),
+		riskShare:    d("replica_slot_risk_share", "The share of a suspected batch limit's wait the cost policy prices: its pool's measured waits over the waits the limit predicted (0.5 until four requests met it).", "replica"),
 		slotSec:      d("replica_slot_seconds", "Time a request holds a batch slot after its first token (its decode) alone on the engine, as priced: its own estimate drawn toward its pool's (D_r).", "replica"),
 		ttftRatio:    d("ttft_prediction_ratio", "Measured / predicted time to first token of streamed requests (the TTFT model's error).", "replica"),
 		ttftPred:     d("ttft_predicted_seconds_total", "Sum of predicted TTFTs over the requests in ttft_prediction_ratio.", "replica"),
@@ -63,7 +65,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions, c.turnsKept, c.holdCopies,
 		c.promptTokens, c.blocks, c.pairs, c.info, c.credit,
 		c.pending, c.rate, c.cached, c.capacity, c.drain,
-		c.slots, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust, c.busy} {
+		c.slots, c.suspect, c.riskShare, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust, c.busy} {
 		ch <- d
 	}
 }
@@ -103,6 +105,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.capacity, float64(st.CapacityBlocks), st.Name)
 		gauge(c.drain, b2f(st.Draining), st.Name)
 		gauge(c.slots, float64(st.BatchSlots), st.Name)
+		gauge(c.suspect, float64(st.SuspectedBatchSlots), st.Name)
+		gauge(c.riskShare, st.SlotRiskShare, st.Name)
 		gauge(c.slotSec, st.SlotSeconds, st.Name)
 		gauge(c.trust, st.Confidence, st.Name)
 		gauge(c.busy, st.BusyCostSeconds, st.Name)

@@ -26,6 +26,8 @@ type ReplicaStatus struct {
 	Signals              EngineSignals
 	Mispredictions       uint64
 	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
+	SuspectedBatchSlots  int       // while BatchSlots is 0: the running count a limit is suspected at (slotRisk); 0 = none
+	SlotRiskShare        float64   // the share of a suspected limit's wait the cost policy prices (its pool's, as requests meeting it measured)
 	SlotSeconds          float64   // D_r as priced: time a request holds a batch slot after its first token (its decode) alone on the engine, drawn toward its pool's
 	SlotLoad             float64   // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
 	SlotPrefillShare     float64   // γ: share of the engine's prefill of others that a decode waits through (its pool's); 0 = not learned
@@ -75,20 +77,22 @@ func (r *Router) Replicas() []ReplicaStatus {
 				NoPrefixCache:    p.noCacheSig.Load(),
 				At:               p.sigAt.Load(),
 			},
-			Mispredictions:    p.mispredicts.Load(),
-			BatchSlots:        int(p.slots()),
-			SlotSeconds:       p.slotSeconds(),
-			SlotLoad:          p.fleetPrefill.slotLoad(),
-			SlotPrefillShare:  p.fleetPrefill.slotPrefillShare(),
-			StepSeconds:       p.stepSeconds(),
-			EnginePrefillRate: loadF(&p.engRate),
-			Confidence:        p.confidence(),
-			BusyCostSeconds:   p.busyCost(),
-			SlotCaches:        p.slotMode.Load(),
-			NoPrefixCache:     p.noCache.Load(),
-			RAMCacheTokens:    p.slotc.ramSize() * r.bt,
-			HeldRequests:      int(max(p.holds.Load(), 0)),
-			TTFT:              p.ttftStats(),
+			Mispredictions:      p.mispredicts.Load(),
+			BatchSlots:          int(p.slots()),
+			SuspectedBatchSlots: int(p.suspectedSlots()),
+			SlotRiskShare:       p.fleetPrefill.riskShare(),
+			SlotSeconds:         p.slotSeconds(),
+			SlotLoad:            p.fleetPrefill.slotLoad(),
+			SlotPrefillShare:    p.fleetPrefill.slotPrefillShare(),
+			StepSeconds:         p.stepSeconds(),
+			EnginePrefillRate:   loadF(&p.engRate),
+			Confidence:          p.confidence(),
+			BusyCostSeconds:     p.busyCost(),
+			SlotCaches:          p.slotMode.Load(),
+			NoPrefixCache:       p.noCache.Load(),
+			RAMCacheTokens:      p.slotc.ramSize() * r.bt,
+			HeldRequests:        int(max(p.holds.Load(), 0)),
+			TTFT:                p.ttftStats(),
 		})
 	}
 	return out

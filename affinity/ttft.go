@@ -339,10 +339,19 @@ func (p *repHot) riskLimit(busy int64) int64 {
 	return 0
 }
 
+// suspectedSlots is the count riskLimit suspects a limit at for any
+// number of requests found, while the limit is unknown; 0 = none.
+func (p *repHot) suspectedSlots() int64 {
+	if p.slots() > 0 {
+		return 0
+	}
+	return p.riskLimit(math.MaxInt64)
+}
+
 // riskProbe is the wait for a batch slot a request that finds busy others
 // on p would meet were the limit the count slotRisk suspects, where the
-// limit is unknown and busy reaches that count; 0 otherwise. End compares it with the wait
-// the request measured (fleetPrefill.sampleRisk).
+// limit is unknown and busy reaches that count; 0 otherwise. End compares
+// it with the wait the request measured (fleetPrefill.sampleRisk).
 func (p *repHot) riskProbe(busy, now int64) float64 {
 	if p.slots() > 0 {
 		return 0

@@ -720,6 +720,17 @@ func TestSuspectedLimitPricedAsMeasured(t *testing.T) {
 				now = first + ms
 			}
 			share := h.slotRisk(0, 4, now) / h.slotWaitSlots(4, 4, now)
+			if st := r.Replicas()[0]; st.SuspectedBatchSlots != 4 || math.Abs(st.SlotRiskShare-share) > 1e-9 {
+				t.Fatalf("status: suspected slots %d share %.3f, want 4 and %.3f", st.SuspectedBatchSlots, st.SlotRiskShare, share)
+			}
+			text := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_replica_suspected_batch_slots", "warmpath_affinity_replica_slot_risk_share"})
+			st := r.Replicas()[0]
+			for _, line := range []string{fmt.Sprintf("warmpath_affinity_replica_suspected_batch_slots{replica=%q} 4\n", st.Name),
+				fmt.Sprintf("warmpath_affinity_replica_slot_risk_share{replica=%q} %g\n", st.Name, st.SlotRiskShare)} {
+				if !strings.Contains(text, line) {
+					t.Fatalf("metrics:\n%s\nwant %s", text, line)
+				}
+			}
 			switch {
 			case waited && share < 0.8:
 				t.Fatalf("priced %.2f of the wait of a limit every request there waited for", share)

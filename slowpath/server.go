@@ -475,11 +475,17 @@ type AffinityStatus struct {
 	RAMCacheTokens int    `json:"ram_cache_tokens"`
 	// HeldRequests are requests the router holds for one of the replica's
 	// busy batch slots, which holds their prompt (routing.slot_hold).
-	HeldRequests     int     `json:"held_requests"`
-	BatchSlots       int     `json:"batch_slots"`
-	SlotSeconds      float64 `json:"slot_seconds"`
-	SlotLoad         float64 `json:"slot_load"`
-	SlotPrefillShare float64 `json:"slot_prefill_share"`
+	HeldRequests int `json:"held_requests"`
+	BatchSlots   int `json:"batch_slots"`
+	// While batch_slots is 0: the running count the cost policy suspects
+	// a limit at (requests were seen waiting there; 0 = none), and the
+	// share of that limit's wait it prices, as requests that met the
+	// count measured it (0.5 until four did).
+	SuspectedBatchSlots int     `json:"suspected_batch_slots"`
+	SlotRiskShare       float64 `json:"slot_risk_share"`
+	SlotSeconds         float64 `json:"slot_seconds"`
+	SlotLoad            float64 `json:"slot_load"`
+	SlotPrefillShare    float64 `json:"slot_prefill_share"`
 	// StepSeconds is the engine's step (one token of every running
 	// request) as the gaps between a stream's events show it: the cost
 	// policy prices a request's wait for the running step with it. 0: no
@@ -550,7 +556,7 @@ func (s *Server) Replicas() []ReplicaStatus {
 				CachedBlocks: a.CachedBlocks, CapacityBlocks: a.CapacityBlocks,
 				Mispredictions: a.Mispredictions, Signals: s.signalsStatus(a.Signals),
 				PeerInFlight: a.PeerInFlight, PeerPendingTokens: a.PeerPendingTokens,
-				BatchSlots: a.BatchSlots, SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), SlotPrefillShare: finite(a.SlotPrefillShare), StepSeconds: finite(a.StepSeconds), OverheadSeconds: finite(a.OverheadSeconds),
+				BatchSlots: a.BatchSlots, SuspectedBatchSlots: a.SuspectedBatchSlots, SlotRiskShare: finite(a.SlotRiskShare), SlotSeconds: finite(a.SlotSeconds), SlotLoad: finite(a.SlotLoad), SlotPrefillShare: finite(a.SlotPrefillShare), StepSeconds: finite(a.StepSeconds), OverheadSeconds: finite(a.OverheadSeconds),
 				EnginePrefillPerSec: finite(a.EnginePrefillRate), Confidence: finite(a.Confidence),
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
 				RAMCacheTokens: a.RAMCacheTokens, HeldRequests: a.HeldRequests,
