@@ -190,3 +190,39 @@ func measuredTTFT(b *testing.B, r *Result, measured, want int) (mean, p99 float6
 	}
 	return mean / float64(len(ttft)), ttft[(len(ttft)*99+99)/100-1]
 }
+
+// BenchmarkMultiTurnStarts is the default multi-turn workload on eight
+// default vLLM engines at the report's 20, 50 and 80% load (seed 1),
+// cost against session: the same hit rate, and what is left between them
+// is where conversations start (their later turns follow). Reported per
+// policy: mean TTFT and E2E in seconds, and the busiest replica's requests
+// over the mean (imbalance).
+func BenchmarkMultiTurnStarts(b *testing.B) {
+	mt := workload.DefaultMultiTurn()
+	mt.Seed = 1
+	w, err := workload.MultiTurn(mt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	eng, err := FleetEngines("vllm", 8)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rps := range []float64{15.3, 38.3, 61.2} { // 20, 50, 80% of least-request's capacity
+		b.Run(fmt.Sprintf("rps=%g", rps), func(b *testing.B) {
+			for b.Loop() {
+				for _, pol := range []string{"cost", "session"} {
+					c := &workload.Workload{Name: w.Name, Params: w.Params, Requests: slices.Clone(w.Requests)}
+					c.ScaleRate(rps)
+					r, err := Run(Config{Replicas: len(eng), Engines: eng, Policy: pol, Seed: 1}, c)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(r.TTFT.Mean, pol+"-mean-s")
+					b.ReportMetric(r.E2E.Mean, pol+"-e2e-s")
+					b.ReportMetric(r.Imbalance, pol+"-imbalance")
+				}
+			}
+		})
+	}
+}
