@@ -60,7 +60,8 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		hit = min(hit+loadF(&r.contCredit), float64(req.PromptTokens))
 	}
 	unc := max(req.PromptTokens-int(p.confidence()*hit), 0)
-	wait := p.slotWait(p.totalInFlight(), req.Now)
+	busy := p.totalInFlight()
+	wait := p.slotWait(busy, req.Now)
 	*f = Flight{
 		Replica:        id,
 		UncachedTokens: unc,
@@ -73,8 +74,8 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		buffered:       req.Buffered,
 		predTTFT:       p.predictTTFT(float64(unc), req.Now),
 		slotWait:       wait,
-		riskWait:       p.riskProbe(p.totalInFlight(), req.Now),
-		busy:           int32(min(p.totalInFlight(), 1<<30)),
+		riskWait:       p.riskProbe(busy, req.Now),
+		busy:           int32(min(busy, 1<<30)),
 	}
 	if len(hs) > 0 {
 		f.tail = hs[len(hs)-1]

@@ -315,11 +315,7 @@ func (p *repHot) slotRisk(s, busy, now int64) float64 {
 	if s > 0 {
 		return p.slotWaitSlots(s, busy, now)
 	}
-	h := p.riskLimit(busy)
-	if h <= 0 || busy < h {
-		return 0
-	}
-	return p.fleetPrefill.riskShare() * p.slotWaitSlots(h, busy, now)
+	return p.fleetPrefill.riskShare() * p.suspectedWait(busy, now)
 }
 
 // riskLimit is the running count slotRisk suspects a limit at for a
@@ -356,6 +352,13 @@ func (p *repHot) riskProbe(busy, now int64) float64 {
 	if p.slots() > 0 {
 		return 0
 	}
+	return p.suspectedWait(busy, now)
+}
+
+// suspectedWait is the whole wait for a batch slot a request that finds
+// busy others on p would meet were the limit the count riskLimit
+// suspects; 0 where none is suspected or busy is below it.
+func (p *repHot) suspectedWait(busy, now int64) float64 {
 	h := p.riskLimit(busy)
 	if h <= 0 || busy < h {
 		return 0
