@@ -29,7 +29,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 	now, maxAge := req.Now, int64(cfg.SignalMaxAge)
 	cands := v.Candidates()
 	type cand struct {
-		cached, unc, inv, pre, pen, kvPen float64
+		cached, unc, own, pre, pen, kvPen float64
 		queuedReqs                        int64
 		kv, full                          bool
 	}
@@ -61,7 +61,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		e.queuedReqs = int64(l.QueuedRequests())
 		e.full = refFull(rp.repHot, busy, backlog, now)
 		e.unc = max(t-rp.confidence()*c, 0)
-		e.inv = inv
+		e.own = rp.prefillSeconds(e.unc, t-e.unc, inv) // (T - c_r C_r) / P_r, or the engine's shape
 		e.pre = over + max(rp.slotRisk(rp.slots(), busy, now), backlog) + l.QueuedTokens()*inv
 		e.pen = max(cfg.LoadPenaltySeconds, rp.busyCost()) * float64(busy) * rp.invWeight
 		u := l.KVUsage + e.unc*l.kvInvCap // U_r after this request's uncached tokens
@@ -100,7 +100,7 @@ func refCostRank(p *CostPolicy, v *View, req *Request, d *Decision) {
 		if homesFull && !e.full {
 			x = 1
 		}
-		est := e.pre + x*e.unc*e.inv + e.pen
+		est := e.pre + x*e.own + e.pen
 		if e.kv {
 			est += e.kvPen
 		}
@@ -128,7 +128,8 @@ func refFull(p *repHot, busy int64, backlog float64, now int64) bool {
 	if s := p.slots(); s > 0 && busy >= s {
 		return true
 	}
-	return backlog > 0 && backlog > p.predictTTFT(0, now)
+	rate, over := p.prefill()
+	return backlog > 0 && backlog > p.predictWith(rate, over, 0, now)
 }
 
 // refDecide is Router.Decide with refCostRank.

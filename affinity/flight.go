@@ -72,7 +72,7 @@ func (r *Router) begin(id ReplicaID, req *Request, f *Flight, limited bool) bool
 		queued:         p.totalPending(),
 		newBlocks:      int32(len(hs) - held),
 		buffered:       req.Buffered,
-		predTTFT:       p.predictTTFT(float64(unc), req.Now),
+		predTTFT:       p.predictTTFT(float64(unc), float64(max(req.PromptTokens-unc, 0)), req.Now),
 		slotWait:       wait,
 		riskWait:       p.riskProbe(busy, req.Now),
 		busy:           int32(min(busy, 1<<30)),

@@ -172,7 +172,7 @@ func (p *CostPolicy) hold(v *View, req *Request, cs []costCand, d *Decision) {
 		promised := min(float64(sh.shared)*bt, t)
 		reuse := most + rp.holdKeptShare()*max(promised-most, 0)
 		unc := max(t-h.confidence()*reuse, 0)
-		est := max(wait, e.qinv) + e.over + unc*e.inv + e.pen
+		est := max(wait, e.qinv) + e.over + rp.prefillSeconds(unc, t-unc, e.inv) + e.pen
 		if est > limit {
 			continue
 		}
@@ -405,6 +405,10 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 			cold++
 		}
 		e.inv = inv
+		e.own = e.unc * inv
+		if pl.shaped {
+			e.own = v.r.reps[id].prefillSeconds(e.unc, t-e.unc, inv)
+		}
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
 		e.pen = pl.pen * float64(busy) * h.invWeight
 		// U_r with what this request adds: its uncached tokens' share of
@@ -502,7 +506,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		// monotonic, so est is at least the same sum; lowered by 1e-12 of
 		// itself, far more than the few roundings a compiler fusing a
 		// multiply-add differently in the two sums could move either.
-		e.low = e.over + e.qinv + e.x*e.unc*e.inv + e.pen + e.phase
+		e.low = e.over + e.qinv + e.x*e.own + e.pen + e.phase
 		e.low -= lowMargin * math.Abs(e.low)
 		if e.low < cs[lowest].low {
 			lowest = i
@@ -581,7 +585,7 @@ func (e *costCand) backlogAt(h *repHot, now int64) float64 {
 // est is the candidate's estimate (the formula above).
 func (e *costCand) est(h *repHot, now int64) float64 {
 	pre := e.over + max(h.slotRisk(e.slots, e.busy, now), e.backlogAt(h, now)) + e.qinv
-	est := pre + e.x*e.unc*e.inv + e.pen + e.phase
+	est := pre + e.x*e.own + e.pen + e.phase
 	if e.kv {
 		est += e.kvPen
 	}
@@ -629,6 +633,7 @@ type costCand struct {
 	over       float64 // O_r
 	unc        float64 // T - c_r C_r, at least 0
 	inv        float64 // 1 / P_r
+	own        float64 // the request's own prefill there: (T - c_r C_r) / P_r, or the engine's shape (prefillSeconds)
 	qinv       float64 // Q_r / P_r
 	pen        float64 // the load penalty
 	phase      float64 // the wait for the running step, against the average (stepClock.phaseAdj)

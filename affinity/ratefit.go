@@ -27,9 +27,18 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		}
 		ewma(&p.holdSec, d, slotWeight)
 	}
-	if o.PrefillSeconds > 0 {
-		p.sampleEngineRate(o.PrefillTokens, o.PrefillSeconds, f.FirstTokenAt)
+	// What the engine's prefill extended: the cached prefix it reported,
+	// else the prompt less what it computed.
+	engCtx := o.CachedTokens
+	if engCtx < 0 {
+		engCtx = f.PromptTokens - o.PrefillTokens
 	}
+	if o.PrefillSeconds > 0 {
+		p.sampleEngineRate(o.PrefillTokens, engCtx, o.PrefillSeconds, f.FirstTokenAt)
+	}
+	// The request's own prefill as priced (prefillSeconds), with its real
+	// and its predicted uncached tokens.
+	ctx := float64(max(f.PromptTokens-uncached, 0))
 	// The slot time D_r learns is the decode, after the first token, less
 	// what of the engine's prefill of others' prompts meanwhile held it up
 	// (γ; a request is priced that prefill as queued, x / P_r): with
@@ -62,7 +71,8 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	// wait for a slot.
 	pred := f.predTTFT
 	if miss := uncached - f.UncachedTokens; miss > 0 && priced > 0 {
-		pred += float64(miss) / priced
+		pred += max(p.prefillSeconds(float64(uncached), ctx, 1/priced)-
+			p.prefillSeconds(float64(f.UncachedTokens), float64(max(f.PromptTokens-f.UncachedTokens, 0)), 1/priced), 0)
 	}
 	kvFree := loadF(&p.sigKV) < r.cfg.KVHighWater
 	p.sampleLateFirst(int64(f.busy), dt, pred, kvFree)
@@ -96,7 +106,15 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 	y := max(dt-f.slotWait, dt/4)
 	rate, over0 := p.ownPrefill()
 	p.fitMu.Lock()
-	rate, over := p.fit.add(float64(f.queued+int64(uncached)), y, rate, over0, p.engineRateShrunk())
+	// With the engine's rate, the line's x is the tokens queued ahead plus
+	// the request's own prefill in tokens at that rate: its shape where
+	// one prices it, so the intercept is what the shape leaves.
+	er := p.engineRateShrunk()
+	x := float64(f.queued + int64(uncached))
+	if er > 0 {
+		x = float64(f.queued) + p.prefillSeconds(float64(uncached), ctx, 1/er)*er
+	}
+	rate, over := p.fit.add(x, y, rate, over0, er)
 	m := &p.model
 	if !p.fitted.Load() {
 		m.ownOver = over0
@@ -113,7 +131,7 @@ func (r *Router) sampleRate(p *replica, f *Flight, now int64, o *Outcome) {
 		// intercept is inflated gets no traffic to correct it.
 		over = m.ownOver
 		if alone && f.queued == 0 && int64(f.busy) < s {
-			over = max(dt-float64(uncached)/rate, 0)
+			over = max(dt-p.prefillSeconds(float64(uncached), ctx, 1/rate), 0)
 			if m.cleanN++; m.cleanN > 1 {
 				over = m.ownOver + cleanOverWeight*(over-m.ownOver)
 			}

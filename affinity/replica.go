@@ -69,6 +69,9 @@ type replica struct {
 	pendLo, pendHi uint64
 
 	model ttftModel // the TTFT model's colder state (ttft.go)
+	// shapeC: the engine's prefill shape as decisions price it
+	// (prefillshape.go; fitted in model.shape).
+	shapeC shapeCoefs
 
 	peers []PeerLoad // by peer slot; written under Router.mu (peer.go)
 

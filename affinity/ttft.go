@@ -146,6 +146,9 @@ type ttftModel struct {
 	engLine        moments
 	engLineOK      bool
 	engPer         enginePeriods
+	// shape: the prefill's time against what it extends, over the same
+	// periods (prefillshape.go); published in replica.shapeC.
+	shape prefillShape
 
 	learnMu     sync.Mutex
 	maxRunning  int64 // the most requests any scrape saw running
@@ -200,6 +203,7 @@ type poolTerms struct {
 	pen       float64 // max(LoadPenaltySeconds, β)
 	slots     int64   // the pool's batch-slot limit
 	conf      float64 // confidence before a replica's own fitMinSamples
+	shaped    bool    // a replica may price its prefill's shape (prefillSeconds)
 }
 
 // load reads f's terms, lps the configured LoadPenaltySeconds.
@@ -214,6 +218,7 @@ func (pl *poolTerms) load(f *fleetPrefill, lps float64) {
 		pl.slots = f.slots.Load()
 	}
 	pl.conf = poolConfidence(f)
+	pl.shaped = f == nil || f.shaped.Load()
 	pl.pen = max(lps, bc)
 }
 
@@ -693,6 +698,9 @@ type fleetPrefill struct {
 	// slotPrefill: float64 bits, γ, the share of the others' prefill time
 	// that a decode waits through (sampleSlotLoad; 0 until known).
 	slotPrefill atomic.Uint64
+	// shaped: some replica of the pool prices its prefill with the
+	// engine's shape (prefillshape.go), so decisions look it up.
+	shaped atomic.Bool
 
 	// mu orders the writers of rate and over, and guards clean, the
 	// pool's line over clean samples (cleanOK: that line gives them),
@@ -1124,10 +1132,12 @@ func (p *repHot) ownLine() bool {
 }
 
 // predictTTFT is the model's TTFT for a request with unc uncached tokens
-// joining p now (without the cost policy's externality and penalties).
-func (p *repHot) predictTTFT(unc float64, now int64) float64 {
+// after ctx cached ones joining p now (without the cost policy's
+// externality and penalties): its own prefill priced as the cost policy
+// does (prefillSeconds).
+func (p *replica) predictTTFT(unc, ctx float64, now int64) float64 {
 	rate, over := p.prefill()
-	return p.predictWith(rate, over, unc, now)
+	return p.predictWith(rate, over, 0, now) + p.prefillSeconds(unc, ctx, 1/rate)
 }
 
 // predictWith is predictTTFT with the given prefill rate and overhead.
@@ -1237,7 +1247,7 @@ func (p *replica) sampleSlot(sec, x, pre float64, fit bool) {
 // (a spread of tokens), the ratio of the periods' decaying sums of tokens
 // and seconds. Each period's seconds are clipped to within 4x of the
 // current estimate's.
-func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
+func (p *replica) sampleEngineRate(tokens, ctx int, sec float64, ft int64) {
 	if tokens <= 0 || !(sec > 0) || ft == 0 {
 		return
 	}
@@ -1251,8 +1261,12 @@ func (p *replica) sampleEngineRate(tokens int, sec float64, ft int64) {
 	// through, and in a burst of cold prompts their Ends come seconds
 	// apart.
 	grace := int64(2 * max(p.slotSecondsAt(float64(p.totalInFlight())), loadF(&p.holdSec)) * 1e9)
-	for _, d := range m.engPer.add(ft-int64(sec*1e9), ft, tokens, grace) {
-		m.enginePeriod(p, float64(d.tokens), float64(d.end-d.start)/1e9)
+	n, c := float64(tokens), float64(max(ctx, 0))
+	nw := enginePeriod{start: ft - int64(sec*1e9), end: ft, tokens: tokens, pairs: shapePairs(n, c), ctx: c}
+	for _, d := range m.engPer.add(nw, grace) {
+		y := float64(d.end-d.start) / 1e9
+		m.enginePeriod(p, float64(d.tokens), y)
+		m.shapePeriod(p, shapeTermsOf(float64(d.tokens), d.pairs, d.ctx), y)
 	}
 	if m.engLine.n == 0 && tokens >= engineRateMinTokens {
 		// No period closed yet: the request's own rate is a start.
@@ -1318,10 +1332,12 @@ func (m *ttftModel) enginePeriod(p *replica, x, y float64) {
 
 // enginePeriod is one prefill busy period of an engine: the union of
 // overlapping reported prefill intervals (nanoseconds, the router's clock)
-// and their tokens.
+// and their tokens, attention pairs and cached context (prefillShape's
+// terms, summed over the requests in it).
 type enginePeriod struct {
 	start, end int64
 	tokens     int
+	pairs, ctx float64
 }
 
 // enginePeriods holds the periods that a prefill reported later may still
@@ -1340,14 +1356,14 @@ const enginePeriodsOpen = 8
 // add merges [start, end] (tokens) into the open periods and returns those
 // that closed: every one that ended more than grace before the latest
 // start seen, and the oldest beyond enginePeriodsOpen.
-func (e *enginePeriods) add(start, end int64, tokens int, grace int64) []enginePeriod {
-	nw := enginePeriod{start, end, tokens}
+func (e *enginePeriods) add(nw enginePeriod, grace int64) []enginePeriod {
 	// Merge with every open period it overlaps (it may bridge several).
 	k := 0
 	for i := 0; i < e.n; i++ {
 		o := e.open[i]
 		if o.start <= nw.end && nw.start <= o.end {
 			nw.start, nw.end, nw.tokens = min(nw.start, o.start), max(nw.end, o.end), nw.tokens+o.tokens
+			nw.pairs, nw.ctx = nw.pairs+o.pairs, nw.ctx+o.ctx
 			continue
 		}
 		e.open[k] = o

@@ -1,0 +1,157 @@
+package affinity
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// feedEngine runs periods requests on each replica of r, one prefill busy
+// period each, with the engine-reported prefill time truth(n, c) for n
+// computed tokens after c cached ones; mix(k, i) gives replica k's i-th
+// request. The first token comes 5 ms after the prefill (the HTTP and
+// sampling around it).
+func feedEngine(r *Router, ids []ReplicaID, periods int, truth func(n, c float64) float64, mix func(k, i int) (n, c int)) int64 {
+	now := int64(1e9)
+	for i := range periods {
+		for k, id := range ids {
+			n, c := mix(k, i)
+			req := &Request{Model: []byte("m"), PromptTokens: n + c, Now: now}
+			var f Flight
+			r.Begin(id, req, nil, &f)
+			sec := truth(float64(n), float64(c))
+			ft := now + int64((sec+0.005)*1e9)
+			r.FirstToken(&f, ft)
+			r.EndWith(&f, ft+1e8, Outcome{OK: true, CachedTokens: c, PromptTokens: n + c, PrefillTokens: n, PrefillSeconds: sec})
+			now = ft + 5e9 // far past the grace: each prefill its own period
+		}
+	}
+	return now
+}
+
+// TestPrefillShapePricesContext: two identical llama.cpp-like engines whose
+// prefill costs more per token after a long cached context (attention),
+// one given mostly cold prompts, the other mostly short questions after a
+// long shared prompt. A single tokens-per-second rate reads the first
+// engine several times faster than the second and prices the same
+// question differently on each; the shape fitted over the engines'
+// reported prefills prices both alike, and near what the engine takes,
+// for the question and for a cold prompt.
+func TestPrefillShapePricesContext(t *testing.T) {
+	// Seconds for n tokens after c cached: a step's fixed cost, the
+	// tokens, their attention pairs and the context read (about the live
+	// bench's CPU servers: a 60-token question after 4,096 cached
+	// tokens at ~1,900 tokens/s, a cold 2,000-token prompt at ~10,000).
+	truth := func(n, c float64) float64 {
+		return 0.003 + n*2e-5 + n*(c+n/2)*8e-8 + c*2e-6
+	}
+	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+	rng := rand.New(rand.NewPCG(7, 11))
+	mix := func(k, i int) (n, c int) {
+		cold := rng.IntN(10) < 8 // replica 0: 80% cold prompts
+		if k == 1 {
+			cold = !cold // replica 1: 80% questions
+		}
+		if cold {
+			return 500 + rng.IntN(2500), 0
+		}
+		return 30 + rng.IntN(90), 4096
+	}
+	now := feedEngine(r, ids, 200, truth, mix)
+	for _, tc := range []struct {
+		name   string
+		unc, c float64
+	}{
+		{"question after 4,096 cached", 60, 4096},
+		{"cold 2,000-token prompt", 2000, 0},
+	} {
+		want := truth(tc.unc, tc.c) + 0.005
+		var pred [2]float64
+		for k, id := range ids {
+			pred[k] = r.reps[id].predictTTFT(tc.unc, tc.c, now)
+		}
+		t.Logf("%s: predicted %.4f / %.4f s, engine %.4f s (rates %.0f / %.0f tokens/s)", tc.name, pred[0], pred[1], want,
+			r.Replicas()[0].PrefillTokensPerSec, r.Replicas()[1].PrefillTokensPerSec)
+		if math.Abs(pred[0]/pred[1]-1) > 0.08 {
+			t.Errorf("%s: identical engines priced %.4f and %.4f s: the mix each served sets its price", tc.name, pred[0], pred[1])
+		}
+		for k := range pred {
+			if math.Abs(pred[k]/want-1) > 0.25 {
+				t.Errorf("%s: replica %d predicted %.4f s, the engine takes %.4f", tc.name, k, pred[k], want)
+			}
+		}
+	}
+}
+
+// TestPrefillShapeLinearEngineKeepsRate: an engine whose prefill is linear
+// in the tokens it computes, whatever they extend (a GPU engine at
+// moderate lengths), gives no shape: its prefill stays priced at its
+// rate.
+func TestPrefillShapeLinearEngineKeepsRate(t *testing.T) {
+	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+	rng := rand.New(rand.NewPCG(5, 3))
+	truth := func(n, c float64) float64 {
+		// 5,000 tokens/s, and a tenth either way of noise
+		return (0.003 + n/5000) * (0.9 + 0.2*rng.Float64())
+	}
+	mix := func(k, i int) (n, c int) {
+		if rng.IntN(2) == 0 {
+			return 500 + rng.IntN(2500), 0
+		}
+		return 30 + rng.IntN(90), 1024 + rng.IntN(4096)
+	}
+	now := feedEngine(r, ids, 200, truth, mix)
+	for k, id := range ids {
+		p := r.reps[id]
+		if _, ok := p.shapeC.load(); ok {
+			t.Errorf("replica %d: a shape prices a linear engine", k)
+		}
+		rate, _ := p.prefill()
+		if got, want := p.prefillSeconds(2000, 0, 1/rate), 2000/rate; math.Abs(got/want-1) > 1e-12 {
+			t.Errorf("replica %d: 2,000 tokens priced %.4f s, the rate gives %.4f", k, got, want)
+		}
+		t.Logf("replica %d: rate %.0f tokens/s, question priced %.4f s", k, rate, p.predictTTFT(60, 4096, now))
+	}
+}
+
+// TestPrefillShapeFit: the fit recovers the coefficients of exact
+// samples, leaves a term that does not vary out, and gives no shape
+// where the context terms explain nothing the tokens do not.
+func TestPrefillShapeFit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var s prefillShape
+	for range 300 {
+		n, c := float64(10+rng.IntN(3000)), float64(rng.IntN(2)*(1000+rng.IntN(4000)))
+		x := shapeTermsOf(n, shapePairs(n, c), c)
+		s.add(x, 0.004+3e-5*n+6e-8*shapePairs(n, c)+1e-6*c, engineLineWeight)
+	}
+	coef, ok := s.solve()
+	want := [shapeTerms]float64{3e-5 * 1e3, 6e-8 * 1e6, 1e-6 * 1e3}
+	if !ok {
+		t.Fatal("no shape from exact samples")
+	}
+	for i := range coef {
+		if math.Abs(coef[i]/want[i]-1) > 1e-6 {
+			t.Errorf("term %d: %g, want %g", i, coef[i], want[i])
+		}
+	}
+	// Nothing cached ever: c does not vary and is left out.
+	var cold prefillShape
+	for range 100 {
+		n := float64(10 + rng.IntN(3000))
+		cold.add(shapeTermsOf(n, shapePairs(n, 0), 0), 0.004+3e-5*n+6e-8*shapePairs(n, 0), engineLineWeight)
+	}
+	coef, ok = cold.solve()
+	if !ok || coef[2] != 0 || math.Abs(coef[1]/6e-2-1) > 1e-6 {
+		t.Errorf("cold prompts only: %v (ok %v), want the pairs' 0.06 and no context term", coef, ok)
+	}
+	// Linear in tokens: no shape.
+	var lin prefillShape
+	for range 100 {
+		n, c := float64(10+rng.IntN(3000)), float64(rng.IntN(4000))
+		lin.add(shapeTermsOf(n, shapePairs(n, c), c), 0.004+3e-5*n, engineLineWeight)
+	}
+	if coef, ok := lin.solve(); ok {
+		t.Errorf("linear engine: shape %v", coef)
+	}
+}
