@@ -22,6 +22,7 @@ type Collector struct {
 	blocks, pairs, info, credit                                                   *prometheus.Desc
 	pending, rate, cached, capacity, drain                                        *prometheus.Desc
 	slots, suspect, riskShare, slotSec, ttftRatio, ttftPred, ttftAct, trust, busy *prometheus.Desc
+	shape                                                                         *prometheus.Desc
 }
 
 // NewCollector returns a Collector for r; register it once.
@@ -57,6 +58,7 @@ func NewCollector(r *Router) *Collector {
 		ttftAct:      d("ttft_measured_seconds_total", "Sum of measured TTFTs over the same requests.", "replica"),
 		trust:        d("replica_prediction_confidence", "How far the cost policy trusts the replica's predicted cache hits: the recent share of predicted cached tokens the engine reported cached (0..1).", "replica"),
 		busy:         d("replica_busy_cost_seconds", "Measured time to first token each request already on the replica adds to a new one's (its pool's fit; 0 until learned).", "replica"),
+		shape:        d("replica_prefill_shape_seconds", "Where the engine reports its prefill timings and they depend on what a prefill extends: the seconds the cost policy prices per computed token (term=token), per attention pair (term=pair) and per cached token extended (term=context_token). Absent where the prefill is priced at its rate.", "replica", "term"),
 	}
 }
 
@@ -65,7 +67,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.decisions, c.errors, c.mispredicts, c.rollbacks, c.evictions, c.turnsKept, c.holdCopies,
 		c.promptTokens, c.blocks, c.pairs, c.info, c.credit,
 		c.pending, c.rate, c.cached, c.capacity, c.drain,
-		c.slots, c.suspect, c.riskShare, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust, c.busy} {
+		c.slots, c.suspect, c.riskShare, c.slotSec, c.ttftRatio, c.ttftPred, c.ttftAct, c.trust, c.busy, c.shape} {
 		ch <- d
 	}
 }
@@ -110,6 +112,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.slotSec, st.SlotSeconds, st.Name)
 		gauge(c.trust, st.Confidence, st.Name)
 		gauge(c.busy, st.BusyCostSeconds, st.Name)
+		if sh := st.PrefillShape; sh.Priced() {
+			gauge(c.shape, sh.PerToken, st.Name, "token")
+			gauge(c.shape, sh.PerPair, st.Name, "pair")
+			gauge(c.shape, sh.PerContextToken, st.Name, "context_token")
+		}
 		t := &st.TTFT
 		buckets := make(map[float64]uint64, len(t.RatioBuckets))
 		for i, b := range TTFTRatioBuckets() {

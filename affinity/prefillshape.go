@@ -31,34 +31,43 @@ import (
 // TTFT model's overhead O_r, which is learned net of what the shape
 // prices. The coefficients are non-negative least squares over the
 // periods' exponentially weighted moments (about the last 100 periods):
-// the subset of terms whose unconstrained fit is all positive and leaves
-// the least residual. The shape replaces n / P_r for the request's own
-// prefill only where its context terms leave at least shapeGain less
-// residual than the rate's line (b·n) alone: an engine whose prefill is
-// linear in tokens (a GPU engine at moderate lengths) keeps the rate. Prefill queued
-// ahead of a request (Q_r / P_r) stays at the rate: its contexts are not
-// known.
+// the subset of terms, the intercept one of them, whose unconstrained fit
+// is all positive and leaves the least residual (a negative intercept
+// would price the terms above what the engine takes: with every request
+// extending the same cached prompt, one cold period's fit priced a
+// 30 ms question at 600 ms). The shape replaces n / P_r for the request's
+// own prefill only where its context terms leave at least shapeGain less
+// residual than the best fit without them (the rate's line): an engine
+// whose prefill is linear in tokens (a GPU engine at moderate lengths)
+// keeps the rate. Prefill queued ahead of a request (Q_r / P_r) stays at
+// the rate: its contexts are not known.
 type prefillShape struct {
 	n float64
-	// mean[i]: means of the features (terms: n, pairs, c, scaled to
-	// thousands, millions and thousands) and, at shapeY, the seconds;
-	// cross[i][j]: means of their products.
-	mean  [shapeTerms + 1]float64
-	cross [shapeTerms + 1][shapeTerms + 1]float64
+	// cross[i][j] (i <= j): the means of the products of v_i and v_j,
+	// v = (1, the terms (n, pairs, c, scaled to thousands, millions and
+	// thousands), the seconds at shapeY): the normal equations of every
+	// subset of terms, the intercept one of them.
+	cross [shapeY + 1][shapeY + 1]float64
 }
 
 const (
 	shapeTerms = 3
-	shapeY     = shapeTerms
+	// shapeY: the seconds' index in prefillShape's vectors (after the
+	// intercept's 0 and the terms' 1..shapeTerms).
+	shapeY = shapeTerms + 1
 	// shapeMin: periods before the shape prices anything.
 	shapeMin = 16
 	// shapeGain: the least share of the rate line's residual the context
 	// terms must remove.
 	shapeGain = 0.05
-	// shapeCond: a subset of terms whose covariance has a pivot below
-	// this share of its diagonal is not identifiable (collinear terms,
-	// or one that does not vary: no period had anything cached).
+	// shapeCond: a subset of terms whose normal equations have a pivot
+	// below this share of its diagonal is not identifiable (collinear
+	// terms: a prompt's pairs and context move together when every
+	// request extends the same cached prompt).
 	shapeCond = 1e-6
+	// shapePlain: the subsets without a context term (the intercept, the
+	// tokens, both).
+	shapePlain = 0b11
 )
 
 // shapeTermsOf is the scaled terms of a period that computed n tokens
@@ -75,50 +84,44 @@ func shapePairs(n, ctx float64) float64 { return n * (ctx + n/2) }
 func (s *prefillShape) add(x [shapeTerms]float64, y, floor float64) {
 	s.n++
 	w := max(1/s.n, floor)
-	var v [shapeTerms + 1]float64
-	copy(v[:], x[:])
+	var v [shapeY + 1]float64
+	v[0] = 1
+	copy(v[1:], x[:])
 	v[shapeY] = y
 	for i := range v {
-		s.mean[i] += w * (v[i] - s.mean[i])
 		for j := i; j < len(v); j++ {
 			s.cross[i][j] += w * (v[i]*v[j] - s.cross[i][j])
 		}
 	}
 }
 
-// cov is the centered second moment of terms i and j (i <= j).
-func (s *prefillShape) cov(i, j int) float64 {
-	return s.cross[i][j] - s.mean[i]*s.mean[j]
-}
-
-// fit is the least-squares coefficients over the terms in mask (bit i:
-// term i) with an intercept, and the residual variance they leave; ok
-// only when identifiable and every coefficient is positive.
-func (s *prefillShape) fit(mask int) (coef [shapeTerms]float64, resid float64, ok bool) {
-	var idx [shapeTerms]int
+// fit is the least-squares coefficients over the terms in mask (bit 0:
+// the intercept, bit i: term i) and the mean squared residual they
+// leave; ok only when identifiable and every coefficient is positive (a
+// negative intercept would price the terms above what the engine takes:
+// the intercept is left to the TTFT model's overhead, never below 0).
+func (s *prefillShape) fit(mask int) (coef [shapeY]float64, resid float64, ok bool) {
+	var idx [shapeY]int
 	k := 0
-	for i := range shapeTerms {
+	for i := range shapeY {
 		if mask&(1<<i) != 0 {
 			idx[k] = i
 			k++
 		}
 	}
-	// The normal equations [C | c_y], solved by elimination with the
-	// pivots checked against the diagonal.
-	var a [shapeTerms][shapeTerms + 1]float64
+	// The normal equations [E[v v'] | E[v y]], solved by elimination
+	// with the pivots checked against the diagonal.
+	var a [shapeY][shapeY + 1]float64
+	var diag [shapeY]float64
 	for r := range k {
 		for c := range k {
-			i, j := min(idx[r], idx[c]), max(idx[r], idx[c])
-			a[r][c] = s.cov(i, j)
+			a[r][c] = s.cross[min(idx[r], idx[c])][max(idx[r], idx[c])]
 		}
-		a[r][k] = s.cov(idx[r], shapeY)
-		if !(a[r][r] > 0) {
+		a[r][k] = s.cross[idx[r]][shapeY]
+		diag[r] = a[r][r]
+		if !(diag[r] > 0) {
 			return coef, 0, false
 		}
-	}
-	var diag [shapeTerms]float64
-	for r := range k {
-		diag[r] = a[r][r]
 	}
 	for p := range k {
 		if !(a[p][p] > shapeCond*diag[p]) {
@@ -131,7 +134,7 @@ func (s *prefillShape) fit(mask int) (coef [shapeTerms]float64, resid float64, o
 			}
 		}
 	}
-	var b [shapeTerms]float64
+	var b [shapeY]float64
 	for r := k - 1; r >= 0; r-- {
 		v := a[r][k]
 		for c := r + 1; c < k; c++ {
@@ -142,32 +145,37 @@ func (s *prefillShape) fit(mask int) (coef [shapeTerms]float64, resid float64, o
 			return coef, 0, false
 		}
 	}
-	resid = s.cov(shapeY, shapeY)
+	resid = s.cross[shapeY][shapeY]
 	for r := range k {
 		coef[idx[r]] = b[r]
-		resid -= b[r] * s.cov(idx[r], shapeY)
+		resid -= b[r] * s.cross[idx[r]][shapeY]
 	}
 	return coef, max(resid, 0), true
 }
 
-// solve is the shape's coefficients, ok when they are to price prefills:
-// enough periods, and a subset with a context term (pairs or c) that
-// leaves at least shapeGain less residual than the best without one.
+// solve is the shape's term coefficients, ok when they are to price
+// prefills: enough periods, and a subset with a context term (pairs or
+// c) that leaves at least shapeGain less residual than the best without
+// one (the rate's line).
 func (s *prefillShape) solve() (coef [shapeTerms]float64, ok bool) {
 	if s.n < shapeMin {
 		return coef, false
 	}
-	plain := s.cov(shapeY, shapeY) // no term: the intercept alone
-	if _, r, ok := s.fit(1); ok {
-		plain = r
-	}
-	best := math.Inf(1)
-	for mask := 2; mask < 1<<shapeTerms; mask++ {
-		if c, r, ok := s.fit(mask); ok && r < best {
-			coef, best = c, r
+	plain := s.cross[shapeY][shapeY] // no term at all
+	for mask := 1; mask <= shapePlain; mask++ {
+		if _, r, ok := s.fit(mask); ok {
+			plain = min(plain, r)
 		}
 	}
-	return coef, best <= (1-shapeGain)*plain
+	best := math.Inf(1)
+	var full [shapeY]float64
+	for mask := shapePlain + 1; mask < 1<<shapeY; mask++ {
+		if c, r, ok := s.fit(mask); ok && r < best {
+			full, best = c, r
+		}
+	}
+	copy(coef[:], full[1:])
+	return coef, best < (1-shapeGain)*plain
 }
 
 // seconds is the priced prefill of unc tokens after ctx cached ones.
@@ -210,9 +218,7 @@ func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, y float64) {
 	}
 	s := &m.shape
 	if coef, ok := p.shapeC.load(); ok {
-		pred := max(s.mean[shapeY]-coef[0]*s.mean[0]-coef[1]*s.mean[1]-coef[2]*s.mean[2], 0) +
-			coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]
-		if pred > 0 {
+		if pred := coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]; pred > 0 {
 			y = min(max(y, pred/4), 4*pred)
 		}
 	}
@@ -235,4 +241,26 @@ func (p *replica) prefillSeconds(unc, ctx, inv float64) float64 {
 		}
 	}
 	return unc * inv
+}
+
+// PrefillShape is an engine's prefill time as the cost policy prices a
+// request's own prefill where the engine reports its timings
+// (prefillshape.go): seconds per computed token, per attention pair (a
+// computed token and one before it) and per cached token the prefill
+// extends. Zero where the replica's prefill is priced at its rate.
+type PrefillShape struct {
+	PerToken, PerPair, PerContextToken float64
+}
+
+// Priced says whether the shape prices the replica's prefills.
+func (s PrefillShape) Priced() bool { return s != PrefillShape{} }
+
+// prefillShape is p's shape as priced, in unscaled units.
+func (p *replica) prefillShape() PrefillShape {
+	coef, ok := p.shapeC.load()
+	if !ok || !p.ownLine() {
+		return PrefillShape{}
+	}
+	one := shapeTermsOf(1, 1, 1)
+	return PrefillShape{PerToken: coef[0] * one[0], PerPair: coef[1] * one[1], PerContextToken: coef[2] * one[2]}
 }

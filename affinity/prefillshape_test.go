@@ -3,6 +3,7 @@ package affinity
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -58,6 +59,17 @@ func TestPrefillShapePricesContext(t *testing.T) {
 		return 30 + rng.IntN(90), 4096
 	}
 	now := feedEngine(r, ids, 200, truth, mix)
+	// What the replicas show: the shape in their status and metrics, near
+	// the engine's pairs term (8e-8 s).
+	for _, st := range r.Replicas() {
+		if sh := st.PrefillShape; !(math.Abs(sh.PerPair/8e-8-1) < 0.25) {
+			t.Errorf("%s: shape %+v, want about 8e-8 s per pair", st.Name, sh)
+		}
+	}
+	text := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_replica_prefill_shape_seconds"})
+	if strings.Count(text, "warmpath_affinity_replica_prefill_shape_seconds{") != 6 || !strings.Contains(text, `term="pair"`) {
+		t.Errorf("metrics:\n%s\nwant three terms for each of two replicas", text)
+	}
 	for _, tc := range []struct {
 		name   string
 		unc, c float64
@@ -103,7 +115,7 @@ func TestPrefillShapeLinearEngineKeepsRate(t *testing.T) {
 	now := feedEngine(r, ids, 200, truth, mix)
 	for k, id := range ids {
 		p := r.reps[id]
-		if _, ok := p.shapeC.load(); ok {
+		if _, ok := p.shapeC.load(); ok || r.Replicas()[k].PrefillShape.Priced() {
 			t.Errorf("replica %d: a shape prices a linear engine", k)
 		}
 		rate, _ := p.prefill()
@@ -111,6 +123,9 @@ func TestPrefillShapeLinearEngineKeepsRate(t *testing.T) {
 			t.Errorf("replica %d: 2,000 tokens priced %.4f s, the rate gives %.4f", k, got, want)
 		}
 		t.Logf("replica %d: rate %.0f tokens/s, question priced %.4f s", k, rate, p.predictTTFT(60, 4096, now))
+	}
+	if text := scrape(t, prometheusRegistry(t, r), []string{"warmpath_affinity_replica_prefill_shape_seconds"}); text != "" {
+		t.Errorf("metrics show a shape:\n%s", text)
 	}
 }
 
@@ -144,6 +159,26 @@ func TestPrefillShapeFit(t *testing.T) {
 	coef, ok = cold.solve()
 	if !ok || coef[2] != 0 || math.Abs(coef[1]/6e-2-1) > 1e-6 {
 		t.Errorf("cold prompts only: %v (ok %v), want the pairs' 0.06 and no context term", coef, ok)
+	}
+	// Every request extends the same cached prompt but two cold ones (the
+	// one-company workload's warm-up on a llama.cpp server): context and
+	// pairs move with the tokens, and a free intercept fits a large
+	// negative one that the priced terms make up for; kept at 0 or more,
+	// a question is priced near what it took.
+	var one prefillShape
+	q := func(n float64) float64 { return 0.004 + 3e-5*n + 6e-8*shapePairs(n, 4109) + 1e-6*4109 }
+	for i := range 40 {
+		n, c := float64(40+rng.IntN(40)), 4109.0
+		y := q(n) * (0.9 + 0.2*rng.Float64())
+		if i == 0 || i == 2 {
+			n, c, y = 4164, 0, 0.55
+		}
+		one.add(shapeTermsOf(n, shapePairs(n, c), c), y, engineLineWeight)
+	}
+	if coef, ok := one.solve(); ok {
+		if got, want := shapeSeconds(&coef, 60, 4109), q(60); !(got < 1.5*want) {
+			t.Errorf("one cached prompt: a question priced %.4f s, takes %.4f (shape %v)", got, want, coef)
+		}
 	}
 	// Linear in tokens: no shape.
 	var lin prefillShape

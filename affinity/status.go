@@ -25,21 +25,22 @@ type ReplicaStatus struct {
 	CapacityBlocks       int     // its index bound (effective)
 	Signals              EngineSignals
 	Mispredictions       uint64
-	BatchSlots           int       // S_r in use: spec, engine or learned; 0 = unknown
-	SuspectedBatchSlots  int       // while BatchSlots is 0: the running count a limit is suspected at (slotRisk); 0 = none
-	SlotRiskShare        float64   // the share of a suspected limit's wait the cost policy prices (its pool's, as requests meeting it measured)
-	SlotSeconds          float64   // D_r as priced: time a request holds a batch slot after its first token (its decode) alone on the engine, drawn toward its pool's
-	SlotLoad             float64   // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
-	SlotPrefillShare     float64   // γ: share of the engine's prefill of others that a decode waits through (its pool's); 0 = not learned
-	StepSeconds          float64   // an engine step's length, from the gaps between a stream's events (stepphase.go); 0 = no stream seen
-	EnginePrefillRate    float64   // engine-reported prefill tokens/s; 0 = not reported
-	Confidence           float64   // how far the cost policy trusts its predicted hits, 0..1
-	BusyCostSeconds      float64   // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
-	SlotCaches           bool      // hits predicted by the slot model (CacheSlots, or discovered), not the prefix index
-	NoPrefixCache        bool      // no hit predicted: the engine caches nothing (CacheNone, or discovered)
-	RAMCacheTokens       int       // slot engines: the size of their host RAM prompt cache as learned from the tokens they reuse; 0 = not learned
-	HeldRequests         int       // requests callers hold for one of its busy slots (Router.Hold)
-	TTFT                 TTFTStats // predicted vs measured TTFT
+	BatchSlots           int          // S_r in use: spec, engine or learned; 0 = unknown
+	SuspectedBatchSlots  int          // while BatchSlots is 0: the running count a limit is suspected at (slotRisk); 0 = none
+	SlotRiskShare        float64      // the share of a suspected limit's wait the cost policy prices (its pool's, as requests meeting it measured)
+	SlotSeconds          float64      // D_r as priced: time a request holds a batch slot after its first token (its decode) alone on the engine, drawn toward its pool's
+	SlotLoad             float64      // σ: relative growth of the slot time per request sharing the engine (its pool's); 0 = not learned
+	SlotPrefillShare     float64      // γ: share of the engine's prefill of others that a decode waits through (its pool's); 0 = not learned
+	StepSeconds          float64      // an engine step's length, from the gaps between a stream's events (stepphase.go); 0 = no stream seen
+	EnginePrefillRate    float64      // engine-reported prefill tokens/s; 0 = not reported
+	PrefillShape         PrefillShape // the engine's prefill shape where it prices the replica's prefills; zero = priced at the rate
+	Confidence           float64      // how far the cost policy trusts its predicted hits, 0..1
+	BusyCostSeconds      float64      // β: TTFT each request already on it adds to a new one's (its pool's busy line); 0 = not learned
+	SlotCaches           bool         // hits predicted by the slot model (CacheSlots, or discovered), not the prefix index
+	NoPrefixCache        bool         // no hit predicted: the engine caches nothing (CacheNone, or discovered)
+	RAMCacheTokens       int          // slot engines: the size of their host RAM prompt cache as learned from the tokens they reuse; 0 = not learned
+	HeldRequests         int          // requests callers hold for one of its busy slots (Router.Hold)
+	TTFT                 TTFTStats    // predicted vs measured TTFT
 }
 
 // Replicas returns a snapshot of every replica, by ID. It allocates.
@@ -86,6 +87,7 @@ func (r *Router) Replicas() []ReplicaStatus {
 			SlotPrefillShare:    p.fleetPrefill.slotPrefillShare(),
 			StepSeconds:         p.stepSeconds(),
 			EnginePrefillRate:   loadF(&p.engRate),
+			PrefillShape:        p.prefillShape(),
 			Confidence:          p.confidence(),
 			BusyCostSeconds:     p.busyCost(),
 			SlotCaches:          p.slotMode.Load(),

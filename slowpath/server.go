@@ -443,6 +443,13 @@ type ReplicaStatus struct {
 }
 
 // AffinityStatus is affinity.ReplicaStatus as /debug/replicas shows it.
+// PrefillShapeStatus is affinity.PrefillShape in /debug/replicas.
+type PrefillShapeStatus struct {
+	PerToken        float64 `json:"per_token_seconds"`
+	PerPair         float64 `json:"per_pair_seconds"`
+	PerContextToken float64 `json:"per_context_token_seconds"`
+}
+
 type AffinityStatus struct {
 	Healthy              bool          `json:"healthy"`
 	Draining             bool          `json:"draining"`
@@ -493,10 +500,16 @@ type AffinityStatus struct {
 	StepSeconds         float64 `json:"step_seconds"`
 	OverheadSeconds     float64 `json:"overhead_seconds"`
 	EnginePrefillPerSec float64 `json:"engine_prefill_tokens_per_sec"`
-	Confidence          float64 `json:"confidence"`
-	BusyCostSeconds     float64 `json:"busy_cost_seconds"`
-	TTFTPredictions     uint64  `json:"ttft_predictions"`
-	TTFTMeanAbsLogError float64 `json:"ttft_mean_abs_log_error"`
+	// PrefillShape, where the engine reports its prefill timings and they
+	// depend on what a prefill extends (attention): the seconds a
+	// request's own prefill is priced per computed token, per attention
+	// pair and per cached token it extends. Absent where the prefill is
+	// priced at its rate.
+	PrefillShape        *PrefillShapeStatus `json:"prefill_shape,omitempty"`
+	Confidence          float64             `json:"confidence"`
+	BusyCostSeconds     float64             `json:"busy_cost_seconds"`
+	TTFTPredictions     uint64              `json:"ttft_predictions"`
+	TTFTMeanAbsLogError float64             `json:"ttft_mean_abs_log_error"`
 }
 
 // SignalsStatus is affinity.EngineSignals as /debug/replicas shows it: the
@@ -561,6 +574,9 @@ func (s *Server) Replicas() []ReplicaStatus {
 				BusyCostSeconds: finite(a.BusyCostSeconds), CacheModel: cacheModelName(a.SlotCaches, a.NoPrefixCache),
 				RAMCacheTokens: a.RAMCacheTokens, HeldRequests: a.HeldRequests,
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
+			}
+			if sh := a.PrefillShape; sh.Priced() {
+				st.Affinity.PrefillShape = &PrefillShapeStatus{PerToken: finite(sh.PerToken), PerPair: finite(sh.PerPair), PerContextToken: finite(sh.PerContextToken)}
 			}
 		}
 		out = append(out, st)
