@@ -19,7 +19,10 @@ import (
 // before it is in x), O_r and P_r the fitted overhead and prefill rate. Queued
 // prefill and the wait for a batch slot are separate terms: a request
 // waiting for a slot waits for others to finish decoding, however little of
-// its prompt is uncached.
+// its prompt is uncached. Where the engine reports its prefill timings and
+// they depend on the context a prefill extends (attention), the request's
+// own uncached tokens are priced with that shape instead of at P_r
+// (prefillshape.go).
 //
 // Where each input comes from, most precise first:
 //
