@@ -406,8 +406,8 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		}
 		e.inv = inv
 		e.own = e.unc * inv
-		if pl.shaped {
-			e.own = v.r.reps[id].prefillSeconds(e.unc, t-e.unc, inv)
+		if pl.shaped && h.ownLine() { // prefillSeconds, the pool's shape read once
+			e.own = v.r.reps[id].speed() * shapeSeconds(&pl.shape, e.unc, t-e.unc)
 		}
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
 		e.pen = pl.pen * float64(busy) * h.invWeight

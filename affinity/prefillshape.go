@@ -17,9 +17,10 @@ import (
 // median |ln(pred/actual)| of 0.50 where a context term brings it to 0.08
 // (2,432 requests of that run's access logs, refitted offline).
 //
-// prefillShape fits, where the engine reports its own prefill timings
-// (llama.cpp's timings.prompt_n and prompt_ms, over the busy periods
-// sampleEngineRate merges), the period's seconds as
+// prefillShape fits, where the engines of a pool (the replicas serving
+// one model) report their own prefill timings (llama.cpp's
+// timings.prompt_n and prompt_ms, over the busy periods sampleEngineRate
+// merges), a period's seconds as
 //
 //	a + b·Σn + k·Σ n(c + n/2) + j·Σc
 //
@@ -41,6 +42,15 @@ import (
 // whose prefill is linear in tokens (a GPU engine at moderate lengths)
 // keeps the rate. Prefill queued ahead of a request (Q_r / P_r) stays at
 // the rate: its contexts are not known.
+//
+// The shape is the pool's, fitted over every replica's periods, and each
+// replica prices it at its own speed (the geometric mean of its periods'
+// measured time over the shape's): how a prefill grows with its context
+// is the model's, how fast a server runs it the server's. Fitted per
+// replica, a server whose requests all extended one cached prompt could
+// not separate the terms (its context and pairs move with its tokens)
+// and stayed at its rate while its twin was priced by shape: two
+// identical servers priced apart, the busier one winning.
 type prefillShape struct {
 	n float64
 	// cross[i][j] (i <= j): the means of the products of v_i and v_j,
@@ -153,13 +163,13 @@ func (s *prefillShape) fit(mask int) (coef [shapeY]float64, resid float64, ok bo
 	return coef, max(resid, 0), true
 }
 
-// solve is the shape's term coefficients, ok when they are to price
-// prefills: enough periods, and a subset with a context term (pairs or
-// c) that leaves at least shapeGain less residual than the best without
-// one (the rate's line).
-func (s *prefillShape) solve() (coef [shapeTerms]float64, ok bool) {
+// solve is the shape's term coefficients and intercept, ok when they
+// are to price prefills: enough periods, and a subset with a context
+// term (pairs or c) that leaves at least shapeGain less residual than
+// the best without one (the rate's line).
+func (s *prefillShape) solve() (coef [shapeTerms]float64, icpt float64, ok bool) {
 	if s.n < shapeMin {
-		return coef, false
+		return coef, 0, false
 	}
 	plain := s.cross[shapeY][shapeY] // no term at all
 	for mask := 1; mask <= shapePlain; mask++ {
@@ -175,7 +185,7 @@ func (s *prefillShape) solve() (coef [shapeTerms]float64, ok bool) {
 		}
 	}
 	copy(coef[:], full[1:])
-	return coef, best < (1-shapeGain)*plain
+	return coef, full[0], best < (1-shapeGain)*plain
 }
 
 // seconds is the priced prefill of unc tokens after ctx cached ones.
@@ -184,17 +194,22 @@ func shapeSeconds(coef *[shapeTerms]float64, unc, ctx float64) float64 {
 	return coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]
 }
 
-// shapeCoefs is a replica's published shape (float64 bits), read by
-// decisions without fitMu; ok says it prices.
+// shapeCoefs is a pool's published shape (float64 bits), read by
+// decisions without its lock; ok says it prices.
+// icpt is the fit's intercept (a period's fixed cost), which prefills
+// are not priced at (O_r holds it) but a replica's speed is measured
+// with.
 type shapeCoefs struct {
-	c  [shapeTerms]atomic.Uint64
-	ok atomic.Bool
+	c    [shapeTerms]atomic.Uint64
+	icpt atomic.Uint64
+	ok   atomic.Bool
 }
 
-func (sc *shapeCoefs) store(coef [shapeTerms]float64, ok bool) {
+func (sc *shapeCoefs) store(coef [shapeTerms]float64, icpt float64, ok bool) {
 	for i := range coef {
 		storeF(&sc.c[i], coef[i])
 	}
+	storeF(&sc.icpt, icpt)
 	sc.ok.Store(ok)
 }
 
@@ -209,35 +224,72 @@ func (sc *shapeCoefs) load() (coef [shapeTerms]float64, ok bool) {
 	return coef, true
 }
 
-// shapePeriod folds one finished prefill busy period into the shape
-// (y seconds; x its scaled terms), its seconds clipped to within 4x of
-// the shape's prediction once it prices. Callers hold fitMu.
+// shapeDot is the shape's seconds for a period's scaled terms x.
+func shapeDot(coef *[shapeTerms]float64, x [shapeTerms]float64) float64 {
+	return coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]
+}
+
+// shapeClip bounds how far one period moves a replica's speed against
+// its pool's shape: within 4x either way.
+var shapeClip = math.Log(4)
+
+// shapePeriod folds one finished prefill busy period (y seconds; x its
+// scaled terms) of p's engine into its pool's shape, and into p's speed
+// against that shape as it stood before the period. Callers hold
+// p.fitMu.
 func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, y float64) {
-	if !(y > 0) {
+	f := p.fleetPrefill
+	if f == nil || !(y > 0) {
 		return
 	}
-	s := &m.shape
-	if coef, ok := p.shapeC.load(); ok {
-		if pred := coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]; pred > 0 {
+	// The pool's fit takes the period at the pool's speed: a slower
+	// server's periods do not read as dearer prompts of the kinds it got.
+	v := p.speed()
+	if coef, ok := f.shapeC.load(); ok {
+		if pred := loadF(&f.shapeC.icpt) + shapeDot(&coef, x); pred > 0 {
+			r := min(max(math.Log(y/pred), -shapeClip), shapeClip)
+			m.shapeN++
+			m.shapeLog += max(1/m.shapeN, shapeSpeedWeight) * (r - m.shapeLog)
+			storeF(&p.shapeSpeed, math.Exp(ownWeight(min(m.shapeN, 1/engineLineWeight))*m.shapeLog))
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := &f.shape
+	y /= v
+	if coef, ok := f.shapeC.load(); ok {
+		if pred := loadF(&f.shapeC.icpt) + shapeDot(&coef, x); pred > 0 {
 			y = min(max(y, pred/4), 4*pred)
 		}
 	}
 	s.add(x, y, engineLineWeight)
-	coef, ok := s.solve()
-	p.shapeC.store(coef, ok)
-	if ok && p.fleetPrefill != nil {
-		p.fleetPrefill.shaped.Store(true)
+	f.shapeC.store(s.solve())
+}
+
+// shapeSpeedWeight: a replica's speed against its pool's shape remembers
+// about its last 20 periods.
+const shapeSpeedWeight = 0.05
+
+// speed is the factor p's pool's shape is priced at on p: its periods'
+// measured time over the shape's (with its intercept), the geometric mean over about the last
+// 20, drawn toward 1 while they are few (ownWeight, as the engine rate
+// is drawn toward its pool's); 1 before any.
+func (p *replica) speed() float64 {
+	if v := loadF(&p.shapeSpeed); v > 0 {
+		return v
 	}
+	return 1
 }
 
 // prefillSeconds is what the request's own prefill of unc tokens after
-// ctx cached ones is priced at on p: the engine's shape where it prices
-// (only where p's prefill is priced with its own line: ownLine), else
-// unc times inv, 1 / P_r.
+// ctx cached ones is priced at on p: its pool's shape at p's speed where
+// the shape prices and p's prefill is priced with its own line (a
+// configured or engine-reported rate: ownLine), else unc times inv,
+// 1 / P_r.
 func (p *replica) prefillSeconds(unc, ctx, inv float64) float64 {
-	if p.ownLine() {
-		if coef, ok := p.shapeC.load(); ok {
-			return shapeSeconds(&coef, unc, ctx)
+	if f := p.fleetPrefill; f != nil && p.ownLine() {
+		if coef, ok := f.shapeC.load(); ok {
+			return p.speed() * shapeSeconds(&coef, unc, ctx)
 		}
 	}
 	return unc * inv
@@ -247,7 +299,8 @@ func (p *replica) prefillSeconds(unc, ctx, inv float64) float64 {
 // request's own prefill where the engine reports its timings
 // (prefillshape.go): seconds per computed token, per attention pair (a
 // computed token and one before it) and per cached token the prefill
-// extends. Zero where the replica's prefill is priced at its rate.
+// extends, its pool's shape at the replica's speed. Zero where the
+// replica's prefill is priced at its rate.
 type PrefillShape struct {
 	PerToken, PerPair, PerContextToken float64
 }
@@ -257,10 +310,14 @@ func (s PrefillShape) Priced() bool { return s != PrefillShape{} }
 
 // prefillShape is p's shape as priced, in unscaled units.
 func (p *replica) prefillShape() PrefillShape {
-	coef, ok := p.shapeC.load()
-	if !ok || !p.ownLine() {
+	f := p.fleetPrefill
+	if f == nil || !p.ownLine() {
 		return PrefillShape{}
 	}
-	one := shapeTermsOf(1, 1, 1)
-	return PrefillShape{PerToken: coef[0] * one[0], PerPair: coef[1] * one[1], PerContextToken: coef[2] * one[2]}
+	coef, ok := f.shapeC.load()
+	if !ok {
+		return PrefillShape{}
+	}
+	one, v := shapeTermsOf(1, 1, 1), p.speed()
+	return PrefillShape{PerToken: v * coef[0] * one[0], PerPair: v * coef[1] * one[1], PerContextToken: v * coef[2] * one[2]}
 }

@@ -95,6 +95,59 @@ func TestPrefillShapePricesContext(t *testing.T) {
 	}
 }
 
+// TestPrefillShapePooledAtEachSpeed: the shape is the pool's, priced at
+// each replica's speed. A server whose requests all extend one cached
+// prompt (its context and pairs move with its tokens: no shape of its
+// own is identifiable) is priced like its identical twin, whose mix
+// shows the terms; a server whose engine runs twice as slow is priced
+// about twice as high.
+func TestPrefillShapePooledAtEachSpeed(t *testing.T) {
+	truth := func(n, c float64) float64 {
+		return 0.003 + n*2e-5 + n*(c+n/2)*8e-8 + c*2e-6
+	}
+	for _, slow := range []float64{1, 2} {
+		r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+		rng := rand.New(rand.NewPCG(9, uint64(slow)))
+		mix := func(k, i int) (n, c int) {
+			if k == 1 || rng.IntN(2) == 0 {
+				return 30 + rng.IntN(90), 4096 // replica 1: nothing else
+			}
+			if rng.IntN(2) == 0 {
+				return 500 + rng.IntN(2500), 0
+			}
+			return 30 + rng.IntN(300), rng.IntN(4096)
+		}
+		k := 0 // the replica the next period is fed for (feedEngine's order)
+		scaled := func(n, c float64) float64 {
+			sec := truth(n, c)
+			if k == 1 {
+				sec *= slow
+			}
+			k = 1 - k
+			return sec
+		}
+		now := feedEngine(r, ids, 200, scaled, mix)
+		var pred [2]float64
+		for k, id := range ids {
+			pred[k] = r.reps[id].predictTTFT(60, 4096, now)
+		}
+		want := truth(60, 4096) + 0.005
+		t.Logf("twice as slow %v: a question predicted %.4f / %.4f s (engine %.4f / %.4f), speeds %.2f / %.2f", slow == 2,
+			pred[0], pred[1], want, slow*truth(60, 4096)+0.005, r.reps[ids[0]].speed(), r.reps[ids[1]].speed())
+		for k := range pred {
+			if !r.Replicas()[k].PrefillShape.Priced() {
+				t.Errorf("slow %g: replica %d not priced by shape", slow, k)
+			}
+		}
+		if ratio := pred[1] / pred[0]; slow == 1 && math.Abs(ratio-1) > 0.08 || slow == 2 && !(ratio > 1.6 && ratio < 2.4) {
+			t.Errorf("slow %g: priced %.4f and %.4f s, ratio %.2f", slow, pred[0], pred[1], ratio)
+		}
+		if math.Abs(pred[0]/want-1) > 0.25 {
+			t.Errorf("slow %g: replica 0 predicted %.4f s, the engine takes %.4f", slow, pred[0], want)
+		}
+	}
+}
+
 // TestPrefillShapeLinearEngineKeepsRate: an engine whose prefill is linear
 // in the tokens it computes, whatever they extend (a GPU engine at
 // moderate lengths), gives no shape: its prefill stays priced at its
@@ -115,7 +168,7 @@ func TestPrefillShapeLinearEngineKeepsRate(t *testing.T) {
 	now := feedEngine(r, ids, 200, truth, mix)
 	for k, id := range ids {
 		p := r.reps[id]
-		if _, ok := p.shapeC.load(); ok || r.Replicas()[k].PrefillShape.Priced() {
+		if _, ok := p.fleetPrefill.shapeC.load(); ok || r.Replicas()[k].PrefillShape.Priced() {
 			t.Errorf("replica %d: a shape prices a linear engine", k)
 		}
 		rate, _ := p.prefill()
@@ -140,7 +193,7 @@ func TestPrefillShapeFit(t *testing.T) {
 		x := shapeTermsOf(n, shapePairs(n, c), c)
 		s.add(x, 0.004+3e-5*n+6e-8*shapePairs(n, c)+1e-6*c, engineLineWeight)
 	}
-	coef, ok := s.solve()
+	coef, _, ok := s.solve()
 	want := [shapeTerms]float64{3e-5 * 1e3, 6e-8 * 1e6, 1e-6 * 1e3}
 	if !ok {
 		t.Fatal("no shape from exact samples")
@@ -156,7 +209,7 @@ func TestPrefillShapeFit(t *testing.T) {
 		n := float64(10 + rng.IntN(3000))
 		cold.add(shapeTermsOf(n, shapePairs(n, 0), 0), 0.004+3e-5*n+6e-8*shapePairs(n, 0), engineLineWeight)
 	}
-	coef, ok = cold.solve()
+	coef, _, ok = cold.solve()
 	if !ok || coef[2] != 0 || math.Abs(coef[1]/6e-2-1) > 1e-6 {
 		t.Errorf("cold prompts only: %v (ok %v), want the pairs' 0.06 and no context term", coef, ok)
 	}
@@ -175,7 +228,7 @@ func TestPrefillShapeFit(t *testing.T) {
 		}
 		one.add(shapeTermsOf(n, shapePairs(n, c), c), y, engineLineWeight)
 	}
-	if coef, ok := one.solve(); ok {
+	if coef, _, ok := one.solve(); ok {
 		if got, want := shapeSeconds(&coef, 60, 4109), q(60); !(got < 1.5*want) {
 			t.Errorf("one cached prompt: a question priced %.4f s, takes %.4f (shape %v)", got, want, coef)
 		}
@@ -186,7 +239,7 @@ func TestPrefillShapeFit(t *testing.T) {
 		n, c := float64(10+rng.IntN(3000)), float64(rng.IntN(4000))
 		lin.add(shapeTermsOf(n, shapePairs(n, c), c), 0.004+3e-5*n, engineLineWeight)
 	}
-	if coef, ok := lin.solve(); ok {
+	if coef, _, ok := lin.solve(); ok {
 		t.Errorf("linear engine: shape %v", coef)
 	}
 }

@@ -203,15 +203,24 @@ const cleanOverWeight = 0.1
 // 0.06 and 0.75 s, 0.12 and 0.31 s, where a cached question's first token
 // takes 50-100 ms; the one with the larger intercept then looked dearer
 // for every request. Other replicas are priced with the pool's model
-// (prefill) or their configured rate's fit, and keep own. Callers hold
-// fitMu.
+// (prefill) or their configured rate's fit, and keep own. The pool's
+// overhead is its clean line's intercept, or, where the pool's prefill
+// shape prices (prefillshape.go), the mean of its replicas' own
+// intercepts, which are net of the shape: a line in tokens through cached
+// questions and cold prompts puts the questions' context cost into its
+// intercept (0.02 s where the engine's step costs 0.003 in
+// TestPrefillShapePooledAtEachSpeed). Callers hold fitMu.
 func (p *replica) overheadShrunk(own, n float64) float64 {
 	f := p.fleetPrefill
 	if !(loadF(&p.engRate) > 0) || p.specRate || f == nil || f.n.Load() == 0 {
 		return own
 	}
+	pool := loadF(&f.over)
+	if f.shapeC.ok.Load() {
+		pool = loadF(&f.meanOver)
+	}
 	w := ownWeight(n)
-	return w*own + (1-w)*loadF(&f.over)
+	return w*own + (1-w)*pool
 }
 
 // cleanWarmup: a replica's streamed answers before its samples join its

@@ -69,9 +69,9 @@ type replica struct {
 	pendLo, pendHi uint64
 
 	model ttftModel // the TTFT model's colder state (ttft.go)
-	// shapeC: the engine's prefill shape as decisions price it
-	// (prefillshape.go; fitted in model.shape).
-	shapeC shapeCoefs
+	// shapeSpeed: float64 bits, the factor the pool's prefill shape is
+	// priced at on this replica (prefillshape.go); 0 bits: 1.
+	shapeSpeed atomic.Uint64
 
 	peers []PeerLoad // by peer slot; written under Router.mu (peer.go)
 

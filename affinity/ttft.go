@@ -149,9 +149,11 @@ type ttftModel struct {
 	engLine        moments
 	engLineOK      bool
 	engPer         enginePeriods
-	// shape: the prefill's time against what it extends, over the same
-	// periods (prefillshape.go); published in replica.shapeC.
-	shape prefillShape
+	// shapeN, shapeLog: the periods compared with the pool's prefill
+	// shape and the EWMA of ln(measured / shape's): the replica's speed
+	// against its pool's (prefillshape.go), published in
+	// replica.shapeSpeed.
+	shapeN, shapeLog float64
 
 	learnMu     sync.Mutex
 	maxRunning  int64 // the most requests any scrape saw running
@@ -206,7 +208,8 @@ type poolTerms struct {
 	pen       float64 // max(LoadPenaltySeconds, β)
 	slots     int64   // the pool's batch-slot limit
 	conf      float64 // confidence before a replica's own fitMinSamples
-	shaped    bool    // a replica may price its prefill's shape (prefillSeconds)
+	shaped    bool    // the pool's prefill shape prices (shape): prefillSeconds
+	shape     [shapeTerms]float64
 }
 
 // load reads f's terms, lps the configured LoadPenaltySeconds.
@@ -221,7 +224,9 @@ func (pl *poolTerms) load(f *fleetPrefill, lps float64) {
 		pl.slots = f.slots.Load()
 	}
 	pl.conf = poolConfidence(f)
-	pl.shaped = f == nil || f.shaped.Load()
+	if f != nil {
+		pl.shape, pl.shaped = f.shapeC.load()
+	}
 	pl.pen = max(lps, bc)
 }
 
@@ -701,9 +706,10 @@ type fleetPrefill struct {
 	// slotPrefill: float64 bits, γ, the share of the others' prefill time
 	// that a decode waits through (sampleSlotLoad; 0 until known).
 	slotPrefill atomic.Uint64
-	// shaped: some replica of the pool prices its prefill with the
-	// engine's shape (prefillshape.go), so decisions look it up.
-	shaped atomic.Bool
+	// shapeC: the pool's prefill shape as decisions price it
+	// (prefillshape.go), fitted in shape under mu over every replica's
+	// engine-reported prefill periods.
+	shapeC shapeCoefs
 
 	// mu orders the writers of rate and over, and guards clean, the
 	// pool's line over clean samples (cleanOK: that line gives them),
@@ -713,6 +719,7 @@ type fleetPrefill struct {
 	cleanOK bool
 	busyFit boundedLine
 	slotFit slotPlane // the slot-time fit (sampleSlotLoad), under mu
+	shape   prefillShape
 }
 
 // waitScale is the factor slot waits are priced at on the pool's
