@@ -407,7 +407,7 @@ func (p *CostPolicy) score(v *View, req *Request) (cs []costCand, lowest int) {
 		e.inv = inv
 		e.own = e.unc * inv
 		if pl.shaped && h.ownLine() { // prefillSeconds, the pool's shape read once
-			e.own = v.r.reps[id].speed() * shapeSeconds(&pl.shape, e.unc, t-e.unc)
+			e.own = v.r.reps[id].speed() * pl.shape.seconds(e.unc, t-e.unc)
 		}
 		e.qinv = queuedTokens(int(max(h.totalPending(), 0)), other, loadF(&h.uncachedAvg)) * inv
 		e.pen = pl.pen * float64(busy) * h.invWeight

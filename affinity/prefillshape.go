@@ -58,6 +58,9 @@ type prefillShape struct {
 	// thousands), the seconds at shapeY): the normal equations of every
 	// subset of terms, the intercept one of them.
 	cross [shapeY + 1][shapeY + 1]float64
+	// ctxMax: the longest context one request of a period extended, each
+	// period decaying it by engineLineWeight (shapePrice).
+	ctxMax float64
 }
 
 const (
@@ -188,10 +191,24 @@ func (s *prefillShape) solve() (coef [shapeTerms]float64, icpt float64, ok bool)
 	return coef, full[0], best < (1-shapeGain)*plain
 }
 
+// shapePrice is a shape as decisions price it: its terms' coefficients
+// and the longest cached context its periods showed (ctxMax, decaying).
+// The context's own term (j) is priced for at most ctxMax: fitted where
+// every request found a few template tokens cached (a workload sharing
+// nothing: 0 or 4 tokens), it is a few milliseconds' difference between
+// two kinds of request, not a price per token to extend to a 4,096-token
+// prompt (0.5-0.9 ms a token there, seconds for a long one). The pairs
+// are not capped: how attention grows with the context is physics, and
+// their term is fitted on cold prompts' pairs of the same magnitude.
+type shapePrice struct {
+	c      [shapeTerms]float64
+	ctxMax float64
+}
+
 // seconds is the priced prefill of unc tokens after ctx cached ones.
-func shapeSeconds(coef *[shapeTerms]float64, unc, ctx float64) float64 {
-	x := shapeTermsOf(unc, shapePairs(unc, ctx), ctx)
-	return coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]
+func (sp *shapePrice) seconds(unc, ctx float64) float64 {
+	x := shapeTermsOf(unc, shapePairs(unc, ctx), min(ctx, sp.ctxMax))
+	return sp.c[0]*x[0] + sp.c[1]*x[1] + sp.c[2]*x[2]
 }
 
 // shapeCoefs is a pool's published shape (float64 bits), read by
@@ -200,9 +217,10 @@ func shapeSeconds(coef *[shapeTerms]float64, unc, ctx float64) float64 {
 // are not priced at (O_r holds it) but a replica's speed is measured
 // with.
 type shapeCoefs struct {
-	c    [shapeTerms]atomic.Uint64
-	icpt atomic.Uint64
-	ok   atomic.Bool
+	c      [shapeTerms]atomic.Uint64
+	icpt   atomic.Uint64
+	ctxMax atomic.Uint64
+	ok     atomic.Bool
 }
 
 func (sc *shapeCoefs) store(coef [shapeTerms]float64, icpt float64, ok bool) {
@@ -213,20 +231,21 @@ func (sc *shapeCoefs) store(coef [shapeTerms]float64, icpt float64, ok bool) {
 	sc.ok.Store(ok)
 }
 
-// load is the published coefficients, ok when they price.
-func (sc *shapeCoefs) load() (coef [shapeTerms]float64, ok bool) {
+// load is the published shape, ok when it prices.
+func (sc *shapeCoefs) load() (sp shapePrice, ok bool) {
 	if !sc.ok.Load() {
-		return coef, false
+		return sp, false
 	}
-	for i := range coef {
-		coef[i] = loadF(&sc.c[i])
+	for i := range sp.c {
+		sp.c[i] = loadF(&sc.c[i])
 	}
-	return coef, true
+	sp.ctxMax = loadF(&sc.ctxMax)
+	return sp, true
 }
 
 // shapeDot is the shape's seconds for a period's scaled terms x.
-func shapeDot(coef *[shapeTerms]float64, x [shapeTerms]float64) float64 {
-	return coef[0]*x[0] + coef[1]*x[1] + coef[2]*x[2]
+func shapeDot(sp *shapePrice, x [shapeTerms]float64) float64 {
+	return sp.c[0]*x[0] + sp.c[1]*x[1] + sp.c[2]*x[2]
 }
 
 // shapeClip bounds how far one period moves a replica's speed against
@@ -237,7 +256,7 @@ var shapeClip = math.Log(4)
 // scaled terms) of p's engine into its pool's shape, and into p's speed
 // against that shape as it stood before the period. Callers hold
 // p.fitMu.
-func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, y float64) {
+func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, ctxMax, y float64) {
 	f := p.fleetPrefill
 	if f == nil || !(y > 0) {
 		return
@@ -263,6 +282,8 @@ func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, y float64) {
 		}
 	}
 	s.add(x, y, engineLineWeight)
+	s.ctxMax = max(ctxMax, s.ctxMax*(1-engineLineWeight))
+	storeF(&f.shapeC.ctxMax, s.ctxMax)
 	f.shapeC.store(s.solve())
 }
 
@@ -289,7 +310,7 @@ func (p *replica) speed() float64 {
 func (p *replica) prefillSeconds(unc, ctx, inv float64) float64 {
 	if f := p.fleetPrefill; f != nil && p.ownLine() {
 		if coef, ok := f.shapeC.load(); ok {
-			return p.speed() * shapeSeconds(&coef, unc, ctx)
+			return p.speed() * coef.seconds(unc, ctx)
 		}
 	}
 	return unc * inv
@@ -303,6 +324,9 @@ func (p *replica) prefillSeconds(unc, ctx, inv float64) float64 {
 // replica's prefill is priced at its rate.
 type PrefillShape struct {
 	PerToken, PerPair, PerContextToken float64
+	// ContextTokensMax: the longest cached context the pool's periods
+	// showed (decaying); PerContextToken prices up to it.
+	ContextTokensMax float64
 }
 
 // Priced says whether the shape prices the replica's prefills.
@@ -319,5 +343,6 @@ func (p *replica) prefillShape() PrefillShape {
 		return PrefillShape{}
 	}
 	one, v := shapeTermsOf(1, 1, 1), p.speed()
-	return PrefillShape{PerToken: v * coef[0] * one[0], PerPair: v * coef[1] * one[1], PerContextToken: v * coef[2] * one[2]}
+	return PrefillShape{PerToken: v * coef.c[0] * one[0], PerPair: v * coef.c[1] * one[1], PerContextToken: v * coef.c[2] * one[2],
+		ContextTokensMax: coef.ctxMax}
 }

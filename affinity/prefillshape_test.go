@@ -148,6 +148,38 @@ func TestPrefillShapePooledAtEachSpeed(t *testing.T) {
 	}
 }
 
+// TestPrefillShapeContextCapped: in a workload that shares nothing, every
+// request finds a few template tokens cached or none, and whatever tells
+// the two kinds apart lands in the context's own term (here 3 ms more
+// with 4 tokens cached: 0.75 ms a token). Priced per token past the
+// contexts the fit saw, a question after a 4,096-token prompt would cost
+// seconds; priced up to them, it costs its tokens and pairs.
+func TestPrefillShapeContextCapped(t *testing.T) {
+	truth := func(n, c float64) float64 {
+		sec := 0.003 + n*4e-5 + shapePairs(n, c)*4e-8
+		if c > 0 {
+			sec += 0.003
+		}
+		return sec
+	}
+	r, ids := buildRouter(t, Config{}, state{n: 2, slots: []int{4, 4}})
+	rng := rand.New(rand.NewPCG(4, 4))
+	mix := func(k, i int) (n, c int) {
+		return 256 + rng.IntN(1792), 4 * rng.IntN(2)
+	}
+	now := feedEngine(r, ids, 200, truth, mix)
+	sh := r.Replicas()[0].PrefillShape
+	if !sh.Priced() || !(sh.PerContextToken > 1e-4) || sh.ContextTokensMax != 4 {
+		t.Fatalf("shape %+v: want the context's term fitted on contexts of up to 4 tokens", sh)
+	}
+	got := r.reps[ids[0]].predictTTFT(60, 4096, now)
+	want := truth(60, 4096) + 0.005
+	t.Logf("shape %+v; a question after 4,096 cached priced %.4f s, the engine's %.4f", sh, got, want)
+	if !(got < 2*want) {
+		t.Errorf("a question after 4,096 cached tokens priced %.4f s: the context's term extended past what was fitted", got)
+	}
+}
+
 // TestPrefillShapeLinearEngineKeepsRate: an engine whose prefill is linear
 // in the tokens it computes, whatever they extend (a GPU engine at
 // moderate lengths), gives no shape: its prefill stays priced at its
@@ -229,7 +261,8 @@ func TestPrefillShapeFit(t *testing.T) {
 		one.add(shapeTermsOf(n, shapePairs(n, c), c), y, engineLineWeight)
 	}
 	if coef, _, ok := one.solve(); ok {
-		if got, want := shapeSeconds(&coef, 60, 4109), q(60); !(got < 1.5*want) {
+		sp := shapePrice{c: coef, ctxMax: 4109}
+		if got, want := sp.seconds(60, 4109), q(60); !(got < 1.5*want) {
 			t.Errorf("one cached prompt: a question priced %.4f s, takes %.4f (shape %v)", got, want, coef)
 		}
 	}

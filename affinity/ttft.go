@@ -209,7 +209,7 @@ type poolTerms struct {
 	slots     int64   // the pool's batch-slot limit
 	conf      float64 // confidence before a replica's own fitMinSamples
 	shaped    bool    // the pool's prefill shape prices (shape): prefillSeconds
-	shape     [shapeTerms]float64
+	shape     shapePrice
 }
 
 // load reads f's terms, lps the configured LoadPenaltySeconds.
@@ -1272,11 +1272,11 @@ func (p *replica) sampleEngineRate(tokens, ctx int, sec float64, ft int64) {
 	// apart.
 	grace := int64(2 * max(p.slotSecondsAt(float64(p.totalInFlight())), loadF(&p.holdSec)) * 1e9)
 	n, c := float64(tokens), float64(max(ctx, 0))
-	nw := enginePeriod{start: ft - int64(sec*1e9), end: ft, tokens: tokens, pairs: shapePairs(n, c), ctx: c}
+	nw := enginePeriod{start: ft - int64(sec*1e9), end: ft, tokens: tokens, pairs: shapePairs(n, c), ctx: c, ctxMax: c}
 	for _, d := range m.engPer.add(nw, grace) {
 		y := float64(d.end-d.start) / 1e9
 		m.enginePeriod(p, float64(d.tokens), y)
-		m.shapePeriod(p, shapeTermsOf(float64(d.tokens), d.pairs, d.ctx), y)
+		m.shapePeriod(p, shapeTermsOf(float64(d.tokens), d.pairs, d.ctx), d.ctxMax, y)
 	}
 	if m.engLine.n == 0 && tokens >= engineRateMinTokens {
 		// No period closed yet: the request's own rate is a start.
@@ -1348,6 +1348,7 @@ type enginePeriod struct {
 	start, end int64
 	tokens     int
 	pairs, ctx float64
+	ctxMax     float64 // the longest context one of its requests extended
 }
 
 // enginePeriods holds the periods that a prefill reported later may still
@@ -1373,7 +1374,7 @@ func (e *enginePeriods) add(nw enginePeriod, grace int64) []enginePeriod {
 		o := e.open[i]
 		if o.start <= nw.end && nw.start <= o.end {
 			nw.start, nw.end, nw.tokens = min(nw.start, o.start), max(nw.end, o.end), nw.tokens+o.tokens
-			nw.pairs, nw.ctx = nw.pairs+o.pairs, nw.ctx+o.ctx
+			nw.pairs, nw.ctx, nw.ctxMax = nw.pairs+o.pairs, nw.ctx+o.ctx, max(nw.ctxMax, o.ctxMax)
 			continue
 		}
 		e.open[k] = o

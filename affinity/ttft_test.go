@@ -1207,17 +1207,17 @@ func TestEnginePeriodsMergeOutOfOrder(t *testing.T) {
 	var e enginePeriods
 	const grace = 100
 	// the second prefill reports first
-	if d := e.add(enginePeriod{start: 50, end: 80, tokens: 10, pairs: 100, ctx: 7}, grace); len(d) != 0 {
+	if d := e.add(enginePeriod{start: 50, end: 80, tokens: 10, pairs: 100, ctx: 7, ctxMax: 7}, grace); len(d) != 0 {
 		t.Fatalf("closed %v early", d)
 	}
-	if d := e.add(enginePeriod{start: 0, end: 60, tokens: 20, pairs: 200, ctx: 0}, grace); len(d) != 0 {
+	if d := e.add(enginePeriod{start: 0, end: 60, tokens: 20, pairs: 200, ctx: 0, ctxMax: 0}, grace); len(d) != 0 {
 		t.Fatalf("closed %v early", d)
 	}
 	if d := e.add(enginePeriod{start: 150, end: 160, tokens: 5, pairs: 50, ctx: 1}, grace); len(d) != 0 { // within the grace of 80
 		t.Fatalf("closed %v within the grace", d)
 	}
 	d := e.add(enginePeriod{start: 300, end: 310, tokens: 5}, grace)
-	want0 := enginePeriod{start: 0, end: 80, tokens: 30, pairs: 300, ctx: 7}
+	want0 := enginePeriod{start: 0, end: 80, tokens: 30, pairs: 300, ctx: 7, ctxMax: 7}
 	want1 := enginePeriod{start: 150, end: 160, tokens: 5, pairs: 50, ctx: 1}
 	if len(d) != 2 || d[0] != want0 || d[1] != want1 {
 		t.Fatalf("closed %v, want [%v %v]", d, want0, want1)

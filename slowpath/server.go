@@ -448,6 +448,9 @@ type PrefillShapeStatus struct {
 	PerToken        float64 `json:"per_token_seconds"`
 	PerPair         float64 `json:"per_pair_seconds"`
 	PerContextToken float64 `json:"per_context_token_seconds"`
+	// ContextTokensMax: the longest cached context the pool's prefills
+	// showed lately; per_context_token_seconds prices up to it.
+	ContextTokensMax float64 `json:"context_tokens_max"`
 }
 
 type AffinityStatus struct {
@@ -576,7 +579,8 @@ func (s *Server) Replicas() []ReplicaStatus {
 				TTFTPredictions: a.TTFT.Checked, TTFTMeanAbsLogError: finite(a.TTFT.MeanLogError),
 			}
 			if sh := a.PrefillShape; sh.Priced() {
-				st.Affinity.PrefillShape = &PrefillShapeStatus{PerToken: finite(sh.PerToken), PerPair: finite(sh.PerPair), PerContextToken: finite(sh.PerContextToken)}
+				st.Affinity.PrefillShape = &PrefillShapeStatus{PerToken: finite(sh.PerToken), PerPair: finite(sh.PerPair),
+					PerContextToken: finite(sh.PerContextToken), ContextTokensMax: finite(sh.ContextTokensMax)}
 			}
 		}
 		out = append(out, st)
