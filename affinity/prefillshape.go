@@ -212,10 +212,9 @@ func (sp *shapePrice) seconds(unc, ctx float64) float64 {
 }
 
 // shapeCoefs is a pool's published shape (float64 bits), read by
-// decisions without its lock; ok says it prices.
-// icpt is the fit's intercept (a period's fixed cost), which prefills
-// are not priced at (O_r holds it) but a replica's speed is measured
-// with.
+// decisions without its lock; ok says it prices. icpt is the fit's
+// intercept (a period's fixed cost): prefills are not priced at it (O_r
+// holds it), but a replica's speed is measured with it.
 type shapeCoefs struct {
 	c      [shapeTerms]atomic.Uint64
 	icpt   atomic.Uint64
@@ -292,9 +291,10 @@ func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, ctxMax, y flo
 const shapeSpeedWeight = 0.05
 
 // speed is the factor p's pool's shape is priced at on p: its periods'
-// measured time over the shape's (with its intercept), the geometric mean over about the last
-// 20, drawn toward 1 while they are few (ownWeight, as the engine rate
-// is drawn toward its pool's); 1 before any.
+// measured time over the shape's (with its intercept), the geometric
+// mean over about the last 20, drawn toward 1 while they are few
+// (ownWeight, as the engine rate is drawn toward its pool's); 1 before
+// any.
 func (p *replica) speed() float64 {
 	if v := loadF(&p.shapeSpeed); v > 0 {
 		return v

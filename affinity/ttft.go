@@ -1256,7 +1256,9 @@ func (p *replica) sampleSlot(sec, x, pre float64, fit bool) {
 // so that the occasional long prompt keeps it identifiable; until it is
 // (a spread of tokens), the ratio of the periods' decaying sums of tokens
 // and seconds. Each period's seconds are clipped to within 4x of the
-// current estimate's.
+// current estimate's. Each closed period also feeds the pool's prefill
+// shape (prefillshape.go), with its requests' attention pairs and cached
+// contexts (ctx: the request's, in the router's tokens) summed.
 func (p *replica) sampleEngineRate(tokens, ctx int, sec float64, ft int64) {
 	if tokens <= 0 || !(sec > 0) || ft == 0 {
 		return
