@@ -587,7 +587,25 @@ func TestE2EFastPath(t *testing.T) {
 		// and the client's next request re-promotes it, maybe elsewhere).
 		chat(t, steered, e2eSystem, "before the crash")
 		all0 := served()
-		// A stream in flight on a steered connection when warmpath dies.
+		// The entry must steer (valid) before the kill; checked after it.
+		// Where a missed health probe has bumped the host's generation,
+		// the client's next request re-promotes it, as a client's would
+		// (counted: the engines serve those too).
+		repromoted := int64(0)
+		steering := func(what string) {
+			waitFor(t, 10*time.Second, what, func() bool {
+				if _, ok := valid(); ok {
+					return true
+				}
+				chat(t, steered, e2eSystem, "again before the crash")
+				repromoted++
+				return false
+			})
+		}
+		// A stream in flight on a steered connection when warmpath dies:
+		// opened while the entry steers, or its SYN goes to the slowpath
+		// and the stream dies with the process.
+		steering("a valid affinity entry before the stream")
 		inflight := nsClient(b.cli, e2eClient, false)
 		body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":2000,"messages":[{"role":"system","content":%q},{"role":"user","content":"long"}]}`, e2eSystem)
 		resp, err := inflight.Post("http://"+e2eVIP.String()+"/v1/chat/completions", "application/json", strings.NewReader(body))
@@ -599,19 +617,7 @@ func TestE2EFastPath(t *testing.T) {
 		if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
 			t.Fatalf("first event %q: %v", line, err)
 		}
-		// The entry must steer (valid) just before the kill; checked after
-		// it. Where a missed health probe has bumped the host's generation,
-		// the client's next request re-promotes it, as a client's would
-		// (counted: the engines serve those too).
-		repromoted := int64(0)
-		waitFor(t, 10*time.Second, "a valid affinity entry before the kill", func() bool {
-			if _, ok := valid(); ok {
-				return true
-			}
-			chat(t, steered, e2eSystem, "again before the crash")
-			repromoted++
-			return false
-		})
+		steering("a valid affinity entry before the kill")
 		proc.kill() // SIGKILL: no cleanup at all
 		if proc.cmd.ProcessState == nil || proc.cmd.ProcessState.Success() {
 			t.Fatalf("warmpath not killed: %v", proc.cmd.ProcessState)
