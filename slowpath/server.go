@@ -442,7 +442,6 @@ type ReplicaStatus struct {
 	Affinity *AffinityStatus `json:"affinity,omitempty"`
 }
 
-// AffinityStatus is affinity.ReplicaStatus as /debug/replicas shows it.
 // PrefillShapeStatus is affinity.PrefillShape in /debug/replicas.
 type PrefillShapeStatus struct {
 	PerToken        float64 `json:"per_token_seconds"`
@@ -453,6 +452,7 @@ type PrefillShapeStatus struct {
 	ContextTokensMax float64 `json:"context_tokens_max"`
 }
 
+// AffinityStatus is affinity.ReplicaStatus as /debug/replicas shows it.
 type AffinityStatus struct {
 	Healthy              bool          `json:"healthy"`
 	Draining             bool          `json:"draining"`
