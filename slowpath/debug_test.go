@@ -28,7 +28,8 @@ func TestDebugReplicasGolden(t *testing.T) {
 	st.Engine.Waiting, st.Engine.Running, st.Engine.KVUsage, st.Engine.KVCapacityTokens, st.Engine.ScrapedAt = 3, 4, 0.5, 262144, at
 	st.Affinity = &AffinityStatus{Healthy: true, Weight: 1, InFlight: 2, PendingPrefillTokens: 100, PrefillTokensPerSec: 10000,
 		CachedBlocks: 7, CapacityBlocks: 4096, Mispredictions: 1,
-		Signals: SignalsStatus{Waiting: 3, Running: 4, KVUsage: 0.5, KVCapacityTokens: 262144, ScrapedAt: at}}
+		Signals:      SignalsStatus{Waiting: 3, Running: 4, KVUsage: 0.5, KVCapacityTokens: 262144, ScrapedAt: at},
+		PrefillShape: &PrefillShapeStatus{PerToken: 2e-5, PerPair: 8e-8, PerContextToken: 2e-6, ContextTokensMax: 4096}}
 	got, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		t.Fatal(err)
