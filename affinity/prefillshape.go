@@ -207,8 +207,7 @@ type shapePrice struct {
 
 // seconds is the priced prefill of unc tokens after ctx cached ones.
 func (sp *shapePrice) seconds(unc, ctx float64) float64 {
-	x := shapeTermsOf(unc, shapePairs(unc, ctx), min(ctx, sp.ctxMax))
-	return sp.c[0]*x[0] + sp.c[1]*x[1] + sp.c[2]*x[2]
+	return shapeDot(sp, shapeTermsOf(unc, shapePairs(unc, ctx), min(ctx, sp.ctxMax)))
 }
 
 // shapeCoefs is a pool's published shape (float64 bits), read by
@@ -263,22 +262,22 @@ func (m *ttftModel) shapePeriod(p *replica, x [shapeTerms]float64, ctxMax, y flo
 	// The pool's fit takes the period at the pool's speed: a slower
 	// server's periods do not read as dearer prompts of the kinds it got.
 	v := p.speed()
+	pred := 0.0 // the shape's seconds for the period, with its intercept; 0: none
 	if coef, ok := f.shapeC.load(); ok {
-		if pred := loadF(&f.shapeC.icpt) + shapeDot(&coef, x); pred > 0 {
-			r := min(max(math.Log(y/pred), -shapeClip), shapeClip)
-			m.shapeN++
-			m.shapeLog += max(1/m.shapeN, shapeSpeedWeight) * (r - m.shapeLog)
-			storeF(&p.shapeSpeed, math.Exp(ownWeight(min(m.shapeN, 1/engineLineWeight))*m.shapeLog))
-		}
+		pred = loadF(&f.shapeC.icpt) + shapeDot(&coef, x)
+	}
+	if pred > 0 {
+		r := min(max(math.Log(y/pred), -shapeClip), shapeClip)
+		m.shapeN++
+		m.shapeLog += max(1/m.shapeN, shapeSpeedWeight) * (r - m.shapeLog)
+		storeF(&p.shapeSpeed, math.Exp(ownWeight(min(m.shapeN, 1/engineLineWeight))*m.shapeLog))
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := &f.shape
 	y /= v
-	if coef, ok := f.shapeC.load(); ok {
-		if pred := loadF(&f.shapeC.icpt) + shapeDot(&coef, x); pred > 0 {
-			y = min(max(y, pred/4), 4*pred)
-		}
+	if pred > 0 {
+		y = min(max(y, pred/4), 4*pred)
 	}
 	s.add(x, y, engineLineWeight)
 	s.ctxMax = max(ctxMax, s.ctxMax*(1-engineLineWeight))
